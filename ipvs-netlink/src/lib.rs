@@ -1,0 +1,1 @@
+//! Async client for the Linux kernel's IPVS generic-netlink family.

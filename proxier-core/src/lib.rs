@@ -1,0 +1,1 @@
+//! Turns Kubernetes Service state into IPVS virtual servers and keeps the kernel converged.

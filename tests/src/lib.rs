@@ -1,0 +1,1 @@
+//! Kernel test kit shared by the suites in `tests/tests/`.

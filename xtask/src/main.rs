@@ -1,0 +1,6 @@
+//! Build and test automation for the workspace.
+
+fn main() {
+    eprintln!("xtask: not implemented yet");
+    std::process::exit(2);
+}
