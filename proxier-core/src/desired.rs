@@ -1,0 +1,166 @@
+//! The planner's output: what the kernel should hold, per Service port.
+//!
+//! This is the contract between [`crate::planner`] (pure, produces it) and the
+//! reconciler (diffs it against what the kernel holds and applies the difference).
+//! Everything is keyed and ordered so that two plans of the same input compare equal.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::net::IpAddr;
+
+pub use ipvs_netlink::{Protocol, Scheduler};
+
+/// Identifies one port of one Service: `namespace/name:port-name` plus protocol,
+/// the unit of planning, change tracking and error reporting.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ServicePortName {
+    /// Namespace of the Service.
+    pub namespace: String,
+    /// Name of the Service.
+    pub name: String,
+    /// Name of the port within the Service (may be empty for single-port Services).
+    pub port: String,
+    /// Transport protocol of the port.
+    pub protocol: Protocol,
+}
+
+impl fmt::Display for ServicePortName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)?;
+        if !self.port.is_empty() {
+            write!(f, ":{}", self.port)?;
+        }
+        write!(f, "/{}", self.protocol)
+    }
+}
+
+/// Identifies an IPVS virtual server of a Service: address, port and protocol.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct VirtualServerKey {
+    /// Virtual address (ClusterIP, node IP, external IP or load-balancer IP).
+    pub address: IpAddr,
+    /// Virtual port.
+    pub port: u16,
+    /// Transport protocol.
+    pub protocol: Protocol,
+}
+
+impl fmt::Display for VirtualServerKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.address {
+            IpAddr::V4(a) => write!(f, "{} {}:{}", self.protocol, a, self.port),
+            IpAddr::V6(a) => write!(f, "{} [{}]:{}", self.protocol, a, self.port),
+        }
+    }
+}
+
+/// Identifies a real server (IPVS destination) within a virtual server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RealServerKey {
+    /// Endpoint address.
+    pub address: IpAddr,
+    /// Endpoint port.
+    pub port: u16,
+}
+
+impl fmt::Display for RealServerKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.address {
+            IpAddr::V4(a) => write!(f, "{}:{}", a, self.port),
+            IpAddr::V6(a) => write!(f, "[{}]:{}", a, self.port),
+        }
+    }
+}
+
+/// Desired settings of one real server. Forwarding is always masquerade (NAT), as in kube-proxy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RealServer {
+    /// IPVS weight; kube-proxy uses 1 for every endpoint.
+    pub weight: u32,
+}
+
+impl Default for RealServer {
+    fn default() -> Self {
+        RealServer { weight: 1 }
+    }
+}
+
+/// Why a virtual server exists: which kind of Service address it serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum VirtualServerRole {
+    /// A ClusterIP (bound on the dummy link).
+    ClusterIp,
+    /// A NodePort on one of the node's own addresses (not bound: the node already has it).
+    NodePort,
+    /// An ExternalIP (bound on the dummy link).
+    ExternalIp,
+    /// A LoadBalancer ingress IP (bound on the dummy link).
+    LoadBalancer,
+}
+
+impl VirtualServerRole {
+    /// Whether the virtual address must be bound on the dummy link for IPVS to see the traffic.
+    pub fn binds_address(self) -> bool {
+        !matches!(self, VirtualServerRole::NodePort)
+    }
+}
+
+/// Desired settings of one IPVS virtual server and the real servers behind it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VirtualServer {
+    /// Kind of address this virtual server serves.
+    pub role: VirtualServerRole,
+    /// Scheduler.
+    pub scheduler: Scheduler,
+    /// ClientIP session affinity: the persistence timeout in seconds (`None` = no persistence).
+    pub persistence_timeout: Option<u32>,
+    /// Set the source-hash port flag (`mh` / `sh` schedulers hash on the source port too).
+    pub hash_source_port: bool,
+    /// Real servers, by address and port.
+    pub real_servers: BTreeMap<RealServerKey, RealServer>,
+}
+
+/// The whole plan of one Service port: every virtual server it owns.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ServicePortPlan {
+    /// Virtual servers of this Service port.
+    pub virtual_servers: BTreeMap<VirtualServerKey, VirtualServer>,
+}
+
+impl ServicePortPlan {
+    /// Addresses this Service port needs bound on the dummy link.
+    pub fn bound_addresses(&self) -> impl Iterator<Item = IpAddr> + '_ {
+        self.virtual_servers
+            .iter()
+            .filter(|(_, vs)| vs.role.binds_address())
+            .map(|(key, _)| key.address)
+    }
+}
+
+/// The desired kernel state for the whole node.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Desired {
+    /// Plans by Service port.
+    pub services: BTreeMap<ServicePortName, ServicePortPlan>,
+}
+
+impl Desired {
+    /// Every address to bind on the dummy link (deduplicated, ordered).
+    pub fn bound_addresses(&self) -> BTreeSet<IpAddr> {
+        self.services
+            .values()
+            .flat_map(ServicePortPlan::bound_addresses)
+            .collect()
+    }
+
+    /// Every virtual server of every Service port, with its owner.
+    pub fn virtual_servers(
+        &self,
+    ) -> impl Iterator<Item = (&ServicePortName, &VirtualServerKey, &VirtualServer)> {
+        self.services.iter().flat_map(|(name, plan)| {
+            plan.virtual_servers
+                .iter()
+                .map(move |(key, vs)| (name, key, vs))
+        })
+    }
+}
