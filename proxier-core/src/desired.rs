@@ -125,6 +125,11 @@ pub struct VirtualServer {
 pub struct ServicePortPlan {
     /// Virtual servers of this Service port.
     pub virtual_servers: BTreeMap<VirtualServerKey, VirtualServer>,
+    /// Addresses of this plan's ExternalIP / load-balancer virtual servers that the node
+    /// already holds on one of its own interfaces. Like kube-proxy, these are never bound on
+    /// the dummy link (binding and later unbinding a node address would break it), so
+    /// [`ServicePortPlan::bound_addresses`] leaves them out.
+    pub node_owned_addresses: BTreeSet<IpAddr>,
 }
 
 impl ServicePortPlan {
@@ -134,6 +139,7 @@ impl ServicePortPlan {
             .iter()
             .filter(|(_, vs)| vs.role.binds_address())
             .map(|(key, _)| key.address)
+            .filter(|address| !self.node_owned_addresses.contains(address))
     }
 }
 
