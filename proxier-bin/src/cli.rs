@@ -1,0 +1,251 @@
+//! Command-line flags: kube-proxy's flags that apply to IPVS mode (same names and meanings),
+//! plus ipvs-proxier's own. Every setting is optional here so that [`crate::settings`] can tell
+//! a flag the user gave (which overrides the config file) from one left at its default.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+use clap::builder::BoolishValueParser;
+use ipnet::IpNet;
+use ipvs_netlink::Scheduler;
+
+use crate::go_duration::parse_go_duration;
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Default)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// `ipvs-proxier`: a Kubernetes Service proxy for the Linux IPVS data plane, a drop-in
+/// replacement for `kube-proxy --proxy-mode=ipvs`.
+#[derive(Debug, Clone, Default, Parser)]
+#[command(name = "ipvs-proxier", version, about, long_about = None)]
+pub struct Cli {
+    /// Path to a KubeProxyConfiguration file (kubeproxy.config.k8s.io/v1alpha1). Flags given
+    /// on the command line override its values.
+    #[arg(long, value_name = "PATH")]
+    pub config: Option<PathBuf>,
+
+    /// Path to a kubeconfig file with authorization information.
+    #[arg(long, value_name = "PATH")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// The address of the Kubernetes API server (overrides any value in kubeconfig).
+    #[arg(long, value_name = "URL")]
+    pub master: Option<String>,
+
+    /// Use this name instead of the machine's hostname to identify this node.
+    #[arg(long, value_name = "NAME")]
+    pub hostname_override: Option<String>,
+
+    /// The node's primary IP address family selector: 0.0.0.0 for IPv4, :: for IPv6.
+    #[arg(long, value_name = "IP")]
+    pub bind_address: Option<IpAddr>,
+
+    /// The CIDR range(s) of the pods in the cluster (comma-separated, one per family). Traffic to
+    /// a Service from outside this range is masqueraded.
+    #[arg(long, value_name = "CIDR,...", value_delimiter = ',')]
+    pub cluster_cidr: Option<Vec<IpNet>>,
+
+    /// SNAT all traffic sent via Service cluster IPs.
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
+          default_missing_value = "true", value_parser = BoolishValueParser::new())]
+    pub masquerade_all: Option<bool>,
+
+    /// Addresses on which NodePort Services are served: comma-separated CIDRs, or `primary`
+    /// for the node's primary IPs. Empty means all local addresses.
+    #[arg(long, value_name = "CIDR,...|primary", value_delimiter = ',')]
+    pub nodeport_addresses: Option<Vec<String>>,
+
+    /// The IPVS scheduler (rr, wrr, lc, wlc, lblc, lblcr, dh, sh, sed, nq, mh, ...).
+    #[arg(long, value_name = "NAME")]
+    pub ipvs_scheduler: Option<Scheduler>,
+
+    /// Maximum interval between full resyncs of the IPVS rules (Go duration, e.g. 30s). Must be > 0.
+    #[arg(long, value_name = "DURATION", value_parser = parse_go_duration)]
+    pub ipvs_sync_period: Option<Duration>,
+
+    /// Minimum interval between rule syncs as Services and EndpointSlices change (Go
+    /// duration). 0 syncs on every change.
+    #[arg(long, value_name = "DURATION", value_parser = parse_go_duration)]
+    pub ipvs_min_sync_period: Option<Duration>,
+
+    /// Comma-separated CIDRs the proxier must never touch when cleaning up IPVS rules.
+    #[arg(long, value_name = "CIDR,...", value_delimiter = ',')]
+    pub ipvs_exclude_cidrs: Option<Vec<IpNet>>,
+
+    /// Set arp_ignore=1 and arp_announce=2 so Service VIPs on the dummy link are not announced.
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
+          default_missing_value = "true", value_parser = BoolishValueParser::new())]
+    pub ipvs_strict_arp: Option<bool>,
+
+    /// IPVS timeout for idle TCP connections (Go duration), 0 leaves the kernel value.
+    #[arg(long, value_name = "DURATION", value_parser = parse_go_duration)]
+    pub ipvs_tcp_timeout: Option<Duration>,
+
+    /// IPVS timeout for TCP connections after receiving FIN (Go duration), 0 leaves it as is.
+    #[arg(long, value_name = "DURATION", value_parser = parse_go_duration)]
+    pub ipvs_tcpfin_timeout: Option<Duration>,
+
+    /// IPVS timeout for UDP packets (Go duration), 0 leaves the kernel value.
+    #[arg(long, value_name = "DURATION", value_parser = parse_go_duration)]
+    pub ipvs_udp_timeout: Option<Duration>,
+
+    /// How many syncs may run back to back before --ipvs-min-sync-period applies (>= 1).
+    #[arg(long, value_name = "N")]
+    pub ipvs_sync_burst: Option<u32>,
+
+    /// Address (ip:port, or ip for the default port 10249) of the metrics server; empty disables it.
+    #[arg(long, value_name = "IP:PORT")]
+    pub metrics_bind_address: Option<String>,
+
+    /// Address (ip:port, or ip for the default port 10256) of the health server; empty disables it.
+    #[arg(long, value_name = "IP:PORT")]
+    pub healthz_bind_address: Option<String>,
+
+    /// Which proxy mode to use. Only `ipvs` is supported (accepted for kube-proxy compatibility).
+    #[arg(long, value_name = "MODE")]
+    pub proxy_mode: Option<String>,
+
+    /// Remove everything this proxier created (IPVS services, VIPs, the dummy link, its
+    /// nftables tables) and exit.
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
+          default_missing_value = "true", value_parser = BoolishValueParser::new())]
+    pub cleanup: Option<bool>,
+
+    /// Read Services, EndpointSlices and Nodes from this YAML file (as `kubectl get -o yaml`
+    /// writes them) instead of the API server. The file is watched for changes.
+    #[arg(long, value_name = "PATH")]
+    pub source_file: Option<PathBuf>,
+
+    /// Plan but change nothing in the kernel; print what would be programmed.
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
+          default_missing_value = "true", value_parser = BoolishValueParser::new())]
+    pub dry_run: Option<bool>,
+
+    /// Run a single sync once the sources have synced, then exit.
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
+          default_missing_value = "true", value_parser = BoolishValueParser::new())]
+    pub once: Option<bool>,
+
+    /// Name of the dummy link that holds Service VIPs.
+    #[arg(long, value_name = "NAME")]
+    pub dummy_interface: Option<String>,
+
+    /// Log line format.
+    #[arg(long, value_enum, value_name = "FORMAT")]
+    pub log_format: Option<LogFormat>,
+
+    /// Log verbosity, as klog's -v (0: info, 2..4: debug, 5+: trace).
+    #[arg(short = 'v', long = "v", value_name = "LEVEL")]
+    pub verbosity: Option<u8>,
+}
+
+impl Cli {
+    /// Parses arguments (the first one is the program name). Errors carry clap's exit code 2.
+    pub fn try_parse_args<I, T>(args: I) -> Result<Cli, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        Cli::try_parse_from(args)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_args(std::iter::once("ipvs-proxier").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn no_flags_leaves_everything_unset() {
+        let cli = parse(&[]).expect("parses");
+        assert!(cli.ipvs_sync_period.is_none());
+        assert!(cli.masquerade_all.is_none());
+        assert!(cli.metrics_bind_address.is_none());
+    }
+
+    #[test]
+    fn kube_proxy_flags_parse() {
+        let cli = parse(&[
+            "--kubeconfig=/etc/kube/kubeconfig",
+            "--hostname-override",
+            "node-a",
+            "--cluster-cidr=10.244.0.0/16,fd00:10:244::/56",
+            "--masquerade-all",
+            "--nodeport-addresses=192.0.2.0/24",
+            "--ipvs-scheduler=wlc",
+            "--ipvs-sync-period=1m30s",
+            "--ipvs-min-sync-period=500ms",
+            "--ipvs-exclude-cidrs=198.51.100.0/24,203.0.113.0/24",
+            "--ipvs-strict-arp=false",
+            "--ipvs-tcp-timeout=15m",
+            "--ipvs-tcpfin-timeout=2m",
+            "--ipvs-udp-timeout=30s",
+            "--metrics-bind-address=127.0.0.1:10249",
+            "--healthz-bind-address=0.0.0.0:10256",
+            "--v=4",
+        ])
+        .expect("parses");
+        assert_eq!(cli.kubeconfig, Some(PathBuf::from("/etc/kube/kubeconfig")));
+        assert_eq!(cli.hostname_override.as_deref(), Some("node-a"));
+        let cidrs = cli.cluster_cidr.expect("set");
+        assert_eq!(cidrs.len(), 2);
+        assert_eq!(cidrs[1].to_string(), "fd00:10:244::/56");
+        assert_eq!(cli.masquerade_all, Some(true));
+        assert_eq!(cli.ipvs_scheduler, Some(Scheduler::WeightedLeastConnection));
+        assert_eq!(cli.ipvs_sync_period, Some(Duration::from_secs(90)));
+        assert_eq!(cli.ipvs_min_sync_period, Some(Duration::from_millis(500)));
+        assert_eq!(cli.ipvs_exclude_cidrs.map(|v| v.len()), Some(2));
+        assert_eq!(cli.ipvs_strict_arp, Some(false));
+        assert_eq!(cli.ipvs_tcp_timeout, Some(Duration::from_secs(900)));
+        assert_eq!(cli.ipvs_tcpfin_timeout, Some(Duration::from_secs(120)));
+        assert_eq!(cli.ipvs_udp_timeout, Some(Duration::from_secs(30)));
+        assert_eq!(cli.verbosity, Some(4));
+    }
+
+    #[test]
+    fn klog_short_verbosity_forms() {
+        assert_eq!(parse(&["-v", "2"]).expect("parses").verbosity, Some(2));
+        assert_eq!(parse(&["-v=3"]).expect("parses").verbosity, Some(3));
+        assert_eq!(parse(&["-v5"]).expect("parses").verbosity, Some(5));
+    }
+
+    #[test]
+    fn bool_flags_take_only_attached_values() {
+        assert_eq!(parse(&["--dry-run"]).expect("parses").dry_run, Some(true));
+        assert_eq!(
+            parse(&["--dry-run=false"]).expect("parses").dry_run,
+            Some(false)
+        );
+        // Like pflag, a bool flag does not swallow the next argument.
+        assert!(parse(&["--dry-run", "false"]).is_err());
+    }
+
+    #[test]
+    fn bad_values_are_usage_errors_with_exit_code_2() {
+        for args in [
+            &["--no-such-flag"][..],
+            &["--ipvs-sync-period=30"],
+            &["--ipvs-sync-period=-5s"],
+            &["--cluster-cidr=10.244.0.0/33"],
+            &["--bind-address=not-an-ip"],
+            &["--ipvs-scheduler=a-very-long-scheduler"],
+            &["--log-format=xml"],
+            &["--masquerade-all=maybe"],
+        ] {
+            let err = parse(args).expect_err(&format!("{args:?} should fail"));
+            assert_eq!(err.exit_code(), 2, "{args:?}");
+        }
+    }
+}

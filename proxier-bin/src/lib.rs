@@ -1,0 +1,8 @@
+//! The `ipvs-proxier` daemon's parts: flags and config file, sources of cluster objects,
+//! the sync runner, metrics and health servers, logging. No proxy logic lives here: planning
+//! and reconciling belong to `proxier-core`.
+
+pub mod cli;
+pub mod config;
+pub mod go_duration;
+pub mod settings;
