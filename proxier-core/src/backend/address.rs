@@ -1,0 +1,167 @@
+//! The kernel address backend: the dummy link (`kube-ipvs0`) and the service
+//! addresses bound on it, over rtnetlink.
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+
+use futures::TryStreamExt;
+use netlink_packet_route::address::AddressAttribute;
+use rtnetlink::{AddressMessageBuilder, Handle, LinkDummy, LinkUnspec};
+
+use super::{AddressBackend, BackendError};
+
+/// Maps an rtnetlink error to a [`BackendError`] by its errno.
+fn map_error(error: rtnetlink::Error) -> BackendError {
+    if let rtnetlink::Error::NetlinkError(message) = &error {
+        let errno = -message.raw_code();
+        return match errno {
+            libc::EEXIST => BackendError::Exists,
+            libc::ENODEV | libc::ENOENT | libc::ESRCH | libc::EADDRNOTAVAIL => {
+                BackendError::NotFound
+            }
+            libc::EPERM | libc::EACCES => BackendError::Permission,
+            libc::EOPNOTSUPP | libc::EAFNOSUPPORT => BackendError::Unavailable(error.to_string()),
+            _ => BackendError::Other(error.to_string()),
+        };
+    }
+    BackendError::Other(error.to_string())
+}
+
+fn host_prefix(address: IpAddr) -> u8 {
+    match address {
+        IpAddr::V4(_) => 32,
+        IpAddr::V6(_) => 128,
+    }
+}
+
+/// The dummy link and its addresses in the network namespace the backend was
+/// created in (rtnetlink sockets belong to the namespace of the thread that opens them).
+#[derive(Debug, Clone)]
+pub struct KernelAddressBackend {
+    handle: Handle,
+    link: String,
+}
+
+impl KernelAddressBackend {
+    /// Opens an rtnetlink connection and spawns its driver on the current tokio runtime.
+    ///
+    /// Must be called from within a tokio runtime.
+    pub fn connect(link: impl Into<String>) -> Result<Self, BackendError> {
+        let (connection, handle, _) = rtnetlink::new_connection()
+            .map_err(|err| BackendError::Other(format!("opening rtnetlink socket: {err}")))?;
+        tokio::spawn(connection);
+        Ok(KernelAddressBackend {
+            handle,
+            link: link.into(),
+        })
+    }
+
+    /// The link's interface index, `None` when it does not exist.
+    async fn link_index(&self) -> Result<Option<u32>, BackendError> {
+        let mut links = self
+            .handle
+            .link()
+            .get()
+            .match_name(self.link.clone())
+            .execute();
+        match links.try_next().await {
+            Ok(Some(link)) => Ok(Some(link.header.index)),
+            Ok(None) => Ok(None),
+            Err(error) => match map_error(error) {
+                BackendError::NotFound => Ok(None),
+                other => Err(other),
+            },
+        }
+    }
+
+    async fn require_index(&self) -> Result<u32, BackendError> {
+        self.link_index().await?.ok_or(BackendError::NotFound)
+    }
+}
+
+impl AddressBackend for KernelAddressBackend {
+    fn link_name(&self) -> &str {
+        &self.link
+    }
+
+    async fn ensure_link(&mut self) -> Result<(), BackendError> {
+        let index = match self.link_index().await? {
+            Some(index) => index,
+            None => {
+                match self
+                    .handle
+                    .link()
+                    .add(LinkDummy::new(&self.link).build())
+                    .execute()
+                    .await
+                    .map_err(map_error)
+                {
+                    Ok(()) | Err(BackendError::Exists) => {}
+                    Err(other) => return Err(other),
+                }
+                tracing::info!(link = %self.link, "created dummy link");
+                self.require_index().await?
+            }
+        };
+        self.handle
+            .link()
+            .set(LinkUnspec::new_with_index(index).up().build())
+            .execute()
+            .await
+            .map_err(map_error)
+    }
+
+    async fn list_addresses(&mut self) -> Result<BTreeSet<IpAddr>, BackendError> {
+        let Some(index) = self.link_index().await? else {
+            return Ok(BTreeSet::new());
+        };
+        let mut messages = self
+            .handle
+            .address()
+            .get()
+            .set_link_index_filter(index)
+            .execute();
+        let mut addresses = BTreeSet::new();
+        while let Some(message) = messages.try_next().await.map_err(map_error)? {
+            if message.header.index != index {
+                continue;
+            }
+            for attribute in &message.attributes {
+                if let AddressAttribute::Address(address) = attribute {
+                    addresses.insert(*address);
+                }
+            }
+        }
+        Ok(addresses)
+    }
+
+    async fn add_address(&mut self, address: IpAddr) -> Result<(), BackendError> {
+        let index = self.require_index().await?;
+        self.handle
+            .address()
+            .add(index, address, host_prefix(address))
+            .execute()
+            .await
+            .map_err(map_error)
+    }
+
+    async fn remove_address(&mut self, address: IpAddr) -> Result<(), BackendError> {
+        let index = self.require_index().await?;
+        let message = match address {
+            IpAddr::V4(v4) => AddressMessageBuilder::<std::net::Ipv4Addr>::new()
+                .index(index)
+                .address(v4, 32)
+                .build(),
+            IpAddr::V6(v6) => AddressMessageBuilder::<std::net::Ipv6Addr>::new()
+                .index(index)
+                .address(v6, 128)
+                .build(),
+        };
+        self.handle
+            .address()
+            .del(message)
+            .execute()
+            .await
+            .map_err(map_error)
+    }
+}

@@ -1,0 +1,210 @@
+//! The edges of the reconciler: traits for the kernel objects it manages, with
+//! kernel implementations ([`ipvs`], [`address`]) and in-memory ones ([`memory`])
+//! for tests and dry runs.
+//!
+//! Backends speak proxier-core's own types, so the reconciler never sees netlink.
+
+pub mod address;
+// pub mod ipvs;
+pub mod memory;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::future::Future;
+use std::net::IpAddr;
+
+use crate::desired::{RealServerKey, VirtualServerKey};
+use crate::observed::{ObservedVirtualServer, VirtualServerSettings};
+
+pub use address::KernelAddressBackend;
+
+pub use memory::{MemoryAddressBackend, MemoryIpvsBackend};
+
+/// Default name of the dummy link the proxier binds service addresses on (kube-proxy's name).
+pub const DEFAULT_DUMMY_LINK: &str = "kube-ipvs0";
+
+/// Why a backend call failed. Kernel errno values are mapped to the variants that
+/// the reconciler reacts to; everything else is carried as text.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BackendError {
+    /// The object to add already exists.
+    #[error("already exists")]
+    Exists,
+    /// The object (or its virtual server) does not exist.
+    #[error("not found")]
+    NotFound,
+    /// The kernel has no scheduler module of that name.
+    #[error("scheduler {0:?} is not available in the kernel")]
+    SchedulerNotFound(String),
+    /// The caller lacks CAP_NET_ADMIN.
+    #[error("permission denied")]
+    Permission,
+    /// IPVS (or the link type) is not available in this kernel.
+    #[error("not available in this kernel: {0}")]
+    Unavailable(String),
+    /// The kernel refused the request for another reason.
+    #[error("{0}")]
+    Other(String),
+}
+
+/// The kinds of write the reconciler performs, for counting and reporting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum OpKind {
+    /// Create a virtual server.
+    AddVirtualServer,
+    /// Change a virtual server's scheduler or flags.
+    UpdateVirtualServer,
+    /// Delete a virtual server (and with it its real servers).
+    DeleteVirtualServer,
+    /// Add a real server.
+    AddRealServer,
+    /// Change a real server's weight (including draining to 0 and restoring).
+    UpdateRealServer,
+    /// Delete a real server.
+    DeleteRealServer,
+    /// Bind an address on the dummy link.
+    BindAddress,
+    /// Remove an address from the dummy link.
+    UnbindAddress,
+}
+
+impl OpKind {
+    /// Whether this kind removes something from the kernel.
+    pub fn is_delete(self) -> bool {
+        matches!(
+            self,
+            OpKind::DeleteVirtualServer | OpKind::DeleteRealServer | OpKind::UnbindAddress
+        )
+    }
+}
+
+impl fmt::Display for OpKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            OpKind::AddVirtualServer => "add_virtual_server",
+            OpKind::UpdateVirtualServer => "update_virtual_server",
+            OpKind::DeleteVirtualServer => "delete_virtual_server",
+            OpKind::AddRealServer => "add_real_server",
+            OpKind::UpdateRealServer => "update_real_server",
+            OpKind::DeleteRealServer => "delete_real_server",
+            OpKind::BindAddress => "bind_address",
+            OpKind::UnbindAddress => "unbind_address",
+        })
+    }
+}
+
+/// One IPVS write. Real servers are always masquerading (NAT) destinations.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IpvsOp {
+    /// Create a virtual server.
+    AddVirtualServer(VirtualServerKey, VirtualServerSettings),
+    /// Replace a virtual server's scheduler and flags.
+    UpdateVirtualServer(VirtualServerKey, VirtualServerSettings),
+    /// Delete a virtual server.
+    DeleteVirtualServer(VirtualServerKey),
+    /// Add a masquerading real server with a weight.
+    AddRealServer(VirtualServerKey, RealServerKey, u32),
+    /// Set a real server's weight (and its forwarding method back to masquerade).
+    UpdateRealServer(VirtualServerKey, RealServerKey, u32),
+    /// Delete a real server.
+    DeleteRealServer(VirtualServerKey, RealServerKey),
+}
+
+impl IpvsOp {
+    /// The kind of this op.
+    pub fn kind(&self) -> OpKind {
+        match self {
+            IpvsOp::AddVirtualServer(..) => OpKind::AddVirtualServer,
+            IpvsOp::UpdateVirtualServer(..) => OpKind::UpdateVirtualServer,
+            IpvsOp::DeleteVirtualServer(..) => OpKind::DeleteVirtualServer,
+            IpvsOp::AddRealServer(..) => OpKind::AddRealServer,
+            IpvsOp::UpdateRealServer(..) => OpKind::UpdateRealServer,
+            IpvsOp::DeleteRealServer(..) => OpKind::DeleteRealServer,
+        }
+    }
+
+    /// The virtual server this op is about.
+    pub fn virtual_server(&self) -> &VirtualServerKey {
+        match self {
+            IpvsOp::AddVirtualServer(key, _)
+            | IpvsOp::UpdateVirtualServer(key, _)
+            | IpvsOp::DeleteVirtualServer(key)
+            | IpvsOp::AddRealServer(key, ..)
+            | IpvsOp::UpdateRealServer(key, ..)
+            | IpvsOp::DeleteRealServer(key, _) => key,
+        }
+    }
+}
+
+impl fmt::Display for IpvsOp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            IpvsOp::AddVirtualServer(key, s) => {
+                write!(f, "add virtual server {key} ({})", s.scheduler)
+            }
+            IpvsOp::UpdateVirtualServer(key, s) => {
+                write!(f, "update virtual server {key} ({})", s.scheduler)
+            }
+            IpvsOp::DeleteVirtualServer(key) => write!(f, "delete virtual server {key}"),
+            IpvsOp::AddRealServer(key, rs, w) => {
+                write!(f, "add real server {rs} weight {w} to {key}")
+            }
+            IpvsOp::UpdateRealServer(key, rs, w) => {
+                write!(f, "set weight {w} on real server {rs} of {key}")
+            }
+            IpvsOp::DeleteRealServer(key, rs) => write!(f, "delete real server {rs} of {key}"),
+        }
+    }
+}
+
+/// Reads and writes IPVS virtual servers and their real servers.
+///
+/// Only tuple (address, port, protocol) virtual servers are reported; firewall-mark
+/// services and protocols outside [`crate::Protocol`] are left out (the proxier never owns them).
+pub trait IpvsBackend: Send {
+    /// Every tuple virtual server with its real servers and their connection counts.
+    fn list_virtual_servers(
+        &mut self,
+    ) -> impl Future<
+        Output = Result<BTreeMap<VirtualServerKey, ObservedVirtualServer>, BackendError>,
+    > + Send;
+
+    /// One virtual server with its real servers, `None` when it does not exist.
+    fn get_virtual_server(
+        &mut self,
+        key: &VirtualServerKey,
+    ) -> impl Future<Output = Result<Option<ObservedVirtualServer>, BackendError>> + Send;
+
+    /// Applies `ops` in order, as one batch; returns one result per op, in the same order.
+    /// A failing op does not stop the ones after it.
+    fn apply(
+        &mut self,
+        ops: &[IpvsOp],
+    ) -> impl Future<Output = Vec<Result<(), BackendError>>> + Send;
+}
+
+/// Manages the dummy link and the service addresses bound on it (/32 or /128).
+pub trait AddressBackend: Send {
+    /// Name of the link.
+    fn link_name(&self) -> &str;
+
+    /// Creates the dummy link if it is missing and brings it up.
+    fn ensure_link(&mut self) -> impl Future<Output = Result<(), BackendError>> + Send;
+
+    /// Addresses bound on the link (an absent link has none).
+    fn list_addresses(
+        &mut self,
+    ) -> impl Future<Output = Result<BTreeSet<IpAddr>, BackendError>> + Send;
+
+    /// Binds `address` as a host address (/32 or /128).
+    fn add_address(
+        &mut self,
+        address: IpAddr,
+    ) -> impl Future<Output = Result<(), BackendError>> + Send;
+
+    /// Removes `address` from the link.
+    fn remove_address(
+        &mut self,
+        address: IpAddr,
+    ) -> impl Future<Output = Result<(), BackendError>> + Send;
+}

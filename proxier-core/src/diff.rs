@@ -1,0 +1,324 @@
+//! Pure comparison of the plan ([`Desired`]) with the kernel ([`Observed`]):
+//! which IPVS writes and address changes converge the kernel, touching only
+//! what the proxier owns (Decision 1).
+//!
+//! Removed real servers are drained rather than deleted when they still carry TCP
+//! connections: their weight goes to 0 and they join the [`DrainQueue`] until their
+//! connections end or the drain bound passes.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::ops::RangeInclusive;
+use std::time::Duration;
+
+use ipnet::IpNet;
+use ipvs_netlink::ForwardMethod;
+use tokio::time::Instant;
+
+use crate::backend::IpvsOp;
+use crate::desired::{
+    Desired, Protocol, RealServerKey, ServicePortName, VirtualServer, VirtualServerKey,
+};
+use crate::drain::DrainQueue;
+use crate::observed::{Observed, ObservedVirtualServer, VirtualServerSettings};
+
+/// What the proxier may change in the kernel besides what it plans.
+#[derive(Debug, Clone, Copy)]
+pub struct Scope<'a> {
+    /// Addresses never touched: no virtual server on them is created or deleted, none is unbound.
+    pub exclude_cidrs: &'a [IpNet],
+    /// Addresses bound on the proxier's dummy link: virtual servers on them are the proxier's.
+    pub link_addresses: &'a BTreeSet<IpAddr>,
+    /// Node addresses on which NodePort virtual servers are the proxier's.
+    pub node_port_addresses: &'a BTreeSet<IpAddr>,
+    /// Ports of NodePort virtual servers (`None`: any port on a node-port address).
+    pub node_port_range: Option<&'a RangeInclusive<u16>>,
+}
+
+impl Scope<'_> {
+    /// Whether `address` lies in an excluded CIDR.
+    pub fn is_excluded(&self, address: IpAddr) -> bool {
+        self.exclude_cidrs.iter().any(|net| net.contains(&address))
+    }
+
+    /// Whether an unplanned virtual server is the proxier's to delete.
+    pub fn owns(&self, key: &VirtualServerKey) -> bool {
+        if self.is_excluded(key.address) {
+            return false;
+        }
+        if self.link_addresses.contains(&key.address) {
+            return true;
+        }
+        self.node_port_addresses.contains(&key.address)
+            && self
+                .node_port_range
+                .is_none_or(|range| range.contains(&key.port))
+    }
+}
+
+/// The clock and bound deciding when a draining real server is deleted.
+#[derive(Debug, Clone, Copy)]
+pub struct DrainPolicy {
+    /// Now.
+    pub now: Instant,
+    /// How long a removed real server may keep its connections.
+    pub timeout: Duration,
+}
+
+/// A planned virtual server the reconciler will not apply for a service port.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Rejection {
+    /// Two service ports plan the same virtual server: the first by name wins.
+    #[error("virtual server {key} of {service} is already planned by {winner}, which comes first")]
+    Conflict {
+        /// The service port that loses.
+        service: ServicePortName,
+        /// The contested virtual server.
+        key: VirtualServerKey,
+        /// The service port that owns it.
+        winner: ServicePortName,
+    },
+    /// The virtual server's address is in an excluded CIDR.
+    #[error("virtual server {key} of {service} is in an excluded CIDR; not applied")]
+    Excluded {
+        /// The service port that plans it.
+        service: ServicePortName,
+        /// The virtual server.
+        key: VirtualServerKey,
+    },
+}
+
+impl Rejection {
+    /// The service port whose plan is rejected.
+    pub fn service(&self) -> &ServicePortName {
+        match self {
+            Rejection::Conflict { service, .. } | Rejection::Excluded { service, .. } => service,
+        }
+    }
+}
+
+/// An IPVS write with the service port it is done for (`None`: cleanup of an
+/// unplanned virtual server the proxier owns).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnedOp {
+    /// The service port the write is for.
+    pub owner: Option<ServicePortName>,
+    /// The write.
+    pub op: IpvsOp,
+}
+
+/// IPVS writes and drain-queue changes that converge some virtual servers.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Changes {
+    /// Writes, in the order to apply them once [`Changes::order`] ran.
+    pub ops: Vec<OwnedOp>,
+    /// Real servers that start draining (weight 0, waiting for their connections).
+    pub drain_started: Vec<(VirtualServerKey, RealServerKey)>,
+    /// Draining real servers that are planned again.
+    pub drain_stopped: Vec<(VirtualServerKey, RealServerKey)>,
+}
+
+impl Changes {
+    /// Puts the writes in a safe order, keeping the relative order within a phase:
+    /// virtual servers are added, then updated, then real servers are added, updated
+    /// and deleted, and virtual servers are deleted last.
+    pub fn order(&mut self) {
+        fn phase(op: &IpvsOp) -> u8 {
+            match op {
+                IpvsOp::AddVirtualServer(..) => 0,
+                IpvsOp::UpdateVirtualServer(..) => 1,
+                IpvsOp::AddRealServer(..)
+                | IpvsOp::UpdateRealServer(..)
+                | IpvsOp::DeleteRealServer(..) => 2,
+                IpvsOp::DeleteVirtualServer(..) => 3,
+            }
+        }
+        self.ops.sort_by_key(|owned| phase(&owned.op));
+    }
+
+    /// Whether nothing is to be written or queued.
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty() && self.drain_started.is_empty() && self.drain_stopped.is_empty()
+    }
+}
+
+/// Adds to `out` what converges one virtual server from `observed` to `desired`
+/// (either may be absent: absent desired means delete, so call it only for
+/// virtual servers the proxier owns).
+pub fn diff_virtual_server(
+    key: &VirtualServerKey,
+    desired: Option<&VirtualServer>,
+    observed: Option<&ObservedVirtualServer>,
+    owner: Option<&ServicePortName>,
+    drains: &DrainQueue,
+    policy: &DrainPolicy,
+    out: &mut Changes,
+) {
+    let mut push = |op: IpvsOp| {
+        out.ops.push(OwnedOp {
+            owner: owner.cloned(),
+            op,
+        })
+    };
+    match (desired, observed) {
+        (None, None) => {}
+        (None, Some(_)) => push(IpvsOp::DeleteVirtualServer(*key)),
+        (Some(want), None) => {
+            push(IpvsOp::AddVirtualServer(
+                *key,
+                VirtualServerSettings::of(want),
+            ));
+            for (rs, real) in &want.real_servers {
+                push(IpvsOp::AddRealServer(*key, *rs, real.weight));
+            }
+        }
+        (Some(want), Some(have)) => {
+            let settings = VirtualServerSettings::of(want);
+            if settings != have.settings {
+                push(IpvsOp::UpdateVirtualServer(*key, settings));
+            }
+            for (rs, real) in &want.real_servers {
+                match have.real_servers.get(rs) {
+                    None => push(IpvsOp::AddRealServer(*key, *rs, real.weight)),
+                    Some(current)
+                        if current.weight != real.weight
+                            || current.forward != ForwardMethod::Masquerade =>
+                    {
+                        push(IpvsOp::UpdateRealServer(*key, *rs, real.weight))
+                    }
+                    Some(_) => {}
+                }
+                if drains.since(key, rs).is_some() {
+                    out.drain_stopped.push((*key, *rs));
+                }
+            }
+            for (rs, current) in &have.real_servers {
+                if want.real_servers.contains_key(rs) {
+                    continue;
+                }
+                let since = drains.since(key, rs);
+                let expired = match since {
+                    Some(start) => policy.now.saturating_duration_since(start) >= policy.timeout,
+                    None => policy.timeout.is_zero(),
+                };
+                if key.protocol != Protocol::Tcp || current.connections() == 0 || expired {
+                    push(IpvsOp::DeleteRealServer(*key, *rs));
+                } else {
+                    if current.weight != 0 {
+                        push(IpvsOp::UpdateRealServer(*key, *rs, 0));
+                    }
+                    if since.is_none() {
+                        out.drain_started.push((*key, *rs));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The whole difference between a plan and a kernel snapshot.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Diff {
+    /// IPVS writes and drain-queue changes (ordered).
+    pub changes: Changes,
+    /// Addresses to bind on the dummy link.
+    pub bind: Vec<IpAddr>,
+    /// Addresses to remove from the dummy link.
+    pub unbind: Vec<IpAddr>,
+    /// Planned virtual servers that are not applied, with the reason.
+    pub rejected: Vec<Rejection>,
+}
+
+/// Which service port owns each planned virtual server: the first by
+/// [`ServicePortName`] order among those planning it. Excluded and losing
+/// claims are returned as rejections.
+pub fn winners<'d>(
+    desired: &'d Desired,
+    scope: &Scope<'_>,
+) -> (
+    BTreeMap<VirtualServerKey, (&'d ServicePortName, &'d VirtualServer)>,
+    Vec<Rejection>,
+) {
+    let mut won = BTreeMap::new();
+    let mut rejected = Vec::new();
+    for (service, key, vs) in desired.virtual_servers() {
+        if scope.is_excluded(key.address) {
+            rejected.push(Rejection::Excluded {
+                service: service.clone(),
+                key: *key,
+            });
+            continue;
+        }
+        match won.entry(*key) {
+            std::collections::btree_map::Entry::Vacant(slot) => {
+                slot.insert((service, vs));
+            }
+            std::collections::btree_map::Entry::Occupied(taken) => {
+                let (winner, _): &(&ServicePortName, &VirtualServer) = taken.get();
+                rejected.push(Rejection::Conflict {
+                    service: service.clone(),
+                    key: *key,
+                    winner: (*winner).clone(),
+                });
+            }
+        }
+    }
+    (won, rejected)
+}
+
+/// Compares `desired` with `observed` and returns what converges the kernel.
+///
+/// Virtual servers of service ports `held` accepts (waiting for a retry) are left as they are.
+/// Unplanned virtual servers are deleted only when `scope` owns them; addresses on the
+/// link that no planned virtual server needs are unbound unless excluded.
+pub fn diff(
+    desired: &Desired,
+    observed: &Observed,
+    scope: &Scope<'_>,
+    drains: &DrainQueue,
+    policy: &DrainPolicy,
+    held: impl Fn(&ServicePortName) -> bool,
+) -> Diff {
+    let (won, rejected) = winners(desired, scope);
+    let mut changes = Changes::default();
+    let mut wanted_addresses = BTreeSet::new();
+    for (key, (owner, vs)) in &won {
+        if vs.role.binds_address() {
+            wanted_addresses.insert(key.address);
+        }
+        if held(owner) {
+            continue;
+        }
+        diff_virtual_server(
+            key,
+            Some(vs),
+            observed.virtual_servers.get(key),
+            Some(owner),
+            drains,
+            policy,
+            &mut changes,
+        );
+    }
+    for (key, have) in &observed.virtual_servers {
+        if !won.contains_key(key) && scope.owns(key) {
+            diff_virtual_server(key, None, Some(have), None, drains, policy, &mut changes);
+        }
+    }
+    changes.order();
+    let bind = wanted_addresses
+        .difference(&observed.bound_addresses)
+        .copied()
+        .collect();
+    let unbind = observed
+        .bound_addresses
+        .difference(&wanted_addresses)
+        .filter(|address| !scope.is_excluded(**address))
+        .copied()
+        .collect();
+    Diff {
+        changes,
+        bind,
+        unbind,
+        rejected,
+    }
+}

@@ -1,0 +1,141 @@
+//! What the kernel holds: IPVS virtual servers with their real servers, and
+//! the addresses bound on the dummy link, as read back through the backends.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use ipvs_netlink::ForwardMethod;
+
+use crate::desired::{RealServerKey, Scheduler, VirtualServer, VirtualServerKey};
+
+/// The settings of a virtual server that the proxier manages (everything but its real servers).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub struct VirtualServerSettings {
+    /// Scheduler.
+    pub scheduler: Scheduler,
+    /// Persistence (ClientIP affinity) timeout in seconds; `None` when not persistent.
+    pub persistence_timeout: Option<u32>,
+    /// Source-hash port flag (`IP_VS_SVC_F_SCHED_SH_PORT` / `..._MH_PORT`).
+    pub hash_source_port: bool,
+}
+
+impl VirtualServerSettings {
+    /// The settings a planned virtual server asks for.
+    pub fn of(vs: &VirtualServer) -> Self {
+        VirtualServerSettings {
+            scheduler: vs.scheduler.clone(),
+            persistence_timeout: vs.persistence_timeout,
+            hash_source_port: vs.hash_source_port,
+        }
+    }
+}
+
+/// A real server as the kernel reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ObservedRealServer {
+    /// Current weight (0 while draining).
+    pub weight: u32,
+    /// Forwarding method (the proxier only ever creates [`ForwardMethod::Masquerade`]).
+    pub forward: ForwardMethod,
+    /// Active (established) connections.
+    pub active_connections: u32,
+    /// Inactive connections (e.g. TIME_WAIT, UDP).
+    pub inactive_connections: u32,
+}
+
+impl ObservedRealServer {
+    /// A masquerading real server with the given weight and no connections.
+    pub fn new(weight: u32) -> Self {
+        ObservedRealServer {
+            weight,
+            forward: ForwardMethod::Masquerade,
+            active_connections: 0,
+            inactive_connections: 0,
+        }
+    }
+
+    /// Active plus inactive connections.
+    pub fn connections(&self) -> u64 {
+        u64::from(self.active_connections) + u64::from(self.inactive_connections)
+    }
+}
+
+/// A virtual server as the kernel reports it, with its real servers.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ObservedVirtualServer {
+    /// Scheduler and flags.
+    pub settings: VirtualServerSettings,
+    /// Real servers by address and port.
+    pub real_servers: BTreeMap<RealServerKey, ObservedRealServer>,
+}
+
+impl ObservedVirtualServer {
+    /// Whether two snapshots hold the same configuration (connection counts ignored).
+    pub fn same_configuration(&self, other: &ObservedVirtualServer) -> bool {
+        self.settings == other.settings
+            && self.real_servers.len() == other.real_servers.len()
+            && self
+                .real_servers
+                .iter()
+                .zip(other.real_servers.iter())
+                .all(|((ka, a), (kb, b))| {
+                    ka == kb && a.weight == b.weight && a.forward == b.forward
+                })
+    }
+}
+
+/// A snapshot of the kernel state the reconciler works on.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Observed {
+    /// Every tuple (address, port, protocol) virtual server in the namespace, owned or not.
+    pub virtual_servers: BTreeMap<VirtualServerKey, ObservedVirtualServer>,
+    /// Addresses bound on the dummy link.
+    pub bound_addresses: BTreeSet<IpAddr>,
+}
+
+impl Observed {
+    /// Counts the objects whose configuration differs between `self` and `other`,
+    /// looking only at virtual servers `considered` accepts and at addresses:
+    /// one per virtual server present in only one snapshot or with other settings,
+    /// one per real server present in only one or with another weight or
+    /// forwarding method, one per address bound in only one.
+    pub fn count_differences(
+        &self,
+        other: &Observed,
+        considered: impl Fn(&VirtualServerKey) -> bool,
+    ) -> usize {
+        let mut differences = self
+            .bound_addresses
+            .symmetric_difference(&other.bound_addresses)
+            .count();
+        let keys: BTreeSet<&VirtualServerKey> = self
+            .virtual_servers
+            .keys()
+            .chain(other.virtual_servers.keys())
+            .filter(|key| considered(key))
+            .collect();
+        for key in keys {
+            match (
+                self.virtual_servers.get(key),
+                other.virtual_servers.get(key),
+            ) {
+                (Some(a), Some(b)) => {
+                    if a.settings != b.settings {
+                        differences += 1;
+                    }
+                    let rs_keys: BTreeSet<&RealServerKey> =
+                        a.real_servers.keys().chain(b.real_servers.keys()).collect();
+                    for rs in rs_keys {
+                        match (a.real_servers.get(rs), b.real_servers.get(rs)) {
+                            (Some(x), Some(y))
+                                if x.weight == y.weight && x.forward == y.forward => {}
+                            _ => differences += 1,
+                        }
+                    }
+                }
+                _ => differences += 1,
+            }
+        }
+        differences
+    }
+}

@@ -1,0 +1,899 @@
+//! Keeps the kernel converged on the plan: a full sync that re-reads the kernel and
+//! repairs drift, an incremental sync per dirty service port over a cached view of
+//! the kernel, graceful draining of removed real servers, and per-service retries
+//! with exponential backoff.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::net::IpAddr;
+use std::ops::RangeInclusive;
+use std::time::Duration;
+
+use ipnet::IpNet;
+use ipvs_netlink::ForwardMethod;
+use tokio::time::Instant;
+
+use crate::backend::{AddressBackend, BackendError, IpvsBackend, IpvsOp, OpKind};
+use crate::desired::{
+    Desired, ServicePortName, VirtualServer, VirtualServerKey, VirtualServerRole,
+};
+use crate::diff::{self, Changes, DrainPolicy, OwnedOp, Rejection, Scope};
+use crate::drain::{DEFAULT_DRAIN_TIMEOUT, DrainQueue};
+use crate::observed::{Observed, ObservedRealServer, ObservedVirtualServer};
+
+/// Settings of a [`Reconciler`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReconcilerConfig {
+    /// Addresses never touched (`--ipvs-exclude-cidrs`).
+    pub exclude_cidrs: Vec<IpNet>,
+    /// Node addresses on which unplanned NodePort virtual servers are the proxier's to
+    /// delete (addresses of planned NodePorts are added automatically).
+    pub node_port_addresses: BTreeSet<IpAddr>,
+    /// Port range of NodePorts; unplanned virtual servers on node addresses outside it
+    /// are left alone. `None` owns every port on those addresses.
+    pub node_port_range: Option<RangeInclusive<u16>>,
+    /// How long a removed TCP real server may keep its connections before it is deleted.
+    pub drain_timeout: Duration,
+    /// How often [`Reconciler::tick`] should run while real servers are draining.
+    pub drain_check_interval: Duration,
+    /// First retry delay of a failed service port.
+    pub initial_backoff: Duration,
+    /// Longest retry delay.
+    pub max_backoff: Duration,
+}
+
+impl Default for ReconcilerConfig {
+    fn default() -> Self {
+        ReconcilerConfig {
+            exclude_cidrs: Vec::new(),
+            node_port_addresses: BTreeSet::new(),
+            node_port_range: Some(30000..=32767),
+            drain_timeout: DEFAULT_DRAIN_TIMEOUT,
+            drain_check_interval: Duration::from_secs(5),
+            initial_backoff: Duration::from_secs(1),
+            max_backoff: Duration::from_secs(300),
+        }
+    }
+}
+
+/// Why the reconciler could not apply part of a service port's plan.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ServiceSyncError {
+    /// An IPVS write failed.
+    #[error("{op}: {source}")]
+    Op {
+        /// The write.
+        op: IpvsOp,
+        /// The kernel's answer.
+        source: BackendError,
+    },
+    /// Binding the virtual address on the dummy link failed.
+    #[error("binding {address} on {link}: {source}")]
+    Bind {
+        /// The address.
+        address: IpAddr,
+        /// The link.
+        link: String,
+        /// The kernel's answer.
+        source: BackendError,
+    },
+    /// Removing an address from the dummy link failed.
+    #[error("removing {address} from {link}: {source}")]
+    Unbind {
+        /// The address.
+        address: IpAddr,
+        /// The link.
+        link: String,
+        /// The kernel's answer.
+        source: BackendError,
+    },
+    /// Reading a virtual server back from the kernel failed.
+    #[error("reading virtual server {key}: {source}")]
+    Read {
+        /// The virtual server.
+        key: VirtualServerKey,
+        /// The kernel's answer.
+        source: BackendError,
+    },
+    /// The plan is not applied (conflict, excluded address).
+    #[error(transparent)]
+    Rejected(#[from] Rejection),
+}
+
+/// A failure of a whole sync: the kernel could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReconcileError {
+    /// Creating or bringing up the dummy link failed.
+    #[error("ensuring dummy link {link}: {source}")]
+    Link {
+        /// The link.
+        link: String,
+        /// The kernel's answer.
+        source: BackendError,
+    },
+    /// Listing the addresses of the dummy link failed.
+    #[error("listing addresses of {link}: {source}")]
+    ListAddresses {
+        /// The link.
+        link: String,
+        /// The kernel's answer.
+        source: BackendError,
+    },
+    /// Listing IPVS virtual servers failed.
+    #[error("listing IPVS virtual servers: {source}")]
+    ListVirtualServers {
+        /// The kernel's answer.
+        source: BackendError,
+    },
+}
+
+/// Successes and failures of one kind of write.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OpCounts {
+    /// Writes the kernel accepted.
+    pub succeeded: u64,
+    /// Writes the kernel refused.
+    pub failed: u64,
+}
+
+/// Counters the daemon exports as metrics.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReconcilerStats {
+    /// Writes by kind and result, since start.
+    pub ops: BTreeMap<OpKind, OpCounts>,
+    /// Full syncs run.
+    pub full_syncs: u64,
+    /// Incremental syncs and ticks run.
+    pub incremental_syncs: u64,
+    /// Real servers draining now.
+    pub drain_queue_len: usize,
+    /// Objects (virtual servers, real servers, addresses) the last full sync found
+    /// changed behind the proxier's back; `None` before the second full sync.
+    pub last_full_sync_drift: Option<usize>,
+    /// Service ports waiting for a retry.
+    pub retries_pending: usize,
+    /// The current error of each service port that has one.
+    pub last_errors: BTreeMap<ServicePortName, ServiceSyncError>,
+    /// The last error cleaning up something no service port owns (stale virtual
+    /// servers, unused addresses), if the last attempt failed.
+    pub cleanup_error: Option<ServiceSyncError>,
+}
+
+/// What one sync did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SyncReport {
+    /// Writes attempted (IPVS ops, address binds and unbinds).
+    pub writes: usize,
+    /// Of those, deletions (virtual servers, real servers, addresses).
+    pub deletes: usize,
+    /// Of those, failed ones.
+    pub failed: usize,
+    /// Kernel objects found changed behind the proxier's back (full sync only).
+    pub drift: Option<usize>,
+    /// Errors of this sync, by service port (`None`: cleanup).
+    pub errors: Vec<(Option<ServicePortName>, ServiceSyncError)>,
+}
+
+/// A failed write or read: the service port it was for, the virtual server, the error.
+type Failed = (Option<ServicePortName>, VirtualServerKey, ServiceSyncError);
+
+#[derive(Debug, Clone)]
+struct Failure {
+    attempts: u32,
+    retry_at: Instant,
+    keys: BTreeSet<VirtualServerKey>,
+    error: ServiceSyncError,
+}
+
+/// Converges the kernel on a [`Desired`] plan through an [`IpvsBackend`] and an
+/// [`AddressBackend`], owning the drain queue and the retry state.
+#[derive(Debug)]
+pub struct Reconciler<I, A> {
+    ipvs: I,
+    addresses: A,
+    config: ReconcilerConfig,
+    /// The kernel as last read, updated with every accepted write.
+    kernel: Observed,
+    synced: bool,
+    /// Virtual servers each service port plans (winning or not).
+    claims: HashMap<ServicePortName, Vec<VirtualServerKey>>,
+    /// Service ports planning each virtual server; the first one wins.
+    claimants: HashMap<VirtualServerKey, BTreeSet<ServicePortName>>,
+    /// Planned (winning) virtual servers that need their address bound, by address.
+    binders: HashMap<IpAddr, HashSet<VirtualServerKey>>,
+    /// Node addresses whose NodePort virtual servers are the proxier's.
+    node_port_addresses: BTreeSet<IpAddr>,
+    drains: DrainQueue,
+    failures: BTreeMap<ServicePortName, Failure>,
+    rejections: BTreeMap<VirtualServerKey, Vec<Rejection>>,
+    /// Virtual servers whose cached state may be wrong (a write on them failed).
+    suspect: HashSet<VirtualServerKey>,
+    stats: ReconcilerStats,
+}
+
+impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
+    /// A reconciler over the given backends. It reads the kernel on its first sync.
+    pub fn new(ipvs: I, addresses: A, config: ReconcilerConfig) -> Self {
+        let node_port_addresses = config.node_port_addresses.clone();
+        Reconciler {
+            ipvs,
+            addresses,
+            config,
+            kernel: Observed::default(),
+            synced: false,
+            claims: HashMap::new(),
+            claimants: HashMap::new(),
+            binders: HashMap::new(),
+            node_port_addresses,
+            drains: DrainQueue::new(),
+            failures: BTreeMap::new(),
+            rejections: BTreeMap::new(),
+            suspect: HashSet::new(),
+            stats: ReconcilerStats::default(),
+        }
+    }
+
+    /// Counters for metrics.
+    pub fn stats(&self) -> &ReconcilerStats {
+        &self.stats
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &ReconcilerConfig {
+        &self.config
+    }
+
+    /// The kernel as the reconciler believes it is (last read plus accepted writes).
+    pub fn cached_kernel(&self) -> &Observed {
+        &self.kernel
+    }
+
+    /// The graceful-termination queue.
+    pub fn drain_queue(&self) -> &DrainQueue {
+        &self.drains
+    }
+
+    /// The IPVS backend.
+    pub fn ipvs_backend(&self) -> &I {
+        &self.ipvs
+    }
+
+    /// The address backend.
+    pub fn address_backend(&self) -> &A {
+        &self.addresses
+    }
+
+    /// When [`Reconciler::tick`] has work next: the earliest retry, or a drain check.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        let retry = self.failures.values().map(|failure| failure.retry_at).min();
+        let drain =
+            (!self.drains.is_empty()).then(|| Instant::now() + self.config.drain_check_interval);
+        match (retry, drain) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Re-reads the kernel, adopts what already matches the plan and applies only the
+    /// differences: creates the dummy link if missing, binds and unbinds addresses,
+    /// deletes owned virtual servers nobody plans, drains removed real servers.
+    /// Service ports waiting for a retry are left as they are until it is due.
+    pub async fn full_sync(&mut self, desired: &Desired) -> Result<SyncReport, ReconcileError> {
+        let now = Instant::now();
+        let link = self.addresses.link_name().to_owned();
+        self.addresses
+            .ensure_link()
+            .await
+            .map_err(|source| ReconcileError::Link {
+                link: link.clone(),
+                source,
+            })?;
+        let bound_addresses = self
+            .addresses
+            .list_addresses()
+            .await
+            .map_err(|source| ReconcileError::ListAddresses { link, source })?;
+        let virtual_servers = self
+            .ipvs
+            .list_virtual_servers()
+            .await
+            .map_err(|source| ReconcileError::ListVirtualServers { source })?;
+        let fresh = Observed {
+            virtual_servers,
+            bound_addresses,
+        };
+
+        for (_, key, vs) in desired.virtual_servers() {
+            if vs.role == VirtualServerRole::NodePort {
+                self.node_port_addresses.insert(key.address);
+            }
+        }
+
+        let drift =
+            if self.synced {
+                let link_addresses: BTreeSet<IpAddr> = self
+                    .kernel
+                    .bound_addresses
+                    .union(&fresh.bound_addresses)
+                    .copied()
+                    .collect();
+                let scope = self.scope(&link_addresses);
+                let claimants = &self.claimants;
+                Some(self.kernel.count_differences(&fresh, |key| {
+                    claimants.contains_key(key) || scope.owns(key)
+                }))
+            } else {
+                None
+            };
+        self.kernel = fresh;
+        self.suspect.clear();
+        let kernel = &self.kernel;
+        self.drains.retain(|vs, rs| {
+            kernel
+                .virtual_servers
+                .get(vs)
+                .is_some_and(|v| v.real_servers.contains_key(rs))
+        });
+
+        self.rebuild_claims(desired);
+        self.failures
+            .retain(|service, _| desired.services.contains_key(service));
+        let held: HashSet<ServicePortName> = self
+            .failures
+            .iter()
+            .filter(|(_, failure)| failure.retry_at > now)
+            .map(|(service, _)| service.clone())
+            .collect();
+        let attempted: BTreeSet<ServicePortName> = desired
+            .services
+            .keys()
+            .filter(|service| !held.contains(*service))
+            .cloned()
+            .collect();
+
+        let policy = self.drain_policy(now);
+        let scope = self.scope(&self.kernel.bound_addresses);
+        let plan = diff::diff(desired, &self.kernel, &scope, &self.drains, &policy, |s| {
+            held.contains(s)
+        });
+        self.rejections.clear();
+        for rejection in plan.rejected {
+            let key = match &rejection {
+                Rejection::Conflict { key, .. } | Rejection::Excluded { key, .. } => *key,
+            };
+            self.rejections.entry(key).or_default().push(rejection);
+        }
+        let mut report = self
+            .apply(
+                plan.changes,
+                plan.bind,
+                plan.unbind,
+                &attempted,
+                now,
+                Vec::new(),
+            )
+            .await;
+        report.drift = drift;
+        self.synced = true;
+        self.stats.full_syncs += 1;
+        self.stats.last_full_sync_drift = drift;
+        self.refresh_stats();
+        Ok(report)
+    }
+
+    /// Applies the plans of the `dirty` service ports only (new, changed or removed),
+    /// working on the cached view of the kernel: the cost follows the size of the
+    /// change, not of the cluster. Also retries service ports whose backoff is over.
+    /// Runs a full sync instead when none ran yet.
+    pub async fn sync_services(
+        &mut self,
+        desired: &Desired,
+        dirty: &BTreeSet<ServicePortName>,
+    ) -> Result<SyncReport, ReconcileError> {
+        if !self.synced {
+            return self.full_sync(desired).await;
+        }
+        let now = Instant::now();
+        let mut keys: BTreeMap<VirtualServerKey, Option<ServicePortName>> = BTreeMap::new();
+        let mut attempted = BTreeSet::new();
+        for service in dirty {
+            let old = self.claims.remove(service).unwrap_or_default();
+            for key in &old {
+                if let Some(set) = self.claimants.get_mut(key) {
+                    set.remove(service);
+                    if set.is_empty() {
+                        self.claimants.remove(key);
+                    }
+                }
+                keys.entry(*key).or_insert_with(|| Some(service.clone()));
+            }
+            match desired.services.get(service) {
+                Some(plan) => {
+                    let new: Vec<VirtualServerKey> = plan.virtual_servers.keys().copied().collect();
+                    for (key, vs) in &plan.virtual_servers {
+                        self.claimants
+                            .entry(*key)
+                            .or_default()
+                            .insert(service.clone());
+                        keys.entry(*key).or_insert_with(|| Some(service.clone()));
+                        if vs.role == VirtualServerRole::NodePort {
+                            self.node_port_addresses.insert(key.address);
+                        }
+                    }
+                    if !new.is_empty() {
+                        self.claims.insert(service.clone(), new);
+                    }
+                    attempted.insert(service.clone());
+                }
+                None => {
+                    self.failures.remove(service);
+                }
+            }
+        }
+        self.add_due_retries(now, &mut keys, &mut attempted);
+        let report = self.sync_keys(desired, keys, &attempted, now).await;
+        self.stats.incremental_syncs += 1;
+        self.refresh_stats();
+        Ok(report)
+    }
+
+    /// Periodic work between syncs: deletes draining real servers whose connections
+    /// ended or whose bound passed (reading only the virtual servers that drain), and
+    /// retries service ports whose backoff is over.
+    pub async fn tick(&mut self, desired: &Desired) -> Result<SyncReport, ReconcileError> {
+        if !self.synced {
+            return self.full_sync(desired).await;
+        }
+        let now = Instant::now();
+        let mut keys: BTreeMap<VirtualServerKey, Option<ServicePortName>> = self
+            .drains
+            .virtual_servers()
+            .map(|key| (*key, None))
+            .collect();
+        let mut attempted = BTreeSet::new();
+        self.add_due_retries(now, &mut keys, &mut attempted);
+        let report = self.sync_keys(desired, keys, &attempted, now).await;
+        self.stats.incremental_syncs += 1;
+        self.refresh_stats();
+        Ok(report)
+    }
+
+    fn add_due_retries(
+        &self,
+        now: Instant,
+        keys: &mut BTreeMap<VirtualServerKey, Option<ServicePortName>>,
+        attempted: &mut BTreeSet<ServicePortName>,
+    ) {
+        for (service, failure) in &self.failures {
+            if failure.retry_at > now || attempted.contains(service) {
+                continue;
+            }
+            attempted.insert(service.clone());
+            let claimed = self.claims.get(service).into_iter().flatten();
+            for key in claimed.chain(failure.keys.iter()) {
+                keys.entry(*key).or_insert_with(|| Some(service.clone()));
+            }
+        }
+    }
+
+    fn scope<'s>(&'s self, link_addresses: &'s BTreeSet<IpAddr>) -> Scope<'s> {
+        Scope {
+            exclude_cidrs: &self.config.exclude_cidrs,
+            link_addresses,
+            node_port_addresses: &self.node_port_addresses,
+            node_port_range: self.config.node_port_range.as_ref(),
+        }
+    }
+
+    fn drain_policy(&self, now: Instant) -> DrainPolicy {
+        DrainPolicy {
+            now,
+            timeout: self.config.drain_timeout,
+        }
+    }
+
+    fn is_excluded(&self, address: IpAddr) -> bool {
+        self.config
+            .exclude_cidrs
+            .iter()
+            .any(|net| net.contains(&address))
+    }
+
+    fn winner(&self, key: &VirtualServerKey) -> Option<&ServicePortName> {
+        self.claimants.get(key).and_then(|set| set.first())
+    }
+
+    fn rebuild_claims(&mut self, desired: &Desired) {
+        self.claims.clear();
+        self.claimants.clear();
+        self.binders.clear();
+        for (service, plan) in &desired.services {
+            let keys: Vec<VirtualServerKey> = plan.virtual_servers.keys().copied().collect();
+            for (key, vs) in &plan.virtual_servers {
+                let set = self.claimants.entry(*key).or_default();
+                let wins = set.is_empty();
+                set.insert(service.clone());
+                if wins && vs.role.binds_address() && !self.is_excluded(key.address) {
+                    self.binders.entry(key.address).or_default().insert(*key);
+                }
+            }
+            if !keys.is_empty() {
+                self.claims.insert(service.clone(), keys);
+            }
+        }
+    }
+
+    /// The planned virtual server at `key`, from the service port that wins it.
+    fn planned<'d>(
+        &self,
+        desired: &'d Desired,
+        key: &VirtualServerKey,
+    ) -> Option<&'d VirtualServer> {
+        let winner = self.winner(key)?;
+        desired.services.get(winner)?.virtual_servers.get(key)
+    }
+
+    async fn sync_keys(
+        &mut self,
+        desired: &Desired,
+        keys: BTreeMap<VirtualServerKey, Option<ServicePortName>>,
+        attempted: &BTreeSet<ServicePortName>,
+        now: Instant,
+    ) -> SyncReport {
+        let mut read_errors: Vec<Failed> = Vec::new();
+        let mut unreadable = HashSet::new();
+        // Re-read what the cache cannot answer: virtual servers whose last write failed,
+        // and those losing real servers (deciding drain or delete needs fresh counts).
+        for (key, fallback) in &keys {
+            let planned = self.planned(desired, key);
+            let cached = self.kernel.virtual_servers.get(key);
+            let loses_real_servers = match (planned, cached) {
+                (Some(want), Some(have)) => have
+                    .real_servers
+                    .keys()
+                    .any(|rs| !want.real_servers.contains_key(rs)),
+                _ => false,
+            };
+            if !(loses_real_servers
+                || self.suspect.contains(key)
+                || self.drains.has_virtual_server(key))
+            {
+                continue;
+            }
+            match self.ipvs.get_virtual_server(key).await {
+                Ok(Some(fresh)) => {
+                    self.kernel.virtual_servers.insert(*key, fresh);
+                    self.suspect.remove(key);
+                }
+                Ok(None) => {
+                    self.kernel.virtual_servers.remove(key);
+                    self.drains.stop_virtual_server(key);
+                    self.suspect.remove(key);
+                }
+                Err(source) => {
+                    let owner = self.winner(key).cloned().or_else(|| fallback.clone());
+                    read_errors.push((owner, *key, ServiceSyncError::Read { key: *key, source }));
+                    unreadable.insert(*key);
+                }
+            }
+        }
+
+        let policy = self.drain_policy(now);
+        let mut changes = Changes::default();
+        let mut addresses = BTreeSet::new();
+        for (key, fallback) in &keys {
+            self.rejections.remove(key);
+            if let Some(set) = self.binders.get_mut(&key.address) {
+                set.remove(key);
+            }
+            addresses.insert(key.address);
+            let claimants: Vec<ServicePortName> = self
+                .claimants
+                .get(key)
+                .map(|set| set.iter().cloned().collect())
+                .unwrap_or_default();
+            if self.is_excluded(key.address) {
+                let rejected = claimants
+                    .into_iter()
+                    .map(|service| Rejection::Excluded { service, key: *key })
+                    .collect();
+                self.rejections.insert(*key, rejected);
+                continue;
+            }
+            if let Some((winner, losers)) = claimants.split_first()
+                && !losers.is_empty()
+            {
+                let rejected = losers
+                    .iter()
+                    .map(|service| Rejection::Conflict {
+                        service: service.clone(),
+                        key: *key,
+                        winner: winner.clone(),
+                    })
+                    .collect();
+                self.rejections.insert(*key, rejected);
+            }
+            let planned = self.planned(desired, key);
+            if planned.is_some_and(|vs| vs.role.binds_address()) {
+                self.binders.entry(key.address).or_default().insert(*key);
+            }
+            if unreadable.contains(key) {
+                continue;
+            }
+            let owner = claimants.first().cloned().or_else(|| fallback.clone());
+            diff::diff_virtual_server(
+                key,
+                planned,
+                self.kernel.virtual_servers.get(key),
+                owner.as_ref(),
+                &self.drains,
+                &policy,
+                &mut changes,
+            );
+        }
+        changes.order();
+        let mut bind = Vec::new();
+        let mut unbind = Vec::new();
+        for address in addresses {
+            if self.is_excluded(address) {
+                continue;
+            }
+            let needed = self
+                .binders
+                .get(&address)
+                .is_some_and(|set| !set.is_empty());
+            if !needed {
+                self.binders.remove(&address);
+            }
+            let bound = self.kernel.bound_addresses.contains(&address);
+            if needed && !bound {
+                bind.push(address);
+            } else if !needed && bound {
+                unbind.push(address);
+            }
+        }
+        self.apply(changes, bind, unbind, attempted, now, read_errors)
+            .await
+    }
+
+    fn count(&mut self, kind: OpKind, ok: bool) {
+        let counts = self.stats.ops.entry(kind).or_default();
+        if ok {
+            counts.succeeded += 1;
+        } else {
+            counts.failed += 1;
+        }
+    }
+
+    fn backoff(&self, attempts: u32) -> Duration {
+        let factor = 2u32.saturating_pow(attempts.saturating_sub(1));
+        self.config
+            .initial_backoff
+            .saturating_mul(factor)
+            .min(self.config.max_backoff)
+    }
+
+    fn record_failure(
+        &mut self,
+        service: &ServicePortName,
+        key: VirtualServerKey,
+        error: ServiceSyncError,
+        now: Instant,
+    ) {
+        if let Some(failure) = self.failures.get_mut(service)
+            && failure.retry_at > now
+        {
+            // Already recorded in this sync: keep the first error, collect the key.
+            failure.keys.insert(key);
+            return;
+        }
+        let attempts = self.failures.get(service).map_or(0, |f| f.attempts) + 1;
+        let retry_at = now + self.backoff(attempts);
+        self.failures.insert(
+            service.clone(),
+            Failure {
+                attempts,
+                retry_at,
+                keys: BTreeSet::from([key]),
+                error,
+            },
+        );
+    }
+
+    async fn apply(
+        &mut self,
+        changes: Changes,
+        bind: Vec<IpAddr>,
+        unbind: Vec<IpAddr>,
+        attempted: &BTreeSet<ServicePortName>,
+        now: Instant,
+        mut failed: Vec<Failed>,
+    ) -> SyncReport {
+        let mut report = SyncReport::default();
+        let link = self.addresses.link_name().to_owned();
+
+        for address in bind {
+            report.writes += 1;
+            let result = match self.addresses.add_address(address).await {
+                Err(BackendError::Exists) => Ok(()),
+                other => other,
+            };
+            self.count(OpKind::BindAddress, result.is_ok());
+            match result {
+                Ok(()) => {
+                    self.kernel.bound_addresses.insert(address);
+                }
+                Err(source) => {
+                    let error = ServiceSyncError::Bind {
+                        address,
+                        link: link.clone(),
+                        source,
+                    };
+                    let keys: Vec<VirtualServerKey> = self
+                        .binders
+                        .get(&address)
+                        .map(|set| set.iter().copied().collect())
+                        .unwrap_or_default();
+                    for key in keys {
+                        let owner = self.winner(&key).cloned();
+                        failed.push((owner, key, error.clone()));
+                    }
+                }
+            }
+        }
+
+        let (owners, ops): (Vec<Option<ServicePortName>>, Vec<IpvsOp>) = changes
+            .ops
+            .into_iter()
+            .map(|OwnedOp { owner, op }| (owner, op))
+            .unzip();
+        if !ops.is_empty() {
+            let mut results = self.ipvs.apply(&ops).await;
+            results.resize(
+                ops.len(),
+                Err(BackendError::Other(
+                    "the backend returned no result for this op".into(),
+                )),
+            );
+            for ((owner, op), result) in owners.into_iter().zip(ops).zip(results) {
+                report.writes += 1;
+                if op.kind().is_delete() {
+                    report.deletes += 1;
+                }
+                self.count(op.kind(), result.is_ok());
+                match result {
+                    Ok(()) => self.record_write(&op),
+                    Err(source) => {
+                        let key = *op.virtual_server();
+                        self.suspect.insert(key);
+                        failed.push((owner, key, ServiceSyncError::Op { op, source }));
+                    }
+                }
+            }
+        }
+        for (vs, rs) in changes.drain_started {
+            self.drains.start(vs, rs, now);
+        }
+        for (vs, rs) in changes.drain_stopped {
+            self.drains.stop(&vs, &rs);
+        }
+
+        let mut cleanup_failed = false;
+        for address in unbind {
+            report.writes += 1;
+            report.deletes += 1;
+            let result = match self.addresses.remove_address(address).await {
+                Err(BackendError::NotFound) => Ok(()),
+                other => other,
+            };
+            self.count(OpKind::UnbindAddress, result.is_ok());
+            match result {
+                Ok(()) => {
+                    self.kernel.bound_addresses.remove(&address);
+                }
+                Err(source) => {
+                    cleanup_failed = true;
+                    let error = ServiceSyncError::Unbind {
+                        address,
+                        link: link.clone(),
+                        source,
+                    };
+                    report.failed += 1;
+                    self.stats.cleanup_error = Some(error.clone());
+                    report.errors.push((None, error));
+                }
+            }
+        }
+
+        let failed_services: HashSet<ServicePortName> = failed
+            .iter()
+            .filter_map(|(owner, ..)| owner.clone())
+            .collect();
+        for service in attempted {
+            if !failed_services.contains(service) {
+                self.failures.remove(service);
+            }
+        }
+        let mut cleanup_ok = !cleanup_failed;
+        for (owner, key, error) in failed {
+            report.failed += 1;
+            match &owner {
+                Some(service) => self.record_failure(service, key, error.clone(), now),
+                None => {
+                    cleanup_ok = false;
+                    self.stats.cleanup_error = Some(error.clone());
+                }
+            }
+            tracing::warn!(
+                service = owner.as_ref().map(ToString::to_string).unwrap_or_default(),
+                error = %error,
+                "IPVS sync failed"
+            );
+            report.errors.push((owner, error));
+        }
+        if cleanup_ok && report.writes > 0 {
+            self.stats.cleanup_error = None;
+        }
+        report
+    }
+
+    /// Updates the cache after the kernel accepted `op`.
+    fn record_write(&mut self, op: &IpvsOp) {
+        let table = &mut self.kernel.virtual_servers;
+        match op {
+            IpvsOp::AddVirtualServer(key, settings) => {
+                table.insert(
+                    *key,
+                    ObservedVirtualServer {
+                        settings: settings.clone(),
+                        real_servers: BTreeMap::new(),
+                    },
+                );
+            }
+            IpvsOp::UpdateVirtualServer(key, settings) => {
+                if let Some(vs) = table.get_mut(key) {
+                    vs.settings = settings.clone();
+                }
+            }
+            IpvsOp::DeleteVirtualServer(key) => {
+                table.remove(key);
+                self.drains.stop_virtual_server(key);
+            }
+            IpvsOp::AddRealServer(key, rs, weight) => {
+                if let Some(vs) = table.get_mut(key) {
+                    vs.real_servers
+                        .insert(*rs, ObservedRealServer::new(*weight));
+                }
+            }
+            IpvsOp::UpdateRealServer(key, rs, weight) => {
+                if let Some(real) = table
+                    .get_mut(key)
+                    .and_then(|vs| vs.real_servers.get_mut(rs))
+                {
+                    real.weight = *weight;
+                    real.forward = ForwardMethod::Masquerade;
+                }
+            }
+            IpvsOp::DeleteRealServer(key, rs) => {
+                if let Some(vs) = table.get_mut(key) {
+                    vs.real_servers.remove(rs);
+                }
+                self.drains.stop(key, rs);
+            }
+        }
+    }
+
+    fn refresh_stats(&mut self) {
+        self.stats.drain_queue_len = self.drains.len();
+        self.stats.retries_pending = self.failures.len();
+        let mut errors: BTreeMap<ServicePortName, ServiceSyncError> = BTreeMap::new();
+        for rejection in self.rejections.values().flatten() {
+            errors
+                .entry(rejection.service().clone())
+                .or_insert_with(|| ServiceSyncError::Rejected(rejection.clone()));
+        }
+        for (service, failure) in &self.failures {
+            errors.insert(service.clone(), failure.error.clone());
+        }
+        self.stats.last_errors = errors;
+    }
+}
