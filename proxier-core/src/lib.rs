@@ -4,13 +4,22 @@ pub mod backend;
 pub mod desired;
 pub mod diff;
 pub mod drain;
+#[cfg(feature = "k8s")]
+pub mod k8s;
+pub mod model;
 pub mod observed;
+pub mod planner;
 pub mod reconciler;
+pub mod state;
+#[doc(hidden)]
+pub mod testing;
 
 pub use desired::{
     Desired, RealServer, RealServerKey, ServicePortName, ServicePortPlan, VirtualServer,
     VirtualServerKey, VirtualServerRole,
 };
+pub use planner::{Planner, plan, plan_service_port};
+pub use state::{Change, ClusterState, DirtyPorts};
 pub use reconciler::{
     ReconcileError, Reconciler, ReconcilerConfig, ReconcilerStats, ServiceSyncError, SyncReport,
 };

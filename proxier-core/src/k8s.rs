@@ -1,0 +1,559 @@
+//! Conversions from k8s-openapi objects (feature `k8s`, on by default).
+//!
+//! Services are skipped exactly where kube-proxy skips them: `type: ExternalName`, headless
+//! (`clusterIP: None`) or without a ClusterIP, and those labelled
+//! `service.kubernetes.io/service-proxy-name` or `service.kubernetes.io/headless` (kube-proxy's
+//! informers never see those). A skipped Service becomes [`Change::DeleteService`] so that a
+//! Service that *becomes* skipped loses its virtual servers.
+//!
+//! A malformed object is rejected on its own with a [`ConversionError`] naming it; nothing
+//! about other objects changes.
+
+use std::collections::{BTreeMap, HashSet};
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use ipnet::IpNet;
+use k8s_openapi::api::core::v1 as core;
+use k8s_openapi::api::discovery::v1 as discovery;
+
+use crate::desired::{Protocol, Scheduler};
+use crate::model::{
+    ConversionError, DEFAULT_CLIENT_IP_TIMEOUT_SECONDS, Endpoint, EndpointPort, EndpointSlice,
+    IpMode, LoadBalancerIngress, MAX_WEIGHT, ModelWarning, NodeContext, ObjectKind, ObjectRef,
+    SCHEDULER_ANNOTATION, Service, ServiceName, ServicePortSpec, SessionAffinity, SliceKey,
+    TrafficPolicy, WEIGHTS_ANNOTATION, node::ZONE_LABEL,
+};
+use crate::state::Change;
+
+/// Label that hands a Service to another proxy: kube-proxy (and we) ignore such Services.
+pub const SERVICE_PROXY_NAME_LABEL: &str = "service.kubernetes.io/service-proxy-name";
+/// Label that marks a Service headless: kube-proxy (and we) ignore such Services.
+pub const HEADLESS_LABEL: &str = "service.kubernetes.io/headless";
+/// Label naming the Service an EndpointSlice belongs to.
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+
+/// The longest ClientIP affinity timeout the API accepts (one day).
+const MAX_CLIENT_IP_TIMEOUT_SECONDS: i64 = 86_400;
+
+/// Why a Service is not proxied (it is not an error).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SkipReason {
+    /// `type: ExternalName`.
+    ExternalName,
+    /// `clusterIP: None`, or no ClusterIP at all.
+    Headless,
+    /// Labelled `service.kubernetes.io/service-proxy-name` (another proxy serves it).
+    OtherProxy,
+}
+
+/// The result of reading a Service.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ServiceConversion {
+    /// Proxied.
+    Proxied(Service),
+    /// Not proxied, for this reason.
+    Skipped(ServiceName, SkipReason),
+}
+
+impl ServiceConversion {
+    /// The state change this conversion calls for.
+    pub fn into_change(self) -> Change {
+        match self {
+            ServiceConversion::Proxied(service) => Change::UpsertService(service),
+            ServiceConversion::Skipped(name, _) => Change::DeleteService(name),
+        }
+    }
+}
+
+/// The state change for an added or updated Service.
+pub fn service_change(service: &core::Service) -> Result<Change, ConversionError> {
+    convert_service(service).map(ServiceConversion::into_change)
+}
+
+/// The state change for a deleted Service.
+pub fn service_deleted(service: &core::Service) -> Change {
+    Change::DeleteService(ServiceName::new(
+        service.metadata.namespace.clone().unwrap_or_default(),
+        service.metadata.name.clone().unwrap_or_default(),
+    ))
+}
+
+/// The state change for an added or updated EndpointSlice (`None`: an FQDN slice, ignored).
+pub fn slice_change(slice: &discovery::EndpointSlice) -> Result<Option<Change>, ConversionError> {
+    Ok(convert_endpoint_slice(slice)?.map(Change::UpsertSlice))
+}
+
+/// The state change for a deleted EndpointSlice.
+pub fn slice_deleted(slice: &discovery::EndpointSlice) -> Change {
+    Change::DeleteSlice(SliceKey::new(
+        slice.metadata.namespace.clone().unwrap_or_default(),
+        slice.metadata.name.clone().unwrap_or_default(),
+    ))
+}
+
+fn parse_protocol(
+    object: &ObjectRef,
+    port_name: &str,
+    value: Option<&str>,
+) -> Result<Protocol, ConversionError> {
+    match value.unwrap_or("TCP") {
+        "TCP" => Ok(Protocol::Tcp),
+        "UDP" => Ok(Protocol::Udp),
+        "SCTP" => Ok(Protocol::Sctp),
+        other => Err(ConversionError::UnknownProtocol {
+            object: object.clone(),
+            port_name: port_name.to_owned(),
+            value: other.to_owned(),
+        }),
+    }
+}
+
+fn parse_port(
+    object: &ObjectRef,
+    field: &'static str,
+    port_name: &str,
+    value: i32,
+) -> Result<u16, ConversionError> {
+    u16::try_from(value)
+        .ok()
+        .filter(|p| *p != 0)
+        .ok_or_else(|| ConversionError::InvalidPort {
+            object: object.clone(),
+            field,
+            port_name: port_name.to_owned(),
+            value: value.into(),
+        })
+}
+
+fn parse_ip(
+    object: &ObjectRef,
+    field: &'static str,
+    value: &str,
+) -> Result<IpAddr, ConversionError> {
+    value
+        .trim()
+        .parse()
+        .map_err(|_| ConversionError::InvalidIp {
+            object: object.clone(),
+            field,
+            value: value.to_owned(),
+        })
+}
+
+/// Reads a Service: proxied, skipped (as kube-proxy skips it) or rejected.
+pub fn convert_service(service: &core::Service) -> Result<ServiceConversion, ConversionError> {
+    let meta = &service.metadata;
+    let name = ServiceName::new(
+        meta.namespace.clone().unwrap_or_default(),
+        meta.name.clone().unwrap_or_default(),
+    );
+    let object = ObjectRef::new(ObjectKind::Service, &name.namespace, &name.name);
+    let labels = meta.labels.as_ref();
+    if labels.is_some_and(|l| l.contains_key(SERVICE_PROXY_NAME_LABEL)) {
+        return Ok(ServiceConversion::Skipped(name, SkipReason::OtherProxy));
+    }
+    if labels.is_some_and(|l| l.contains_key(HEADLESS_LABEL)) {
+        return Ok(ServiceConversion::Skipped(name, SkipReason::Headless));
+    }
+    let Some(spec) = service.spec.as_ref() else {
+        return Err(ConversionError::Missing {
+            object,
+            what: "spec",
+        });
+    };
+    let service_type = spec.type_.as_deref().unwrap_or("ClusterIP");
+    match service_type {
+        "ExternalName" => return Ok(ServiceConversion::Skipped(name, SkipReason::ExternalName)),
+        "ClusterIP" | "NodePort" | "LoadBalancer" => {}
+        other => {
+            return Err(ConversionError::UnknownValue {
+                object,
+                field: "type",
+                value: other.to_owned(),
+                expected: "ClusterIP, NodePort, LoadBalancer, ExternalName",
+            });
+        }
+    }
+
+    // ClusterIPs: the list when present, else the single field.
+    let raw_cluster_ips: Vec<&str> = match spec.cluster_ips.as_ref() {
+        Some(list) if !list.is_empty() => list.iter().map(String::as_str).collect(),
+        _ => spec.cluster_ip.as_deref().into_iter().collect(),
+    };
+    if raw_cluster_ips.is_empty()
+        || raw_cluster_ips
+            .iter()
+            .any(|ip| ip.is_empty() || *ip == "None")
+    {
+        return Ok(ServiceConversion::Skipped(name, SkipReason::Headless));
+    }
+    let mut cluster_ips = Vec::with_capacity(raw_cluster_ips.len());
+    for raw in raw_cluster_ips {
+        let ip = parse_ip(&object, "clusterIPs", raw)?;
+        if cluster_ips
+            .iter()
+            .any(|c: &IpAddr| c.is_ipv4() == ip.is_ipv4())
+        {
+            return Err(ConversionError::UnknownValue {
+                object,
+                field: "clusterIPs",
+                value: raw.to_owned(),
+                expected: "at most one address per family",
+            });
+        }
+        cluster_ips.push(ip);
+    }
+
+    let mut ports = Vec::new();
+    let mut names = HashSet::new();
+    let mut numbers = HashSet::new();
+    for p in spec.ports.iter().flatten() {
+        let port_name = p.name.clone().unwrap_or_default();
+        let protocol = parse_protocol(&object, &port_name, p.protocol.as_deref())?;
+        let port = parse_port(&object, "port", &port_name, p.port)?;
+        let node_port = match p.node_port {
+            None | Some(0) => None,
+            Some(n) => Some(parse_port(&object, "nodePort", &port_name, n)?),
+        };
+        if !names.insert(port_name.clone()) {
+            return Err(ConversionError::DuplicatePort {
+                object,
+                what: format!("name {port_name:?}"),
+            });
+        }
+        if !numbers.insert((port, protocol)) {
+            return Err(ConversionError::DuplicatePort {
+                object,
+                what: format!("{port}/{protocol}"),
+            });
+        }
+        ports.push(ServicePortSpec {
+            name: port_name,
+            port,
+            protocol,
+            node_port,
+        });
+    }
+
+    let external_ips = spec
+        .external_ips
+        .iter()
+        .flatten()
+        .map(|ip| parse_ip(&object, "externalIPs", ip))
+        .collect::<Result<Vec<_>, _>>()?;
+
+    let mut warnings = Vec::new();
+    let mut load_balancer_ingress = Vec::new();
+    let ingress = service
+        .status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref());
+    for entry in ingress.into_iter().flatten() {
+        let Some(raw_ip) = entry.ip.as_deref().filter(|ip| !ip.is_empty()) else {
+            continue; // hostname-only ingress: nothing to serve locally
+        };
+        let ip = parse_ip(&object, "status.loadBalancer.ingress.ip", raw_ip)?;
+        let ip_mode = match entry.ip_mode.as_deref() {
+            None | Some("VIP") => IpMode::Vip,
+            Some("Proxy") => IpMode::Proxy,
+            Some(other) => {
+                warnings.push(ModelWarning::UnknownIpMode {
+                    object: object.clone(),
+                    ip: raw_ip.to_owned(),
+                    value: other.to_owned(),
+                });
+                IpMode::Proxy
+            }
+        };
+        load_balancer_ingress.push(LoadBalancerIngress { ip, ip_mode });
+    }
+
+    let load_balancer_source_ranges = spec
+        .load_balancer_source_ranges
+        .iter()
+        .flatten()
+        .map(|raw| {
+            raw.trim()
+                .parse::<IpNet>()
+                .map_err(|_| ConversionError::InvalidCidr {
+                    object: object.clone(),
+                    field: "loadBalancerSourceRanges",
+                    value: raw.clone(),
+                })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+
+    let session_affinity = match spec.session_affinity.as_deref() {
+        None | Some("None") => SessionAffinity::None,
+        Some("ClientIP") => {
+            let timeout = spec
+                .session_affinity_config
+                .as_ref()
+                .and_then(|c| c.client_ip.as_ref())
+                .and_then(|c| c.timeout_seconds);
+            let timeout_seconds = match timeout {
+                None => DEFAULT_CLIENT_IP_TIMEOUT_SECONDS,
+                Some(t) if (1..=MAX_CLIENT_IP_TIMEOUT_SECONDS).contains(&i64::from(t)) => {
+                    t.unsigned_abs()
+                }
+                Some(t) => {
+                    return Err(ConversionError::OutOfRange {
+                        object,
+                        field: "sessionAffinityConfig.clientIP.timeoutSeconds",
+                        value: t.into(),
+                        range: "1..=86400",
+                    });
+                }
+            };
+            SessionAffinity::ClientIp { timeout_seconds }
+        }
+        Some(other) => {
+            return Err(ConversionError::UnknownValue {
+                object,
+                field: "sessionAffinity",
+                value: other.to_owned(),
+                expected: "None, ClientIP",
+            });
+        }
+    };
+
+    let parse_policy = |field: &'static str, value: Option<&str>| match value {
+        None | Some("Cluster") => Ok(TrafficPolicy::Cluster),
+        Some("Local") => Ok(TrafficPolicy::Local),
+        Some(other) => Err(ConversionError::UnknownValue {
+            object: object.clone(),
+            field,
+            value: other.to_owned(),
+            expected: "Cluster, Local",
+        }),
+    };
+    let requested_external = parse_policy(
+        "externalTrafficPolicy",
+        spec.external_traffic_policy.as_deref(),
+    )?;
+    let internal_traffic_policy = parse_policy(
+        "internalTrafficPolicy",
+        spec.internal_traffic_policy.as_deref(),
+    )?;
+    let externally_typed = matches!(service_type, "NodePort" | "LoadBalancer");
+    let external_traffic_policy = if externally_typed {
+        requested_external
+    } else {
+        TrafficPolicy::Cluster
+    };
+    let health_check_node_port =
+        if service_type == "LoadBalancer" && external_traffic_policy == TrafficPolicy::Local {
+            match spec.health_check_node_port {
+                None | Some(0) => None,
+                Some(n) => Some(parse_port(&object, "healthCheckNodePort", "", n)?),
+            }
+        } else {
+            None
+        };
+
+    let scheduler = meta
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(SCHEDULER_ANNOTATION))
+        .and_then(|value| match value.trim().parse::<Scheduler>() {
+            Ok(s) if !matches!(s, Scheduler::Other(_)) => Some(s),
+            _ => {
+                warnings.push(ModelWarning::InvalidScheduler {
+                    object: object.clone(),
+                    value: value.clone(),
+                });
+                None
+            }
+        });
+
+    Ok(ServiceConversion::Proxied(Service {
+        name,
+        cluster_ips,
+        ports,
+        external_ips,
+        load_balancer_ingress,
+        load_balancer_source_ranges,
+        session_affinity,
+        external_traffic_policy,
+        internal_traffic_policy,
+        health_check_node_port,
+        scheduler,
+        warnings,
+    }))
+}
+
+/// Parses the [`WEIGHTS_ANNOTATION`] value into weights by address, with a warning per bad entry.
+pub fn parse_weights(
+    object: &ObjectRef,
+    value: &str,
+) -> (BTreeMap<IpAddr, u32>, Vec<ModelWarning>) {
+    let mut weights = BTreeMap::new();
+    let mut warnings = Vec::new();
+    for entry in value.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        let warn = |reason| ModelWarning::InvalidWeight {
+            object: object.clone(),
+            entry: entry.to_owned(),
+            reason,
+        };
+        let Some((address, weight)) = entry.rsplit_once('=') else {
+            warnings.push(warn("expected address=weight"));
+            continue;
+        };
+        let Ok(address) = address.trim().parse::<IpAddr>() else {
+            warnings.push(warn("not an IP address"));
+            continue;
+        };
+        match weight.trim().parse::<u32>() {
+            Ok(w) if (1..=MAX_WEIGHT).contains(&w) => {
+                weights.insert(address, w);
+            }
+            _ => warnings.push(warn("weight is not an integer in 1..=65535")),
+        }
+    }
+    (weights, warnings)
+}
+
+/// Reads an EndpointSlice (`None`: an FQDN slice, which kube-proxy ignores).
+pub fn convert_endpoint_slice(
+    slice: &discovery::EndpointSlice,
+) -> Result<Option<EndpointSlice>, ConversionError> {
+    let meta = &slice.metadata;
+    let key = SliceKey::new(
+        meta.namespace.clone().unwrap_or_default(),
+        meta.name.clone().unwrap_or_default(),
+    );
+    let object = ObjectRef::new(ObjectKind::EndpointSlice, &key.namespace, &key.name);
+    match slice.address_type.as_str() {
+        "IPv4" | "IPv6" => {}
+        "FQDN" => return Ok(None),
+        other => {
+            return Err(ConversionError::UnknownValue {
+                object,
+                field: "addressType",
+                value: other.to_owned(),
+                expected: "IPv4, IPv6, FQDN",
+            });
+        }
+    }
+    let Some(service_name) = meta
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(SERVICE_NAME_LABEL))
+        .filter(|n| !n.is_empty())
+    else {
+        return Err(ConversionError::Missing {
+            object,
+            what: "label kubernetes.io/service-name",
+        });
+    };
+    let service = ServiceName::new(&key.namespace, service_name);
+
+    let mut warnings = Vec::new();
+    let mut ports = Vec::new();
+    let mut names = HashSet::new();
+    for p in slice.ports.iter().flatten() {
+        let (Some(port_name), Some(number)) = (p.name.as_ref(), p.port.filter(|n| *n != 0)) else {
+            warnings.push(ModelWarning::IgnoredEndpointPort {
+                object: object.clone(),
+                port_name: p.name.clone(),
+            });
+            continue;
+        };
+        let protocol = parse_protocol(&object, port_name, p.protocol.as_deref())?;
+        let port = parse_port(&object, "port", port_name, number)?;
+        if !names.insert((port_name.clone(), protocol)) {
+            return Err(ConversionError::DuplicatePort {
+                object,
+                what: format!("name {port_name:?} ({protocol})"),
+            });
+        }
+        ports.push(EndpointPort {
+            name: port_name.clone(),
+            port,
+            protocol,
+        });
+    }
+
+    let (weights, weight_warnings) = meta
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(WEIGHTS_ANNOTATION))
+        .map(|v| parse_weights(&object, v))
+        .unwrap_or_default();
+    warnings.extend(weight_warnings);
+
+    let source_endpoints = slice.endpoints.as_deref().unwrap_or_default();
+    let mut endpoints = Vec::with_capacity(source_endpoints.len());
+    for ep in source_endpoints {
+        let Some(raw) = ep.addresses.first() else {
+            continue; // kube-proxy ignores endpoints without addresses
+        };
+        let address = parse_ip(&object, "endpoints.addresses", raw)?;
+        let conditions = ep.conditions.as_ref();
+        let ready = conditions.and_then(|c| c.ready).unwrap_or(true);
+        let serving = conditions.and_then(|c| c.serving).unwrap_or(true);
+        let terminating = conditions.and_then(|c| c.terminating).unwrap_or(false);
+        let hints = ep.hints.as_ref();
+        endpoints.push(Endpoint {
+            address,
+            ready,
+            serving,
+            terminating,
+            node_name: ep.node_name.as_deref().map(Arc::from),
+            zone: ep.zone.as_deref().map(Arc::from),
+            zone_hints: hints
+                .and_then(|h| h.for_zones.as_ref())
+                .into_iter()
+                .flatten()
+                .map(|z| Arc::from(z.name.as_str()))
+                .collect(),
+            node_hints: hints
+                .and_then(|h| h.for_nodes.as_ref())
+                .into_iter()
+                .flatten()
+                .map(|n| Arc::from(n.name.as_str()))
+                .collect(),
+            weight: weights.get(&address).copied(),
+        });
+    }
+    Ok(Some(EndpointSlice {
+        key,
+        service,
+        ports,
+        endpoints,
+        warnings,
+    }))
+}
+
+/// Reads what the planner needs from this node's Node object: name, labels, zone and primary
+/// IPs (the first InternalIP of each family, else the first ExternalIP).
+/// `local_addresses` stays empty: the caller fills it from the node's interfaces.
+pub fn node_context(node: &core::Node) -> Result<NodeContext, ConversionError> {
+    let name = node.metadata.name.clone().unwrap_or_default();
+    let object = ObjectRef::new(ObjectKind::Node, "", &name);
+    let labels = node.metadata.labels.clone().unwrap_or_default();
+    let addresses = node
+        .status
+        .as_ref()
+        .and_then(|s| s.addresses.as_ref())
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    let mut primary_ips: Vec<IpAddr> = Vec::new();
+    for wanted in ["InternalIP", "ExternalIP"] {
+        for address in addresses.iter().filter(|a| a.type_ == wanted) {
+            let ip = parse_ip(&object, "status.addresses", &address.address)?;
+            if !primary_ips.iter().any(|p| p.is_ipv4() == ip.is_ipv4()) {
+                primary_ips.push(ip);
+            }
+        }
+    }
+    Ok(NodeContext {
+        zone: labels.get(ZONE_LABEL).cloned(),
+        name,
+        primary_ips,
+        local_addresses: Vec::new(),
+        labels,
+    })
+}

@@ -1,0 +1,45 @@
+//! What the planner knows of the node it runs on.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+/// Label holding a node's zone.
+pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+
+/// The node the proxier runs on.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct NodeContext {
+    /// Node name (matches endpoints' `nodeName` for local endpoints).
+    pub name: String,
+    /// The node's primary IPs, at most one per family (from the Node object or `--node-ip`).
+    pub primary_ips: Vec<IpAddr>,
+    /// Every address on the node's interfaces except the proxier's dummy link: candidates
+    /// for NodePorts, and addresses that must never be bound on the dummy link.
+    pub local_addresses: Vec<IpAddr>,
+    /// Zone (label `topology.kubernetes.io/zone`), for topology hints.
+    pub zone: Option<String>,
+    /// The node's labels.
+    pub labels: BTreeMap<String, String>,
+}
+
+impl NodeContext {
+    /// A node with a name and addresses (its zone read from `labels`, if any).
+    pub fn new(
+        name: impl Into<String>,
+        primary_ips: Vec<IpAddr>,
+        local_addresses: Vec<IpAddr>,
+    ) -> Self {
+        NodeContext {
+            name: name.into(),
+            primary_ips,
+            local_addresses,
+            zone: None,
+            labels: BTreeMap::new(),
+        }
+    }
+
+    /// Whether `ip` is one of the node's own addresses.
+    pub fn owns(&self, ip: IpAddr) -> bool {
+        self.local_addresses.contains(&ip) || self.primary_ips.contains(&ip)
+    }
+}

@@ -1,0 +1,188 @@
+//! Services and their ports, as the planner needs them.
+
+use std::fmt;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+
+use super::endpoint::AddressFamily;
+use super::error::ModelWarning;
+use crate::desired::{Protocol, Scheduler, ServicePortName};
+
+/// kube-proxy's default ClientIP affinity timeout (3 hours) when a Service does not set one.
+pub const DEFAULT_CLIENT_IP_TIMEOUT_SECONDS: u32 = 10_800;
+
+/// Namespace and name of a Service.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ServiceName {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+}
+
+impl ServiceName {
+    /// A Service name.
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        ServiceName {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+
+    /// The name of one port of this Service.
+    pub fn port(&self, port_name: &str, protocol: Protocol) -> ServicePortName {
+        ServicePortName {
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+            port: port_name.to_owned(),
+            protocol,
+        }
+    }
+}
+
+impl fmt::Display for ServiceName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// A traffic policy (`externalTrafficPolicy` / `internalTrafficPolicy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum TrafficPolicy {
+    /// Any ready endpoint in the cluster (the default).
+    #[default]
+    Cluster,
+    /// Only endpoints on this node, with kube-proxy's fallbacks.
+    Local,
+}
+
+/// Session affinity of a Service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum SessionAffinity {
+    /// No affinity.
+    #[default]
+    None,
+    /// ClientIP affinity: IPVS persistence with this timeout.
+    ClientIp {
+        /// Persistence timeout in seconds (kube-proxy's default is
+        /// [`DEFAULT_CLIENT_IP_TIMEOUT_SECONDS`]).
+        timeout_seconds: u32,
+    },
+}
+
+/// How a load balancer delivers traffic for an ingress IP (`status.loadBalancer.ingress[].ipMode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum IpMode {
+    /// Packets arrive addressed to the ingress IP: the node must serve it (the default).
+    #[default]
+    Vip,
+    /// The load balancer proxies to the node: no virtual server for the ingress IP.
+    Proxy,
+}
+
+/// One load-balancer ingress IP of a Service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LoadBalancerIngress {
+    /// Ingress IP.
+    pub ip: IpAddr,
+    /// Delivery mode.
+    pub ip_mode: IpMode,
+}
+
+/// One port of a Service.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ServicePortSpec {
+    /// Port name (may be empty for single-port Services).
+    pub name: String,
+    /// Service port (the virtual port on ClusterIPs, ExternalIPs and LB IPs).
+    pub port: u16,
+    /// Transport protocol.
+    pub protocol: Protocol,
+    /// NodePort, if allocated.
+    pub node_port: Option<u16>,
+}
+
+/// A Service, as proxied: every field the IPVS planner and netfilter need, already validated.
+///
+/// Services kube-proxy does not proxy (ExternalName, headless, labelled
+/// `service.kubernetes.io/service-proxy-name`) are never represented.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Service {
+    /// Namespace and name.
+    pub name: ServiceName,
+    /// ClusterIPs, at most one per family, primary first (dual-stack Services have two).
+    pub cluster_ips: Vec<IpAddr>,
+    /// Ports.
+    pub ports: Vec<ServicePortSpec>,
+    /// `spec.externalIPs`.
+    pub external_ips: Vec<IpAddr>,
+    /// `status.loadBalancer.ingress` entries that carry an IP.
+    pub load_balancer_ingress: Vec<LoadBalancerIngress>,
+    /// `spec.loadBalancerSourceRanges` (a zero-length prefix means "allow any").
+    pub load_balancer_source_ranges: Vec<IpNet>,
+    /// Session affinity.
+    pub session_affinity: SessionAffinity,
+    /// Effective external traffic policy: `Local` only for NodePort and LoadBalancer Services
+    /// that ask for it (as kube-proxy reads it).
+    pub external_traffic_policy: TrafficPolicy,
+    /// Internal traffic policy.
+    pub internal_traffic_policy: TrafficPolicy,
+    /// Health-check NodePort (LoadBalancer Services with `externalTrafficPolicy: Local`).
+    pub health_check_node_port: Option<u16>,
+    /// Scheduler chosen by [`super::SCHEDULER_ANNOTATION`]; `None` = the configured default.
+    pub scheduler: Option<Scheduler>,
+    /// Things ignored while reading the object (it is still used).
+    pub warnings: Vec<ModelWarning>,
+}
+
+impl Service {
+    /// A minimal ClusterIP Service with these ClusterIPs and ports and every other field at
+    /// its default (handy for embedders and tests).
+    pub fn new(name: ServiceName, cluster_ips: Vec<IpAddr>, ports: Vec<ServicePortSpec>) -> Self {
+        Service {
+            name,
+            cluster_ips,
+            ports,
+            external_ips: Vec::new(),
+            load_balancer_ingress: Vec::new(),
+            load_balancer_source_ranges: Vec::new(),
+            session_affinity: SessionAffinity::None,
+            external_traffic_policy: TrafficPolicy::Cluster,
+            internal_traffic_policy: TrafficPolicy::Cluster,
+            health_check_node_port: None,
+            scheduler: None,
+            warnings: Vec::new(),
+        }
+    }
+
+    /// The ClusterIP of one family, if the Service has one.
+    pub fn cluster_ip(&self, family: AddressFamily) -> Option<IpAddr> {
+        self.cluster_ips
+            .iter()
+            .copied()
+            .find(|ip| AddressFamily::of(*ip) == family)
+    }
+
+    /// The port with this name and protocol.
+    pub fn port(&self, name: &str, protocol: Protocol) -> Option<&ServicePortSpec> {
+        self.ports
+            .iter()
+            .find(|p| p.name == name && p.protocol == protocol)
+    }
+
+    /// Names of all ports of this Service.
+    pub fn port_names(&self) -> impl Iterator<Item = ServicePortName> + '_ {
+        self.ports
+            .iter()
+            .map(|p| self.name.port(&p.name, p.protocol))
+    }
+
+    /// Load-balancer ingress IPs that need a virtual server (ipMode VIP).
+    pub fn load_balancer_vips(&self) -> impl Iterator<Item = IpAddr> + '_ {
+        self.load_balancer_ingress
+            .iter()
+            .filter(|i| i.ip_mode == IpMode::Vip)
+            .map(|i| i.ip)
+    }
+}

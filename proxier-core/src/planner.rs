@@ -1,0 +1,480 @@
+//! The planner: a pure function from cluster state, node and configuration to [`Desired`].
+//!
+//! It follows kube-proxy's IPVS mode:
+//! - per address family on its own (a family is planned only when the Service has a
+//!   ClusterIP of that family, and an IPv4 virtual server only gets IPv4 real servers);
+//! - a virtual server on the ClusterIP, on each ExternalIP, on each load-balancer ingress IP
+//!   whose ipMode is VIP, and on every eligible node address for the NodePort;
+//! - endpoints chosen as kube-proxy's `CategorizeEndpoints` does: ready endpoints (narrowed by
+//!   topology hints when every ready endpoint has one and one matches this node or zone),
+//!   falling back to serving-and-terminating endpoints when none is ready; traffic-policy
+//!   `Local` virtual servers use this node's endpoints and, when it has none, fall back to the
+//!   cluster-wide set (kube-proxy's IPVS behaviour, kubernetes#97081);
+//! - ClientIP affinity as persistence on every virtual server of the Service;
+//! - nothing at all on an address inside `exclude_cidrs`.
+//!
+//! Beyond kube-proxy it applies the per-Service scheduler annotation and per-endpoint weights.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
+
+use crate::desired::{
+    Desired, RealServer, RealServerKey, Scheduler, ServicePortName, ServicePortPlan, VirtualServer,
+    VirtualServerKey, VirtualServerRole,
+};
+use crate::model::{
+    AddressFamily, Config, Endpoint, EndpointSlice, NodeContext, NodePortAddresses, Service,
+    ServicePortSpec, SessionAffinity, TrafficPolicy,
+};
+use crate::state::ClusterState;
+
+/// Plans the whole node.
+pub fn plan(state: &ClusterState, node: &NodeContext, config: &Config) -> Desired {
+    Planner::new(node, config).plan(state)
+}
+
+/// Plans one Service port: `None` when the port no longer exists or owns nothing.
+pub fn plan_service_port(
+    state: &ClusterState,
+    name: &ServicePortName,
+    node: &NodeContext,
+    config: &Config,
+) -> Option<ServicePortPlan> {
+    Planner::new(node, config).plan_port(state, name)
+}
+
+/// A planner for one node and configuration, with the node-wide facts computed once.
+#[derive(Debug, Clone)]
+pub struct Planner<'a> {
+    node: &'a NodeContext,
+    config: &'a Config,
+    node_port_addresses: [Vec<IpAddr>; 2],
+}
+
+impl<'a> Planner<'a> {
+    /// A planner for this node and configuration.
+    pub fn new(node: &'a NodeContext, config: &'a Config) -> Self {
+        Planner {
+            node,
+            config,
+            node_port_addresses: AddressFamily::ALL
+                .map(|family| node_port_addresses(node, config, family)),
+        }
+    }
+
+    /// Plans every Service port in the state. Ports that own nothing are left out.
+    pub fn plan(&self, state: &ClusterState) -> Desired {
+        let mut desired = Desired::default();
+        for service in state.services() {
+            for port in &service.ports {
+                let plan = self.plan_service_port(service, port, state.slices_of(&service.name));
+                if !plan.virtual_servers.is_empty() {
+                    desired
+                        .services
+                        .insert(service.name.port(&port.name, port.protocol), plan);
+                }
+            }
+        }
+        desired
+    }
+
+    /// Plans one Service port of the state: `None` when the port no longer exists or owns
+    /// nothing (both mean: remove whatever it had).
+    pub fn plan_port(
+        &self,
+        state: &ClusterState,
+        name: &ServicePortName,
+    ) -> Option<ServicePortPlan> {
+        let service_name = crate::model::ServiceName::new(&name.namespace, &name.name);
+        let service = state.service(&service_name)?;
+        let port = service.port(&name.port, name.protocol)?;
+        let plan = self.plan_service_port(service, port, state.slices_of(&service_name));
+        (!plan.virtual_servers.is_empty()).then_some(plan)
+    }
+
+    /// Plans a set of Service ports, typically the dirty set returned by
+    /// [`ClusterState::apply`]: the incremental path.
+    pub fn plan_ports<'n>(
+        &self,
+        state: &ClusterState,
+        names: impl IntoIterator<Item = &'n ServicePortName>,
+    ) -> BTreeMap<ServicePortName, Option<ServicePortPlan>> {
+        names
+            .into_iter()
+            .map(|name| (name.clone(), self.plan_port(state, name)))
+            .collect()
+    }
+
+    /// Plans one port of a Service from its EndpointSlices: the pure core of the planner.
+    pub fn plan_service_port<'s>(
+        &self,
+        service: &Service,
+        port: &ServicePortSpec,
+        slices: impl IntoIterator<Item = &'s EndpointSlice>,
+    ) -> ServicePortPlan {
+        let endpoints = endpoints_for_port(port, slices);
+        let mut plan = ServicePortPlan::default();
+        let scheduler = service
+            .scheduler
+            .clone()
+            .unwrap_or_else(|| self.config.scheduler.clone());
+        let template = VsTemplate {
+            hash_source_port: matches!(
+                scheduler,
+                Scheduler::MaglevHashing | Scheduler::SourceHashing
+            ),
+            scheduler,
+            persistence_timeout: match service.session_affinity {
+                SessionAffinity::None => None,
+                SessionAffinity::ClientIp { timeout_seconds } => Some(timeout_seconds),
+            },
+        };
+        for family in AddressFamily::ALL {
+            if !self.config.families.contains(&family) {
+                continue;
+            }
+            let Some(cluster_ip) = service.cluster_ip(family) else {
+                continue;
+            };
+            self.plan_family(
+                service, port, family, cluster_ip, &endpoints, &template, &mut plan,
+            );
+        }
+        plan
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn plan_family(
+        &self,
+        service: &Service,
+        port: &ServicePortSpec,
+        family: AddressFamily,
+        cluster_ip: IpAddr,
+        endpoints: &[(RealServerKey, &Endpoint)],
+        template: &VsTemplate,
+        plan: &mut ServicePortPlan,
+    ) {
+        let in_family = |ip: &IpAddr| AddressFamily::of(*ip) == family;
+        let external_ips: Vec<IpAddr> = service
+            .external_ips
+            .iter()
+            .copied()
+            .filter(in_family)
+            .collect();
+        let lb_vips: Vec<IpAddr> = service.load_balancer_vips().filter(in_family).collect();
+        let family_endpoints: Vec<(RealServerKey, &Endpoint)> = endpoints
+            .iter()
+            .filter(|(key, _)| in_family(&key.address))
+            .copied()
+            .collect();
+
+        let externally_accessible =
+            port.node_port.is_some() || !external_ips.is_empty() || !lb_vips.is_empty();
+        let internal_local = service.internal_traffic_policy == TrafficPolicy::Local;
+        let external_local = service.external_traffic_policy == TrafficPolicy::Local;
+        let policy = EndpointPolicy {
+            uses_cluster: !internal_local || externally_accessible,
+            uses_local: internal_local || (external_local && externally_accessible),
+        };
+        let categorized = categorize_endpoints(
+            &family_endpoints,
+            policy,
+            &self.node.name,
+            self.node.zone.as_deref(),
+        );
+        let internal = real_servers(categorized.for_policy(internal_local));
+        let mut vs = |address: IpAddr,
+                      vport: u16,
+                      role: VirtualServerRole,
+                      rs: &BTreeMap<RealServerKey, RealServer>| {
+            if self.config.is_excluded(address) {
+                return;
+            }
+            let key = VirtualServerKey {
+                address,
+                port: vport,
+                protocol: port.protocol,
+            };
+            plan.virtual_servers
+                .insert(key, template.build(role, rs.clone()));
+            if matches!(
+                role,
+                VirtualServerRole::ExternalIp | VirtualServerRole::LoadBalancer
+            ) && self.node.owns(address)
+            {
+                plan.node_owned_addresses.insert(address);
+            }
+        };
+        vs(
+            cluster_ip,
+            port.port,
+            VirtualServerRole::ClusterIp,
+            &internal,
+        );
+        if !externally_accessible {
+            return;
+        }
+        let external = real_servers(categorized.for_policy(external_local));
+        for ip in external_ips {
+            vs(ip, port.port, VirtualServerRole::ExternalIp, &external);
+        }
+        for ip in lb_vips {
+            vs(ip, port.port, VirtualServerRole::LoadBalancer, &external);
+        }
+        if let Some(node_port) = port.node_port {
+            let index = family as usize;
+            for ip in &self.node_port_addresses[index] {
+                vs(*ip, node_port, VirtualServerRole::NodePort, &external);
+            }
+        }
+    }
+}
+
+struct VsTemplate {
+    scheduler: Scheduler,
+    persistence_timeout: Option<u32>,
+    hash_source_port: bool,
+}
+
+impl VsTemplate {
+    fn build(
+        &self,
+        role: VirtualServerRole,
+        real_servers: BTreeMap<RealServerKey, RealServer>,
+    ) -> VirtualServer {
+        VirtualServer {
+            role,
+            scheduler: self.scheduler.clone(),
+            persistence_timeout: self.persistence_timeout,
+            hash_source_port: self.hash_source_port,
+            real_servers,
+        }
+    }
+}
+
+fn real_servers(endpoints: &[(RealServerKey, &Endpoint)]) -> BTreeMap<RealServerKey, RealServer> {
+    endpoints
+        .iter()
+        .map(|(key, ep)| {
+            (
+                *key,
+                RealServer {
+                    weight: ep.weight.unwrap_or(1),
+                },
+            )
+        })
+        .collect()
+}
+
+/// The endpoints of one Service port across its slices, deduplicated by address and port.
+///
+/// When two slices list the same address and port (an endpoint moving between slices, or a
+/// Pod IP reused while the old Pod terminates), a non-terminating entry wins.
+pub fn endpoints_for_port<'s>(
+    port: &ServicePortSpec,
+    slices: impl IntoIterator<Item = &'s EndpointSlice>,
+) -> Vec<(RealServerKey, &'s Endpoint)> {
+    let mut out: Vec<(RealServerKey, &Endpoint)> = Vec::new();
+    let mut index: HashMap<RealServerKey, usize> = HashMap::new();
+    for slice in slices {
+        let Some(target_port) = slice.port_for(&port.name, port.protocol) else {
+            continue;
+        };
+        for endpoint in &slice.endpoints {
+            let key = RealServerKey {
+                address: endpoint.address,
+                port: target_port,
+            };
+            match index.get(&key) {
+                None => {
+                    index.insert(key, out.len());
+                    out.push((key, endpoint));
+                }
+                Some(&i) if !endpoint.terminating => out[i] = (key, endpoint),
+                Some(_) => {}
+            }
+        }
+    }
+    out
+}
+
+/// Which endpoint sets a Service port needs (kube-proxy's `UsesClusterEndpoints` /
+/// `UsesLocalEndpoints`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EndpointPolicy {
+    /// Some traffic goes to cluster-wide endpoints.
+    pub uses_cluster: bool,
+    /// Some traffic goes to node-local endpoints.
+    pub uses_local: bool,
+}
+
+/// The result of [`categorize_endpoints`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CategorizedEndpoints<'e> {
+    /// Endpoints for traffic policy Cluster (empty when the port does not use them).
+    pub cluster: Vec<(RealServerKey, &'e Endpoint)>,
+    /// Endpoints for traffic policy Local (empty when the port does not use them, or when
+    /// this node has no usable endpoint).
+    pub local: Vec<(RealServerKey, &'e Endpoint)>,
+}
+
+impl<'e> CategorizedEndpoints<'e> {
+    /// The endpoints a virtual server with this policy uses: Local ones when it is Local and
+    /// there are any, otherwise the cluster-wide ones (kube-proxy's IPVS fallback).
+    pub fn for_policy(&self, local: bool) -> &[(RealServerKey, &'e Endpoint)] {
+        if local && !self.local.is_empty() {
+            &self.local
+        } else {
+            &self.cluster
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TopologyMode {
+    None,
+    PreferSameNode,
+    PreferSameZone,
+}
+
+fn topology_mode(
+    endpoints: &[(RealServerKey, &Endpoint)],
+    node: &str,
+    zone: Option<&str>,
+) -> TopologyMode {
+    let mut any_ready = false;
+    let (mut all_node_hints, mut hint_for_node) = (true, false);
+    let (mut all_zone_hints, mut hint_for_zone) = (true, false);
+    for (_, ep) in endpoints.iter().filter(|(_, ep)| ep.ready) {
+        any_ready = true;
+        if ep.node_hints.is_empty() {
+            all_node_hints = false;
+        } else if ep.node_hints.iter().any(|h| &**h == node) {
+            hint_for_node = true;
+        }
+        if ep.zone_hints.is_empty() {
+            all_zone_hints = false;
+        } else if zone.is_some_and(|z| ep.zone_hints.iter().any(|h| &**h == z)) {
+            hint_for_zone = true;
+        }
+    }
+    if !any_ready {
+        TopologyMode::None
+    } else if all_node_hints && hint_for_node {
+        TopologyMode::PreferSameNode
+    } else if all_zone_hints && hint_for_zone {
+        TopologyMode::PreferSameZone
+    } else {
+        TopologyMode::None
+    }
+}
+
+/// Splits one family's endpoints into the cluster-wide and node-local sets, as kube-proxy's
+/// `CategorizeEndpoints` does (ready first, serving-and-terminating as the fallback, each set
+/// on its own; topology hints narrow the cluster-wide set).
+pub fn categorize_endpoints<'e>(
+    endpoints: &[(RealServerKey, &'e Endpoint)],
+    policy: EndpointPolicy,
+    node_name: &str,
+    zone: Option<&str>,
+) -> CategorizedEndpoints<'e> {
+    let mut out = CategorizedEndpoints::default();
+    if endpoints.is_empty() {
+        return out;
+    }
+    let serving_terminating = |ep: &Endpoint| ep.serving && ep.terminating;
+    if policy.uses_cluster {
+        let mode = topology_mode(endpoints, node_name, zone);
+        let in_topology = |ep: &Endpoint| match mode {
+            TopologyMode::None => true,
+            TopologyMode::PreferSameNode => ep.node_hints.iter().any(|h| &**h == node_name),
+            TopologyMode::PreferSameZone => {
+                zone.is_some_and(|z| ep.zone_hints.iter().any(|h| &**h == z))
+            }
+        };
+        out.cluster = endpoints
+            .iter()
+            .filter(|(_, ep)| ep.ready && in_topology(ep))
+            .copied()
+            .collect();
+        if out.cluster.is_empty() {
+            out.cluster = endpoints
+                .iter()
+                .filter(|(_, ep)| serving_terminating(ep))
+                .copied()
+                .collect();
+        }
+    }
+    if policy.uses_local {
+        let local = |ep: &Endpoint| ep.is_local(node_name);
+        let has_local_ready = endpoints.iter().any(|(_, ep)| ep.ready && local(ep));
+        out.local = endpoints
+            .iter()
+            .filter(|(_, ep)| {
+                local(ep)
+                    && if has_local_ready {
+                        ep.ready
+                    } else {
+                        serving_terminating(ep)
+                    }
+            })
+            .copied()
+            .collect();
+    }
+    out
+}
+
+/// Node addresses that serve NodePorts for one family: chosen by
+/// [`Config::node_port_addresses`], never loopback, link-local, unspecified or multicast,
+/// never excluded.
+pub fn node_port_addresses(
+    node: &NodeContext,
+    config: &Config,
+    family: AddressFamily,
+) -> Vec<IpAddr> {
+    let all: BTreeSet<IpAddr> = node
+        .local_addresses
+        .iter()
+        .chain(&node.primary_ips)
+        .copied()
+        .filter(|ip| AddressFamily::of(*ip) == family)
+        .collect();
+    let chosen: Vec<IpAddr> = match &config.node_port_addresses {
+        NodePortAddresses::All => all.into_iter().collect(),
+        NodePortAddresses::Primary => node
+            .primary_ips
+            .iter()
+            .copied()
+            .filter(|ip| AddressFamily::of(*ip) == family)
+            .collect(),
+        NodePortAddresses::Cidrs(cidrs) => {
+            let cidrs: Vec<_> = cidrs
+                .iter()
+                .filter(|net| AddressFamily::of(net.addr()) == family)
+                .collect();
+            if cidrs.is_empty() || cidrs.iter().any(|net| net.prefix_len() == 0) {
+                all.into_iter().collect()
+            } else {
+                all.into_iter()
+                    .filter(|ip| cidrs.iter().any(|net| net.contains(ip)))
+                    .collect()
+            }
+        }
+    };
+    let mut seen = BTreeSet::new();
+    chosen
+        .into_iter()
+        .filter(|ip| usable_node_port_address(*ip) && !config.is_excluded(*ip))
+        .filter(|ip| seen.insert(*ip))
+        .collect()
+}
+
+fn usable_node_port_address(ip: IpAddr) -> bool {
+    if ip.is_loopback() || ip.is_unspecified() || ip.is_multicast() {
+        return false;
+    }
+    match ip {
+        IpAddr::V4(v4) => !v4.is_link_local() && !v4.is_broadcast(),
+        IpAddr::V6(v6) => !v6.is_unicast_link_local(),
+    }
+}

@@ -1,0 +1,202 @@
+//! Cluster state and change tracking.
+//!
+//! [`ClusterState`] holds the proxied Services and their EndpointSlices, indexed by Service, so
+//! applying one [`Change`] costs the size of that change (plus the affected Service's slices),
+//! never the size of the cluster. [`ClusterState::apply`] answers which Service ports must be
+//! re-planned; planning only those (see [`crate::planner::Planner::plan_ports`]) is the
+//! incremental path of the reconciler.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
+
+use crate::desired::ServicePortName;
+use crate::model::{EndpointSlice, ModelWarning, Service, ServiceName, SliceKey};
+
+/// One change to the cluster state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// A Service was added or updated.
+    UpsertService(Service),
+    /// A Service was deleted, or is no longer proxied (e.g. it became headless).
+    DeleteService(ServiceName),
+    /// An EndpointSlice was added or updated.
+    UpsertSlice(EndpointSlice),
+    /// An EndpointSlice was deleted.
+    DeleteSlice(SliceKey),
+}
+
+/// Service ports whose plan may have changed.
+pub type DirtyPorts = BTreeSet<ServicePortName>;
+
+/// Services and EndpointSlices, indexed by Service.
+#[derive(Debug, Default)]
+pub struct ClusterState {
+    services: HashMap<ServiceName, Service>,
+    slices: HashMap<ServiceName, BTreeMap<String, EndpointSlice>>,
+    slice_owner: HashMap<SliceKey, ServiceName>,
+    strings: HashSet<Arc<str>>,
+}
+
+impl ClusterState {
+    /// An empty state.
+    pub fn new() -> Self {
+        ClusterState::default()
+    }
+
+    /// Applies one change and returns the Service ports whose plan may have changed
+    /// (including ports that no longer exist: their plan is now empty). A change that leaves
+    /// the state as it was returns an empty set.
+    pub fn apply(&mut self, change: Change) -> DirtyPorts {
+        match change {
+            Change::UpsertService(service) => self.upsert_service(service),
+            Change::DeleteService(name) => self.delete_service(&name),
+            Change::UpsertSlice(slice) => self.upsert_slice(slice),
+            Change::DeleteSlice(key) => self.delete_slice(&key),
+        }
+    }
+
+    /// A Service by name.
+    pub fn service(&self, name: &ServiceName) -> Option<&Service> {
+        self.services.get(name)
+    }
+
+    /// Every Service (in no particular order).
+    pub fn services(&self) -> impl Iterator<Item = &Service> {
+        self.services.values()
+    }
+
+    /// Number of Services.
+    pub fn service_count(&self) -> usize {
+        self.services.len()
+    }
+
+    /// The EndpointSlices of a Service, ordered by slice name.
+    pub fn slices_of(&self, service: &ServiceName) -> impl Iterator<Item = &EndpointSlice> {
+        self.slices
+            .get(service)
+            .into_iter()
+            .flat_map(BTreeMap::values)
+    }
+
+    /// Every Service port currently known.
+    pub fn port_names(&self) -> DirtyPorts {
+        self.services
+            .values()
+            .flat_map(Service::port_names)
+            .collect()
+    }
+
+    /// Warnings of every object in the state (ignored annotations, ignored ports, ...).
+    pub fn warnings(&self) -> impl Iterator<Item = &ModelWarning> {
+        self.services
+            .values()
+            .flat_map(|s| s.warnings.iter())
+            .chain(
+                self.slices
+                    .values()
+                    .flat_map(BTreeMap::values)
+                    .flat_map(|s| s.warnings.iter()),
+            )
+    }
+
+    fn upsert_service(&mut self, service: Service) -> DirtyPorts {
+        for warning in &service.warnings {
+            tracing::warn!(service = %service.name, "{warning}");
+        }
+        let mut dirty: DirtyPorts = service.port_names().collect();
+        match self.services.get_mut(&service.name) {
+            Some(old) if *old == service => DirtyPorts::new(),
+            Some(old) => {
+                dirty.extend(old.port_names());
+                *old = service;
+                dirty
+            }
+            None => {
+                self.services.insert(service.name.clone(), service);
+                dirty
+            }
+        }
+    }
+
+    fn delete_service(&mut self, name: &ServiceName) -> DirtyPorts {
+        match self.services.remove(name) {
+            Some(old) => old.port_names().collect(),
+            None => DirtyPorts::new(),
+        }
+    }
+
+    fn upsert_slice(&mut self, mut slice: EndpointSlice) -> DirtyPorts {
+        for warning in &slice.warnings {
+            tracing::warn!(slice = %slice.key, "{warning}");
+        }
+        self.intern(&mut slice);
+        let mut dirty = DirtyPorts::new();
+        // A slice whose service label changed leaves its old Service.
+        if let Some(old_owner) = self.slice_owner.get(&slice.key)
+            && *old_owner != slice.service
+        {
+            let old_owner = old_owner.clone();
+            self.remove_slice_from(&old_owner, &slice.key.name);
+            dirty.extend(self.ports_of(&old_owner));
+        }
+        self.slice_owner
+            .insert(slice.key.clone(), slice.service.clone());
+        let owner = slice.service.clone();
+        let by_name = self.slices.entry(owner.clone()).or_default();
+        match by_name.get_mut(&slice.key.name) {
+            Some(old) if *old == slice => return dirty,
+            Some(old) => *old = slice,
+            None => {
+                by_name.insert(slice.key.name.clone(), slice);
+            }
+        }
+        dirty.extend(self.ports_of(&owner));
+        dirty
+    }
+
+    fn delete_slice(&mut self, key: &SliceKey) -> DirtyPorts {
+        let Some(owner) = self.slice_owner.remove(key) else {
+            return DirtyPorts::new();
+        };
+        self.remove_slice_from(&owner, &key.name);
+        self.ports_of(&owner).collect()
+    }
+
+    fn remove_slice_from(&mut self, owner: &ServiceName, slice_name: &str) {
+        if let Some(by_name) = self.slices.get_mut(owner) {
+            by_name.remove(slice_name);
+            if by_name.is_empty() {
+                self.slices.remove(owner);
+            }
+        }
+    }
+
+    fn ports_of(&self, service: &ServiceName) -> impl Iterator<Item = ServicePortName> + '_ {
+        self.services
+            .get(service)
+            .into_iter()
+            .flat_map(Service::port_names)
+    }
+
+    /// Shares node names, zones and hints between endpoints: a cluster has few distinct ones.
+    fn intern(&mut self, slice: &mut EndpointSlice) {
+        let strings = &mut self.strings;
+        let mut intern = |s: &mut Arc<str>| {
+            if let Some(existing) = strings.get(s) {
+                *s = Arc::clone(existing);
+            } else {
+                strings.insert(Arc::clone(s));
+            }
+        };
+        for endpoint in &mut slice.endpoints {
+            if let Some(node) = endpoint.node_name.as_mut() {
+                intern(node);
+            }
+            if let Some(zone) = endpoint.zone.as_mut() {
+                intern(zone);
+            }
+            endpoint.zone_hints.iter_mut().for_each(&mut intern);
+            endpoint.node_hints.iter_mut().for_each(&mut intern);
+        }
+    }
+}
