@@ -1,0 +1,153 @@
+//! Real servers (destinations) of a virtual service.
+
+use std::fmt;
+use std::net::IpAddr;
+
+use crate::{ForwardMethod, Stats};
+
+/// Encapsulation of tunnel-forwarded packets (`IP_VS_CONN_F_TUNNEL_TYPE_*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub enum TunnelType {
+    /// IP-in-IP (the default).
+    #[default]
+    Ipip,
+    /// Generic UDP encapsulation.
+    Gue,
+    /// GRE.
+    Gre,
+}
+
+impl TunnelType {
+    /// Wire value.
+    pub fn number(self) -> u8 {
+        match self {
+            TunnelType::Ipip => crate::message::consts::IP_VS_CONN_F_TUNNEL_TYPE_IPIP,
+            TunnelType::Gue => crate::message::consts::IP_VS_CONN_F_TUNNEL_TYPE_GUE,
+            TunnelType::Gre => crate::message::consts::IP_VS_CONN_F_TUNNEL_TYPE_GRE,
+        }
+    }
+
+    /// The type for a wire value.
+    pub fn from_number(n: u8) -> Option<Self> {
+        match n {
+            0 => Some(TunnelType::Ipip),
+            1 => Some(TunnelType::Gue),
+            2 => Some(TunnelType::Gre),
+            _ => None,
+        }
+    }
+}
+
+/// Tunnel encapsulation flags (`IP_VS_TUNNEL_ENCAP_FLAG_*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct TunnelFlags(pub u16);
+
+impl TunnelFlags {
+    /// No checksum (the default).
+    pub const NOCSUM: TunnelFlags = TunnelFlags(0);
+    /// Outer checksum.
+    pub const CSUM: TunnelFlags = TunnelFlags(crate::message::consts::IP_VS_TUNNEL_ENCAP_FLAG_CSUM);
+    /// Remote checksum offload.
+    pub const REMCSUM: TunnelFlags =
+        TunnelFlags(crate::message::consts::IP_VS_TUNNEL_ENCAP_FLAG_REMCSUM);
+}
+
+/// Tunnel parameters, used with [`ForwardMethod::Tunnel`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Tunnel {
+    /// Encapsulation.
+    pub kind: TunnelType,
+    /// Destination UDP port (GUE).
+    pub port: u16,
+    /// Encapsulation flags.
+    pub flags: TunnelFlags,
+}
+
+/// A real server's configuration (what `add_destination`/`update_destination` send). Its
+/// address family is the address's; it may differ from the service's only with tunnelling.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Destination {
+    /// Real server address.
+    pub addr: IpAddr,
+    /// Real server port (ignored by the kernel for fwmark services with port 0).
+    pub port: u16,
+    /// Forwarding method.
+    pub forward: ForwardMethod,
+    /// Weight (0 stops new connections).
+    pub weight: u32,
+    /// Upper connection threshold (0 = none).
+    pub upper_threshold: u32,
+    /// Lower connection threshold (0 = none).
+    pub lower_threshold: u32,
+    /// Tunnel parameters.
+    pub tunnel: Tunnel,
+}
+
+impl Destination {
+    /// A masquerading (NAT) destination with weight 1 and no thresholds.
+    pub fn new(addr: IpAddr, port: u16) -> Self {
+        Destination {
+            addr,
+            port,
+            forward: ForwardMethod::Masquerade,
+            weight: 1,
+            upper_threshold: 0,
+            lower_threshold: 0,
+            tunnel: Tunnel::default(),
+        }
+    }
+
+    /// The same destination with another weight.
+    pub fn with_weight(mut self, weight: u32) -> Self {
+        self.weight = weight;
+        self
+    }
+
+    /// The same destination with another forwarding method.
+    pub fn with_forward(mut self, forward: ForwardMethod) -> Self {
+        self.forward = forward;
+        self
+    }
+}
+
+/// What identifies a destination within its service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DestinationKey {
+    /// Real server address.
+    pub addr: IpAddr,
+    /// Real server port.
+    pub port: u16,
+}
+
+impl From<&Destination> for DestinationKey {
+    fn from(d: &Destination) -> Self {
+        DestinationKey {
+            addr: d.addr,
+            port: d.port,
+        }
+    }
+}
+
+impl fmt::Display for DestinationKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.addr {
+            IpAddr::V4(a) => write!(f, "{a}:{}", self.port),
+            IpAddr::V6(a) => write!(f, "[{a}]:{}", self.port),
+        }
+    }
+}
+
+/// A destination as read from the kernel: configuration, connection counts, statistics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DestinationEntry {
+    /// The configuration.
+    pub destination: Destination,
+    /// Active connections.
+    pub active_conns: u32,
+    /// Inactive connections.
+    pub inactive_conns: u32,
+    /// Persistent connection templates.
+    pub persistent_conns: u32,
+    /// Traffic statistics.
+    pub stats: Stats,
+}

@@ -1,0 +1,352 @@
+//! Typed errors: what failed, on which object, and why.
+
+use std::fmt;
+use std::io;
+
+use crate::destination::DestinationKey;
+use crate::message::WireError;
+use crate::service::ServiceKey;
+use crate::sync_daemon::SyncState;
+
+/// The operation that failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Operation {
+    /// Opening the netlink socket and resolving the IPVS family.
+    Connect,
+    /// `GET_INFO`.
+    Info,
+    /// Listing services.
+    ListServices,
+    /// Reading one service.
+    GetService,
+    /// Adding a service.
+    AddService,
+    /// Changing a service.
+    UpdateService,
+    /// Deleting a service.
+    DeleteService,
+    /// Listing a service's destinations.
+    ListDestinations,
+    /// Adding a destination.
+    AddDestination,
+    /// Changing a destination.
+    UpdateDestination,
+    /// Deleting a destination.
+    DeleteDestination,
+    /// Reading timeouts.
+    GetTimeouts,
+    /// Setting timeouts.
+    SetTimeouts,
+    /// Zeroing counters.
+    Zero,
+    /// Flushing the table.
+    Flush,
+    /// Starting a sync daemon.
+    StartSyncDaemon,
+    /// Stopping a sync daemon.
+    StopSyncDaemon,
+    /// Listing sync daemons.
+    ListSyncDaemons,
+}
+
+impl fmt::Display for Operation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Operation::Connect => "connect to IPVS",
+            Operation::Info => "get IPVS info",
+            Operation::ListServices => "list services",
+            Operation::GetService => "get service",
+            Operation::AddService => "add service",
+            Operation::UpdateService => "update service",
+            Operation::DeleteService => "delete service",
+            Operation::ListDestinations => "list destinations",
+            Operation::AddDestination => "add destination",
+            Operation::UpdateDestination => "update destination",
+            Operation::DeleteDestination => "delete destination",
+            Operation::GetTimeouts => "get timeouts",
+            Operation::SetTimeouts => "set timeouts",
+            Operation::Zero => "zero counters",
+            Operation::Flush => "flush",
+            Operation::StartSyncDaemon => "start sync daemon",
+            Operation::StopSyncDaemon => "stop sync daemon",
+            Operation::ListSyncDaemons => "list sync daemons",
+        })
+    }
+}
+
+/// The object an operation was about, for error messages and errno mapping.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Object {
+    /// The whole IPVS table / global settings.
+    Table,
+    /// A service (with the scheduler it named, for add/update).
+    Service(ServiceKey, Option<String>),
+    /// A destination of a service.
+    Destination(ServiceKey, DestinationKey),
+    /// A sync daemon.
+    SyncDaemon(SyncState),
+}
+
+impl fmt::Display for Object {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Object::Table => f.write_str("IPVS table"),
+            Object::Service(key, _) => write!(f, "service {key}"),
+            Object::Destination(svc, dest) => write!(f, "destination {dest} of service {svc}"),
+            Object::SyncDaemon(state) => write!(f, "{state:?} sync daemon"),
+        }
+    }
+}
+
+/// Everything an IPVS operation can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The service already exists (`EEXIST`).
+    #[error("{op}: service {service} already exists")]
+    ServiceExists {
+        /// Operation.
+        op: Operation,
+        /// Service.
+        service: ServiceKey,
+    },
+    /// The service does not exist (`ESRCH`).
+    #[error("{op}: service {service} not found")]
+    ServiceNotFound {
+        /// Operation.
+        op: Operation,
+        /// Service.
+        service: ServiceKey,
+    },
+    /// The destination already exists (`EEXIST`).
+    #[error("{op}: destination {destination} of service {service} already exists")]
+    DestinationExists {
+        /// Operation.
+        op: Operation,
+        /// Service.
+        service: ServiceKey,
+        /// Destination.
+        destination: DestinationKey,
+    },
+    /// The destination does not exist (`ENOENT`).
+    #[error("{op}: destination {destination} of service {service} not found")]
+    DestinationNotFound {
+        /// Operation.
+        op: Operation,
+        /// Service.
+        service: ServiceKey,
+        /// Destination.
+        destination: DestinationKey,
+    },
+    /// The kernel has no scheduler (or persistence engine) module of that name (`ENOENT`).
+    #[error("{op}: service {service}: scheduler or persistence engine {scheduler:?} not found")]
+    SchedulerNotFound {
+        /// Operation.
+        op: Operation,
+        /// Service.
+        service: ServiceKey,
+        /// Scheduler name that was asked for.
+        scheduler: String,
+    },
+    /// A sync daemon of that state is already running (`EEXIST`).
+    #[error("{op}: {state:?} sync daemon already running")]
+    SyncDaemonExists {
+        /// Operation.
+        op: Operation,
+        /// Master or backup.
+        state: SyncState,
+    },
+    /// No sync daemon of that state is running (`ESRCH`).
+    #[error("{op}: no {state:?} sync daemon running")]
+    SyncDaemonNotFound {
+        /// Operation.
+        op: Operation,
+        /// Master or backup.
+        state: SyncState,
+    },
+    /// Missing `CAP_NET_ADMIN` (`EPERM`/`EACCES`).
+    #[error("{op}: permission denied (CAP_NET_ADMIN is required)")]
+    PermissionDenied {
+        /// Operation.
+        op: Operation,
+    },
+    /// The kernel has no IPVS (module not loaded or not built).
+    #[error("IPVS is not available in this kernel: {reason}")]
+    IpvsUnavailable {
+        /// What was observed.
+        reason: String,
+    },
+    /// The request was refused as invalid, by this library or by the kernel (`EINVAL`).
+    #[error("{op}: invalid argument for {object}: {reason}")]
+    InvalidArgument {
+        /// Operation.
+        op: Operation,
+        /// The object, as text.
+        object: String,
+        /// Why.
+        reason: String,
+    },
+    /// Any other errno from the kernel.
+    #[error("{op} on {object}: kernel error {errno} ({})", io::Error::from_raw_os_error(*errno))]
+    Kernel {
+        /// Operation.
+        op: Operation,
+        /// The object, as text.
+        object: String,
+        /// Positive errno.
+        errno: i32,
+    },
+    /// The kernel sent something this library could not decode.
+    #[error("{op}: {source}")]
+    Decode {
+        /// Operation.
+        op: Operation,
+        /// The decoding problem.
+        source: WireError,
+    },
+    /// Socket I/O failed.
+    #[error("{op}: netlink socket I/O failed: {source}")]
+    Io {
+        /// Operation.
+        op: Operation,
+        /// The I/O error.
+        source: io::Error,
+    },
+}
+
+impl Error {
+    /// Maps a kernel errno (positive) for `op` on `object` to a typed error.
+    pub fn from_errno(op: Operation, object: &Object, errno: i32) -> Error {
+        use Operation as O;
+        match (errno, object) {
+            (libc::EPERM | libc::EACCES, _) => Error::PermissionDenied { op },
+            (libc::EEXIST, Object::Service(key, _)) => Error::ServiceExists { op, service: *key },
+            (libc::EEXIST, Object::Destination(s, d)) => Error::DestinationExists {
+                op,
+                service: *s,
+                destination: *d,
+            },
+            (libc::EEXIST, Object::SyncDaemon(state)) => {
+                Error::SyncDaemonExists { op, state: *state }
+            }
+            (libc::ESRCH, Object::Service(key, _)) => Error::ServiceNotFound { op, service: *key },
+            (libc::ESRCH, Object::Destination(s, _)) => Error::ServiceNotFound { op, service: *s },
+            (libc::ESRCH, Object::SyncDaemon(state)) => {
+                Error::SyncDaemonNotFound { op, state: *state }
+            }
+            (libc::ENOENT, Object::Service(key, sched))
+                if matches!(op, O::AddService | O::UpdateService) =>
+            {
+                Error::SchedulerNotFound {
+                    op,
+                    service: *key,
+                    scheduler: sched.clone().unwrap_or_default(),
+                }
+            }
+            (libc::ENOENT, Object::Service(key, _)) => Error::ServiceNotFound { op, service: *key },
+            (libc::ENOENT, Object::Destination(s, d)) => Error::DestinationNotFound {
+                op,
+                service: *s,
+                destination: *d,
+            },
+            (libc::EINVAL, obj) => Error::InvalidArgument {
+                op,
+                object: obj.to_string(),
+                reason: "rejected by the kernel (EINVAL)".into(),
+            },
+            (libc::EAFNOSUPPORT, obj) => Error::InvalidArgument {
+                op,
+                object: obj.to_string(),
+                reason: "address family not supported (EAFNOSUPPORT)".into(),
+            },
+            (errno, obj) => Error::Kernel {
+                op,
+                object: obj.to_string(),
+                errno,
+            },
+        }
+    }
+
+    /// True for [`Error::ServiceNotFound`] and [`Error::DestinationNotFound`].
+    pub fn is_not_found(&self) -> bool {
+        matches!(
+            self,
+            Error::ServiceNotFound { .. } | Error::DestinationNotFound { .. }
+        )
+    }
+
+    /// True for [`Error::ServiceExists`] and [`Error::DestinationExists`].
+    pub fn is_exists(&self) -> bool {
+        matches!(
+            self,
+            Error::ServiceExists { .. } | Error::DestinationExists { .. }
+        )
+    }
+
+    pub(crate) fn io(op: Operation, source: io::Error) -> Error {
+        Error::Io { op, source }
+    }
+
+    pub(crate) fn invalid(op: Operation, object: &Object, reason: impl Into<String>) -> Error {
+        Error::InvalidArgument {
+            op,
+            object: object.to_string(),
+            reason: reason.into(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::Ipv4Addr;
+
+    fn key() -> ServiceKey {
+        ServiceKey::tcp(Ipv4Addr::new(10, 0, 0, 1).into(), 80)
+    }
+
+    #[test]
+    fn errno_mapping_follows_the_operation() {
+        let svc = Object::Service(key(), Some("nope".into()));
+        let dest = Object::Destination(
+            key(),
+            DestinationKey {
+                addr: Ipv4Addr::new(10, 1, 0, 1).into(),
+                port: 8080,
+            },
+        );
+        assert!(matches!(
+            Error::from_errno(Operation::AddService, &svc, libc::EEXIST),
+            Error::ServiceExists { .. }
+        ));
+        assert!(matches!(
+            Error::from_errno(Operation::AddService, &svc, libc::ENOENT),
+            Error::SchedulerNotFound { ref scheduler, .. } if scheduler == "nope"
+        ));
+        assert!(matches!(
+            Error::from_errno(Operation::DeleteService, &svc, libc::ESRCH),
+            Error::ServiceNotFound { .. }
+        ));
+        assert!(matches!(
+            Error::from_errno(Operation::AddDestination, &dest, libc::ESRCH),
+            Error::ServiceNotFound { .. }
+        ));
+        assert!(matches!(
+            Error::from_errno(Operation::DeleteDestination, &dest, libc::ENOENT),
+            Error::DestinationNotFound { .. }
+        ));
+        assert!(matches!(
+            Error::from_errno(Operation::AddDestination, &dest, libc::EEXIST),
+            Error::DestinationExists { .. }
+        ));
+        assert!(matches!(
+            Error::from_errno(Operation::Flush, &Object::Table, libc::EPERM),
+            Error::PermissionDenied { .. }
+        ));
+        let e = Error::from_errno(Operation::AddDestination, &dest, libc::EINVAL);
+        assert!(matches!(e, Error::InvalidArgument { .. }));
+        let text = e.to_string();
+        assert!(text.contains("add destination"), "{text}");
+        assert!(text.contains("10.1.0.1:8080"), "{text}");
+        assert!(text.contains("TCP 10.0.0.1:80"), "{text}");
+    }
+}

@@ -1,0 +1,619 @@
+//! The async handle.
+
+use std::io;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use futures::stream::{self, BoxStream, StreamExt};
+use netlink_packet_core::{NetlinkMessage, NetlinkPayload};
+use netlink_packet_generic::GenlMessage;
+use netlink_proto::ConnectionHandle;
+use netlink_proto::sys::{AsyncSocket, SocketAddr, TokioSocket, protocols::NETLINK_GENERIC};
+
+use crate::batch::{self, Op};
+use crate::destination::{Destination, DestinationEntry, DestinationKey};
+use crate::error::{Error, Object, Operation};
+use crate::message::consts::*;
+use crate::message::{self, IpvsMessage, WireError};
+use crate::netns::{self, NetnsTarget};
+use crate::service::{Service, ServiceEntry, ServiceKey};
+use crate::sync_daemon::{SyncDaemon, SyncState};
+use crate::transport::{self, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, SyncSocket};
+use crate::{Info, Timeouts};
+
+type Msg = GenlMessage<IpvsMessage>;
+
+/// Most worker threads (each with its own socket) used by [`IpvsHandle::table`].
+const MAX_DUMP_WORKERS: usize = 4;
+
+/// An async client of the kernel's IPVS family. Cheap to clone (an `Arc`); every clone
+/// shares one netlink connection and may be used from many tasks at once.
+///
+/// Dumps on the shared connection are serialised (the kernel allows one dump per socket at
+/// a time); [`batch`](IpvsHandle::batch) and [`table`](IpvsHandle::table) use dedicated
+/// sockets from a small pool, opened in the handle's network namespace.
+#[derive(Clone)]
+pub struct IpvsHandle {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    conn: ConnectionHandle<Msg>,
+    family: u16,
+    dump_lock: Arc<tokio::sync::Mutex<()>>,
+    netns: Option<Arc<OwnedFd>>,
+    pool: Mutex<Vec<SyncSocket>>,
+}
+
+impl std::fmt::Debug for IpvsHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IpvsHandle")
+            .field("family", &self.inner.family)
+            .field("in_netns", &self.inner.netns.is_some())
+            .finish()
+    }
+}
+
+impl IpvsHandle {
+    /// Connects in the caller's network namespace. Must be called within a tokio runtime.
+    pub async fn new() -> Result<IpvsHandle, Error> {
+        Self::build(None).await
+    }
+
+    /// Connects inside the given network namespace (path or fd) without moving the
+    /// caller's thread.
+    pub async fn new_in_netns(target: impl Into<NetnsTarget>) -> Result<IpvsHandle, Error> {
+        let fd = target
+            .into()
+            .open()
+            .map_err(|e| Error::io(Operation::Connect, e))?;
+        Self::build(Some(Arc::new(fd))).await
+    }
+
+    async fn build(netns: Option<Arc<OwnedFd>>) -> Result<IpvsHandle, Error> {
+        let rt = tokio::runtime::Handle::current();
+        let (sync_socket, family, socket) = netns::run_in(netns.clone(), move || {
+            let _guard = rt.enter();
+            let mut sync_socket = SyncSocket::open()?;
+            let family = sync_socket.resolve_family(IPVS_GENL_NAME)?;
+            let mut socket = TokioSocket::new(NETLINK_GENERIC)?;
+            socket.socket_mut().bind_auto()?;
+            transport::tune_rcvbuf(socket.socket_ref());
+            Ok((sync_socket, family, socket))
+        })
+        .await
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::EPROTONOSUPPORT) | Some(libc::EAFNOSUPPORT) => Error::IpvsUnavailable {
+                reason: format!("generic netlink unavailable: {e}"),
+            },
+            Some(libc::EPERM) | Some(libc::EACCES) => Error::PermissionDenied {
+                op: Operation::Connect,
+            },
+            _ => Error::io(Operation::Connect, e),
+        })?;
+        let family = family.ok_or_else(|| Error::IpvsUnavailable {
+            reason: "the generic netlink family \"IPVS\" is not registered (ip_vs not loaded?)"
+                .into(),
+        })?;
+        let (mut conn, handle, _unsolicited) =
+            netlink_proto::from_socket_with_codec::<Msg, TokioSocket, netlink_proto::NetlinkCodec>(
+                socket,
+            );
+        conn.set_forward_ack(true);
+        conn.set_forward_done(true);
+        tokio::spawn(conn);
+        Ok(IpvsHandle {
+            inner: Arc::new(Inner {
+                conn: handle,
+                family,
+                dump_lock: Arc::new(tokio::sync::Mutex::new(())),
+                netns,
+                pool: Mutex::new(vec![sync_socket]),
+            }),
+        })
+    }
+
+    /// The generic-netlink family id the kernel gave IPVS.
+    pub fn family_id(&self) -> u16 {
+        self.inner.family
+    }
+
+    fn send(
+        &self,
+        op: Operation,
+        msg: IpvsMessage,
+        flags: u16,
+    ) -> Result<impl futures::Stream<Item = NetlinkMessage<Msg>> + use<>, Error> {
+        let mut genl = GenlMessage::from_payload(msg);
+        genl.set_resolved_family_id(self.inner.family);
+        let mut nl = NetlinkMessage::from(genl);
+        nl.header.flags = flags;
+        nl.finalize();
+        self.inner
+            .conn
+            .request(nl, SocketAddr::new(0, 0))
+            .map_err(|e| Error::io(op, io::Error::other(e.to_string())))
+    }
+
+    /// Sends a request that is answered by an ack only.
+    async fn ack(&self, op: Operation, object: &Object, msg: IpvsMessage) -> Result<(), Error> {
+        let mut replies = self.send(op, msg, NLM_F_REQUEST | NLM_F_ACK)?;
+        while let Some(m) = replies.next().await {
+            if let NetlinkPayload::Error(e) = m.payload {
+                return match e.code {
+                    None => Ok(()),
+                    Some(code) => Err(Error::from_errno(op, object, code.get().saturating_neg())),
+                };
+            }
+        }
+        Err(connection_lost(op))
+    }
+
+    /// Sends a request answered by one message, then an ack.
+    async fn query(
+        &self,
+        op: Operation,
+        object: &Object,
+        msg: IpvsMessage,
+    ) -> Result<IpvsMessage, Error> {
+        let mut replies = self.send(op, msg, NLM_F_REQUEST | NLM_F_ACK)?;
+        let mut answer = None;
+        while let Some(m) = replies.next().await {
+            match m.payload {
+                NetlinkPayload::InnerMessage(g) if answer.is_none() => answer = Some(g.payload),
+                NetlinkPayload::Error(e) => {
+                    return match (e.code, answer) {
+                        (Some(code), _) => {
+                            Err(Error::from_errno(op, object, code.get().saturating_neg()))
+                        }
+                        (None, Some(a)) => Ok(a),
+                        (None, None) => Err(Error::Decode {
+                            op,
+                            source: WireError::new("acknowledged without an answer"),
+                        }),
+                    };
+                }
+                _ => {}
+            }
+        }
+        Err(connection_lost(op))
+    }
+
+    /// A dump on the shared connection, decoded item by item.
+    fn dump<T, F>(
+        &self,
+        op: Operation,
+        object: Object,
+        msg: IpvsMessage,
+        decode: F,
+    ) -> BoxStream<'static, Result<T, Error>>
+    where
+        T: Send + 'static,
+        F: Fn(&IpvsMessage) -> Result<T, WireError> + Send + Sync + 'static,
+    {
+        let this = self.clone();
+        stream::once(async move {
+            let guard = this.inner.dump_lock.clone().lock_owned().await;
+            match this.send(op, msg, NLM_F_REQUEST | NLM_F_DUMP) {
+                Err(e) => stream::iter(vec![Err(e)]).boxed(),
+                Ok(replies) => {
+                    let mut finished = false;
+                    let guard = Some(guard);
+                    replies
+                        .map(Some)
+                        .chain(stream::iter([None]))
+                        .filter_map(move |m| {
+                            let _held = &guard;
+                            let out = match m {
+                                _ if finished => None,
+                                None => Some(Err(connection_lost(op))),
+                                Some(m) => match m.payload {
+                                    NetlinkPayload::InnerMessage(g) => Some(
+                                        decode(&g.payload)
+                                            .map_err(|source| Error::Decode { op, source }),
+                                    ),
+                                    NetlinkPayload::Done(_) => {
+                                        finished = true;
+                                        None
+                                    }
+                                    NetlinkPayload::Error(e) => {
+                                        finished = true;
+                                        e.code.map(|code| {
+                                            Err(Error::from_errno(
+                                                op,
+                                                &object,
+                                                code.get().saturating_neg(),
+                                            ))
+                                        })
+                                    }
+                                    NetlinkPayload::Overrun(_) => {
+                                        finished = true;
+                                        Some(Err(Error::io(
+                                            op,
+                                            io::Error::from_raw_os_error(libc::ENOBUFS),
+                                        )))
+                                    }
+                                    _ => None,
+                                },
+                            };
+                            futures::future::ready(out)
+                        })
+                        .boxed()
+                }
+            }
+        })
+        .flatten()
+        .boxed()
+    }
+
+    /// IPVS version and connection table size.
+    pub async fn info(&self) -> Result<Info, Error> {
+        let op = Operation::Info;
+        let reply = self
+            .query(op, &Object::Table, IpvsMessage::get_info())
+            .await?;
+        message::decode_info(&reply).map_err(|source| Error::Decode { op, source })
+    }
+
+    /// All services, as a stream.
+    pub fn services(&self) -> BoxStream<'static, Result<ServiceEntry, Error>> {
+        self.dump(
+            Operation::ListServices,
+            Object::Table,
+            IpvsMessage::get_services(),
+            message::decode_service_message,
+        )
+    }
+
+    /// One service. Fails with [`Error::ServiceNotFound`] if it does not exist.
+    pub async fn service(&self, key: &ServiceKey) -> Result<ServiceEntry, Error> {
+        let op = Operation::GetService;
+        let object = Object::Service(*key, None);
+        let mut msg = IpvsMessage::new(IPVS_CMD_GET_SERVICE);
+        message::encode_service_key(&mut msg, key).map_err(|e| Error::invalid(op, &object, e.0))?;
+        let reply = self.query(op, &object, msg).await?;
+        message::decode_service_message(&reply).map_err(|source| Error::Decode { op, source })
+    }
+
+    async fn run_op(&self, op: Op) -> Result<(), Error> {
+        let operation = op.operation();
+        let object = op.object();
+        let msg = op
+            .encode()
+            .map_err(|e| Error::invalid(operation, &object, e.0))?;
+        self.ack(operation, &object, msg).await
+    }
+
+    /// Adds a service.
+    pub async fn add_service(&self, service: &Service) -> Result<(), Error> {
+        self.run_op(Op::AddService(service.clone())).await
+    }
+
+    /// Changes a service's scheduler, flags, timeout, netmask or persistence engine.
+    pub async fn update_service(&self, service: &Service) -> Result<(), Error> {
+        self.run_op(Op::UpdateService(service.clone())).await
+    }
+
+    /// Deletes a service and its destinations.
+    pub async fn delete_service(&self, key: &ServiceKey) -> Result<(), Error> {
+        self.run_op(Op::DeleteService(*key)).await
+    }
+
+    /// A service's destinations, as a stream (empty if the service does not exist).
+    pub fn destinations(
+        &self,
+        key: &ServiceKey,
+    ) -> BoxStream<'static, Result<DestinationEntry, Error>> {
+        let op = Operation::ListDestinations;
+        let object = Object::Service(*key, None);
+        let mut msg = IpvsMessage::new(IPVS_CMD_GET_DEST);
+        if let Err(e) = message::encode_service_key(&mut msg, key) {
+            return stream::iter([Err(Error::invalid(op, &object, e.0))]).boxed();
+        }
+        let key = *key;
+        self.dump(op, object, msg, move |m| {
+            message::decode_dest_message(m, &key)
+        })
+    }
+
+    /// Adds a destination to a service.
+    pub async fn add_destination(
+        &self,
+        service: &ServiceKey,
+        dest: &Destination,
+    ) -> Result<(), Error> {
+        self.run_op(Op::AddDestination(*service, dest.clone()))
+            .await
+    }
+
+    /// Changes a destination's forwarding method, weight, thresholds or tunnel.
+    pub async fn update_destination(
+        &self,
+        service: &ServiceKey,
+        dest: &Destination,
+    ) -> Result<(), Error> {
+        self.run_op(Op::UpdateDestination(*service, dest.clone()))
+            .await
+    }
+
+    /// Deletes a destination.
+    pub async fn delete_destination(
+        &self,
+        service: &ServiceKey,
+        dest: &DestinationKey,
+    ) -> Result<(), Error> {
+        self.run_op(Op::DeleteDestination(*service, *dest)).await
+    }
+
+    /// Connection timeouts.
+    pub async fn timeouts(&self) -> Result<Timeouts, Error> {
+        let op = Operation::GetTimeouts;
+        let reply = self
+            .query(op, &Object::Table, IpvsMessage::get_config())
+            .await?;
+        message::decode_timeouts(&reply).map_err(|source| Error::Decode { op, source })
+    }
+
+    /// Sets connection timeouts; a 0 keeps the current value.
+    pub async fn set_timeouts(&self, timeouts: &Timeouts) -> Result<(), Error> {
+        self.ack(
+            Operation::SetTimeouts,
+            &Object::Table,
+            message::encode_set_timeouts(timeouts),
+        )
+        .await
+    }
+
+    /// Zeroes the counters of one service, or of every service with `None`.
+    pub async fn zero(&self, service: Option<&ServiceKey>) -> Result<(), Error> {
+        let op = Operation::Zero;
+        let mut msg = IpvsMessage::new(IPVS_CMD_ZERO);
+        let object = match service {
+            Some(key) => {
+                let object = Object::Service(*key, None);
+                message::encode_service_key(&mut msg, key)
+                    .map_err(|e| Error::invalid(op, &object, e.0))?;
+                object
+            }
+            None => Object::Table,
+        };
+        self.ack(op, &object, msg).await
+    }
+
+    /// Deletes every service (of this namespace).
+    pub async fn flush(&self) -> Result<(), Error> {
+        self.ack(Operation::Flush, &Object::Table, IpvsMessage::flush())
+            .await
+    }
+
+    /// Starts a connection sync daemon.
+    pub async fn start_sync_daemon(&self, daemon: &SyncDaemon) -> Result<(), Error> {
+        let op = Operation::StartSyncDaemon;
+        let object = Object::SyncDaemon(daemon.state);
+        let mut msg = IpvsMessage::new(IPVS_CMD_NEW_DAEMON);
+        message::encode_daemon(&mut msg, daemon).map_err(|e| Error::invalid(op, &object, e.0))?;
+        self.ack(op, &object, msg).await
+    }
+
+    /// Stops the sync daemon of that state.
+    pub async fn stop_sync_daemon(&self, state: SyncState) -> Result<(), Error> {
+        let mut msg = IpvsMessage::new(IPVS_CMD_DEL_DAEMON);
+        message::encode_daemon_state(&mut msg, state);
+        self.ack(Operation::StopSyncDaemon, &Object::SyncDaemon(state), msg)
+            .await
+    }
+
+    /// Running sync daemons.
+    pub async fn sync_daemons(&self) -> Result<Vec<SyncDaemon>, Error> {
+        let mut s = self.dump(
+            Operation::ListSyncDaemons,
+            Object::Table,
+            IpvsMessage::get_daemons(),
+            message::decode_daemon_message,
+        );
+        let mut out = Vec::new();
+        while let Some(d) = s.next().await {
+            out.push(d?);
+        }
+        Ok(out)
+    }
+
+    /// Takes `n` blocking sockets from the pool, opening missing ones in the namespace.
+    async fn take_sockets(&self, n: usize) -> io::Result<Vec<SyncSocket>> {
+        let mut got = {
+            let mut pool = self.inner.pool.lock().unwrap_or_else(|p| p.into_inner());
+            let k = pool.len().min(n);
+            let at = pool.len() - k;
+            pool.split_off(at)
+        };
+        let missing = n - got.len();
+        if missing > 0 {
+            let more = netns::run_in(self.inner.netns.clone(), move || {
+                (0..missing)
+                    .map(|_| SyncSocket::open())
+                    .collect::<io::Result<Vec<_>>>()
+            })
+            .await?;
+            got.extend(more);
+        }
+        Ok(got)
+    }
+
+    fn give_back(&self, sockets: Vec<SyncSocket>) {
+        let mut pool = self.inner.pool.lock().unwrap_or_else(|p| p.into_inner());
+        pool.extend(sockets);
+        pool.truncate(MAX_DUMP_WORKERS + 1);
+    }
+
+    /// Applies many changes with as few round trips as the kernel allows (many requests per
+    /// datagram). Returns one result per op, in order; a failing op does not stop the others.
+    /// Ops are applied in order, so a service may be added and filled in one batch.
+    pub async fn batch(&self, ops: Vec<Op>) -> Vec<Result<(), Error>> {
+        if ops.is_empty() {
+            return Vec::new();
+        }
+        let mut sockets = match self.take_sockets(1).await {
+            Ok(s) => s,
+            Err(e) => {
+                return ops
+                    .iter()
+                    .map(|op| {
+                        Err(Error::io(
+                            op.operation(),
+                            io::Error::new(e.kind(), e.to_string()),
+                        ))
+                    })
+                    .collect();
+            }
+        };
+        let family = self.inner.family;
+        let joined = tokio::task::spawn_blocking(move || {
+            let results = match sockets.first_mut() {
+                Some(socket) => batch::run(socket, family, &ops),
+                None => Vec::new(),
+            };
+            (results, sockets, ops)
+        })
+        .await;
+        match joined {
+            Ok((results, sockets, _)) => {
+                if results.iter().all(|r| !matches!(r, Err(Error::Io { .. }))) {
+                    self.give_back(sockets);
+                }
+                results
+            }
+            Err(e) => vec![Err(Error::io(
+                Operation::AddService,
+                io::Error::other(format!("batch worker failed: {e}")),
+            ))],
+        }
+    }
+
+    /// The whole table: every service with its destinations, read with a few parallel
+    /// sockets (one destination dump per service is what the kernel offers).
+    pub async fn table(&self) -> Result<Vec<(ServiceEntry, Vec<DestinationEntry>)>, Error> {
+        let workers = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(2)
+            .clamp(2, MAX_DUMP_WORKERS);
+        let sockets = self
+            .take_sockets(workers)
+            .await
+            .map_err(|e| Error::io(Operation::ListServices, e))?;
+        let family = self.inner.family;
+        let joined = tokio::task::spawn_blocking(move || dump_table(sockets, family))
+            .await
+            .map_err(|e| Error::io(Operation::ListServices, io::Error::other(e.to_string())))?;
+        let (result, sockets) = joined;
+        if result.is_ok() {
+            self.give_back(sockets);
+        }
+        result
+    }
+}
+
+fn connection_lost(op: Operation) -> Error {
+    Error::io(
+        op,
+        io::Error::new(io::ErrorKind::BrokenPipe, "netlink connection closed"),
+    )
+}
+
+type Table = Vec<(ServiceEntry, Vec<DestinationEntry>)>;
+type WorkerResult = Result<Vec<(usize, Vec<DestinationEntry>)>, Error>;
+
+fn dump_table(
+    mut sockets: Vec<SyncSocket>,
+    family: u16,
+) -> (Result<Table, Error>, Vec<SyncSocket>) {
+    let Some(first) = sockets.first_mut() else {
+        return (Ok(Vec::new()), sockets);
+    };
+    let op = Operation::ListServices;
+    let mut services = Vec::new();
+    let mut decode_err = None;
+    match first.dump(
+        family,
+        &IpvsMessage::get_services(),
+        |m| match message::decode_service_message(m) {
+            Ok(s) => services.push(s),
+            Err(e) => decode_err = Some(e),
+        },
+    ) {
+        Err(e) => return (Err(Error::io(op, e)), sockets),
+        Ok(Err(errno)) => return (Err(Error::from_errno(op, &Object::Table, errno)), sockets),
+        Ok(Ok(())) => {}
+    }
+    if let Some(source) = decode_err {
+        return (Err(Error::Decode { op, source }), sockets);
+    }
+    let next = AtomicUsize::new(0);
+    let services_ref = &services;
+    let parts: Vec<WorkerResult> = std::thread::scope(|scope| {
+        let handles: Vec<_> = sockets
+            .iter_mut()
+            .map(|socket| {
+                let next = &next;
+                scope.spawn(move || {
+                    let op = Operation::ListDestinations;
+                    let mut out = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(entry) = services_ref.get(i) else {
+                            return Ok(out);
+                        };
+                        let key = entry.service.key;
+                        let object = Object::Service(key, None);
+                        let mut msg = IpvsMessage::new(IPVS_CMD_GET_DEST);
+                        message::encode_service_key(&mut msg, &key)
+                            .map_err(|e| Error::invalid(op, &object, e.0))?;
+                        let mut dests = Vec::new();
+                        let mut bad = None;
+                        match socket.dump(family, &msg, |m| {
+                            match message::decode_dest_message(m, &key) {
+                                Ok(d) => dests.push(d),
+                                Err(e) => bad = Some(e),
+                            }
+                        }) {
+                            Err(e) => return Err(Error::io(op, e)),
+                            Ok(Err(errno)) => {
+                                return Err(Error::from_errno(op, &object, errno));
+                            }
+                            Ok(Ok(())) => {}
+                        }
+                        if let Some(source) = bad {
+                            return Err(Error::Decode { op, source });
+                        }
+                        out.push((i, dests));
+                    }
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(Error::io(
+                        Operation::ListDestinations,
+                        io::Error::other("dump worker panicked"),
+                    ))
+                })
+            })
+            .collect()
+    });
+    let mut dests: Vec<Vec<DestinationEntry>> = services.iter().map(|_| Vec::new()).collect();
+    for part in parts {
+        match part {
+            Ok(items) => {
+                for (i, d) in items {
+                    if let Some(slot) = dests.get_mut(i) {
+                        *slot = d;
+                    }
+                }
+            }
+            Err(e) => return (Err(e), sockets),
+        }
+    }
+    (Ok(services.into_iter().zip(dests).collect()), sockets)
+}

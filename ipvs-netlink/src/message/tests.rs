@@ -1,0 +1,414 @@
+//! Golden bytes for encoding and decoding. The expected bytes are written by hand from
+//! the layout in the kernel's `include/uapi/linux/ip_vs.h` and `struct nlattr` (u16 length
+//! without padding, u16 type, value padded to 4), not produced by this encoder.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use super::consts::*;
+use super::*;
+use crate::batch::Op;
+use crate::destination::{Destination, DestinationKey, TunnelFlags, TunnelType};
+use crate::service::{AddressFamily, Service, ServiceFlags, ServiceKey};
+use crate::sync_daemon::{SyncDaemon, SyncState};
+use crate::{ForwardMethod, Protocol, Scheduler, Timeouts};
+
+/// Parses "0a 00 ff" style hex, ignoring whitespace and `|` separators.
+pub(crate) fn hex(s: &str) -> Vec<u8> {
+    let digits: Vec<u8> = s.bytes().filter(|b| b.is_ascii_hexdigit()).collect();
+    digits
+        .chunks(2)
+        .map(|p| u8::from_str_radix(std::str::from_utf8(p).expect("ascii"), 16).expect("hex"))
+        .collect()
+}
+
+fn v4(a: u8, b: u8, c: u8, d: u8) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(a, b, c, d))
+}
+
+fn tcp_10_0_0_1_80() -> ServiceKey {
+    ServiceKey::tcp(v4(10, 0, 0, 1), 80)
+}
+
+#[test]
+fn encode_add_service_tcp_v4() {
+    let svc = Service::new(tcp_10_0_0_1_80(), Scheduler::RoundRobin);
+    let msg = Op::AddService(svc).encode().expect("valid");
+    assert_eq!(msg.cmd, IPVS_CMD_NEW_SERVICE);
+    let expected = hex("54 00 01 00
+         06 00 01 00 02 00 00 00
+         06 00 02 00 06 00 00 00
+         14 00 03 00 0a 00 00 01 00 00 00 00 00 00 00 00 00 00 00 00
+         06 00 04 00 00 50 00 00
+         07 00 06 00 72 72 00 00
+         0c 00 07 00 00 00 00 00 ff ff ff ff
+         08 00 08 00 00 00 00 00
+         08 00 09 00 ff ff ff ff");
+    assert_eq!(msg.attrs, expected);
+}
+
+#[test]
+fn encode_persistent_udp_v4_with_netmask_and_pe() {
+    let mut svc = Service::new(
+        ServiceKey::udp(v4(192, 168, 1, 2), 53),
+        Scheduler::SourceHashing,
+    )
+    .persistent(300);
+    svc.flags |= ServiceFlags::SH_PORT | ServiceFlags::HASHED;
+    svc.netmask = 24;
+    svc.pe_name = Some("sip".into());
+    let msg = Op::UpdateService(svc).encode().expect("valid");
+    assert_eq!(msg.cmd, IPVS_CMD_SET_SERVICE);
+    // flags: PERSISTENT|SCHED2 = 0x11 (HASHED is never sent); timeout 300 = 0x12c;
+    // netmask 255.255.255.0 in network order.
+    let expected = hex("5c 00 01 00
+         06 00 01 00 02 00 00 00
+         06 00 02 00 11 00 00 00
+         14 00 03 00 c0 a8 01 02 00 00 00 00 00 00 00 00 00 00 00 00
+         06 00 04 00 00 35 00 00
+         07 00 06 00 73 68 00 00
+         08 00 0b 00 73 69 70 00
+         0c 00 07 00 11 00 00 00 ff ff ff ff
+         08 00 08 00 2c 01 00 00
+         08 00 09 00 ff ff ff 00");
+    assert_eq!(msg.attrs, expected);
+}
+
+#[test]
+fn encode_fwmark_v6_service_sends_prefix_length() {
+    let mut svc = Service::new(
+        ServiceKey::fwmark(7, AddressFamily::Inet6),
+        Scheduler::WeightedLeastConnection,
+    );
+    svc.netmask = 64;
+    let msg = Op::AddService(svc).encode().expect("valid");
+    let expected = hex("38 00 01 00
+         06 00 01 00 0a 00 00 00
+         08 00 05 00 07 00 00 00
+         08 00 06 00 77 6c 63 00
+         0c 00 07 00 00 00 00 00 ff ff ff ff
+         08 00 08 00 00 00 00 00
+         08 00 09 00 40 00 00 00");
+    assert_eq!(msg.attrs, expected);
+}
+
+#[test]
+fn encode_add_destination() {
+    let dest = Destination::new(v4(10, 1, 0, 5), 8080);
+    let msg = Op::AddDestination(tcp_10_0_0_1_80(), dest)
+        .encode()
+        .expect("valid");
+    assert_eq!(msg.cmd, IPVS_CMD_NEW_DEST);
+    let expected = hex("30 00 01 00
+         06 00 01 00 02 00 00 00
+         06 00 02 00 06 00 00 00
+         14 00 03 00 0a 00 00 01 00 00 00 00 00 00 00 00 00 00 00 00
+         06 00 04 00 00 50 00 00
+         48 00 02 00
+         14 00 01 00 0a 01 00 05 00 00 00 00 00 00 00 00 00 00 00 00
+         06 00 02 00 1f 90 00 00
+         08 00 03 00 00 00 00 00
+         08 00 04 00 01 00 00 00
+         08 00 05 00 00 00 00 00
+         08 00 06 00 00 00 00 00
+         06 00 0b 00 02 00 00 00");
+    assert_eq!(msg.attrs, expected);
+}
+
+#[test]
+fn encode_mixed_family_gue_tunnel_destination() {
+    let mut dest = Destination::new(IpAddr::V6(Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 2)), 80)
+        .with_forward(ForwardMethod::Tunnel)
+        .with_weight(3);
+    dest.tunnel.kind = TunnelType::Gue;
+    dest.tunnel.port = 6080;
+    dest.tunnel.flags = TunnelFlags::CSUM;
+    let msg = Op::UpdateDestination(tcp_10_0_0_1_80(), dest)
+        .encode()
+        .expect("valid");
+    assert_eq!(msg.cmd, IPVS_CMD_SET_DEST);
+    let dest_part = &msg.attrs[0x30..];
+    let expected = hex("60 00 02 00
+         14 00 01 00 fd 00 00 00 00 00 00 00 00 00 00 00 00 00 00 02
+         06 00 02 00 00 50 00 00
+         08 00 03 00 02 00 00 00
+         08 00 04 00 03 00 00 00
+         08 00 05 00 00 00 00 00
+         08 00 06 00 00 00 00 00
+         06 00 0b 00 0a 00 00 00
+         05 00 0d 00 01 00 00 00
+         06 00 0e 00 17 c0 00 00
+         06 00 0f 00 01 00 00 00");
+    assert_eq!(dest_part, &expected[..]);
+}
+
+#[test]
+fn encode_delete_destination_and_service_send_keys_only() {
+    let key = tcp_10_0_0_1_80();
+    let del = Op::DeleteDestination(
+        key,
+        DestinationKey {
+            addr: v4(10, 1, 0, 5),
+            port: 8080,
+        },
+    )
+    .encode()
+    .expect("valid");
+    assert_eq!(del.cmd, IPVS_CMD_DEL_DEST);
+    assert_eq!(
+        &del.attrs[0x30..],
+        &hex("28 00 02 00
+             14 00 01 00 0a 01 00 05 00 00 00 00 00 00 00 00 00 00 00 00
+             06 00 02 00 1f 90 00 00
+             06 00 0b 00 02 00 00 00")[..]
+    );
+    let del_svc = Op::DeleteService(ServiceKey::sctp(v4(1, 2, 3, 4), 9))
+        .encode()
+        .expect("ok");
+    assert_eq!(del_svc.cmd, IPVS_CMD_DEL_SERVICE);
+    assert_eq!(
+        del_svc.attrs,
+        hex("30 00 01 00
+             06 00 01 00 02 00 00 00
+             06 00 02 00 84 00 00 00
+             14 00 03 00 01 02 03 04 00 00 00 00 00 00 00 00 00 00 00 00
+             06 00 04 00 00 09 00 00")
+    );
+}
+
+#[test]
+fn encode_timeouts_and_daemon() {
+    let msg = encode_set_timeouts(&Timeouts {
+        tcp: 900,
+        tcp_fin: 0,
+        udp: 300,
+    });
+    assert_eq!(msg.cmd, IPVS_CMD_SET_CONFIG);
+    assert_eq!(
+        msg.attrs,
+        hex("08 00 04 00 84 03 00 00  08 00 05 00 00 00 00 00  08 00 06 00 2c 01 00 00")
+    );
+    let mut d = SyncDaemon::new(SyncState::Backup, "eth0", 5);
+    d.group = Some(v4(224, 0, 0, 81));
+    d.port = Some(8848);
+    d.ttl = Some(1);
+    let mut msg = IpvsMessage::new(IPVS_CMD_NEW_DAEMON);
+    encode_daemon(&mut msg, &d).expect("valid");
+    assert_eq!(
+        msg.attrs,
+        hex("38 00 03 00
+             08 00 01 00 02 00 00 00
+             09 00 02 00 65 74 68 30 00 00 00 00
+             08 00 03 00 05 00 00 00
+             08 00 05 00 e0 00 00 51
+             06 00 07 00 90 22 00 00
+             05 00 08 00 01 00 00 00")
+    );
+}
+
+#[test]
+fn client_side_validation() {
+    let long = Service::new(
+        tcp_10_0_0_1_80(),
+        Scheduler::Other("sixteen-bytes-xx".into()),
+    );
+    assert!(Op::AddService(long).encode().is_err());
+    let mut bad_v6 = Service::new(
+        ServiceKey::tcp("fd00::1".parse().expect("addr"), 80),
+        Scheduler::RoundRobin,
+    );
+    bad_v6.netmask = 0;
+    assert!(Op::AddService(bad_v6).encode().is_err());
+    let mut bad_v4 = Service::new(tcp_10_0_0_1_80(), Scheduler::RoundRobin);
+    bad_v4.netmask = 33;
+    assert!(Op::AddService(bad_v4).encode().is_err());
+    let zero_mark = Service::new(
+        ServiceKey::fwmark(0, AddressFamily::Inet),
+        Scheduler::RoundRobin,
+    );
+    assert!(Op::AddService(zero_mark).encode().is_err());
+    let heavy = Destination::new(v4(1, 1, 1, 1), 1).with_weight(u32::MAX);
+    assert!(
+        Op::AddDestination(tcp_10_0_0_1_80(), heavy)
+            .encode()
+            .is_err()
+    );
+}
+
+/// A NEW_SERVICE dump part laid out like the kernel's `ip_vs_genl_fill_service`: AF,
+/// PROTOCOL, 16-byte ADDR, PORT, SCHED_NAME, FLAGS (HASHED set), TIMEOUT, NETMASK, then
+/// 32-bit STATS and STATS64 (with PAD before each u64), and an unknown attribute 99.
+fn kernel_style_service() -> Vec<u8> {
+    hex("06 00 01 00 02 00 00 00
+         06 00 02 00 06 00 00 00
+         14 00 03 00 0a 00 00 01 00 00 00 00 00 00 00 00 00 00 00 00
+         06 00 04 00 00 50 00 00
+         07 00 06 00 72 72 00 00
+         0c 00 07 00 03 00 00 00 ff ff ff ff
+         08 00 08 00 2c 01 00 00
+         08 00 09 00 ff ff ff ff
+         20 00 0a 00
+            08 00 01 00 05 00 00 00
+            0c 00 04 00 e8 03 00 00 00 00 00 00
+            08 00 06 00 01 00 00 00
+         24 00 0c 00
+            04 00 0b 00
+            0c 00 01 00 07 00 00 00 00 00 00 00
+            04 00 0b 00
+            0c 00 05 00 00 00 00 00 01 00 00 00
+         08 00 63 00 de ad be ef")
+}
+
+#[test]
+fn decode_kernel_style_service_prefers_stats64() {
+    let entry = decode_service(&kernel_style_service()).expect("decodes");
+    let expected = Service::new(tcp_10_0_0_1_80(), Scheduler::RoundRobin).persistent(300);
+    assert_eq!(entry.service, expected, "HASHED is ignored by equality");
+    assert!(entry.service.flags.is_hashed());
+    assert_eq!(entry.stats.conns, 7, "64-bit set wins");
+    assert_eq!(entry.stats.out_bytes, 1 << 32);
+    assert_eq!(entry.stats.in_bytes, 0, "the 64-bit set had no in_bytes");
+}
+
+#[test]
+fn decode_falls_back_to_32bit_stats() {
+    let mut buf = kernel_style_service();
+    // Drop STATS64 (0x24 bytes) and the unknown attribute (8 bytes) at the end.
+    buf.truncate(buf.len() - 0x24 - 8);
+    let entry = decode_service(&buf).expect("decodes");
+    assert_eq!(entry.stats.conns, 5);
+    assert_eq!(entry.stats.in_bytes, 1000);
+    assert_eq!(entry.stats.cps, 1);
+}
+
+#[test]
+fn decode_fwmark_v6_service() {
+    let buf = hex("06 00 01 00 0a 00 00 00
+         08 00 05 00 07 00 00 00
+         08 00 06 00 77 6c 63 00
+         0c 00 07 00 02 00 00 00 ff ff ff ff
+         08 00 08 00 00 00 00 00
+         08 00 09 00 40 00 00 00");
+    let entry = decode_service(&buf).expect("decodes");
+    assert_eq!(
+        entry.service.key,
+        ServiceKey::fwmark(7, AddressFamily::Inet6)
+    );
+    assert_eq!(entry.service.netmask, 64);
+    assert_eq!(entry.service.scheduler, Scheduler::WeightedLeastConnection);
+}
+
+#[test]
+fn decode_destination_inherits_service_family() {
+    // No IPVS_DEST_ATTR_ADDR_FAMILY (pre-4.x kernels): the family comes from the service.
+    let buf = hex("14 00 01 00 0a 01 00 05 00 00 00 00 00 00 00 00 00 00 00 00
+         06 00 02 00 1f 90 00 00
+         08 00 03 00 03 00 00 00
+         08 00 04 00 02 00 00 00
+         08 00 05 00 0a 00 00 00
+         08 00 06 00 01 00 00 00
+         08 00 07 00 04 00 00 00
+         08 00 08 00 09 00 00 00
+         08 00 09 00 01 00 00 00");
+    let entry = decode_destination(&buf, AddressFamily::Inet).expect("decodes");
+    let d = &entry.destination;
+    assert_eq!(d.addr, v4(10, 1, 0, 5));
+    assert_eq!(d.port, 8080);
+    assert_eq!(d.forward, ForwardMethod::DirectRoute);
+    assert_eq!((d.weight, d.upper_threshold, d.lower_threshold), (2, 10, 1));
+    assert_eq!(
+        (
+            entry.active_conns,
+            entry.inactive_conns,
+            entry.persistent_conns
+        ),
+        (4, 9, 1)
+    );
+}
+
+#[test]
+fn decode_info_and_timeouts() {
+    let info = decode_info(&IpvsMessage {
+        cmd: IPVS_CMD_SET_INFO,
+        attrs: hex("08 00 01 00 01 02 01 00 08 00 02 00 00 10 00 00"),
+    })
+    .expect("decodes");
+    assert_eq!(info.version_triple(), (1, 2, 1));
+    assert_eq!(info.conn_table_size, 4096);
+    let t = decode_timeouts(&IpvsMessage {
+        cmd: IPVS_CMD_SET_CONFIG,
+        attrs: hex("08 00 04 00 84 03 00 00 08 00 05 00 78 00 00 00 08 00 06 00 2c 01 00 00"),
+    })
+    .expect("decodes");
+    assert_eq!(
+        t,
+        Timeouts {
+            tcp: 900,
+            tcp_fin: 120,
+            udp: 300
+        }
+    );
+}
+
+#[test]
+fn decode_rejects_truncated_input() {
+    let buf = kernel_style_service();
+    for cut in 0..buf.len() {
+        // Never panics; a cut inside the key attributes is an error.
+        let _ = decode_service(&buf[..cut]);
+    }
+    assert!(decode_service(&buf[..20]).is_err());
+    assert!(decode_service(&[]).is_err());
+    let _ = Protocol::Tcp;
+}
+
+mod prop {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn decoders_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let _ = decode_service(&bytes);
+            let _ = decode_destination(&bytes, AddressFamily::Inet);
+            let _ = decode_destination(&bytes, AddressFamily::Inet6);
+            let msg = IpvsMessage { cmd: 0, attrs: bytes.clone() };
+            let _ = decode_service_message(&msg);
+            let _ = decode_dest_message(&msg, &tcp_10_0_0_1_80());
+            let _ = decode_daemon_message(&msg);
+            let _ = decode_info(&msg);
+            let _ = decode_timeouts(&msg);
+            let _ = decode_stats(&bytes);
+        }
+
+        #[test]
+        fn service_round_trips(
+            a in any::<[u8; 4]>(), port in any::<u16>(), plen in 0u8..=32,
+            persistent in any::<bool>(), timeout in any::<u32>(), proto in 0usize..3,
+        ) {
+            let protocol = [Protocol::Tcp, Protocol::Udp, Protocol::Sctp][proto];
+            let key = ServiceKey::Tuple { addr: IpAddr::V4(a.into()), port, protocol };
+            let mut svc = Service::new(key, Scheduler::MaglevHashing);
+            if persistent { svc = svc.persistent(timeout); }
+            svc.netmask = plen;
+            let msg = Op::AddService(svc.clone()).encode().expect("valid");
+            let decoded = decode_service_message(&msg).expect("decodes");
+            prop_assert_eq!(decoded.service, svc);
+        }
+
+        #[test]
+        fn destination_round_trips(
+            a in any::<[u8; 16]>(), port in any::<u16>(), weight in 0u32..=i32::MAX as u32,
+            u in any::<u32>(), l in any::<u32>(), fwd in 0usize..4,
+        ) {
+            let forward = [ForwardMethod::Masquerade, ForwardMethod::Local,
+                ForwardMethod::Tunnel, ForwardMethod::DirectRoute][fwd];
+            let mut d = Destination::new(IpAddr::V6(a.into()), port).with_forward(forward).with_weight(weight);
+            d.upper_threshold = u;
+            d.lower_threshold = l;
+            let key = ServiceKey::tcp("fd00::1".parse().expect("addr"), 80);
+            let msg = Op::AddDestination(key, d.clone()).encode().expect("valid");
+            let decoded = decode_dest_message(&msg, &key).expect("decodes");
+            prop_assert_eq!(decoded.destination, d);
+        }
+    }
+}

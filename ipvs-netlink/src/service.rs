@@ -1,0 +1,279 @@
+//! Virtual services: what identifies them and how they are configured.
+
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::net::IpAddr;
+
+use crate::message::consts::*;
+use crate::{Protocol, Scheduler, Stats};
+
+/// An address family, for fwmark services (tuple services take it from their address).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub enum AddressFamily {
+    /// IPv4 (`AF_INET`).
+    #[default]
+    Inet,
+    /// IPv6 (`AF_INET6`).
+    Inet6,
+}
+
+impl AddressFamily {
+    /// The `AF_*` number.
+    pub fn number(self) -> u16 {
+        match self {
+            AddressFamily::Inet => AF_INET,
+            AddressFamily::Inet6 => AF_INET6,
+        }
+    }
+
+    /// The family for an `AF_*` number.
+    pub fn from_number(n: u16) -> Option<Self> {
+        match n {
+            AF_INET => Some(AddressFamily::Inet),
+            AF_INET6 => Some(AddressFamily::Inet6),
+            _ => None,
+        }
+    }
+
+    /// The family of an address.
+    pub fn of(addr: &IpAddr) -> Self {
+        match addr {
+            IpAddr::V4(_) => AddressFamily::Inet,
+            IpAddr::V6(_) => AddressFamily::Inet6,
+        }
+    }
+
+    /// Longest prefix length in this family (32 or 128).
+    pub fn max_prefix(self) -> u8 {
+        match self {
+            AddressFamily::Inet => 32,
+            AddressFamily::Inet6 => 128,
+        }
+    }
+}
+
+/// What identifies a virtual service in the kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ServiceKey {
+    /// A (virtual address, port, protocol) service, like `ipvsadm -t/-u/--sctp-service`.
+    Tuple {
+        /// Virtual IP address.
+        addr: IpAddr,
+        /// Virtual port.
+        port: u16,
+        /// Transport protocol.
+        protocol: Protocol,
+    },
+    /// A firewall-mark service, like `ipvsadm -f`.
+    Fwmark {
+        /// The packet mark.
+        mark: u32,
+        /// Address family of the traffic it matches.
+        family: AddressFamily,
+    },
+}
+
+impl ServiceKey {
+    /// A TCP service.
+    pub fn tcp(addr: IpAddr, port: u16) -> Self {
+        ServiceKey::Tuple {
+            addr,
+            port,
+            protocol: Protocol::Tcp,
+        }
+    }
+
+    /// A UDP service.
+    pub fn udp(addr: IpAddr, port: u16) -> Self {
+        ServiceKey::Tuple {
+            addr,
+            port,
+            protocol: Protocol::Udp,
+        }
+    }
+
+    /// An SCTP service.
+    pub fn sctp(addr: IpAddr, port: u16) -> Self {
+        ServiceKey::Tuple {
+            addr,
+            port,
+            protocol: Protocol::Sctp,
+        }
+    }
+
+    /// A firewall-mark service.
+    pub fn fwmark(mark: u32, family: AddressFamily) -> Self {
+        ServiceKey::Fwmark { mark, family }
+    }
+
+    /// The address family of the service.
+    pub fn family(&self) -> AddressFamily {
+        match self {
+            ServiceKey::Tuple { addr, .. } => AddressFamily::of(addr),
+            ServiceKey::Fwmark { family, .. } => *family,
+        }
+    }
+}
+
+impl fmt::Display for ServiceKey {
+    /// Formats like ipvsadm: `TCP 10.0.0.1:80`, `UDP [fd00::1]:53`, `FWM 7 IPv6`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ServiceKey::Tuple {
+                addr: IpAddr::V4(a),
+                port,
+                protocol,
+            } => write!(f, "{protocol} {a}:{port}"),
+            ServiceKey::Tuple {
+                addr: IpAddr::V6(a),
+                port,
+                protocol,
+            } => write!(f, "{protocol} [{a}]:{port}"),
+            ServiceKey::Fwmark {
+                mark,
+                family: AddressFamily::Inet,
+            } => write!(f, "FWM {mark}"),
+            ServiceKey::Fwmark {
+                mark,
+                family: AddressFamily::Inet6,
+            } => write!(f, "FWM {mark} IPv6"),
+        }
+    }
+}
+
+/// Service flags (`IP_VS_SVC_F_*`). The kernel-internal `HASHED` bit is kept but ignored by
+/// `==` and `Hash`, so a service read back from the kernel equals the one that was written.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ServiceFlags(u32);
+
+impl ServiceFlags {
+    /// Persistent service (`-p`).
+    pub const PERSISTENT: ServiceFlags = ServiceFlags(IP_VS_SVC_F_PERSISTENT);
+    /// Set by the kernel on every hashed (installed) service; never sent.
+    pub const HASHED: ServiceFlags = ServiceFlags(IP_VS_SVC_F_HASHED);
+    /// One-packet scheduling (`-o`).
+    pub const ONE_PACKET: ServiceFlags = ServiceFlags(IP_VS_SVC_F_ONEPACKET);
+    /// Scheduler flag 1: `sh-fallback` / `mh-fallback`.
+    pub const SH_FALLBACK: ServiceFlags = ServiceFlags(IP_VS_SVC_F_SCHED1);
+    /// Scheduler flag 2: `sh-port` / `mh-port`.
+    pub const SH_PORT: ServiceFlags = ServiceFlags(IP_VS_SVC_F_SCHED2);
+    /// Scheduler flag 3.
+    pub const SCHED3: ServiceFlags = ServiceFlags(IP_VS_SVC_F_SCHED3);
+    /// Every flag a client may set (everything but `HASHED`).
+    pub const SETTABLE: ServiceFlags = ServiceFlags(
+        IP_VS_SVC_F_PERSISTENT
+            | IP_VS_SVC_F_ONEPACKET
+            | IP_VS_SVC_F_SCHED1
+            | IP_VS_SVC_F_SCHED2
+            | IP_VS_SVC_F_SCHED3,
+    );
+
+    /// No flags.
+    pub const fn empty() -> Self {
+        ServiceFlags(0)
+    }
+
+    /// Flags from raw bits (unknown bits are kept).
+    pub const fn from_bits(bits: u32) -> Self {
+        ServiceFlags(bits)
+    }
+
+    /// The raw bits.
+    pub const fn bits(self) -> u32 {
+        self.0
+    }
+
+    /// Whether every bit of `other` is set.
+    pub const fn contains(self, other: ServiceFlags) -> bool {
+        self.0 & other.0 == other.0
+    }
+
+    /// Whether the kernel reported the service as hashed.
+    pub const fn is_hashed(self) -> bool {
+        self.0 & IP_VS_SVC_F_HASHED != 0
+    }
+
+    /// These flags with `other` set too.
+    pub const fn with(self, other: ServiceFlags) -> Self {
+        ServiceFlags(self.0 | other.0)
+    }
+
+    fn comparable(self) -> u32 {
+        self.0 & !IP_VS_SVC_F_HASHED
+    }
+}
+
+impl std::ops::BitOr for ServiceFlags {
+    type Output = ServiceFlags;
+    fn bitor(self, rhs: Self) -> Self {
+        ServiceFlags(self.0 | rhs.0)
+    }
+}
+
+impl std::ops::BitOrAssign for ServiceFlags {
+    fn bitor_assign(&mut self, rhs: Self) {
+        self.0 |= rhs.0;
+    }
+}
+
+impl PartialEq for ServiceFlags {
+    fn eq(&self, other: &Self) -> bool {
+        self.comparable() == other.comparable()
+    }
+}
+
+impl Eq for ServiceFlags {}
+
+impl Hash for ServiceFlags {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.comparable().hash(state);
+    }
+}
+
+/// The configuration of a virtual service (what `add_service`/`update_service` send).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Service {
+    /// What identifies the service.
+    pub key: ServiceKey,
+    /// Scheduling algorithm.
+    pub scheduler: Scheduler,
+    /// Flags (persistence, one-packet, scheduler flags).
+    pub flags: ServiceFlags,
+    /// Persistence timeout in seconds (meaningful with [`ServiceFlags::PERSISTENT`]).
+    pub timeout: u32,
+    /// Persistence granularity as a prefix length: 0..=32 for IPv4 (sent as a big-endian
+    /// mask), 1..=128 for IPv6 (sent as the length). Defaults to a host (32 / 128).
+    pub netmask: u8,
+    /// Persistence engine (e.g. `sip`), if any.
+    pub pe_name: Option<String>,
+}
+
+impl Service {
+    /// A service with the given key and scheduler, no flags, no persistence, host netmask.
+    pub fn new(key: ServiceKey, scheduler: Scheduler) -> Self {
+        Service {
+            netmask: key.family().max_prefix(),
+            key,
+            scheduler,
+            flags: ServiceFlags::empty(),
+            timeout: 0,
+            pe_name: None,
+        }
+    }
+
+    /// Makes the service persistent for `timeout` seconds.
+    pub fn persistent(mut self, timeout: u32) -> Self {
+        self.flags |= ServiceFlags::PERSISTENT;
+        self.timeout = timeout;
+        self
+    }
+}
+
+/// A service as read from the kernel: its configuration and its statistics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceEntry {
+    /// The configuration.
+    pub service: Service,
+    /// Traffic statistics (64-bit when the kernel sends them).
+    pub stats: Stats,
+}

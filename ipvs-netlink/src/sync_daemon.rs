@@ -1,0 +1,66 @@
+//! Connection synchronisation daemons (`ipvsadm --start-daemon`).
+
+use std::net::IpAddr;
+
+/// Which side of connection synchronisation a daemon runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum SyncState {
+    /// Sends connection updates.
+    Master,
+    /// Receives connection updates.
+    Backup,
+}
+
+impl SyncState {
+    /// The `IP_VS_STATE_*` value.
+    pub fn bits(self) -> u32 {
+        match self {
+            SyncState::Master => crate::message::consts::IP_VS_STATE_MASTER,
+            SyncState::Backup => crate::message::consts::IP_VS_STATE_BACKUP,
+        }
+    }
+
+    /// The state for an `IP_VS_STATE_*` value.
+    pub fn from_bits(bits: u32) -> Option<Self> {
+        match bits {
+            crate::message::consts::IP_VS_STATE_MASTER => Some(SyncState::Master),
+            crate::message::consts::IP_VS_STATE_BACKUP => Some(SyncState::Backup),
+            _ => None,
+        }
+    }
+}
+
+/// A sync daemon's configuration. `None` fields are left to the kernel's defaults when
+/// starting; the kernel reports all of them.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct SyncDaemon {
+    /// Master or backup.
+    pub state: SyncState,
+    /// Multicast interface name (at most 15 bytes).
+    pub interface: String,
+    /// Sync ID (0..=255 on the wire as u32).
+    pub sync_id: u32,
+    /// Maximum sync message length.
+    pub max_len: Option<u16>,
+    /// Multicast group (IPv4 or IPv6).
+    pub group: Option<IpAddr>,
+    /// Multicast UDP port.
+    pub port: Option<u16>,
+    /// Multicast TTL.
+    pub ttl: Option<u8>,
+}
+
+impl SyncDaemon {
+    /// A daemon on `interface` with the kernel's defaults for everything optional.
+    pub fn new(state: SyncState, interface: impl Into<String>, sync_id: u32) -> Self {
+        SyncDaemon {
+            state,
+            interface: interface.into(),
+            sync_id,
+            max_len: None,
+            group: None,
+            port: None,
+            ttl: None,
+        }
+    }
+}
