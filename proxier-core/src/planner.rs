@@ -105,6 +105,17 @@ impl<'a> Planner<'a> {
             .collect()
     }
 
+    /// Applies one change to the state and plans the Service ports it dirtied: one step of
+    /// the incremental path, costing the size of the change (not of the cluster).
+    pub fn apply_and_plan(
+        &self,
+        state: &mut ClusterState,
+        change: crate::state::Change,
+    ) -> BTreeMap<ServicePortName, Option<ServicePortPlan>> {
+        let dirty = state.apply(change);
+        self.plan_ports(state, &dirty)
+    }
+
     /// Plans one port of a Service from its EndpointSlices: the pure core of the planner.
     pub fn plan_service_port<'s>(
         &self,

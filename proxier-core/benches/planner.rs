@@ -1,0 +1,2 @@
+//! Planner benchmarks (filled in below).
+fn main() {}
