@@ -5,4 +5,7 @@
 pub mod cli;
 pub mod config;
 pub mod go_duration;
+pub mod http_server;
+pub mod metrics;
 pub mod settings;
+pub mod source;

@@ -1,0 +1,486 @@
+//! Prometheus metrics: kube-proxy's names where users look for them, plus ipvs-proxier's own.
+//! Recorded through the `metrics` facade with small typed functions; rendered by
+//! `metrics-exporter-prometheus` and served on `--metrics-bind-address` at `/metrics`.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use http::{Method, StatusCode};
+use metrics::{
+    Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
+};
+use metrics_exporter_prometheus::{
+    Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
+};
+
+use crate::http_server::{BindError, Handler, HttpServer, not_found, response};
+
+/// Duration of one sync of the proxy rules.
+pub const SYNC_PROXY_RULES_DURATION: &str = "kubeproxy_sync_proxy_rules_duration_seconds";
+/// Duration of full syncs.
+pub const SYNC_FULL_PROXY_RULES_DURATION: &str = "kubeproxy_sync_full_proxy_rules_duration_seconds";
+/// Duration of incremental syncs.
+pub const SYNC_PARTIAL_PROXY_RULES_DURATION: &str =
+    "kubeproxy_sync_partial_proxy_rules_duration_seconds";
+/// Wall-clock time of the last successful sync.
+pub const SYNC_PROXY_RULES_LAST_TIMESTAMP: &str =
+    "kubeproxy_sync_proxy_rules_last_timestamp_seconds";
+/// Time from an endpoint change in the cluster to its programming here.
+pub const NETWORK_PROGRAMMING_DURATION: &str = "kubeproxy_network_programming_duration_seconds";
+/// EndpointSlice changes not yet synced.
+pub const ENDPOINT_CHANGES_PENDING: &str = "kubeproxy_sync_proxy_rules_endpoint_changes_pending";
+/// EndpointSlice changes seen.
+pub const ENDPOINT_CHANGES_TOTAL: &str = "kubeproxy_sync_proxy_rules_endpoint_changes_total";
+/// Service changes not yet synced.
+pub const SERVICE_CHANGES_PENDING: &str = "kubeproxy_sync_proxy_rules_service_changes_pending";
+/// Service changes seen.
+pub const SERVICE_CHANGES_TOTAL: &str = "kubeproxy_sync_proxy_rules_service_changes_total";
+/// Services with a Local traffic policy and no local endpoint.
+pub const NO_LOCAL_ENDPOINTS_TOTAL: &str = "kubeproxy_sync_proxy_rules_no_local_endpoints_total";
+/// /healthz answers by status code.
+pub const HEALTHZ_TOTAL: &str = "kubeproxy_proxy_healthz_total";
+/// /livez answers by status code.
+pub const LIVEZ_TOTAL: &str = "kubeproxy_proxy_livez_total";
+/// IPVS virtual servers programmed.
+pub const VIRTUAL_SERVERS: &str = "ipvs_proxier_virtual_servers";
+/// IPVS real servers programmed.
+pub const REAL_SERVERS: &str = "ipvs_proxier_real_servers";
+/// Addresses bound on the dummy link.
+pub const BOUND_ADDRESSES: &str = "ipvs_proxier_bound_addresses";
+/// Netlink operations by operation and result.
+pub const NETLINK_OPERATIONS_TOTAL: &str = "ipvs_proxier_netlink_operations_total";
+/// Real servers draining (weight 0) before removal.
+pub const GRACEFUL_DRAIN_QUEUE_LENGTH: &str = "ipvs_proxier_graceful_drain_queue_length";
+/// Drift found and repaired by the last full resync.
+pub const FULL_RESYNC_DRIFT_REPAIRED: &str = "ipvs_proxier_full_resync_drift_repaired";
+/// Watch failures by kind.
+pub const WATCH_ERRORS_TOTAL: &str = "ipvs_proxier_watch_errors_total";
+
+/// kube-proxy's buckets for sync durations: 1 ms doubling 15 times (~16 s).
+fn sync_duration_buckets() -> Vec<f64> {
+    (0..15).map(|i| 0.001 * f64::powi(2.0, i)).collect()
+}
+
+/// Buckets for network programming latency, 0.25 s to 5 min.
+fn network_programming_buckets() -> Vec<f64> {
+    vec![
+        0.25, 0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0,
+        120.0, 180.0, 240.0, 300.0,
+    ]
+}
+
+/// The recorder with this crate's histogram buckets (tests build their own local one).
+pub fn build_recorder() -> PrometheusRecorder {
+    let with_buckets = PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            Matcher::Suffix("proxy_rules_duration_seconds".to_owned()),
+            &sync_duration_buckets(),
+        )
+        .and_then(|b| {
+            b.set_buckets_for_metric(
+                Matcher::Full(NETWORK_PROGRAMMING_DURATION.to_owned()),
+                &network_programming_buckets(),
+            )
+        });
+    match with_buckets {
+        Ok(b) => b.build_recorder(),
+        Err(error) => {
+            // Only reachable with an empty bucket list, which the lists above are not.
+            tracing::warn!(%error, "histogram buckets refused; using summaries");
+            PrometheusBuilder::new().build_recorder()
+        }
+    }
+}
+
+/// Installs the global recorder and registers every metric (so each shows from the start).
+pub fn install() -> Result<PrometheusHandle, metrics::SetRecorderError<PrometheusRecorder>> {
+    let recorder = build_recorder();
+    let handle = recorder.handle();
+    metrics::set_global_recorder(recorder)?;
+    register();
+    Ok(handle)
+}
+
+/// Describes every metric and sets gauges and counters to 0.
+pub fn register() {
+    describe_histogram!(
+        SYNC_PROXY_RULES_DURATION,
+        Unit::Seconds,
+        "SyncProxyRules latency in seconds"
+    );
+    describe_histogram!(
+        SYNC_FULL_PROXY_RULES_DURATION,
+        Unit::Seconds,
+        "SyncProxyRules latency in seconds for full resyncs"
+    );
+    describe_histogram!(
+        SYNC_PARTIAL_PROXY_RULES_DURATION,
+        Unit::Seconds,
+        "SyncProxyRules latency in seconds for partial resyncs"
+    );
+    describe_gauge!(
+        SYNC_PROXY_RULES_LAST_TIMESTAMP,
+        Unit::Seconds,
+        "The last time proxy rules were successfully synced"
+    );
+    describe_histogram!(
+        NETWORK_PROGRAMMING_DURATION,
+        Unit::Seconds,
+        "In Cluster Network Programming Latency in seconds"
+    );
+    describe_gauge!(
+        ENDPOINT_CHANGES_PENDING,
+        "Pending proxy rules Endpoint changes"
+    );
+    describe_counter!(
+        ENDPOINT_CHANGES_TOTAL,
+        "Cumulative proxy rules Endpoint changes"
+    );
+    describe_gauge!(
+        SERVICE_CHANGES_PENDING,
+        "Pending proxy rules Service changes"
+    );
+    describe_counter!(
+        SERVICE_CHANGES_TOTAL,
+        "Cumulative proxy rules Service changes"
+    );
+    describe_gauge!(
+        NO_LOCAL_ENDPOINTS_TOTAL,
+        "Number of services with a Local traffic policy and no endpoints"
+    );
+    describe_counter!(HEALTHZ_TOTAL, "Cumulative proxy healthz HTTP status");
+    describe_counter!(LIVEZ_TOTAL, "Cumulative proxy livez HTTP status");
+    describe_gauge!(
+        VIRTUAL_SERVERS,
+        "IPVS virtual servers programmed by this proxier"
+    );
+    describe_gauge!(REAL_SERVERS, "IPVS real servers programmed by this proxier");
+    describe_gauge!(
+        BOUND_ADDRESSES,
+        "Addresses bound on the proxier's dummy link"
+    );
+    describe_counter!(
+        NETLINK_OPERATIONS_TOTAL,
+        "Netlink operations by operation and result"
+    );
+    describe_gauge!(
+        GRACEFUL_DRAIN_QUEUE_LENGTH,
+        "Real servers at weight 0 waiting for their connections to drain"
+    );
+    describe_gauge!(
+        FULL_RESYNC_DRIFT_REPAIRED,
+        "Differences from the desired state repaired by the last full resync"
+    );
+    describe_counter!(WATCH_ERRORS_TOTAL, "API watch failures by kind");
+
+    gauge!(ENDPOINT_CHANGES_PENDING).set(0.0);
+    counter!(ENDPOINT_CHANGES_TOTAL).absolute(0);
+    gauge!(SERVICE_CHANGES_PENDING).set(0.0);
+    counter!(SERVICE_CHANGES_TOTAL).absolute(0);
+    for policy in [TrafficPolicy::Internal, TrafficPolicy::External] {
+        gauge!(NO_LOCAL_ENDPOINTS_TOTAL, "traffic_policy" => policy.label()).set(0.0);
+    }
+    gauge!(VIRTUAL_SERVERS).set(0.0);
+    gauge!(REAL_SERVERS).set(0.0);
+    gauge!(BOUND_ADDRESSES).set(0.0);
+    gauge!(GRACEFUL_DRAIN_QUEUE_LENGTH).set(0.0);
+    gauge!(FULL_RESYNC_DRIFT_REPAIRED).set(0.0);
+}
+
+/// Whether a sync re-read everything or only applied changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyncScope {
+    /// Full resync (reads the kernel, repairs drift).
+    Full,
+    /// Only the changed services.
+    Partial,
+}
+
+/// Records a finished sync: its duration and, when it succeeded, its wall-clock time.
+pub fn record_sync(scope: SyncScope, took: Duration, succeeded: bool, finished_at: SystemTime) {
+    let secs = took.as_secs_f64();
+    histogram!(SYNC_PROXY_RULES_DURATION).record(secs);
+    match scope {
+        SyncScope::Full => histogram!(SYNC_FULL_PROXY_RULES_DURATION).record(secs),
+        SyncScope::Partial => histogram!(SYNC_PARTIAL_PROXY_RULES_DURATION).record(secs),
+    }
+    if succeeded {
+        let ts = finished_at
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0);
+        gauge!(SYNC_PROXY_RULES_LAST_TIMESTAMP).set(ts);
+    }
+}
+
+/// Records the latency from a change in the cluster (e.g. an EndpointSlice's
+/// `endpoints.kubernetes.io/last-change-trigger-time`) to its programming.
+pub fn record_network_programming(latency: Duration) {
+    histogram!(NETWORK_PROGRAMMING_DURATION).record(latency.as_secs_f64());
+}
+
+/// Records a Service change (adds to the total) and the number now pending.
+pub fn record_service_change(pending: usize) {
+    counter!(SERVICE_CHANGES_TOTAL).increment(1);
+    gauge!(SERVICE_CHANGES_PENDING).set(pending as f64);
+}
+
+/// Records an EndpointSlice change (adds to the total) and the number now pending.
+pub fn record_endpoint_change(pending: usize) {
+    counter!(ENDPOINT_CHANGES_TOTAL).increment(1);
+    gauge!(ENDPOINT_CHANGES_PENDING).set(pending as f64);
+}
+
+/// Sets the pending change gauges (e.g. to 0 after a sync).
+pub fn set_pending_changes(services: usize, endpoints: usize) {
+    gauge!(SERVICE_CHANGES_PENDING).set(services as f64);
+    gauge!(ENDPOINT_CHANGES_PENDING).set(endpoints as f64);
+}
+
+/// Which traffic policy a "no local endpoints" count is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TrafficPolicy {
+    /// internalTrafficPolicy: Local.
+    Internal,
+    /// externalTrafficPolicy: Local.
+    External,
+}
+
+impl TrafficPolicy {
+    fn label(self) -> &'static str {
+        match self {
+            TrafficPolicy::Internal => "internal",
+            TrafficPolicy::External => "external",
+        }
+    }
+}
+
+/// Sets how many Local-policy services have no local endpoint.
+pub fn set_no_local_endpoints(policy: TrafficPolicy, services: usize) {
+    gauge!(NO_LOCAL_ENDPOINTS_TOTAL, "traffic_policy" => policy.label()).set(services as f64);
+}
+
+/// Sizes of what is programmed after a sync.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DataPlaneSize {
+    /// IPVS virtual servers.
+    pub virtual_servers: usize,
+    /// IPVS real servers.
+    pub real_servers: usize,
+    /// Addresses bound on the dummy link.
+    pub bound_addresses: usize,
+    /// Real servers draining.
+    pub draining: usize,
+}
+
+/// Sets the data plane size gauges.
+pub fn set_data_plane_size(size: DataPlaneSize) {
+    gauge!(VIRTUAL_SERVERS).set(size.virtual_servers as f64);
+    gauge!(REAL_SERVERS).set(size.real_servers as f64);
+    gauge!(BOUND_ADDRESSES).set(size.bound_addresses as f64);
+    gauge!(GRACEFUL_DRAIN_QUEUE_LENGTH).set(size.draining as f64);
+}
+
+/// Outcome of a netlink operation, as a label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpResult {
+    /// It worked.
+    Success,
+    /// It failed.
+    Error,
+}
+
+/// Counts netlink operations, e.g. `("add_service", Success, 12)`.
+pub fn record_netlink_operations(op: &'static str, result: OpResult, count: u64) {
+    let result = match result {
+        OpResult::Success => "success",
+        OpResult::Error => "error",
+    };
+    counter!(NETLINK_OPERATIONS_TOTAL, "op" => op, "result" => result).increment(count);
+}
+
+/// Sets how much drift the last full resync repaired.
+pub fn set_full_resync_drift_repaired(differences: usize) {
+    gauge!(FULL_RESYNC_DRIFT_REPAIRED).set(differences as f64);
+}
+
+/// Counts a watch failure of one kind of object.
+pub fn record_watch_error(kind: &'static str) {
+    counter!(WATCH_ERRORS_TOTAL, "kind" => kind).increment(1);
+}
+
+/// Counts a /healthz or /livez answer.
+pub fn record_health_answer(livez: bool, status: u16) {
+    let name = if livez { LIVEZ_TOTAL } else { HEALTHZ_TOTAL };
+    counter!(name, "code" => status.to_string()).increment(1);
+}
+
+/// Serves `/metrics` from `handle` on `addr`. Also runs the recorder's upkeep periodically.
+pub async fn serve(addr: SocketAddr, handle: PrometheusHandle) -> Result<HttpServer, BindError> {
+    let upkeep = handle.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(5));
+        loop {
+            tick.tick().await;
+            upkeep.run_upkeep();
+        }
+    });
+    let handler: Handler = Arc::new(move |method, path| {
+        if path != "/metrics" {
+            return not_found();
+        }
+        if method != Method::GET && method != Method::HEAD {
+            return response(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "text/plain",
+                "method not allowed\n",
+            );
+        }
+        response(
+            StatusCode::OK,
+            "text/plain; version=0.0.4; charset=utf-8",
+            handle.render(),
+        )
+    });
+    HttpServer::bind("metrics", addr, handler).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::http_server::test_client;
+
+    fn render_with(f: impl FnOnce()) -> (String, PrometheusHandle) {
+        let recorder = build_recorder();
+        let handle = recorder.handle();
+        metrics::with_local_recorder(&recorder, f);
+        (handle.render(), handle)
+    }
+
+    #[test]
+    fn registered_metrics_appear_with_kube_proxy_names() {
+        let (text, _) = render_with(register);
+        for name in [
+            ENDPOINT_CHANGES_PENDING,
+            ENDPOINT_CHANGES_TOTAL,
+            SERVICE_CHANGES_PENDING,
+            SERVICE_CHANGES_TOTAL,
+            NO_LOCAL_ENDPOINTS_TOTAL,
+            VIRTUAL_SERVERS,
+            REAL_SERVERS,
+            BOUND_ADDRESSES,
+            GRACEFUL_DRAIN_QUEUE_LENGTH,
+            FULL_RESYNC_DRIFT_REPAIRED,
+        ] {
+            assert!(
+                text.contains(&format!("\n{name}"))
+                    || text.starts_with(name)
+                    || text.contains(&format!("{name}{{")),
+                "{name} missing in:\n{text}"
+            );
+        }
+        assert!(
+            text.contains(
+                "kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy=\"external\"} 0"
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn sync_histogram_uses_kube_proxy_buckets() {
+        let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let (text, _) = render_with(|| {
+            record_sync(SyncScope::Full, Duration::from_millis(3), true, t);
+            record_sync(SyncScope::Partial, Duration::from_millis(20), false, t);
+        });
+        assert!(
+            text.contains("# TYPE kubeproxy_sync_proxy_rules_duration_seconds histogram"),
+            "{text}"
+        );
+        assert!(
+            text.contains("kubeproxy_sync_proxy_rules_duration_seconds_bucket{le=\"0.004\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("kubeproxy_sync_proxy_rules_duration_seconds_bucket{le=\"0.032\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("kubeproxy_sync_proxy_rules_duration_seconds_count 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("kubeproxy_sync_full_proxy_rules_duration_seconds_count 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("kubeproxy_sync_proxy_rules_last_timestamp_seconds 1700000000"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn typed_recorders_write_the_right_series() {
+        let (text, _) = render_with(|| {
+            record_service_change(3);
+            record_service_change(4);
+            record_endpoint_change(1);
+            set_pending_changes(0, 0);
+            record_netlink_operations("add_service", OpResult::Success, 5);
+            record_netlink_operations("add_service", OpResult::Error, 1);
+            set_data_plane_size(DataPlaneSize {
+                virtual_servers: 7,
+                real_servers: 21,
+                bound_addresses: 4,
+                draining: 2,
+            });
+            set_full_resync_drift_repaired(3);
+            set_no_local_endpoints(TrafficPolicy::Internal, 2);
+            record_network_programming(Duration::from_millis(700));
+        });
+        for expected in [
+            "kubeproxy_sync_proxy_rules_service_changes_total 2",
+            "kubeproxy_sync_proxy_rules_service_changes_pending 0",
+            "kubeproxy_sync_proxy_rules_endpoint_changes_total 1",
+            "ipvs_proxier_netlink_operations_total{op=\"add_service\",result=\"success\"} 5",
+            "ipvs_proxier_netlink_operations_total{op=\"add_service\",result=\"error\"} 1",
+            "ipvs_proxier_virtual_servers 7",
+            "ipvs_proxier_real_servers 21",
+            "ipvs_proxier_bound_addresses 4",
+            "ipvs_proxier_graceful_drain_queue_length 2",
+            "ipvs_proxier_full_resync_drift_repaired 3",
+            "kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy=\"internal\"} 2",
+            "kubeproxy_network_programming_duration_seconds_bucket{le=\"1\"} 1",
+        ] {
+            assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
+        }
+    }
+
+    #[tokio::test]
+    async fn metrics_endpoint_serves_prometheus_text() {
+        let recorder = build_recorder();
+        let handle = recorder.handle();
+        metrics::with_local_recorder(&recorder, || {
+            set_data_plane_size(DataPlaneSize {
+                virtual_servers: 2,
+                ..Default::default()
+            });
+        });
+        let server = serve("127.0.0.1:0".parse().expect("addr"), handle)
+            .await
+            .expect("bind");
+        let (status, headers, body) = test_client::get(server.local_addr(), "/metrics").await;
+        assert_eq!(status, 200);
+        assert!(
+            headers["content-type"]
+                .to_str()
+                .expect("ascii")
+                .starts_with("text/plain")
+        );
+        assert!(body.contains("ipvs_proxier_virtual_servers 2"), "{body}");
+        let (status, _, _) = test_client::get(server.local_addr(), "/other").await;
+        assert_eq!(status, 404);
+    }
+}

@@ -1,0 +1,341 @@
+//! The file source: Services, EndpointSlices and Nodes read from a YAML file (see
+//! [`super::manifests`]) and re-read whenever its content changes. Every change produces a
+//! full [`SourceEvent::Snapshot`].
+
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::{mpsc, watch};
+
+use super::manifests::{Manifests, parse_manifests};
+use super::{
+    ClusterSnapshot, EVENT_CHANNEL_CAPACITY, ObjectKey, SourceEvent, SourceHandle, is_proxied,
+};
+
+/// How often the file is checked for changes by default.
+pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
+
+/// The file could not be read.
+#[derive(Debug, thiserror::Error)]
+#[error("reading source file {path}: {source}")]
+pub struct FileSourceError {
+    /// The file.
+    pub path: PathBuf,
+    /// What the OS said.
+    pub source: std::io::Error,
+}
+
+/// Builds the snapshot a file's manifests describe for node `hostname`. Objects that another
+/// proxy handles (see [`is_proxied`]) are left out, as the API server would filter them for
+/// kube-proxy. Problems are logged. When a key appears twice, the later object wins.
+pub fn snapshot_from_manifests(manifests: Manifests, hostname: &str) -> ClusterSnapshot {
+    let mut snap = ClusterSnapshot::default();
+    for problem in &manifests.problems {
+        if problem.is_unknown_kind() {
+            tracing::warn!(%problem, "source file: skipped object");
+        } else {
+            tracing::error!(%problem, "source file: skipped malformed object");
+        }
+    }
+    for svc in manifests.services {
+        let key = ObjectKey::of(&svc.metadata);
+        if !is_proxied(&svc.metadata) {
+            tracing::debug!(service = %key, "source file: service handled by another proxy, skipped");
+            continue;
+        }
+        if snap.services.insert(key.clone(), Arc::new(svc)).is_some() {
+            tracing::warn!(service = %key, "source file: service defined twice, using the later one");
+        }
+    }
+    for slice in manifests.endpoint_slices {
+        let key = ObjectKey::of(&slice.metadata);
+        if !is_proxied(&slice.metadata) {
+            tracing::debug!(slice = %key, "source file: slice of a headless or foreign service, skipped");
+            continue;
+        }
+        if snap
+            .endpoint_slices
+            .insert(key.clone(), Arc::new(slice))
+            .is_some()
+        {
+            tracing::warn!(slice = %key, "source file: endpoint slice defined twice, using the later one");
+        }
+    }
+    let node_count = manifests.nodes.len();
+    snap.node = manifests
+        .nodes
+        .into_iter()
+        .rfind(|n| n.metadata.name.as_deref() == Some(hostname))
+        .map(Arc::new);
+    if snap.node.is_none() && node_count > 0 {
+        tracing::warn!(
+            hostname,
+            "source file has Nodes but none named like this node"
+        );
+    }
+    snap
+}
+
+/// Reads and parses the file once.
+pub fn load_snapshot(path: &Path, hostname: &str) -> Result<ClusterSnapshot, FileSourceError> {
+    let text = std::fs::read_to_string(path).map_err(|source| FileSourceError {
+        path: path.to_owned(),
+        source,
+    })?;
+    Ok(snapshot_from_manifests(parse_manifests(&text), hostname))
+}
+
+/// Cheap identity of the file on disk: when it is unchanged, the content need not be read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileStamp {
+    /// Modification time.
+    pub modified: Option<SystemTime>,
+    /// Size in bytes.
+    pub len: u64,
+}
+
+/// Decides whether the file changed: by stamp first, then by a hash of the content (a
+/// rewrite with the same content is not a change). Every `verify_every` polls the content is
+/// hashed even when the stamp is unchanged, to catch same-size rewrites within the
+/// timestamp's granularity.
+#[derive(Debug, Clone)]
+pub struct ChangeDetector {
+    stamp: Option<FileStamp>,
+    content_hash: Option<u64>,
+    polls_since_verify: u32,
+    verify_every: u32,
+}
+
+impl ChangeDetector {
+    /// A detector that has seen nothing yet.
+    pub fn new(verify_every: u32) -> ChangeDetector {
+        ChangeDetector {
+            stamp: None,
+            content_hash: None,
+            polls_since_verify: 0,
+            verify_every: verify_every.max(1),
+        }
+    }
+
+    /// Whether the content must be read for this stamp.
+    pub fn needs_read(&mut self, stamp: FileStamp) -> bool {
+        self.polls_since_verify += 1;
+        if self.stamp != Some(stamp) || self.polls_since_verify >= self.verify_every {
+            self.polls_since_verify = 0;
+            return true;
+        }
+        false
+    }
+
+    /// Records the content read for `stamp`; returns whether it differs from the last content.
+    pub fn content_changed(&mut self, stamp: FileStamp, content: &[u8]) -> bool {
+        let mut hasher = DefaultHasher::new();
+        content.hash(&mut hasher);
+        let hash = hasher.finish();
+        self.stamp = Some(stamp);
+        let changed = self.content_hash != Some(hash);
+        self.content_hash = Some(hash);
+        changed
+    }
+}
+
+/// Settings of a running file source.
+#[derive(Debug, Clone)]
+pub struct FileSourceConfig {
+    /// The file.
+    pub path: PathBuf,
+    /// This node's name (selects its Node object).
+    pub hostname: String,
+    /// How often to look at the file.
+    pub poll_interval: Duration,
+}
+
+fn stamp_of(path: &Path) -> std::io::Result<FileStamp> {
+    let meta = std::fs::metadata(path)?;
+    Ok(FileStamp {
+        modified: meta.modified().ok(),
+        len: meta.len(),
+    })
+}
+
+/// Starts watching the file. A snapshot is sent at once (when the file is readable) and after
+/// every change of content; `synced` turns true after the first one. A file that disappears or
+/// cannot be read keeps the last snapshot in force (a warning is logged) until it is back.
+pub fn spawn(config: FileSourceConfig) -> SourceHandle {
+    let (tx, rx) = mpsc::channel(EVENT_CHANNEL_CAPACITY);
+    let (synced_tx, synced_rx) = watch::channel(false);
+    let task = tokio::spawn(run(config, tx, synced_tx));
+    SourceHandle {
+        events: rx,
+        synced: synced_rx,
+        task,
+    }
+}
+
+async fn run(config: FileSourceConfig, tx: mpsc::Sender<SourceEvent>, synced: watch::Sender<bool>) {
+    let mut detector = ChangeDetector::new(10);
+    let mut ticker = tokio::time::interval(config.poll_interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut reported_error = false;
+    loop {
+        ticker.tick().await;
+        let read = stamp_of(&config.path).and_then(|stamp| {
+            if detector.needs_read(stamp) {
+                std::fs::read(&config.path).map(|content| Some((stamp, content)))
+            } else {
+                Ok(None)
+            }
+        });
+        let (stamp, content) = match read {
+            Ok(Some(pair)) => pair,
+            Ok(None) => continue,
+            Err(error) => {
+                if !reported_error {
+                    tracing::warn!(path = %config.path.display(), %error,
+                        "source file unreadable; keeping the last state");
+                    reported_error = true;
+                }
+                continue;
+            }
+        };
+        if reported_error {
+            tracing::info!(path = %config.path.display(), "source file readable again");
+            reported_error = false;
+        }
+        if !detector.content_changed(stamp, &content) {
+            continue;
+        }
+        let text = String::from_utf8_lossy(&content);
+        let snapshot = snapshot_from_manifests(parse_manifests(&text), &config.hostname);
+        tracing::info!(path = %config.path.display(), services = snapshot.services.len(),
+            endpoint_slices = snapshot.endpoint_slices.len(), "source file loaded");
+        if tx.send(SourceEvent::Snapshot(snapshot)).await.is_err() {
+            return; // the daemon is gone
+        }
+        synced.send_replace(true);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CLUSTER: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: shop}\nspec: {clusterIP: 10.96.0.20}\n---\napiVersion: v1\nkind: Service\nmetadata:\n  name: other-proxy\n  namespace: shop\n  labels: {service.kubernetes.io/service-proxy-name: foo}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\naddressType: IPv4\nmetadata:\n  name: headless-x\n  namespace: shop\n  labels: {service.kubernetes.io/headless: \"\"}\nendpoints: []\n---\napiVersion: v1\nkind: Node\nmetadata: {name: node-b}\n---\napiVersion: v1\nkind: Node\nmetadata: {name: node-a}\n";
+
+    #[test]
+    fn snapshot_filters_like_kube_proxy_and_picks_this_node() {
+        let snap = snapshot_from_manifests(parse_manifests(CLUSTER), "node-a");
+        assert_eq!(snap.services.len(), 1);
+        assert!(snap.services.contains_key(&ObjectKey {
+            namespace: "shop".into(),
+            name: "web".into()
+        }));
+        assert!(snap.endpoint_slices.is_empty());
+        assert_eq!(
+            snap.node.as_ref().and_then(|n| n.metadata.name.as_deref()),
+            Some("node-a")
+        );
+        let other = snapshot_from_manifests(parse_manifests(CLUSTER), "node-c");
+        assert!(other.node.is_none());
+    }
+
+    #[test]
+    fn duplicates_keep_the_later_object() {
+        let text = "apiVersion: v1\nkind: Service\nmetadata: {name: a, namespace: x}\nspec: {clusterIP: 10.96.0.1}\n---\napiVersion: v1\nkind: Service\nmetadata: {name: a, namespace: x}\nspec: {clusterIP: 10.96.0.2}\n";
+        let snap = snapshot_from_manifests(parse_manifests(text), "n");
+        let svc = snap.services.values().next().expect("one service");
+        assert_eq!(
+            svc.spec.as_ref().and_then(|s| s.cluster_ip.as_deref()),
+            Some("10.96.0.2")
+        );
+    }
+
+    #[test]
+    fn change_detector_reads_on_stamp_change_and_compares_content() {
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(100);
+        let s1 = FileStamp {
+            modified: Some(t0),
+            len: 10,
+        };
+        let s2 = FileStamp {
+            modified: Some(t0 + Duration::from_secs(1)),
+            len: 10,
+        };
+        let mut d = ChangeDetector::new(5);
+        assert!(d.needs_read(s1));
+        assert!(d.content_changed(s1, b"aaaaaaaaaa"));
+        assert!(!d.needs_read(s1), "same stamp: no read");
+        assert!(d.needs_read(s2), "touched: read");
+        assert!(
+            !d.content_changed(s2, b"aaaaaaaaaa"),
+            "same content: no change"
+        );
+        assert!(d.needs_read(FileStamp {
+            modified: Some(t0),
+            len: 11
+        }));
+        assert!(d.content_changed(s1, b"bbbbbbbbbb"));
+        // Every 5th poll verifies the content even with an unchanged stamp.
+        let reads: Vec<bool> = (0..5).map(|_| d.needs_read(s1)).collect();
+        assert_eq!(reads, vec![false, false, false, false, true]);
+    }
+
+    fn temp_path(tag: &str) -> PathBuf {
+        std::env::temp_dir().join(format!(
+            "ipvs-proxier-file-source-{tag}-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ))
+    }
+
+    async fn next_snapshot(handle: &mut SourceHandle) -> ClusterSnapshot {
+        let event = tokio::time::timeout(Duration::from_secs(10), handle.events.recv())
+            .await
+            .expect("an event within 10 s")
+            .expect("channel open");
+        match event {
+            SourceEvent::Snapshot(s) => s,
+            other => panic!("expected a snapshot, got {}", other.describe()),
+        }
+    }
+
+    #[tokio::test]
+    async fn watching_emits_a_snapshot_per_content_change() {
+        let path = temp_path("watch");
+        std::fs::write(&path, CLUSTER).expect("write");
+        let mut handle = spawn(FileSourceConfig {
+            path: path.clone(),
+            hostname: "node-a".into(),
+            poll_interval: Duration::from_millis(20),
+        });
+        let first = next_snapshot(&mut handle).await;
+        assert_eq!(first.services.len(), 1);
+        assert!(*handle.synced.borrow());
+
+        // Same content rewritten: no event.
+        std::fs::write(&path, CLUSTER).expect("rewrite");
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        assert!(
+            handle.events.try_recv().is_err(),
+            "unchanged content must not emit"
+        );
+
+        // File briefly missing: keeps state, no event.
+        std::fs::remove_file(&path).expect("remove");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(handle.events.try_recv().is_err());
+
+        // New content with one more service (and a broken document that is skipped).
+        let more = format!(
+            "{CLUSTER}---\napiVersion: v1\nkind: Service\nmetadata: {{name: db, namespace: shop}}\n---\nkind: [broken\n"
+        );
+        std::fs::write(&path, more).expect("write more");
+        let second = next_snapshot(&mut handle).await;
+        assert_eq!(second.services.len(), 2);
+        handle.task.abort();
+        let _ = std::fs::remove_file(&path);
+    }
+}

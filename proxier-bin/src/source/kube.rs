@@ -1,0 +1,528 @@
+//! The Kubernetes source: kube-runtime watchers of v1 Services and discovery.k8s.io/v1
+//! EndpointSlices (both with kube-proxy's label selector) and of this node's Node.
+//!
+//! Each kind has an [`ObjectStore`]: a relist (initial list, restart after 410 Gone, after an
+//! outage) is buffered and swapped in whole when it completes, so the daemon never forgets
+//! objects halfway; the swap is reported as the upserts and deletes it amounts to. Until
+//! Services and EndpointSlices have both listed once, nothing is sent; then one
+//! [`SourceEvent::Snapshot`] and the `synced` signal, then incremental events.
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::Resource;
+use kube::api::Api;
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::{WatchStreamExt, watcher as make_watcher};
+use serde::de::DeserializeOwned;
+use tokio::sync::{mpsc, watch};
+
+use super::{
+    ClusterSnapshot, EVENT_CHANNEL_CAPACITY, ObjectKey, PROXIED_OBJECTS_SELECTOR, SourceEvent,
+    SourceHandle,
+};
+
+/// The API server could not be configured or reached.
+#[derive(Debug, thiserror::Error)]
+pub enum KubeSourceError {
+    /// The kubeconfig file could not be read or used.
+    #[error("loading kubeconfig {path}: {message}")]
+    Kubeconfig {
+        /// The file.
+        path: PathBuf,
+        /// What went wrong.
+        message: String,
+    },
+    /// `--master` is not a URL.
+    #[error("--master {master:?} is not a valid URL: {message}")]
+    Master {
+        /// The value.
+        master: String,
+        /// What went wrong.
+        message: String,
+    },
+    /// Neither in-cluster configuration nor a default kubeconfig was found.
+    #[error(
+        "no API server configuration: not running in a cluster and no kubeconfig found ({0}); use --kubeconfig or --master"
+    )]
+    Infer(String),
+    /// The client could not be built (TLS setup, ...).
+    #[error("building the API client: {0}")]
+    Client(String),
+}
+
+/// Builds a client as kube-proxy does: `--kubeconfig` (with `--master` overriding its server),
+/// `--master` alone (no credentials), or in-cluster configuration, then the default kubeconfig.
+pub async fn client(
+    kubeconfig: Option<&Path>,
+    master: Option<&str>,
+) -> Result<kube::Client, KubeSourceError> {
+    let master_uri = master
+        .map(|m| {
+            m.parse::<http::Uri>().map_err(|e| KubeSourceError::Master {
+                master: m.to_owned(),
+                message: e.to_string(),
+            })
+        })
+        .transpose()?;
+    let config = match (kubeconfig, master_uri) {
+        (Some(path), master_uri) => {
+            let kubeconfig_err = |message: String| KubeSourceError::Kubeconfig {
+                path: path.to_owned(),
+                message,
+            };
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .map_err(|e| kubeconfig_err(e.to_string()))?;
+            let mut config = kube::Config::from_custom_kubeconfig(
+                kc,
+                &kube::config::KubeConfigOptions::default(),
+            )
+            .await
+            .map_err(|e| kubeconfig_err(e.to_string()))?;
+            if let Some(uri) = master_uri {
+                config.cluster_url = uri;
+            }
+            config
+        }
+        (None, Some(uri)) => kube::Config::new(uri),
+        (None, None) => match kube::Config::incluster() {
+            Ok(config) => config,
+            Err(_) => kube::Config::infer()
+                .await
+                .map_err(|e| KubeSourceError::Infer(e.to_string()))?,
+        },
+    };
+    kube::Client::try_from(config).map_err(|e| KubeSourceError::Client(e.to_string()))
+}
+
+/// A change an [`ObjectStore`] reports.
+#[derive(Debug, Clone)]
+pub enum StoreChange<K> {
+    /// Added or changed.
+    Upsert(Arc<K>),
+    /// Gone (its last known state).
+    Delete(Arc<K>),
+}
+
+/// The objects of one kind as last listed/watched, with relists applied atomically.
+#[derive(Debug)]
+pub struct ObjectStore<K> {
+    objects: BTreeMap<ObjectKey, Arc<K>>,
+    relist: Option<BTreeMap<ObjectKey, Arc<K>>>,
+    listed: bool,
+}
+
+impl<K> Default for ObjectStore<K> {
+    fn default() -> Self {
+        ObjectStore {
+            objects: BTreeMap::new(),
+            relist: None,
+            listed: false,
+        }
+    }
+}
+
+fn same_version<K: Resource>(a: &K, b: &K) -> bool {
+    let (va, vb) = (
+        a.meta().resource_version.as_deref(),
+        b.meta().resource_version.as_deref(),
+    );
+    va.is_some() && va == vb
+}
+
+impl<K: Resource> ObjectStore<K> {
+    /// Applies one watcher event and returns what changed. `Init..InitDone` is buffered:
+    /// nothing changes until `InitDone`, and then the whole list replaces the store.
+    pub fn apply(&mut self, event: Event<K>) -> Vec<StoreChange<K>> {
+        match event {
+            Event::Init => {
+                // A new (re)list; an unfinished earlier one is dropped, the store stays.
+                self.relist = Some(BTreeMap::new());
+                Vec::new()
+            }
+            Event::InitApply(obj) => {
+                let key = ObjectKey::of(obj.meta());
+                self.relist
+                    .get_or_insert_default()
+                    .insert(key, Arc::new(obj));
+                Vec::new()
+            }
+            Event::InitDone => {
+                let fresh = self.relist.take().unwrap_or_default();
+                let mut changes = Vec::new();
+                for (key, old) in &self.objects {
+                    if !fresh.contains_key(key) {
+                        changes.push(StoreChange::Delete(Arc::clone(old)));
+                    }
+                }
+                for (key, new) in &fresh {
+                    match self.objects.get(key) {
+                        Some(old) if same_version(old.as_ref(), new.as_ref()) => {}
+                        _ => changes.push(StoreChange::Upsert(Arc::clone(new))),
+                    }
+                }
+                self.objects = fresh;
+                self.listed = true;
+                changes
+            }
+            Event::Apply(obj) => {
+                let key = ObjectKey::of(obj.meta());
+                let obj = Arc::new(obj);
+                let unchanged = self
+                    .objects
+                    .get(&key)
+                    .is_some_and(|old| same_version(old.as_ref(), obj.as_ref()));
+                self.objects.insert(key, Arc::clone(&obj));
+                if unchanged {
+                    Vec::new()
+                } else {
+                    vec![StoreChange::Upsert(obj)]
+                }
+            }
+            Event::Delete(obj) => {
+                let key = ObjectKey::of(obj.meta());
+                let last = self.objects.remove(&key).unwrap_or_else(|| Arc::new(obj));
+                vec![StoreChange::Delete(last)]
+            }
+        }
+    }
+
+    /// Whether a complete list has been applied at least once.
+    pub fn is_listed(&self) -> bool {
+        self.listed
+    }
+
+    /// The current objects.
+    pub fn objects(&self) -> &BTreeMap<ObjectKey, Arc<K>> {
+        &self.objects
+    }
+}
+
+/// The state of the Kubernetes source, independent of any API connection: what the three
+/// stores hold, and which events they produce.
+#[derive(Debug, Default)]
+pub struct KubeSourceState {
+    /// Services.
+    pub services: ObjectStore<Service>,
+    /// EndpointSlices.
+    pub slices: ObjectStore<EndpointSlice>,
+    /// This node (at most one object, by field selector).
+    pub nodes: ObjectStore<Node>,
+    synced: bool,
+}
+
+impl KubeSourceState {
+    /// Whether the initial snapshot has been produced.
+    pub fn is_synced(&self) -> bool {
+        self.synced
+    }
+
+    fn snapshot(&self) -> ClusterSnapshot {
+        ClusterSnapshot {
+            services: self.services.objects().clone(),
+            endpoint_slices: self.slices.objects().clone(),
+            node: self.nodes.objects().values().next().cloned(),
+        }
+    }
+
+    fn after_change(&mut self, incremental: Vec<SourceEvent>) -> Vec<SourceEvent> {
+        if self.synced {
+            return incremental;
+        }
+        if self.services.is_listed() && self.slices.is_listed() {
+            self.synced = true;
+            return vec![SourceEvent::Snapshot(self.snapshot())];
+        }
+        Vec::new()
+    }
+
+    /// Applies a Service watcher event.
+    pub fn on_service(&mut self, event: Event<Service>) -> Vec<SourceEvent> {
+        let events = self
+            .services
+            .apply(event)
+            .into_iter()
+            .map(|c| match c {
+                StoreChange::Upsert(s) => SourceEvent::ServiceUpsert(s),
+                StoreChange::Delete(s) => SourceEvent::ServiceDelete(s),
+            })
+            .collect();
+        self.after_change(events)
+    }
+
+    /// Applies an EndpointSlice watcher event.
+    pub fn on_slice(&mut self, event: Event<EndpointSlice>) -> Vec<SourceEvent> {
+        let events = self
+            .slices
+            .apply(event)
+            .into_iter()
+            .map(|c| match c {
+                StoreChange::Upsert(s) => SourceEvent::SliceUpsert(s),
+                StoreChange::Delete(s) => SourceEvent::SliceDelete(s),
+            })
+            .collect();
+        self.after_change(events)
+    }
+
+    /// Applies a Node watcher event.
+    pub fn on_node(&mut self, event: Event<Node>) -> Vec<SourceEvent> {
+        let changed = !self.nodes.apply(event).is_empty();
+        let events = if changed {
+            vec![SourceEvent::NodeUpdate(
+                self.nodes.objects().values().next().cloned(),
+            )]
+        } else {
+            Vec::new()
+        };
+        self.after_change(events)
+    }
+}
+
+/// Settings of the Kubernetes source.
+#[derive(Debug, Clone)]
+pub struct KubeSourceConfig {
+    /// This node's name.
+    pub hostname: String,
+}
+
+fn watch_stream<K>(
+    api: Api<K>,
+    config: watcher::Config,
+) -> impl Stream<Item = watcher::Result<Event<K>>> + Send
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+{
+    make_watcher(api, config).default_backoff()
+}
+
+/// Starts the watchers. Watch errors (API outages, expired resource versions) are logged and
+/// retried with backoff; the stores keep their objects meanwhile.
+pub fn spawn(client: kube::Client, config: KubeSourceConfig) -> SourceHandle {
+    let (tx, rx) = mpsc::channel(EVENT_CHANNEL_CAPACITY);
+    let (synced_tx, synced_rx) = watch::channel(false);
+    let services = watch_stream(
+        Api::<Service>::all(client.clone()),
+        watcher::Config::default().labels(PROXIED_OBJECTS_SELECTOR),
+    );
+    let slices = watch_stream(
+        Api::<EndpointSlice>::all(client.clone()),
+        watcher::Config::default().labels(PROXIED_OBJECTS_SELECTOR),
+    );
+    let nodes = watch_stream(
+        Api::<Node>::all(client),
+        watcher::Config::default().fields(&format!("metadata.name={}", config.hostname)),
+    );
+    let task = tokio::spawn(run(services, slices, nodes, tx, synced_tx));
+    SourceHandle {
+        events: rx,
+        synced: synced_rx,
+        task,
+    }
+}
+
+fn log_watch_error(kind: &'static str, error: &watcher::Error) {
+    tracing::warn!(kind, %error, "watch failed; retrying with backoff, keeping known objects");
+    crate::metrics::record_watch_error(kind);
+}
+
+async fn run(
+    services: impl Stream<Item = watcher::Result<Event<Service>>> + Send,
+    slices: impl Stream<Item = watcher::Result<Event<EndpointSlice>>> + Send,
+    nodes: impl Stream<Item = watcher::Result<Event<Node>>> + Send,
+    tx: mpsc::Sender<SourceEvent>,
+    synced: watch::Sender<bool>,
+) {
+    let mut services = std::pin::pin!(services);
+    let mut slices = std::pin::pin!(slices);
+    let mut nodes = std::pin::pin!(nodes);
+    let mut state = KubeSourceState::default();
+    loop {
+        let events = tokio::select! {
+            Some(ev) = services.next() => match ev {
+                Ok(ev) => state.on_service(ev),
+                Err(e) => { log_watch_error("Service", &e); continue; }
+            },
+            Some(ev) = slices.next() => match ev {
+                Ok(ev) => state.on_slice(ev),
+                Err(e) => { log_watch_error("EndpointSlice", &e); continue; }
+            },
+            Some(ev) = nodes.next() => match ev {
+                Ok(ev) => state.on_node(ev),
+                Err(e) => { log_watch_error("Node", &e); continue; }
+            },
+            else => return,
+        };
+        let became_synced = state.is_synced() && !*synced.borrow();
+        for event in events {
+            tracing::debug!(event = %event.describe(), "kube source");
+            if tx.send(event).await.is_err() {
+                return; // the daemon is gone
+            }
+        }
+        if became_synced {
+            tracing::info!(
+                services = state.services.objects().len(),
+                endpoint_slices = state.slices.objects().len(),
+                "Services and EndpointSlices synced"
+            );
+            synced.send_replace(true);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    use super::*;
+
+    fn svc(name: &str, rv: &str) -> Service {
+        Service {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("ns".into()),
+                resource_version: Some(rv.into()),
+                ..ObjectMeta::default()
+            },
+            ..Service::default()
+        }
+    }
+
+    fn slice(name: &str, rv: &str) -> EndpointSlice {
+        EndpointSlice {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("ns".into()),
+                resource_version: Some(rv.into()),
+                ..ObjectMeta::default()
+            },
+            address_type: "IPv4".into(),
+            ..EndpointSlice::default()
+        }
+    }
+
+    fn names(events: &[SourceEvent]) -> Vec<String> {
+        events.iter().map(SourceEvent::describe).collect()
+    }
+
+    #[test]
+    fn nothing_is_sent_until_services_and_slices_have_listed() {
+        let mut st = KubeSourceState::default();
+        assert!(st.on_service(Event::Init).is_empty());
+        assert!(st.on_service(Event::InitApply(svc("a", "1"))).is_empty());
+        assert!(
+            st.on_service(Event::InitDone).is_empty(),
+            "slices not listed yet"
+        );
+        assert!(st.on_service(Event::Apply(svc("b", "2"))).is_empty());
+        assert!(st.on_node(Event::Apply(Node::default())).is_empty());
+        assert!(!st.is_synced());
+        assert!(st.on_slice(Event::Init).is_empty());
+        assert!(st.on_slice(Event::InitApply(slice("a-1", "3"))).is_empty());
+        let events = st.on_slice(Event::InitDone);
+        assert!(st.is_synced());
+        assert_eq!(events.len(), 1);
+        match &events[0] {
+            SourceEvent::Snapshot(s) => {
+                assert_eq!(s.services.len(), 2);
+                assert_eq!(s.endpoint_slices.len(), 1);
+                assert!(s.node.is_some());
+            }
+            other => panic!("expected snapshot, got {}", other.describe()),
+        }
+        // After sync: incremental events.
+        let events = st.on_service(Event::Apply(svc("c", "4")));
+        assert_eq!(names(&events), vec!["service upsert ns/c"]);
+        let events = st.on_slice(Event::Delete(slice("a-1", "5")));
+        assert_eq!(names(&events), vec!["slice delete ns/a-1"]);
+    }
+
+    #[test]
+    fn relist_is_atomic_and_reported_as_a_diff() {
+        let mut store = ObjectStore::<Service>::default();
+        store.apply(Event::Init);
+        store.apply(Event::InitApply(svc("keep", "1")));
+        store.apply(Event::InitApply(svc("change", "1")));
+        store.apply(Event::InitApply(svc("gone", "1")));
+        assert_eq!(store.apply(Event::InitDone).len(), 3);
+
+        // A relist starts (watch restarted after 410 Gone): the store keeps everything while
+        // the list is in progress...
+        store.apply(Event::Init);
+        store.apply(Event::InitApply(svc("keep", "1")));
+        assert_eq!(store.objects().len(), 3, "no object forgotten mid-relist");
+        // ...the relist fails midway and starts over: still nothing lost.
+        store.apply(Event::Init);
+        assert_eq!(store.objects().len(), 3);
+        store.apply(Event::InitApply(svc("keep", "1")));
+        store.apply(Event::InitApply(svc("change", "7")));
+        store.apply(Event::InitApply(svc("new", "8")));
+        let changes = store.apply(Event::InitDone);
+        let mut described: Vec<String> = changes
+            .iter()
+            .map(|c| match c {
+                StoreChange::Upsert(s) => format!("upsert {}", ObjectKey::of(&s.metadata)),
+                StoreChange::Delete(s) => format!("delete {}", ObjectKey::of(&s.metadata)),
+            })
+            .collect();
+        described.sort();
+        assert_eq!(
+            described,
+            vec!["delete ns/gone", "upsert ns/change", "upsert ns/new"]
+        );
+        assert_eq!(store.objects().len(), 3);
+    }
+
+    #[test]
+    fn unchanged_resource_version_is_not_a_change() {
+        let mut store = ObjectStore::<Service>::default();
+        store.apply(Event::Init);
+        store.apply(Event::InitDone);
+        assert_eq!(store.apply(Event::Apply(svc("a", "1"))).len(), 1);
+        assert!(store.apply(Event::Apply(svc("a", "1"))).is_empty());
+        assert_eq!(store.apply(Event::Apply(svc("a", "2"))).len(), 1);
+    }
+
+    #[test]
+    fn delete_reports_the_last_known_state() {
+        let mut store = ObjectStore::<Service>::default();
+        let mut known = svc("a", "1");
+        known.spec = Some(k8s_openapi::api::core::v1::ServiceSpec {
+            cluster_ip: Some("10.96.0.9".into()),
+            ..Default::default()
+        });
+        store.apply(Event::Apply(known));
+        // A delete event may carry a stripped object; the store's copy is reported.
+        let changes = store.apply(Event::Delete(svc("a", "2")));
+        match &changes[..] {
+            [StoreChange::Delete(s)] => assert_eq!(
+                s.spec.as_ref().and_then(|s| s.cluster_ip.as_deref()),
+                Some("10.96.0.9")
+            ),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn node_relist_without_the_node_reports_deletion() {
+        let mut st = KubeSourceState::default();
+        st.on_service(Event::Init);
+        st.on_service(Event::InitDone);
+        st.on_slice(Event::Init);
+        st.on_slice(Event::InitDone);
+        let mut node = Node::default();
+        node.metadata.name = Some("node-a".into());
+        node.metadata.resource_version = Some("1".into());
+        assert_eq!(
+            names(&st.on_node(Event::Apply(node))),
+            vec!["node update node-a"]
+        );
+        st.on_node(Event::Init);
+        assert_eq!(names(&st.on_node(Event::InitDone)), vec!["node deleted"]);
+    }
+}

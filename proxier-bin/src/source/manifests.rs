@@ -1,0 +1,382 @@
+//! Parsing Kubernetes manifests as `kubectl get -o yaml` writes them: one or more YAML
+//! documents separated by `---`, each an object or a `kind: List` with `items`. A document
+//! that cannot be read is reported and skipped; the others are kept.
+
+use std::fmt;
+
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use serde::de::DeserializeOwned;
+use serde_yaml::Value;
+
+/// Where an object sits in the file: document index (from 0) and, inside a list, item index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ManifestPosition {
+    /// Index of the YAML document in the file, from 0.
+    pub document: usize,
+    /// Index in the document's `items`, when the document is a list.
+    pub item: Option<usize>,
+}
+
+impl fmt::Display for ManifestPosition {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.item {
+            Some(item) => write!(f, "document {} item {}", self.document, item),
+            None => write!(f, "document {}", self.document),
+        }
+    }
+}
+
+/// A problem with one document or list item. The rest of the file is still used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ManifestProblem {
+    /// Not valid YAML.
+    Syntax {
+        /// Where.
+        at: ManifestPosition,
+        /// The parser's message.
+        message: String,
+    },
+    /// An object of a supported kind that does not match its schema.
+    Invalid {
+        /// Where.
+        at: ManifestPosition,
+        /// Kind of the object.
+        kind: String,
+        /// Its name (or `<unnamed>`).
+        name: String,
+        /// The parser's message.
+        message: String,
+    },
+    /// A kind ipvs-proxier does not use (Deployment, ConfigMap, ...); skipped.
+    UnknownKind {
+        /// Where.
+        at: ManifestPosition,
+        /// apiVersion as written.
+        api_version: String,
+        /// kind as written.
+        kind: String,
+        /// Its name (or `<unnamed>`).
+        name: String,
+    },
+}
+
+impl ManifestProblem {
+    /// Whether this is only an object ipvs-proxier does not use, not an error.
+    pub fn is_unknown_kind(&self) -> bool {
+        matches!(self, ManifestProblem::UnknownKind { .. })
+    }
+}
+
+impl fmt::Display for ManifestProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ManifestProblem::Syntax { at, message } => write!(f, "{at}: invalid YAML: {message}"),
+            ManifestProblem::Invalid {
+                at,
+                kind,
+                name,
+                message,
+            } => write!(f, "{at}: {kind} {name:?} is invalid: {message}"),
+            ManifestProblem::UnknownKind {
+                at,
+                api_version,
+                kind,
+                name,
+            } => write!(
+                f,
+                "{at}: skipping {api_version} {kind} {name:?} (not used by ipvs-proxier)"
+            ),
+        }
+    }
+}
+
+/// The objects found in a file, in file order, and the problems met.
+#[derive(Debug, Clone, Default)]
+pub struct Manifests {
+    /// Services.
+    pub services: Vec<Service>,
+    /// EndpointSlices.
+    pub endpoint_slices: Vec<EndpointSlice>,
+    /// Nodes.
+    pub nodes: Vec<Node>,
+    /// Documents or items that were skipped, and why.
+    pub problems: Vec<ManifestProblem>,
+}
+
+/// Splits a YAML stream into its documents' text at `---` lines (a `...` line ends a document).
+/// Splitting before parsing keeps a syntax error inside its own document.
+fn split_documents(text: &str) -> Vec<String> {
+    let mut docs = Vec::new();
+    let mut current = String::new();
+    let mut seen_marker_or_content = false;
+    for line in text.lines() {
+        let is_start = line == "---" || line.starts_with("--- ") || line.starts_with("---\t");
+        if is_start {
+            if seen_marker_or_content {
+                docs.push(std::mem::take(&mut current));
+            }
+            seen_marker_or_content = true;
+            // Content after the marker on the same line belongs to the new document.
+            current.push_str(line[3..].trim_start());
+            current.push('\n');
+            continue;
+        }
+        if line == "..." {
+            docs.push(std::mem::take(&mut current));
+            seen_marker_or_content = false;
+            continue;
+        }
+        if !line.trim().is_empty() && !line.trim_start().starts_with('#') {
+            seen_marker_or_content = true;
+        }
+        current.push_str(line);
+        current.push('\n');
+    }
+    if seen_marker_or_content {
+        docs.push(current);
+    }
+    docs
+}
+
+fn str_field<'a>(value: &'a Value, key: &str) -> Option<&'a str> {
+    value.get(key).and_then(Value::as_str)
+}
+
+fn object_name(value: &Value) -> String {
+    value
+        .get("metadata")
+        .and_then(|m| {
+            let name = m.get("name").and_then(Value::as_str)?;
+            Some(match m.get("namespace").and_then(Value::as_str) {
+                Some(ns) => format!("{ns}/{name}"),
+                None => name.to_owned(),
+            })
+        })
+        .unwrap_or_else(|| "<unnamed>".to_owned())
+}
+
+fn decode<T: DeserializeOwned>(
+    value: Value,
+    at: ManifestPosition,
+    kind: &str,
+    name: &str,
+    problems: &mut Vec<ManifestProblem>,
+) -> Option<T> {
+    match serde_yaml::from_value::<T>(value) {
+        Ok(obj) => Some(obj),
+        Err(e) => {
+            problems.push(ManifestProblem::Invalid {
+                at,
+                kind: kind.to_owned(),
+                name: name.to_owned(),
+                message: e.to_string(),
+            });
+            None
+        }
+    }
+}
+
+/// Namespaced objects written without a namespace land in `default`, as `kubectl apply` does.
+fn default_namespace(meta: &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) {
+    if meta.namespace.as_deref().is_none_or(str::is_empty) {
+        meta.namespace = Some("default".to_owned());
+    }
+}
+
+impl Manifests {
+    fn add_object(&mut self, value: Value, at: ManifestPosition) {
+        let api_version = str_field(&value, "apiVersion").unwrap_or("").to_owned();
+        let kind = str_field(&value, "kind").unwrap_or("").to_owned();
+        let name = object_name(&value);
+        match (api_version.as_str(), kind.as_str()) {
+            ("v1", "Service") => {
+                if let Some(mut svc) =
+                    decode::<Service>(value, at, &kind, &name, &mut self.problems)
+                {
+                    default_namespace(&mut svc.metadata);
+                    self.services.push(svc);
+                }
+            }
+            ("discovery.k8s.io/v1", "EndpointSlice") => {
+                if let Some(mut slice) =
+                    decode::<EndpointSlice>(value, at, &kind, &name, &mut self.problems)
+                {
+                    default_namespace(&mut slice.metadata);
+                    self.endpoint_slices.push(slice);
+                }
+            }
+            ("v1", "Node") => {
+                if let Some(node) = decode::<Node>(value, at, &kind, &name, &mut self.problems) {
+                    self.nodes.push(node);
+                }
+            }
+            _ => self.problems.push(ManifestProblem::UnknownKind {
+                at,
+                api_version,
+                kind,
+                name,
+            }),
+        }
+    }
+}
+
+/// Parses a multi-document YAML text. Never fails as a whole: bad documents are listed in
+/// [`Manifests::problems`].
+pub fn parse_manifests(text: &str) -> Manifests {
+    let mut out = Manifests::default();
+    for (document, doc_text) in split_documents(text).iter().enumerate() {
+        let at = ManifestPosition {
+            document,
+            item: None,
+        };
+        let value: Value = match serde_yaml::from_str(doc_text) {
+            Ok(v) => v,
+            Err(e) => {
+                out.problems.push(ManifestProblem::Syntax {
+                    at,
+                    message: e.to_string(),
+                });
+                continue;
+            }
+        };
+        if value.is_null() {
+            continue;
+        }
+        let kind = str_field(&value, "kind").unwrap_or("");
+        let is_list = kind == "List" || (kind.ends_with("List") && value.get("items").is_some());
+        if is_list {
+            match value.get("items") {
+                Some(Value::Sequence(items)) => {
+                    for (item, obj) in items.iter().enumerate() {
+                        out.add_object(
+                            obj.clone(),
+                            ManifestPosition {
+                                document,
+                                item: Some(item),
+                            },
+                        );
+                    }
+                }
+                Some(Value::Null) | None => {}
+                Some(_) => out.problems.push(ManifestProblem::Invalid {
+                    at,
+                    kind: kind.to_owned(),
+                    name: object_name(&value),
+                    message: "items is not a list".to_owned(),
+                }),
+            }
+        } else {
+            out.add_object(value, at);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SVC: &str = "apiVersion: v1\nkind: Service\nmetadata:\n  name: web\n  namespace: shop\nspec:\n  clusterIP: 10.96.0.20\n  ports:\n  - port: 80\n    protocol: TCP\n    targetPort: 8080\n";
+    const SLICE: &str = "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\naddressType: IPv4\nmetadata:\n  name: web-abc12\n  namespace: shop\n  labels:\n    kubernetes.io/service-name: web\nendpoints:\n- addresses: [10.244.1.5]\n  conditions: {ready: true}\nports:\n- port: 8080\n  protocol: TCP\n";
+
+    #[test]
+    fn multi_document_file() {
+        let text = format!("---\n{SVC}---\n{SLICE}\n---\n# only a comment\n");
+        let m = parse_manifests(&text);
+        assert!(m.problems.is_empty(), "{:?}", m.problems);
+        assert_eq!(m.services.len(), 1);
+        assert_eq!(m.endpoint_slices.len(), 1);
+        let svc = &m.services[0];
+        assert_eq!(svc.metadata.name.as_deref(), Some("web"));
+        let spec = svc.spec.as_ref().expect("spec");
+        assert_eq!(spec.cluster_ip.as_deref(), Some("10.96.0.20"));
+        let slice = &m.endpoint_slices[0];
+        assert_eq!(slice.address_type, "IPv4");
+        let endpoints = slice.endpoints.as_ref().expect("endpoints");
+        assert_eq!(endpoints[0].addresses, vec!["10.244.1.5".to_owned()]);
+    }
+
+    #[test]
+    fn kubectl_list_output() {
+        let text = "apiVersion: v1\nitems:\n- apiVersion: v1\n  kind: Service\n  metadata:\n    name: a\n    namespace: default\n  spec:\n    clusterIP: 10.96.0.1\n- apiVersion: v1\n  kind: Node\n  metadata:\n    name: node-a\n- apiVersion: apps/v1\n  kind: Deployment\n  metadata:\n    name: d\nkind: List\nmetadata:\n  resourceVersion: \"\"\n";
+        let m = parse_manifests(text);
+        assert_eq!(m.services.len(), 1);
+        assert_eq!(m.nodes.len(), 1);
+        assert_eq!(m.problems.len(), 1);
+        assert!(m.problems[0].is_unknown_kind());
+        assert_eq!(
+            m.problems[0].to_string(),
+            "document 0 item 2: skipping apps/v1 Deployment \"d\" (not used by ipvs-proxier)"
+        );
+    }
+
+    #[test]
+    fn typed_list_kind_is_a_list_too() {
+        let text = "apiVersion: v1\nkind: ServiceList\nitems:\n- apiVersion: v1\n  kind: Service\n  metadata: {name: a, namespace: x}\n";
+        let m = parse_manifests(text);
+        assert_eq!(m.services.len(), 1);
+    }
+
+    #[test]
+    fn malformed_documents_are_isolated() {
+        let broken_yaml = "apiVersion: v1\nkind: Service\nmetadata: {name: [oops\n";
+        let bad_schema = "apiVersion: v1\nkind: Service\nmetadata:\n  name: bad\n  namespace: shop\nspec:\n  ports: 80\n";
+        let text = format!("{SVC}---\n{broken_yaml}---\n{bad_schema}---\n{SLICE}");
+        let m = parse_manifests(&text);
+        assert_eq!(m.services.len(), 1, "the good service survives");
+        assert_eq!(
+            m.endpoint_slices.len(),
+            1,
+            "the slice after the bad ones survives"
+        );
+        assert_eq!(m.problems.len(), 2, "{:?}", m.problems);
+        assert!(matches!(
+            &m.problems[0],
+            ManifestProblem::Syntax {
+                at: ManifestPosition {
+                    document: 1,
+                    item: None
+                },
+                ..
+            }
+        ));
+        match &m.problems[1] {
+            ManifestProblem::Invalid { at, kind, name, .. } => {
+                assert_eq!(at.document, 2);
+                assert_eq!(kind, "Service");
+                assert_eq!(name, "shop/bad");
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        assert!(m.problems[1].to_string().contains("document 2"));
+    }
+
+    #[test]
+    fn unsupported_api_version_is_skipped() {
+        let text = SLICE.replace("discovery.k8s.io/v1", "discovery.k8s.io/v1beta1");
+        let m = parse_manifests(&text);
+        assert!(m.endpoint_slices.is_empty());
+        assert!(m.problems[0].is_unknown_kind());
+    }
+
+    #[test]
+    fn missing_namespace_defaults() {
+        let m = parse_manifests("apiVersion: v1\nkind: Service\nmetadata:\n  name: x\n");
+        assert_eq!(m.services[0].metadata.namespace.as_deref(), Some("default"));
+    }
+
+    #[test]
+    fn document_markers() {
+        assert_eq!(split_documents("").len(), 0);
+        assert_eq!(split_documents("a: 1\n").len(), 1);
+        assert_eq!(split_documents("---\na: 1\n---\nb: 2\n").len(), 2);
+        assert_eq!(split_documents("a: 1\n...\n---\nb: 2\n").len(), 2);
+        assert_eq!(
+            split_documents("--- {a: 1}\n--- {b: 2}\n"),
+            vec!["{a: 1}\n", "{b: 2}\n"]
+        );
+        // A block scalar's indented content that looks like a marker is not one.
+        assert_eq!(split_documents("a: |\n  ---\n  x\n").len(), 1);
+    }
+}
