@@ -6,7 +6,7 @@
 //! connections: their weight goes to 0 and they join the [`DrainQueue`] until their
 //! connections end or the drain bound passes.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::IpAddr;
 use std::ops::RangeInclusive;
 use std::time::Duration;
@@ -17,7 +17,8 @@ use tokio::time::Instant;
 
 use crate::backend::IpvsOp;
 use crate::desired::{
-    Desired, Protocol, RealServerKey, ServicePortName, VirtualServer, VirtualServerKey,
+    Desired, Protocol, RealServerKey, ServicePortName, ServicePortPlan, VirtualServer,
+    VirtualServerKey,
 };
 use crate::drain::DrainQueue;
 use crate::observed::{Observed, ObservedVirtualServer, VirtualServerSettings};
@@ -33,6 +34,8 @@ pub struct Scope<'a> {
     pub node_port_addresses: &'a BTreeSet<IpAddr>,
     /// Ports of NodePort virtual servers (`None`: any port on a node-port address).
     pub node_port_range: Option<&'a RangeInclusive<u16>>,
+    /// Virtual servers the proxier planned before (in this process): still its own.
+    pub previously_planned: &'a HashSet<VirtualServerKey>,
 }
 
 impl Scope<'_> {
@@ -46,7 +49,7 @@ impl Scope<'_> {
         if self.is_excluded(key.address) {
             return false;
         }
-        if self.link_addresses.contains(&key.address) {
+        if self.link_addresses.contains(&key.address) || self.previously_planned.contains(key) {
             return true;
         }
         self.node_port_addresses.contains(&key.address)
@@ -229,37 +232,51 @@ pub struct Diff {
     pub rejected: Vec<Rejection>,
 }
 
+/// Whether the virtual server at `key` of `plan` needs its address bound on the dummy link.
+pub fn binds_address(plan: &ServicePortPlan, key: &VirtualServerKey, vs: &VirtualServer) -> bool {
+    vs.role.binds_address() && !plan.node_owned_addresses.contains(&key.address)
+}
+
+/// A planned virtual server with the service port that owns it.
+#[derive(Debug, Clone, Copy)]
+pub struct Winner<'d> {
+    /// The owning service port.
+    pub service: &'d ServicePortName,
+    /// Its plan.
+    pub plan: &'d ServicePortPlan,
+    /// The virtual server.
+    pub vs: &'d VirtualServer,
+}
+
 /// Which service port owns each planned virtual server: the first by
 /// [`ServicePortName`] order among those planning it. Excluded and losing
 /// claims are returned as rejections.
 pub fn winners<'d>(
     desired: &'d Desired,
     scope: &Scope<'_>,
-) -> (
-    BTreeMap<VirtualServerKey, (&'d ServicePortName, &'d VirtualServer)>,
-    Vec<Rejection>,
-) {
-    let mut won = BTreeMap::new();
+) -> (BTreeMap<VirtualServerKey, Winner<'d>>, Vec<Rejection>) {
+    let mut won: BTreeMap<VirtualServerKey, Winner<'d>> = BTreeMap::new();
     let mut rejected = Vec::new();
-    for (service, key, vs) in desired.virtual_servers() {
-        if scope.is_excluded(key.address) {
-            rejected.push(Rejection::Excluded {
-                service: service.clone(),
-                key: *key,
-            });
-            continue;
-        }
-        match won.entry(*key) {
-            std::collections::btree_map::Entry::Vacant(slot) => {
-                slot.insert((service, vs));
-            }
-            std::collections::btree_map::Entry::Occupied(taken) => {
-                let (winner, _): &(&ServicePortName, &VirtualServer) = taken.get();
-                rejected.push(Rejection::Conflict {
+    for (service, plan) in &desired.services {
+        for (key, vs) in &plan.virtual_servers {
+            if scope.is_excluded(key.address) {
+                rejected.push(Rejection::Excluded {
                     service: service.clone(),
                     key: *key,
-                    winner: (*winner).clone(),
                 });
+                continue;
+            }
+            match won.entry(*key) {
+                std::collections::btree_map::Entry::Vacant(slot) => {
+                    slot.insert(Winner { service, plan, vs });
+                }
+                std::collections::btree_map::Entry::Occupied(taken) => {
+                    rejected.push(Rejection::Conflict {
+                        service: service.clone(),
+                        key: *key,
+                        winner: taken.get().service.clone(),
+                    });
+                }
             }
         }
     }
@@ -282,18 +299,18 @@ pub fn diff(
     let (won, rejected) = winners(desired, scope);
     let mut changes = Changes::default();
     let mut wanted_addresses = BTreeSet::new();
-    for (key, (owner, vs)) in &won {
-        if vs.role.binds_address() {
+    for (key, winner) in &won {
+        if binds_address(winner.plan, key, winner.vs) {
             wanted_addresses.insert(key.address);
         }
-        if held(owner) {
+        if held(winner.service) {
             continue;
         }
         diff_virtual_server(
             key,
-            Some(vs),
+            Some(winner.vs),
             observed.virtual_servers.get(key),
-            Some(owner),
+            Some(winner.service),
             drains,
             policy,
             &mut changes,

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 use crate::backend::{AddressBackend, BackendError, IpvsBackend, IpvsOp, OpKind};
 use crate::desired::{
-    Desired, ServicePortName, VirtualServer, VirtualServerKey, VirtualServerRole,
+    Desired, ServicePortName, ServicePortPlan, VirtualServer, VirtualServerKey, VirtualServerRole,
 };
 use crate::diff::{self, Changes, DrainPolicy, OwnedOp, Rejection, Scope};
 use crate::drain::{DEFAULT_DRAIN_TIMEOUT, DrainQueue};
@@ -308,22 +308,20 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
             }
         }
 
-        let drift =
-            if self.synced {
-                let link_addresses: BTreeSet<IpAddr> = self
-                    .kernel
-                    .bound_addresses
-                    .union(&fresh.bound_addresses)
-                    .copied()
-                    .collect();
-                let scope = self.scope(&link_addresses);
-                let claimants = &self.claimants;
-                Some(self.kernel.count_differences(&fresh, |key| {
-                    claimants.contains_key(key) || scope.owns(key)
-                }))
-            } else {
-                None
-            };
+        let previously_planned: HashSet<VirtualServerKey> =
+            self.claimants.keys().copied().collect();
+        let drift = if self.synced {
+            let link_addresses: BTreeSet<IpAddr> = self
+                .kernel
+                .bound_addresses
+                .union(&fresh.bound_addresses)
+                .copied()
+                .collect();
+            let scope = self.scope(&link_addresses, &previously_planned);
+            Some(self.kernel.count_differences(&fresh, |key| scope.owns(key)))
+        } else {
+            None
+        };
         self.kernel = fresh;
         self.suspect.clear();
         let kernel = &self.kernel;
@@ -351,7 +349,7 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
             .collect();
 
         let policy = self.drain_policy(now);
-        let scope = self.scope(&self.kernel.bound_addresses);
+        let scope = self.scope(&self.kernel.bound_addresses, &previously_planned);
         let plan = diff::diff(desired, &self.kernel, &scope, &self.drains, &policy, |s| {
             held.contains(s)
         });
@@ -475,12 +473,17 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
         }
     }
 
-    fn scope<'s>(&'s self, link_addresses: &'s BTreeSet<IpAddr>) -> Scope<'s> {
+    fn scope<'s>(
+        &'s self,
+        link_addresses: &'s BTreeSet<IpAddr>,
+        previously_planned: &'s HashSet<VirtualServerKey>,
+    ) -> Scope<'s> {
         Scope {
             exclude_cidrs: &self.config.exclude_cidrs,
             link_addresses,
             node_port_addresses: &self.node_port_addresses,
             node_port_range: self.config.node_port_range.as_ref(),
+            previously_planned,
         }
     }
 
@@ -512,7 +515,7 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
                 let set = self.claimants.entry(*key).or_default();
                 let wins = set.is_empty();
                 set.insert(service.clone());
-                if wins && vs.role.binds_address() && !self.is_excluded(key.address) {
+                if wins && diff::binds_address(plan, key, vs) && !self.is_excluded(key.address) {
                     self.binders.entry(key.address).or_default().insert(*key);
                 }
             }
@@ -528,8 +531,17 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
         desired: &'d Desired,
         key: &VirtualServerKey,
     ) -> Option<&'d VirtualServer> {
+        self.planned_with_plan(desired, key).map(|(_, vs)| vs)
+    }
+
+    fn planned_with_plan<'d>(
+        &self,
+        desired: &'d Desired,
+        key: &VirtualServerKey,
+    ) -> Option<(&'d ServicePortPlan, &'d VirtualServer)> {
         let winner = self.winner(key)?;
-        desired.services.get(winner)?.virtual_servers.get(key)
+        let plan = desired.services.get(winner)?;
+        Some((plan, plan.virtual_servers.get(key)?))
     }
 
     async fn sync_keys(
@@ -612,10 +624,11 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
                     .collect();
                 self.rejections.insert(*key, rejected);
             }
-            let planned = self.planned(desired, key);
-            if planned.is_some_and(|vs| vs.role.binds_address()) {
+            let planned_with_plan = self.planned_with_plan(desired, key);
+            if planned_with_plan.is_some_and(|(plan, vs)| diff::binds_address(plan, key, vs)) {
                 self.binders.entry(key.address).or_default().insert(*key);
             }
+            let planned = planned_with_plan.map(|(_, vs)| vs);
             if unreadable.contains(key) {
                 continue;
             }
@@ -897,3 +910,6 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
         self.stats.last_errors = errors;
     }
 }
+
+#[cfg(test)]
+mod tests;
