@@ -1,0 +1,189 @@
+//! The deployment kit parses as Kubernetes objects, and what it tells the daemon is something
+//! the daemon accepts: the container's flags, and the KubeProxyConfiguration in the ConfigMap.
+
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use serde::Deserialize;
+
+const KIT: &str = include_str!("../../deploy/kubernetes/ipvs-proxier.yaml");
+const ALERTS: &str = include_str!("../../deploy/kubernetes/alerts.yaml");
+const METRICS_DOC: &str = include_str!("../../docs/metrics.md");
+
+struct Kit {
+    service_account: ServiceAccount,
+    role: ClusterRole,
+    binding: ClusterRoleBinding,
+    config: ConfigMap,
+    daemon_set: DaemonSet,
+}
+
+fn documents(text: &str) -> Vec<serde_yaml::Value> {
+    serde_yaml::Deserializer::from_str(text)
+        .map(|doc| serde_yaml::Value::deserialize(doc).expect("every document is YAML"))
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+fn typed<T: serde::de::DeserializeOwned>(doc: &serde_yaml::Value) -> T {
+    serde_yaml::from_value(doc.clone()).expect("document parses as its Kubernetes type")
+}
+
+fn kit() -> Kit {
+    let mut sa = None;
+    let mut role = None;
+    let mut binding = None;
+    let mut config = None;
+    let mut ds = None;
+    for doc in documents(KIT) {
+        let kind = doc["kind"].as_str().expect("every document has a kind").to_owned();
+        match kind.as_str() {
+            "ServiceAccount" => sa = Some(typed(&doc)),
+            "ClusterRole" => role = Some(typed(&doc)),
+            "ClusterRoleBinding" => binding = Some(typed(&doc)),
+            "ConfigMap" => config = Some(typed(&doc)),
+            "DaemonSet" => ds = Some(typed(&doc)),
+            other => panic!("unexpected kind {other} in the kit"),
+        }
+    }
+    Kit {
+        service_account: sa.expect("a ServiceAccount"),
+        role: role.expect("a ClusterRole"),
+        binding: binding.expect("a ClusterRoleBinding"),
+        config: config.expect("a ConfigMap"),
+        daemon_set: ds.expect("a DaemonSet"),
+    }
+}
+
+fn grants(role: &ClusterRole, group: &str, resource: &str, verb: &str) -> bool {
+    role.rules.iter().flatten().any(|rule| {
+        rule.api_groups.iter().flatten().any(|g| g == group)
+            && rule.resources.iter().flatten().any(|r| r == resource)
+            && rule.verbs.iter().any(|v| v == verb)
+    })
+}
+
+#[test]
+fn rbac_lets_the_service_account_watch_what_the_daemon_watches() {
+    let kit = kit();
+    for (group, resource) in [
+        ("", "services"),
+        ("", "nodes"),
+        ("discovery.k8s.io", "endpointslices"),
+    ] {
+        for verb in ["list", "watch"] {
+            assert!(
+                grants(&kit.role, group, resource, verb),
+                "ClusterRole must grant {verb} on {group}/{resource}"
+            );
+        }
+    }
+    assert!(!grants(&kit.role, "", "services", "delete"), "read-only on services");
+    assert_eq!(
+        kit.binding.role_ref.name,
+        kit.role.metadata.name.clone().expect("role name")
+    );
+    let subject = &kit.binding.subjects.as_ref().expect("subjects")[0];
+    assert_eq!(subject.kind, "ServiceAccount");
+    assert_eq!(Some(&subject.name), kit.service_account.metadata.name.as_ref());
+    assert_eq!(subject.namespace, kit.service_account.metadata.namespace);
+}
+
+#[test]
+fn daemon_set_runs_on_the_host_network_with_the_service_account() {
+    let kit = kit();
+    let pod = kit.daemon_set.spec.template.spec.expect("pod spec");
+    assert_eq!(pod.host_network, Some(true), "a Service proxy programs the host's network");
+    assert_eq!(pod.service_account_name, kit.service_account.metadata.name);
+    assert_eq!(pod.priority_class_name.as_deref(), Some("system-node-critical"));
+    let container = &pod.containers[0];
+    let privileged = container
+        .security_context
+        .as_ref()
+        .and_then(|s| s.privileged)
+        .unwrap_or(false);
+    assert!(privileged, "IPVS, nftables and sysctls need a privileged container");
+    let probe = container.liveness_probe.as_ref().expect("liveness probe");
+    let http = probe.http_get.as_ref().expect("HTTP liveness probe");
+    assert_eq!(http.path.as_deref(), Some("/livez"));
+    // The mounted ConfigMap is the one in the kit.
+    let volumes = pod.volumes.expect("volumes");
+    let config_volume = volumes
+        .iter()
+        .find(|v| v.config_map.is_some())
+        .expect("a ConfigMap volume");
+    assert_eq!(
+        config_volume.config_map.as_ref().map(|c| c.name.as_str()),
+        kit.config.metadata.name.as_deref()
+    );
+}
+
+#[test]
+fn container_flags_and_config_file_are_accepted_by_the_daemon() {
+    let kit = kit();
+    let pod = kit.daemon_set.spec.template.spec.expect("pod spec");
+    let container = &pod.containers[0];
+    let mut argv = vec!["ipvs-proxier".to_owned()];
+    argv.extend(container.args.clone().unwrap_or_default());
+    let cli = proxier_bin::cli::Cli::try_parse_args(&argv)
+        .unwrap_or_else(|e| panic!("the DaemonSet's flags {argv:?} are rejected: {e}"));
+
+    let text = kit
+        .config
+        .data
+        .as_ref()
+        .and_then(|d| d.get("config.conf"))
+        .expect("config.conf in the ConfigMap");
+    let file = proxier_bin::config::parse_config(text, std::path::Path::new("config.conf"))
+        .expect("the ConfigMap holds a valid KubeProxyConfiguration");
+    assert!(
+        file.ignored_fields.is_empty(),
+        "every field the kit sets is one the daemon uses, ignored: {:?}",
+        file.ignored_fields
+    );
+    let settings = proxier_bin::settings::resolve(&cli, Some(&file), "node-a")
+        .expect("flags and file resolve to settings");
+    let port = |a: Option<std::net::SocketAddr>| a.map(|a| a.port());
+    assert_eq!(port(settings.healthz_bind_address), Some(10256));
+    assert_eq!(port(settings.metrics_bind_address), Some(10249));
+}
+
+#[test]
+fn alerts_and_dashboard_use_metrics_the_daemon_exports() {
+    // Every metric name the alerts and the dashboard list must be one the daemon registers.
+    use proxier_bin::metrics as m;
+    let exported = [
+        m::SYNC_PROXY_RULES_DURATION,
+        m::SYNC_PROXY_RULES_LAST_TIMESTAMP,
+        m::NETWORK_PROGRAMMING_DURATION,
+        m::ENDPOINT_CHANGES_PENDING,
+        m::ENDPOINT_CHANGES_TOTAL,
+        m::SERVICE_CHANGES_PENDING,
+        m::SERVICE_CHANGES_TOTAL,
+        m::NO_LOCAL_ENDPOINTS_TOTAL,
+        m::VIRTUAL_SERVERS,
+        m::REAL_SERVERS,
+        m::BOUND_ADDRESSES,
+        m::NETLINK_OPERATIONS_TOTAL,
+        m::GRACEFUL_DRAIN_QUEUE_LENGTH,
+        m::FULL_RESYNC_DRIFT_REPAIRED,
+    ];
+    let mut checked = 0;
+    for text in [ALERTS, METRICS_DOC] {
+        for word in text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+            let base = word
+                .strip_suffix("_bucket")
+                .or_else(|| word.strip_suffix("_count"))
+                .or_else(|| word.strip_suffix("_sum"))
+                .unwrap_or(word);
+            if base.starts_with("kubeproxy_") || base.starts_with("ipvs_proxier_") {
+                assert!(exported.contains(&base), "{base} is not exported by the daemon");
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 10, "expected the docs to name the metrics, found {checked}");
+    let alerts = documents(ALERTS);
+    assert_eq!(alerts.len(), 1);
+    assert_eq!(alerts[0]["kind"].as_str(), Some("PrometheusRule"));
+}
