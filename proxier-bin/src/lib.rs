@@ -5,6 +5,7 @@
 pub mod cli;
 pub mod config;
 pub mod go_duration;
+pub mod health;
 pub mod http_server;
 pub mod metrics;
 pub mod settings;

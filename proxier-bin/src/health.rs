@@ -1,0 +1,546 @@
+//! Health endpoints, as kube-proxy serves them:
+//! - the proxier's `/healthz` and `/livez` on `--healthz-bind-address` ([`ProxyHealth`],
+//!   [`serve_proxy_health`]): unhealthy (503) once a queued change has waited longer than the
+//!   health timeout (2 × sync period) without a successful sync; `/healthz` is also 503 while
+//!   the node is being deleted or carries the cluster autoscaler's `ToBeDeletedByClusterAutoscaler`
+//!   taint;
+//! - one health-check node port per `externalTrafficPolicy: Local` Service
+//!   ([`ServiceHealthServers`]): 200 while the node has a local endpoint and the proxier is
+//!   healthy, 503 otherwise, so load balancers skip nodes without endpoints.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use http::StatusCode;
+use k8s_openapi::api::core::v1::Node;
+
+use crate::http_server::{BindError, Handler, HttpServer, not_found, response};
+use crate::source::ObjectKey;
+
+/// Taint the cluster autoscaler puts on a node it is about to delete.
+pub const TO_BE_DELETED_TAINT: &str = "ToBeDeletedByClusterAutoscaler";
+
+/// Formats a time the way Go's `time.Time.String()` prints a UTC time
+/// (`2006-01-02 15:04:05.999999999 +0000 UTC`); `None` is Go's zero time.
+pub fn format_go_time(t: Option<SystemTime>) -> String {
+    let Some(t) = t else {
+        return "0001-01-01 00:00:00 +0000 UTC".to_owned();
+    };
+    let since = t.duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO);
+    let secs = since.as_secs();
+    let nanos = since.subsec_nanos();
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    let (year, month, day) = civil_from_days(days);
+    let mut out = format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}",
+        rem / 3600,
+        (rem / 60) % 60,
+        rem % 60
+    );
+    if nanos != 0 {
+        let frac = format!("{nanos:09}");
+        out.push('.');
+        out.push_str(frac.trim_end_matches('0'));
+    }
+    out.push_str(" +0000 UTC");
+    out
+}
+
+/// Days since 1970-01-01 to (year, month, day) in the proleptic Gregorian calendar.
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
+#[derive(Debug)]
+struct HealthState {
+    last_updated: Option<SystemTime>,
+    oldest_pending: Option<SystemTime>,
+    node_eligible: bool,
+}
+
+/// The proxier's health, shared between the sync runner (which reports queued changes and
+/// finished syncs) and the health servers. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct ProxyHealth {
+    timeout: Duration,
+    state: Arc<Mutex<HealthState>>,
+}
+
+/// What a health endpoint answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HealthAnswer {
+    /// 200 or 503.
+    pub status: StatusCode,
+    /// The JSON body.
+    pub body: String,
+}
+
+impl ProxyHealth {
+    /// Health with the given timeout (use [`crate::settings::Settings::health_timeout`]).
+    /// The node counts as eligible until a Node object says otherwise.
+    pub fn new(timeout: Duration) -> ProxyHealth {
+        ProxyHealth {
+            timeout,
+            state: Arc::new(Mutex::new(HealthState {
+                last_updated: None,
+                oldest_pending: None,
+                node_eligible: true,
+            })),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HealthState> {
+        // A panic while holding this lock cannot leave the plain data inconsistent.
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A change arrived that needs a sync. Only the oldest unsynced change counts.
+    pub fn queued_update(&self, now: SystemTime) {
+        let mut st = self.lock();
+        st.oldest_pending.get_or_insert(now);
+    }
+
+    /// A sync succeeded: everything queued before it is programmed.
+    pub fn updated(&self, now: SystemTime) {
+        let mut st = self.lock();
+        st.oldest_pending = None;
+        st.last_updated = Some(now);
+    }
+
+    /// Takes this node's state into account: not eligible while being deleted or tainted
+    /// `ToBeDeletedByClusterAutoscaler`.
+    pub fn sync_node(&self, node: &Node) {
+        let being_deleted = node.metadata.deletion_timestamp.is_some();
+        let tainted = node
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .is_some_and(|taints| taints.iter().any(|t| t.key == TO_BE_DELETED_TAINT));
+        self.lock().node_eligible = !being_deleted && !tainted;
+    }
+
+    /// Whether the node is eligible for traffic.
+    pub fn node_eligible(&self) -> bool {
+        self.lock().node_eligible
+    }
+
+    /// Whether the proxier is healthy at `now`, and the time of its last successful sync.
+    /// Healthy while starting (no sync yet), while nothing is queued, or while the oldest
+    /// queued change is younger than the timeout.
+    pub fn is_healthy(&self, now: SystemTime) -> (bool, Option<SystemTime>) {
+        let st = self.lock();
+        let Some(last_updated) = st.last_updated else {
+            return (true, None);
+        };
+        let healthy = match st.oldest_pending {
+            None => true,
+            Some(queued) => now.duration_since(queued).unwrap_or(Duration::ZERO) < self.timeout,
+        };
+        (healthy, Some(last_updated))
+    }
+
+    fn answer(&self, now: SystemTime, with_node: bool) -> HealthAnswer {
+        let (mut healthy, mut last_updated) = self.is_healthy(now);
+        let eligible = self.node_eligible();
+        if with_node {
+            healthy = healthy && eligible;
+        }
+        // As kube-proxy: a healthy answer reports lastUpdated as now.
+        if healthy {
+            last_updated = Some(now);
+        }
+        let last = json_string(&format_go_time(last_updated));
+        let current = json_string(&format_go_time(Some(now)));
+        let body = if with_node {
+            format!(
+                r#"{{"lastUpdated": {last},"currentTime": {current}, "nodeEligible": {eligible}}}"#
+            )
+        } else {
+            format!(r#"{{"lastUpdated": {last},"currentTime": {current}}}"#)
+        };
+        HealthAnswer {
+            status: if healthy {
+                StatusCode::OK
+            } else {
+                StatusCode::SERVICE_UNAVAILABLE
+            },
+            body,
+        }
+    }
+
+    /// The `/healthz` answer at `now` (proxier health and node eligibility).
+    pub fn healthz(&self, now: SystemTime) -> HealthAnswer {
+        self.answer(now, true)
+    }
+
+    /// The `/livez` answer at `now` (proxier health only).
+    pub fn livez(&self, now: SystemTime) -> HealthAnswer {
+        self.answer(now, false)
+    }
+}
+
+fn json_string(s: &str) -> String {
+    serde_json::Value::String(s.to_owned()).to_string()
+}
+
+/// Serves `/healthz` and `/livez` on `addr`.
+pub async fn serve_proxy_health(
+    addr: SocketAddr,
+    health: ProxyHealth,
+) -> Result<HttpServer, BindError> {
+    let handler: Handler = Arc::new(move |_method, path| {
+        let now = SystemTime::now();
+        let (answer, livez) = match path {
+            "/healthz" => (health.healthz(now), false),
+            "/livez" => (health.livez(now), true),
+            _ => return not_found(),
+        };
+        crate::metrics::record_health_answer(livez, answer.status.as_u16());
+        response(answer.status, "application/json", answer.body)
+    });
+    HttpServer::bind("healthz", addr, handler).await
+}
+
+/// The body and status of a Service health check.
+pub fn service_health_answer(
+    service: &ObjectKey,
+    local_endpoints: usize,
+    proxy_healthy: bool,
+) -> HealthAnswer {
+    let body = serde_json::json!({
+        "service": { "namespace": service.namespace, "name": service.name },
+        "localEndpoints": local_endpoints,
+        "serviceProxyHealthy": proxy_healthy,
+    });
+    HealthAnswer {
+        status: if local_endpoints > 0 && proxy_healthy {
+            StatusCode::OK
+        } else {
+            StatusCode::SERVICE_UNAVAILABLE
+        },
+        body: serde_json::to_string_pretty(&body).unwrap_or_default(),
+    }
+}
+
+#[derive(Debug)]
+struct ServiceHealthInstance {
+    port: u16,
+    local_endpoints: Arc<AtomicUsize>,
+    servers: Vec<HttpServer>,
+}
+
+/// The per-Service health-check servers (`spec.healthCheckNodePort` of
+/// `externalTrafficPolicy: Local` Services).
+#[derive(Debug)]
+pub struct ServiceHealthServers {
+    listen_ips: Vec<IpAddr>,
+    proxy_health: ProxyHealth,
+    services: tokio::sync::Mutex<HashMap<ObjectKey, ServiceHealthInstance>>,
+}
+
+impl ServiceHealthServers {
+    /// Servers that will listen on each of `listen_ips` (e.g. `0.0.0.0`, or the node's
+    /// NodePort addresses) and report `proxy_health` as `serviceProxyHealthy`.
+    pub fn new(listen_ips: Vec<IpAddr>, proxy_health: ProxyHealth) -> ServiceHealthServers {
+        ServiceHealthServers {
+            listen_ips,
+            proxy_health,
+            services: tokio::sync::Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Makes `wanted` (Service -> health-check port) the set of open servers: servers of
+    /// Services no longer wanted, or whose port changed, are closed; new ones are opened.
+    /// A port that cannot be bound is logged and reported; the others still open.
+    pub async fn sync_services(&self, wanted: &HashMap<ObjectKey, u16>) -> Vec<BindError> {
+        let mut services = self.services.lock().await;
+        services.retain(|key, inst| {
+            let keep = wanted.get(key) == Some(&inst.port);
+            if !keep {
+                tracing::info!(service = %key, port = inst.port, "closing health check server");
+            }
+            keep
+        });
+        let mut errors = Vec::new();
+        for (key, &port) in wanted {
+            if services.contains_key(key) {
+                continue;
+            }
+            let local_endpoints = Arc::new(AtomicUsize::new(0));
+            let mut servers = Vec::new();
+            let mut failed = false;
+            for ip in &self.listen_ips {
+                let handler = self.handler(key.clone(), Arc::clone(&local_endpoints));
+                match HttpServer::bind(
+                    &format!("health check of {key}"),
+                    SocketAddr::new(*ip, port),
+                    handler,
+                )
+                .await
+                {
+                    Ok(server) => servers.push(server),
+                    Err(error) => {
+                        tracing::error!(service = %key, port, %error, "cannot open health check port");
+                        errors.push(error);
+                        failed = true;
+                        break;
+                    }
+                }
+            }
+            if failed {
+                // Close what opened so a later sync retries the whole set.
+                continue;
+            }
+            tracing::info!(service = %key, port, "opened health check server");
+            services.insert(
+                key.clone(),
+                ServiceHealthInstance {
+                    port,
+                    local_endpoints,
+                    servers,
+                },
+            );
+        }
+        errors
+    }
+
+    /// Sets the number of local endpoints per Service; Services not listed have none.
+    pub async fn sync_endpoints(&self, counts: &HashMap<ObjectKey, usize>) {
+        let services = self.services.lock().await;
+        for (key, inst) in services.iter() {
+            let n = counts.get(key).copied().unwrap_or(0);
+            inst.local_endpoints.store(n, Ordering::Relaxed);
+        }
+    }
+
+    /// Addresses a Service's health check listens on (useful with port 0 in tests).
+    pub async fn local_addrs(&self, service: &ObjectKey) -> Vec<SocketAddr> {
+        let services = self.services.lock().await;
+        services
+            .get(service)
+            .map(|inst| inst.servers.iter().map(HttpServer::local_addr).collect())
+            .unwrap_or_default()
+    }
+
+    fn handler(&self, key: ObjectKey, local_endpoints: Arc<AtomicUsize>) -> Handler {
+        let proxy_health = self.proxy_health.clone();
+        Arc::new(move |_method, _path| {
+            let (healthy, _) = proxy_health.is_healthy(SystemTime::now());
+            let answer =
+                service_health_answer(&key, local_endpoints.load(Ordering::Relaxed), healthy);
+            response(answer.status, "application/json", answer.body)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::{NodeSpec, Taint};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    use super::*;
+    use crate::http_server::test_client;
+
+    fn at(secs: u64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(secs)
+    }
+
+    #[test]
+    fn go_time_format() {
+        assert_eq!(format_go_time(None), "0001-01-01 00:00:00 +0000 UTC");
+        assert_eq!(
+            format_go_time(Some(UNIX_EPOCH)),
+            "1970-01-01 00:00:00 +0000 UTC"
+        );
+        // 2024-02-29 12:34:56.5 UTC = 1709210096.5
+        assert_eq!(
+            format_go_time(Some(UNIX_EPOCH + Duration::new(1_709_210_096, 500_000_000))),
+            "2024-02-29 12:34:56.5 +0000 UTC"
+        );
+        assert_eq!(
+            format_go_time(Some(at(951_782_400))),
+            "2000-02-29 00:00:00 +0000 UTC"
+        );
+    }
+
+    #[test]
+    fn healthy_while_starting_and_while_changes_are_recent() {
+        let h = ProxyHealth::new(Duration::from_secs(60));
+        let a = h.healthz(at(1000));
+        assert_eq!(a.status, StatusCode::OK);
+        h.queued_update(at(1000));
+        assert_eq!(
+            h.healthz(at(5000)).status,
+            StatusCode::OK,
+            "no sync yet: starting up"
+        );
+        h.updated(at(1001));
+        h.queued_update(at(1010));
+        h.queued_update(at(1050)); // later changes do not move the oldest one
+        assert_eq!(h.healthz(at(1069)).status, StatusCode::OK);
+        let late = h.healthz(at(1070));
+        assert_eq!(late.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            late.body,
+            r#"{"lastUpdated": "1970-01-01 00:16:41 +0000 UTC","currentTime": "1970-01-01 00:17:50 +0000 UTC", "nodeEligible": true}"#
+        );
+        assert_eq!(h.livez(at(1070)).status, StatusCode::SERVICE_UNAVAILABLE);
+        h.updated(at(1071));
+        let ok = h.healthz(at(1080));
+        assert_eq!(ok.status, StatusCode::OK);
+        // Healthy answers report lastUpdated = currentTime, as kube-proxy.
+        let v: serde_json::Value = serde_json::from_str(&ok.body).expect("json");
+        assert_eq!(v["lastUpdated"], v["currentTime"]);
+        assert_eq!(v["nodeEligible"], true);
+        let live: serde_json::Value = serde_json::from_str(&h.livez(at(1080)).body).expect("json");
+        assert!(live.get("nodeEligible").is_none());
+    }
+
+    #[test]
+    fn node_being_deleted_or_tainted_fails_healthz_not_livez() {
+        let h = ProxyHealth::new(Duration::from_secs(60));
+        let mut node = Node::default();
+        node.spec = Some(NodeSpec {
+            taints: Some(vec![Taint {
+                key: TO_BE_DELETED_TAINT.into(),
+                effect: "NoSchedule".into(),
+                ..Taint::default()
+            }]),
+            ..NodeSpec::default()
+        });
+        h.sync_node(&node);
+        let a = h.healthz(at(10));
+        assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(a.body.contains(r#""nodeEligible": false"#), "{}", a.body);
+        assert_eq!(h.livez(at(10)).status, StatusCode::OK);
+
+        let mut deleting = Node::default();
+        deleting.metadata.deletion_timestamp = Some(
+            serde_json::from_value::<Time>(serde_json::json!("2024-01-01T00:00:00Z"))
+                .expect("time"),
+        );
+        h.sync_node(&Node::default());
+        assert_eq!(h.healthz(at(10)).status, StatusCode::OK);
+        h.sync_node(&deleting);
+        assert_eq!(h.healthz(at(10)).status, StatusCode::SERVICE_UNAVAILABLE);
+    }
+
+    #[test]
+    fn service_health_body_and_status() {
+        let key = ObjectKey {
+            namespace: "shop".into(),
+            name: "web".into(),
+        };
+        let a = service_health_answer(&key, 2, true);
+        assert_eq!(a.status, StatusCode::OK);
+        let v: serde_json::Value = serde_json::from_str(&a.body).expect("json");
+        assert_eq!(v["service"]["namespace"], "shop");
+        assert_eq!(v["service"]["name"], "web");
+        assert_eq!(v["localEndpoints"], 2);
+        assert_eq!(v["serviceProxyHealthy"], true);
+        assert_eq!(
+            service_health_answer(&key, 0, true).status,
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        assert_eq!(
+            service_health_answer(&key, 3, false).status,
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+    }
+
+    #[tokio::test]
+    async fn proxy_health_server_answers_on_loopback() {
+        let h = ProxyHealth::new(Duration::from_secs(60));
+        let server = serve_proxy_health("127.0.0.1:0".parse().expect("addr"), h.clone())
+            .await
+            .expect("bind");
+        let (status, headers, body) = test_client::get(server.local_addr(), "/healthz").await;
+        assert_eq!(status, 200);
+        assert_eq!(headers["content-type"], "application/json");
+        assert!(body.contains("\"nodeEligible\": true"), "{body}");
+        // A change queued long ago and never synced: both endpoints fail.
+        h.updated(SystemTime::now() - Duration::from_secs(600));
+        h.queued_update(SystemTime::now() - Duration::from_secs(300));
+        assert_eq!(
+            test_client::get(server.local_addr(), "/healthz").await.0,
+            503
+        );
+        assert_eq!(test_client::get(server.local_addr(), "/livez").await.0, 503);
+        assert_eq!(test_client::get(server.local_addr(), "/other").await.0, 404);
+    }
+
+    #[tokio::test]
+    async fn service_health_servers_follow_services_and_endpoints() {
+        let h = ProxyHealth::new(Duration::from_secs(60));
+        let servers = ServiceHealthServers::new(vec!["127.0.0.1".parse().expect("ip")], h);
+        let web = ObjectKey {
+            namespace: "shop".into(),
+            name: "web".into(),
+        };
+        let errors = servers
+            .sync_services(&HashMap::from([(web.clone(), 0)]))
+            .await;
+        assert!(errors.is_empty());
+        let addrs = servers.local_addrs(&web).await;
+        assert_eq!(addrs.len(), 1);
+        let (status, _, body) = test_client::get(addrs[0], "/").await;
+        assert_eq!(status, 503, "no local endpoints yet");
+        assert!(body.contains("\"localEndpoints\": 0"), "{body}");
+
+        servers
+            .sync_endpoints(&HashMap::from([(web.clone(), 2)]))
+            .await;
+        let (status, _, body) = test_client::get(addrs[0], "/").await;
+        assert_eq!(status, 200);
+        assert!(body.contains("\"localEndpoints\": 2"), "{body}");
+
+        // Endpoints gone from the map: 0 again.
+        servers.sync_endpoints(&HashMap::new()).await;
+        assert_eq!(test_client::get(addrs[0], "/").await.0, 503);
+
+        // Service no longer wanted: its port closes.
+        servers.sync_services(&HashMap::new()).await;
+        assert!(servers.local_addrs(&web).await.is_empty());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(tokio::net::TcpStream::connect(addrs[0]).await.is_err());
+    }
+
+    #[tokio::test]
+    async fn a_port_in_use_is_reported_and_others_still_open() {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let taken_port = taken.local_addr().expect("addr").port();
+        let servers = ServiceHealthServers::new(
+            vec!["127.0.0.1".parse().expect("ip")],
+            ProxyHealth::new(Duration::from_secs(60)),
+        );
+        let a = ObjectKey {
+            namespace: "x".into(),
+            name: "a".into(),
+        };
+        let b = ObjectKey {
+            namespace: "x".into(),
+            name: "b".into(),
+        };
+        let errors = servers
+            .sync_services(&HashMap::from([(a.clone(), taken_port), (b.clone(), 0)]))
+            .await;
+        assert_eq!(errors.len(), 1);
+        assert!(servers.local_addrs(&a).await.is_empty());
+        assert_eq!(servers.local_addrs(&b).await.len(), 1);
+    }
+}
