@@ -5,7 +5,7 @@
 //! Backends speak proxier-core's own types, so the reconciler never sees netlink.
 
 pub mod address;
-// pub mod ipvs;
+pub mod ipvs;
 pub mod memory;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -17,6 +17,7 @@ use crate::desired::{RealServerKey, VirtualServerKey};
 use crate::observed::{ObservedVirtualServer, VirtualServerSettings};
 
 pub use address::KernelAddressBackend;
+pub use ipvs::KernelIpvsBackend;
 
 pub use memory::{MemoryAddressBackend, MemoryIpvsBackend};
 

@@ -1,0 +1,238 @@
+//! The kernel IPVS backend, over [`ipvs_netlink::IpvsHandle`].
+//!
+//! Virtual servers map to tuple services; real servers to masquerading destinations.
+//! Firewall-mark services are never reported (the proxier does not own them).
+
+use std::collections::BTreeMap;
+
+use futures::TryStreamExt;
+use ipvs_netlink::{
+    Destination, DestinationEntry, DestinationKey, IpvsHandle, NetnsTarget, Op, Service,
+    ServiceFlags, ServiceKey,
+};
+
+use super::{BackendError, IpvsBackend, IpvsOp};
+use crate::desired::{RealServerKey, VirtualServerKey};
+use crate::observed::{ObservedRealServer, ObservedVirtualServer, VirtualServerSettings};
+
+/// Maps an ipvs-netlink error to the variants the reconciler reacts to.
+fn map_error(error: ipvs_netlink::Error) -> BackendError {
+    use ipvs_netlink::Error as E;
+    match error {
+        E::ServiceExists { .. } | E::DestinationExists { .. } => BackendError::Exists,
+        E::ServiceNotFound { .. } | E::DestinationNotFound { .. } => BackendError::NotFound,
+        E::SchedulerNotFound { scheduler, .. } => BackendError::SchedulerNotFound(scheduler),
+        E::PermissionDenied { .. } => BackendError::Permission,
+        E::IpvsUnavailable { reason } => BackendError::Unavailable(reason),
+        other => BackendError::Other(other.to_string()),
+    }
+}
+
+fn service_key(key: &VirtualServerKey) -> ServiceKey {
+    ServiceKey::Tuple {
+        addr: key.address,
+        port: key.port,
+        protocol: key.protocol,
+    }
+}
+
+fn virtual_server_key(key: &ServiceKey) -> Option<VirtualServerKey> {
+    match *key {
+        ServiceKey::Tuple {
+            addr,
+            port,
+            protocol,
+        } => Some(VirtualServerKey {
+            address: addr,
+            port,
+            protocol,
+        }),
+        ServiceKey::Fwmark { .. } => None,
+    }
+}
+
+/// The kernel service for a virtual server: persistence with a host netmask (as
+/// kube-proxy), and the source-port hashing flag for `sh` / `mh`.
+fn service(key: &VirtualServerKey, settings: &VirtualServerSettings) -> Service {
+    let mut service = Service::new(service_key(key), settings.scheduler.clone());
+    if let Some(timeout) = settings.persistence_timeout {
+        service = service.persistent(timeout);
+    }
+    if settings.hash_source_port {
+        service.flags |= ServiceFlags::SH_PORT;
+    }
+    service
+}
+
+fn settings(service: &Service) -> VirtualServerSettings {
+    VirtualServerSettings {
+        scheduler: service.scheduler.clone(),
+        persistence_timeout: service
+            .flags
+            .contains(ServiceFlags::PERSISTENT)
+            .then_some(service.timeout),
+        hash_source_port: service.flags.contains(ServiceFlags::SH_PORT),
+    }
+}
+
+fn real_server(entry: &DestinationEntry) -> (RealServerKey, ObservedRealServer) {
+    let d = &entry.destination;
+    (
+        RealServerKey {
+            address: d.addr,
+            port: d.port,
+        },
+        ObservedRealServer {
+            weight: d.weight,
+            forward: d.forward,
+            active_connections: entry.active_conns,
+            inactive_connections: entry.inactive_conns,
+        },
+    )
+}
+
+fn op(op: &IpvsOp) -> Op {
+    match op {
+        IpvsOp::AddVirtualServer(key, s) => Op::AddService(service(key, s)),
+        IpvsOp::UpdateVirtualServer(key, s) => Op::UpdateService(service(key, s)),
+        IpvsOp::DeleteVirtualServer(key) => Op::DeleteService(service_key(key)),
+        IpvsOp::AddRealServer(key, rs, weight) => Op::AddDestination(
+            service_key(key),
+            Destination::new(rs.address, rs.port).with_weight(*weight),
+        ),
+        IpvsOp::UpdateRealServer(key, rs, weight) => Op::UpdateDestination(
+            service_key(key),
+            Destination::new(rs.address, rs.port).with_weight(*weight),
+        ),
+        IpvsOp::DeleteRealServer(key, rs) => Op::DeleteDestination(
+            service_key(key),
+            DestinationKey {
+                addr: rs.address,
+                port: rs.port,
+            },
+        ),
+    }
+}
+
+/// IPVS in the network namespace the handle was opened in.
+#[derive(Debug, Clone)]
+pub struct KernelIpvsBackend {
+    handle: IpvsHandle,
+}
+
+impl KernelIpvsBackend {
+    /// Wraps an open handle.
+    pub fn new(handle: IpvsHandle) -> Self {
+        KernelIpvsBackend { handle }
+    }
+
+    /// Connects in the caller's network namespace (within a tokio runtime).
+    pub async fn connect() -> Result<Self, BackendError> {
+        IpvsHandle::new().await.map(Self::new).map_err(map_error)
+    }
+
+    /// Connects inside another network namespace (a path like `/run/netns/x`, or an fd).
+    pub async fn connect_in_netns(target: impl Into<NetnsTarget>) -> Result<Self, BackendError> {
+        IpvsHandle::new_in_netns(target)
+            .await
+            .map(Self::new)
+            .map_err(map_error)
+    }
+
+    /// The underlying handle.
+    pub fn handle(&self) -> &IpvsHandle {
+        &self.handle
+    }
+}
+
+impl IpvsBackend for KernelIpvsBackend {
+    async fn list_virtual_servers(
+        &mut self,
+    ) -> Result<BTreeMap<VirtualServerKey, ObservedVirtualServer>, BackendError> {
+        let table = self.handle.table().await.map_err(map_error)?;
+        Ok(table
+            .iter()
+            .filter_map(|(entry, destinations)| {
+                let key = virtual_server_key(&entry.service.key)?;
+                Some((
+                    key,
+                    ObservedVirtualServer {
+                        settings: settings(&entry.service),
+                        real_servers: destinations.iter().map(real_server).collect(),
+                    },
+                ))
+            })
+            .collect())
+    }
+
+    async fn get_virtual_server(
+        &mut self,
+        key: &VirtualServerKey,
+    ) -> Result<Option<ObservedVirtualServer>, BackendError> {
+        let service_key = service_key(key);
+        let entry = match self.handle.service(&service_key).await {
+            Ok(entry) => entry,
+            Err(error) if error.is_not_found() => return Ok(None),
+            Err(error) => return Err(map_error(error)),
+        };
+        let destinations: Vec<DestinationEntry> = self
+            .handle
+            .destinations(&service_key)
+            .try_collect()
+            .await
+            .map_err(map_error)?;
+        Ok(Some(ObservedVirtualServer {
+            settings: settings(&entry.service),
+            real_servers: destinations.iter().map(real_server).collect(),
+        }))
+    }
+
+    async fn apply(&mut self, ops: &[IpvsOp]) -> Vec<Result<(), BackendError>> {
+        let batch = ops.iter().map(op).collect();
+        self.handle
+            .batch(batch)
+            .await
+            .into_iter()
+            .map(|result| result.map_err(map_error))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::desired::{Protocol, Scheduler};
+    use std::net::{IpAddr, Ipv6Addr};
+
+    #[test]
+    fn settings_round_trip_through_kernel_services() {
+        let key = VirtualServerKey {
+            address: IpAddr::V6(Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 10)),
+            port: 443,
+            protocol: Protocol::Sctp,
+        };
+        for wanted in [
+            VirtualServerSettings::default(),
+            VirtualServerSettings {
+                scheduler: Scheduler::MaglevHashing,
+                persistence_timeout: Some(10800),
+                hash_source_port: true,
+            },
+        ] {
+            let kernel = service(&key, &wanted);
+            assert_eq!(kernel.netmask, 128);
+            assert_eq!(settings(&kernel), wanted);
+            assert_eq!(virtual_server_key(&kernel.key), Some(key));
+        }
+        let sticky = service(
+            &key,
+            &VirtualServerSettings {
+                persistence_timeout: Some(60),
+                ..VirtualServerSettings::default()
+            },
+        );
+        assert!(sticky.flags.contains(ServiceFlags::PERSISTENT));
+        assert_eq!(sticky.timeout, 60);
+        assert!(!sticky.flags.contains(ServiceFlags::SH_PORT));
+    }
+}
