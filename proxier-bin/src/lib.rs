@@ -8,5 +8,6 @@ pub mod go_duration;
 pub mod health;
 pub mod http_server;
 pub mod metrics;
+pub mod runner;
 pub mod settings;
 pub mod source;
