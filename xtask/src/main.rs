@@ -1,6 +1,126 @@
-//! Build and test automation for the workspace.
+//! Build and test automation for the workspace: the VM test runner
+//! (`cargo xtask vm-test`), one-off VM programs and benchmarks
+//! (`vm-run`, `vm-bench`) and the CI entry (`cargo xtask test`).
 
-fn main() {
-    eprintln!("xtask: not implemented yet");
-    std::process::exit(2);
+mod artifacts;
+mod ci;
+mod cpio;
+mod deps;
+mod disk;
+mod guest_kernel;
+mod guest_scripts;
+mod initramfs;
+mod qemu;
+mod vm;
+mod workspace;
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+
+/// Workspace automation.
+#[derive(Debug, Parser)]
+#[command(name = "cargo xtask", bin_name = "cargo xtask")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// VM options shared by the commands that boot the test VM.
+#[derive(Debug, clap::Args)]
+struct VmOptions {
+    /// Give up (and fail) when the guest has not finished after this many minutes.
+    #[arg(long, default_value_t = 40)]
+    timeout_minutes: u64,
+    /// Guest memory in MiB.
+    #[arg(long, default_value_t = 2048)]
+    memory_mib: u32,
+}
+
+impl VmOptions {
+    fn timeout(&self) -> Duration {
+        Duration::from_secs(self.timeout_minutes.saturating_mul(60))
+    }
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Build every test binary of the workspace and run them all as root in a qemu VM
+    /// with a real distribution kernel (IPVS, dummy links, nftables).
+    VmTest {
+        /// Only run tests whose name contains this string (passed to every test binary).
+        filter: Option<String>,
+        /// Only build and run the tests of these packages (default: the whole workspace).
+        /// A failure to build ipvs-proxier is then only a warning.
+        #[arg(short, long = "package")]
+        packages: Vec<String>,
+        #[command(flatten)]
+        vm: VmOptions,
+        /// More arguments for every test binary (after `--`), e.g. `-- --exact`.
+        #[arg(last = true)]
+        test_args: Vec<String>,
+    },
+    /// Boot the test VM and run one program in it (a host file is copied in;
+    /// otherwise the name is looked up on the guest's PATH).
+    VmRun {
+        /// Use the release build of ipvs-proxier as IPVS_PROXIER_BIN.
+        #[arg(long)]
+        release: bool,
+        #[command(flatten)]
+        vm: VmOptions,
+        /// The program and its arguments (after `--`).
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
+    /// Build `tests/src/bin/vm-bench-NAME.rs` in release mode and run it in the VM.
+    VmBench {
+        #[command(flatten)]
+        vm: VmOptions,
+        /// Benchmark name: runs the binary `vm-bench-NAME`.
+        name: String,
+        /// Arguments for the benchmark.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// The full check, as CI runs it: fmt, clippy, host tests, cargo-deny, vm-test.
+    Test {
+        #[command(flatten)]
+        vm: VmOptions,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::VmTest {
+            filter,
+            packages,
+            vm,
+            test_args,
+        } => vm::vm_test(filter.as_deref(), &packages, &test_args, &vm.to_config()),
+        Command::VmRun {
+            release,
+            vm,
+            command,
+        } => vm::vm_run(release, &command, &vm.to_config()),
+        Command::VmBench { vm, name, args } => vm::vm_bench(&name, &args, &vm.to_config()),
+        Command::Test { vm } => ci::full_test(&vm.to_config()),
+    };
+    match result {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("xtask: error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+impl VmOptions {
+    fn to_config(&self) -> vm::VmConfig {
+        vm::VmConfig {
+            timeout: self.timeout(),
+            memory_mib: self.memory_mib,
+        }
+    }
 }

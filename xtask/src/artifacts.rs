@@ -1,0 +1,183 @@
+//! Building the binaries that go into the VM, and reading cargo's JSON
+//! messages to find them.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+
+use anyhow::{Context, Result, bail};
+
+use crate::workspace::Workspace;
+
+/// One executable cargo produced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Executable {
+    /// Name of the cargo target (`kernel_smoke`, `ipvs-proxier`, ...).
+    pub target_name: String,
+    /// Package the target belongs to.
+    pub package: String,
+    /// Absolute path of the file.
+    pub path: PathBuf,
+    /// Built with the test harness (a test binary), as opposed to a program.
+    pub is_test: bool,
+}
+
+/// Extracts the executables from cargo's `--message-format=json` output.
+pub fn parse_executables(json_lines: &str) -> Vec<Executable> {
+    let mut found = Vec::new();
+    for line in json_lines.lines() {
+        let Ok(message) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        if message["reason"] != "compiler-artifact" {
+            continue;
+        }
+        let Some(path) = message["executable"].as_str() else {
+            continue;
+        };
+        let package_id = message["package_id"].as_str().unwrap_or_default();
+        found.push(Executable {
+            target_name: message["target"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+            package: package_name(package_id),
+            path: PathBuf::from(path),
+            is_test: message["profile"]["test"].as_bool().unwrap_or(false),
+        });
+    }
+    found.sort_by(|a, b| a.path.cmp(&b.path));
+    found.dedup_by(|a, b| a.path == b.path);
+    found
+}
+
+/// Package name from a cargo package id, in either the old
+/// (`name 0.1.0 (path+file://...)`) or the new (`path+file:///dir#name@0.1.0`) form.
+fn package_name(package_id: &str) -> String {
+    if let Some((_, fragment)) = package_id.rsplit_once('#') {
+        let name = fragment.split('@').next().unwrap_or(fragment);
+        // `path+file:///x/tests#0.1.0` when the name equals the directory name.
+        if name.chars().next().is_some_and(|c| c.is_ascii_digit()) {
+            let dir = package_id[..package_id.len() - fragment.len() - 1]
+                .rsplit('/')
+                .next();
+            return dir.unwrap_or_default().to_owned();
+        }
+        return name.to_owned();
+    }
+    package_id.split(' ').next().unwrap_or_default().to_owned()
+}
+
+/// Runs `cargo <args> --message-format=json-render-diagnostics` and returns the executables.
+fn cargo_executables(workspace: &Workspace, args: &[&str]) -> Result<Vec<Executable>> {
+    let shown = format!("cargo {}", args.join(" "));
+    println!("xtask: {shown}");
+    let output = workspace
+        .cargo()
+        .args(args)
+        .arg("--message-format=json-render-diagnostics")
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("running {shown}"))?;
+    if !output.status.success() {
+        bail!("{shown} failed ({})", output.status);
+    }
+    Ok(parse_executables(&String::from_utf8_lossy(&output.stdout)))
+}
+
+/// Every test binary of the workspace (`cargo test --workspace --no-run`),
+/// or of the given packages only.
+pub fn build_test_binaries(workspace: &Workspace, packages: &[String]) -> Result<Vec<Executable>> {
+    let mut args = vec!["test", "--no-run"];
+    if packages.is_empty() {
+        args.push("--workspace");
+    }
+    for package in packages {
+        args.extend(["-p", package.as_str()]);
+    }
+    let all = cargo_executables(workspace, &args)?;
+    Ok(all.into_iter().filter(|e| e.is_test).collect())
+}
+
+/// Build profile of the programs put into the VM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Profile {
+    /// `dev` (debug) profile.
+    Debug,
+    /// `release` profile.
+    Release,
+}
+
+impl Profile {
+    fn flag(self) -> Option<&'static str> {
+        match self {
+            Profile::Debug => None,
+            Profile::Release => Some("--release"),
+        }
+    }
+}
+
+/// The `ipvs-proxier` daemon binary.
+pub fn build_proxier(workspace: &Workspace, profile: Profile) -> Result<Executable> {
+    let mut args = vec!["build", "-p", "proxier-bin", "--bin", "ipvs-proxier"];
+    args.extend(profile.flag());
+    let found = cargo_executables(workspace, &args)?;
+    found
+        .into_iter()
+        .find(|e| e.target_name == "ipvs-proxier")
+        .context("cargo build -p proxier-bin produced no ipvs-proxier executable")
+}
+
+/// The programs in `tests/src/bin/` (benchmarks and helpers).
+pub fn build_test_programs(workspace: &Workspace, profile: Profile) -> Result<Vec<Executable>> {
+    let mut args = vec!["build", "-p", "ipvs-proxier-tests", "--bins"];
+    args.extend(profile.flag());
+    cargo_executables(workspace, &args)
+}
+
+/// One benchmark program `vm-bench-NAME`, release build.
+pub fn build_bench(workspace: &Workspace, name: &str) -> Result<Executable> {
+    let bin = format!("vm-bench-{name}");
+    let found = cargo_executables(
+        workspace,
+        &[
+            "build",
+            "--release",
+            "-p",
+            "ipvs-proxier-tests",
+            "--bin",
+            &bin,
+        ],
+    )?;
+    found
+        .into_iter()
+        .find(|e| e.target_name == bin)
+        .with_context(|| format!("cargo produced no executable for {bin}"))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_binaries_and_programs_are_told_apart() {
+        let json = r#"{"reason":"compiler-artifact","package_id":"path+file:///w/tests#ipvs-proxier-tests@0.1.0","target":{"kind":["test"],"name":"kernel_smoke"},"profile":{"test":true},"executable":"/w/target/debug/deps/kernel_smoke-1"}
+{"reason":"compiler-artifact","package_id":"path+file:///w/tests#ipvs-proxier-tests@0.1.0","target":{"kind":["lib"],"name":"ipvs_proxier_tests"},"profile":{"test":false},"executable":null}
+{"reason":"compiler-artifact","package_id":"path+file:///w/proxier-bin#0.1.0","target":{"kind":["bin"],"name":"ipvs-proxier"},"profile":{"test":false},"executable":"/w/target/debug/ipvs-proxier"}
+{"reason":"build-finished","success":true}
+not json"#;
+        let found = parse_executables(json);
+        assert_eq!(found.len(), 2);
+        assert_eq!(found[0].target_name, "ipvs-proxier");
+        assert_eq!(found[0].package, "proxier-bin");
+        assert!(!found[0].is_test);
+        assert_eq!(found[1].target_name, "kernel_smoke");
+        assert_eq!(found[1].package, "ipvs-proxier-tests");
+        assert!(found[1].is_test);
+    }
+
+    #[test]
+    fn old_style_package_ids_give_the_name() {
+        assert_eq!(package_name("xtask 0.1.0 (path+file:///w/xtask)"), "xtask");
+    }
+}
