@@ -7,6 +7,7 @@ pub mod drain;
 #[cfg(feature = "k8s")]
 pub mod k8s;
 pub mod model;
+pub mod netfilter;
 pub mod observed;
 pub mod planner;
 pub mod reconciler;
@@ -19,7 +20,7 @@ pub use desired::{
     VirtualServerKey, VirtualServerRole,
 };
 pub use planner::{Planner, plan, plan_service_port};
-pub use state::{Change, ClusterState, DirtyPorts};
 pub use reconciler::{
     ReconcileError, Reconciler, ReconcilerConfig, ReconcilerStats, ServiceSyncError, SyncReport,
 };
+pub use state::{Change, ClusterState, DirtyPorts};

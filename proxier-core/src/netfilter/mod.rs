@@ -1,0 +1,159 @@
+//! The netfilter companion of IPVS: masquerade, hairpin, NodePort, load-balancer source
+//! ranges and VIP filtering, in one nftables table per address family.
+//!
+//! IPVS alone cannot implement Services: kube-proxy's IPVS mode adds iptables rules and
+//! ipsets around it. This module does the same with nftables, as three steps:
+//!
+//! - [`plan::plan`] (pure): cluster state + node + configuration → [`NetfilterPlan`], the
+//!   elements of every set, per family;
+//! - [`render::render_replace`] (pure): plan → an `nft -f` script replacing the tables in
+//!   one transaction;
+//! - [`apply::NetfilterBackend`] (I/O): hands the script to the kernel ([`NftBackend`] runs
+//!   the `nft` binary; [`MemoryNetfilterBackend`] records scripts).
+//!
+//! [`Netfilter`] ties them together and skips no-op syncs.
+//!
+//! # Mechanism: nft script text through `nft -f`
+//!
+//! We generate nft's own text syntax and pipe it to `nft -f -`, rather than drive `nft`
+//! through the `nftables` crate's JSON. Both need the `nft` binary (the crate runs it too),
+//! so the choice is about the representation: the text is what operators read in
+//! `nft list table ip ipvs-proxier`, what nft's documentation describes, and what error
+//! messages quote back (with the offending line); a golden test of the text is a review
+//! of the real rules. The JSON schema adds a dependency (and serde types for every
+//! expression) without adding safety: our rules are a fixed skeleton, and the only variable
+//! parts (set elements: addresses, protocols, ports, CIDRs) are typed values rendered by
+//! `Display`, so nothing from the API server is ever spliced into the script as text.
+//! nft 1.0.6 (Debian 12) needs a newline or `;` before a closing `}`: the renderer always
+//! ends statements with newlines.
+//!
+//! **The node needs the `nft` binary** (package `nftables`), and a kernel with nf_tables,
+//! `nft_nat`, `nft_chain_nat`, `nft_masq`, `nft_ct`, `nft_fib` and `nft_reject`.
+//!
+//! # Table layout (family `ip`; `ip6` is the same with IPv6 types)
+//!
+//! Sets (kube-proxy's ipset in parentheses), keyed `address . inet_proto . inet_service`
+//! unless noted:
+//!
+//! | set | holds |
+//! | --- | --- |
+//! | `cluster-ips` | every ClusterIP:port (`KUBE-CLUSTER-IP`) |
+//! | `external-ips` / `external-ips-local` | ExternalIP:port with eTP Cluster / Local (`KUBE-EXTERNAL-IP(-LOCAL)`) |
+//! | `load-balancer-ips` / `load-balancer-ips-local` | LB ingress IP:port with eTP Cluster / Local (`KUBE-LOAD-BALANCER(-LOCAL)`) |
+//! | `node-ports` / `node-ports-local` | `inet_proto . inet_service`: NodePorts with eTP Cluster / Local (`KUBE-NODE-PORT-{TCP,UDP,SCTP}` and `-LOCAL-`) |
+//! | `load-balancer-firewall` | LB IP:port that have source ranges (`KUBE-LOAD-BALANCER-FW`) |
+//! | `load-balancer-source-ranges` | `… . address` interval set: allowed sources (`KUBE-LOAD-BALANCER-SOURCE-CIDR`) |
+//! | `load-balancer-node-allowed` | firewalled LB IP:port the node itself may reach (`KUBE-LOAD-BALANCER-SOURCE-IP`) |
+//! | `hairpin` | `… . address`: endpoint ip:port plus the same ip as source (`KUBE-LOOP-BACK`) |
+//! | `health-check-node-ports` | `inet_service`: health-check NodePorts (`KUBE-HEALTH-CHECK-NODE-PORT`) |
+//! | `service-ips` | `address`: every VIP bound on the dummy link (`KUBE-IPVS-IPS`) |
+//! | `service-ports` | every VIP:port some Service uses |
+//!
+//! Chains:
+//!
+//! - `nat-prerouting` (nat, prerouting, dstnat) and `nat-output` (nat, output, dstnat) jump to
+//!   `mark-for-masquerade`, which sets the masquerade mark bit on the first packet of a
+//!   connection when it goes to a ClusterIP and masquerade is due (masqueradeAll; or source
+//!   outside the cluster CIDRs; or, with neither configured, node traffic sourced from the
+//!   VIP itself), to an ExternalIP or LB IP of an eTP=Cluster Service, or to a local address
+//!   on an eTP=Cluster NodePort (`fib daddr type local`). eTP=Local entries are never marked:
+//!   the backend sees the client's address.
+//! - `nat-postrouting` (nat, postrouting, srcnat) masquerades hairpin packets (destination
+//!   endpoint ip:port with the same ip as source, i.e. a pod reaching itself through its
+//!   Service) and marked packets, clearing the bit first. IPVS rewrites the destination at
+//!   LOCAL_IN/LOCAL_OUT and the packet then crosses postrouting; with `net.ipv4.vs.conntrack=1`
+//!   (see [`crate::sysctl`]) conntrack knows the connection and the NAT binding holds for its
+//!   life.
+//! - `filter-input` (filter, input, priority filter: before IPVS's LOCAL_IN hook at 98)
+//!   sends LB IP:port with source ranges through `source-ranges` (allowed source → return,
+//!   else drop), accepts health-check NodePorts and every service VIP:port, and rejects new
+//!   TCP/UDP/SCTP connections to a bound VIP on any other port (kubernetes#72236).
+//! - `filter-output` (filter, output, priority -110: before IPVS's LOCAL_OUT hook at -99)
+//!   drops node-originated connections to a firewalled LB IP:port unless a source range holds
+//!   one of the node's primary IPs.
+//!
+//! Accepting in our table does not override a drop in another table (nftables evaluates
+//! every base chain of a hook); a node firewall with a drop policy must allow Service
+//! traffic itself.
+
+pub mod apply;
+pub mod plan;
+pub mod render;
+
+pub use apply::{MemoryNetfilterBackend, NetfilterBackend, NetfilterError, NftBackend};
+pub use plan::{
+    AddrPort, ClusterIpMasquerade, FamilyPlan, NetfilterPlan, ProtoPort, SourceRange, plan,
+};
+pub use render::{
+    DEFAULT_MASQUERADE_MARK, DEFAULT_TABLE_NAME, RenderError, RenderOptions, render_cleanup,
+    render_replace,
+};
+
+/// Keeps the node's nftables tables equal to the latest plan.
+#[derive(Debug)]
+pub struct Netfilter<B> {
+    backend: B,
+    options: RenderOptions,
+    last_applied: Option<NetfilterPlan>,
+}
+
+impl<B: NetfilterBackend> Netfilter<B> {
+    /// A netfilter manager with these options.
+    pub fn new(backend: B, options: RenderOptions) -> Result<Self, RenderError> {
+        options.validate()?;
+        Ok(Netfilter {
+            backend,
+            options,
+            last_applied: None,
+        })
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    /// The options.
+    pub fn options(&self) -> &RenderOptions {
+        &self.options
+    }
+
+    /// Replaces the tables with `plan` in one transaction. Returns `false` without touching
+    /// the kernel when `plan` equals the last plan applied successfully (call
+    /// [`Netfilter::invalidate`] to force the next sync, e.g. on the periodic full resync).
+    pub async fn sync(&mut self, plan: &NetfilterPlan) -> Result<bool, NetfilterError> {
+        if self.last_applied.as_ref() == Some(plan) {
+            return Ok(false);
+        }
+        let script = render_replace(plan, &self.options)?;
+        match self.backend.apply(&script).await {
+            Ok(()) => {
+                tracing::debug!(
+                    table = %self.options.table_name,
+                    v4_elements = plan.v4.as_ref().map_or(0, FamilyPlan::element_count),
+                    v6_elements = plan.v6.as_ref().map_or(0, FamilyPlan::element_count),
+                    "nftables tables replaced"
+                );
+                self.last_applied = Some(plan.clone());
+                Ok(true)
+            }
+            Err(err) => {
+                self.last_applied = None;
+                Err(err)
+            }
+        }
+    }
+
+    /// Forgets the last applied plan, so the next [`Netfilter::sync`] rewrites the tables
+    /// (repairs drift: someone deleting or editing them).
+    pub fn invalidate(&mut self) {
+        self.last_applied = None;
+    }
+
+    /// Removes the proxier's tables of both families completely (`--cleanup`).
+    pub async fn cleanup(&mut self) -> Result<(), NetfilterError> {
+        let script = render_cleanup(&self.options.table_name)?;
+        self.last_applied = None;
+        self.backend.apply(&script).await
+    }
+}

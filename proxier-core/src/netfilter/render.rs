@@ -1,0 +1,403 @@
+//! The pure half of applying: a [`NetfilterPlan`] in, an `nft -f` script out.
+//!
+//! The script replaces each family's table in one transaction: `nft -f` sends the whole
+//! file to the kernel as one netlink batch, and the batch either commits whole or not at
+//! all. Within it, `add table` (a no-op when the table exists) followed by `delete table`
+//! removes the old table without failing when there is none, and the `table { ... }` block
+//! that follows creates the new one. A reader (`nft list table`, or a packet) sees the old
+//! table or the new one, never a mix.
+
+use std::fmt::Write as _;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+
+use super::plan::{AddrPort, ClusterIpMasquerade, FamilyPlan, NetfilterPlan, ProtoPort};
+use crate::desired::Protocol;
+use crate::model::AddressFamily;
+
+/// Default name of the proxier's tables (one in family `ip`, one in `ip6`).
+pub const DEFAULT_TABLE_NAME: &str = "ipvs-proxier";
+
+/// Default masquerade mark bit: kube-proxy's `--iptables-masquerade-bit` 14.
+pub const DEFAULT_MASQUERADE_MARK: u32 = 0x4000;
+
+/// Priority of the output filter chain: before IPVS's LOCAL_OUT hook (-99), so that it sees
+/// node-originated packets still addressed to the load-balancer IP (after conntrack, -200).
+const OUTPUT_FILTER_PRIORITY: i32 = -110;
+
+/// Names and marks the rendered tables use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RenderOptions {
+    /// Table name, in both families.
+    pub table_name: String,
+    /// The packet-mark bit(s) that mean "masquerade this connection".
+    pub masquerade_mark: u32,
+}
+
+impl Default for RenderOptions {
+    fn default() -> Self {
+        RenderOptions {
+            table_name: DEFAULT_TABLE_NAME.to_owned(),
+            masquerade_mark: DEFAULT_MASQUERADE_MARK,
+        }
+    }
+}
+
+/// Why options cannot be rendered.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RenderError {
+    /// The table name is not an nft identifier.
+    #[error(
+        "table name {0:?} is not a valid nft identifier (a letter, then letters, digits, '-' or '_')"
+    )]
+    InvalidTableName(String),
+    /// The masquerade mark is zero.
+    #[error("the masquerade mark must have at least one bit set")]
+    ZeroMark,
+}
+
+impl RenderOptions {
+    /// Checks that the options render to a valid script.
+    pub fn validate(&self) -> Result<(), RenderError> {
+        let mut chars = self.table_name.chars();
+        let first_ok = chars.next().is_some_and(|c| c.is_ascii_alphabetic());
+        let rest_ok = chars.all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+        if !first_ok || !rest_ok || self.table_name.len() > 200 {
+            return Err(RenderError::InvalidTableName(self.table_name.clone()));
+        }
+        if self.masquerade_mark == 0 {
+            return Err(RenderError::ZeroMark);
+        }
+        Ok(())
+    }
+}
+
+/// The nft family keyword of an address family.
+pub fn nft_family(family: AddressFamily) -> &'static str {
+    match family {
+        AddressFamily::V4 => "ip",
+        AddressFamily::V6 => "ip6",
+    }
+}
+
+/// Renders the script that makes the kernel hold exactly `plan`: each planned family's table
+/// replaced, each unplanned family's table removed, all in one transaction.
+pub fn render_replace(
+    plan: &NetfilterPlan,
+    options: &RenderOptions,
+) -> Result<String, RenderError> {
+    options.validate()?;
+    let mut out = String::new();
+    for family in AddressFamily::ALL {
+        remove_table(&mut out, family, &options.table_name);
+        if let Some(family_plan) = plan.family(family) {
+            render_table(&mut out, family_plan, options);
+        }
+    }
+    Ok(out)
+}
+
+/// Renders the script that removes the proxier's tables of both families (and everything in
+/// them); harmless when they do not exist.
+pub fn render_cleanup(table_name: &str) -> Result<String, RenderError> {
+    let options = RenderOptions {
+        table_name: table_name.to_owned(),
+        ..RenderOptions::default()
+    };
+    options.validate()?;
+    let mut out = String::new();
+    for family in AddressFamily::ALL {
+        remove_table(&mut out, family, table_name);
+    }
+    Ok(out)
+}
+
+fn remove_table(out: &mut String, family: AddressFamily, table: &str) {
+    let family = nft_family(family);
+    // `add` makes the `delete` safe when the table is absent.
+    let _ = writeln!(out, "add table {family} {table}");
+    let _ = writeln!(out, "delete table {family} {table}");
+}
+
+struct Syntax {
+    family: &'static str,
+    addr_type: &'static str,
+    loopback: &'static str,
+}
+
+impl Syntax {
+    fn of(family: AddressFamily) -> Self {
+        match family {
+            AddressFamily::V4 => Syntax {
+                family: "ip",
+                addr_type: "ipv4_addr",
+                loopback: "127.0.0.0/8",
+            },
+            AddressFamily::V6 => Syntax {
+                family: "ip6",
+                addr_type: "ipv6_addr",
+                loopback: "::1",
+            },
+        }
+    }
+}
+
+fn render_table(out: &mut String, plan: &FamilyPlan, options: &RenderOptions) {
+    let s = Syntax::of(plan.family);
+    let fam = s.family;
+    let addr = s.addr_type;
+    let mark = format!("{:#010x}", options.masquerade_mark);
+    let addr_port = format!("{addr} . inet_proto . inet_service");
+    let dst_key = format!("{fam} daddr . meta l4proto . th dport");
+
+    let _ = writeln!(out, "table {fam} {} {{", options.table_name);
+
+    // Sets (the ipsets of kube-proxy's IPVS mode).
+    set(
+        out,
+        "cluster-ips",
+        &addr_port,
+        false,
+        elems(&plan.cluster_ips, addr_port_elem),
+    );
+    set(
+        out,
+        "external-ips",
+        &addr_port,
+        false,
+        elems(&plan.external_ips, addr_port_elem),
+    );
+    set(
+        out,
+        "external-ips-local",
+        &addr_port,
+        false,
+        elems(&plan.external_ips_local, addr_port_elem),
+    );
+    set(
+        out,
+        "load-balancer-ips",
+        &addr_port,
+        false,
+        elems(&plan.load_balancer_ips, addr_port_elem),
+    );
+    set(
+        out,
+        "load-balancer-ips-local",
+        &addr_port,
+        false,
+        elems(&plan.load_balancer_ips_local, addr_port_elem),
+    );
+    set(
+        out,
+        "node-ports",
+        "inet_proto . inet_service",
+        false,
+        elems(&plan.node_ports, proto_port_elem),
+    );
+    set(
+        out,
+        "node-ports-local",
+        "inet_proto . inet_service",
+        false,
+        elems(&plan.node_ports_local, proto_port_elem),
+    );
+    set(
+        out,
+        "load-balancer-firewall",
+        &addr_port,
+        false,
+        elems(&plan.firewalled, addr_port_elem),
+    );
+    set(
+        out,
+        "load-balancer-source-ranges",
+        &format!("{addr_port} . {addr}"),
+        true,
+        plan.source_ranges
+            .iter()
+            .map(|r| format!("{} . {}", addr_port_elem(&r.target), net_elem(r.source)))
+            .collect(),
+    );
+    set(
+        out,
+        "load-balancer-node-allowed",
+        &addr_port,
+        false,
+        elems(&plan.node_allowed, addr_port_elem),
+    );
+    set(
+        out,
+        "hairpin",
+        &format!("{addr_port} . {addr}"),
+        false,
+        plan.hairpin
+            .iter()
+            .map(|e| format!("{} . {}", addr_port_elem(e), e.address))
+            .collect(),
+    );
+    set(
+        out,
+        "health-check-node-ports",
+        "inet_service",
+        false,
+        plan.health_check_node_ports
+            .iter()
+            .map(u16::to_string)
+            .collect(),
+    );
+    set(
+        out,
+        "service-ips",
+        addr,
+        false,
+        plan.bound_ips.iter().map(IpAddr::to_string).collect(),
+    );
+    set(
+        out,
+        "service-ports",
+        &addr_port,
+        false,
+        elems(&plan.service_ports, addr_port_elem),
+    );
+
+    // Masquerade marking, for packets from pods (prerouting) and from the node (output).
+    let mark_it = format!("meta mark set meta mark | {mark}");
+    let _ = writeln!(out, "  chain mark-for-masquerade {{");
+    let _ = writeln!(out, "    {fam} saddr {} return", s.loopback);
+    match &plan.cluster_ip_masquerade {
+        ClusterIpMasquerade::All => {
+            let _ = writeln!(out, "    {dst_key} @cluster-ips {mark_it}");
+        }
+        ClusterIpMasquerade::OutsideCidrs(cidrs) => {
+            let list: Vec<String> = cidrs.iter().map(|n| net_elem(*n)).collect();
+            let _ = writeln!(
+                out,
+                "    {fam} saddr != {{ {} }} {dst_key} @cluster-ips {mark_it}",
+                list.join(", ")
+            );
+        }
+        ClusterIpMasquerade::NodeFromVip => {}
+    }
+    let _ = writeln!(out, "    {dst_key} @external-ips {mark_it}");
+    let _ = writeln!(out, "    {dst_key} @load-balancer-ips {mark_it}");
+    let _ = writeln!(
+        out,
+        "    fib daddr type local meta l4proto . th dport @node-ports {mark_it}"
+    );
+    let _ = writeln!(out, "  }}");
+
+    let _ = writeln!(out, "  chain nat-prerouting {{");
+    let _ = writeln!(
+        out,
+        "    type nat hook prerouting priority dstnat; policy accept;"
+    );
+    let _ = writeln!(out, "    jump mark-for-masquerade");
+    let _ = writeln!(out, "  }}");
+
+    let _ = writeln!(out, "  chain nat-output {{");
+    let _ = writeln!(
+        out,
+        "    type nat hook output priority -100; policy accept;"
+    );
+    if plan.cluster_ip_masquerade == ClusterIpMasquerade::NodeFromVip {
+        let _ = writeln!(
+            out,
+            "    {fam} saddr . meta l4proto . th dport @cluster-ips {mark_it}"
+        );
+    }
+    let _ = writeln!(out, "    jump mark-for-masquerade");
+    let _ = writeln!(out, "  }}");
+
+    let _ = writeln!(out, "  chain nat-postrouting {{");
+    let _ = writeln!(
+        out,
+        "    type nat hook postrouting priority srcnat; policy accept;"
+    );
+    let _ = writeln!(
+        out,
+        "    {dst_key} . {fam} saddr @hairpin masquerade fully-random"
+    );
+    let _ = writeln!(out, "    meta mark & {mark} == 0 return");
+    let _ = writeln!(out, "    meta mark set meta mark ^ {mark}");
+    let _ = writeln!(out, "    masquerade fully-random");
+    let _ = writeln!(out, "  }}");
+
+    // Filtering of traffic to service addresses, before IPVS takes it (LOCAL_IN, priority 98).
+    let _ = writeln!(out, "  chain source-ranges {{");
+    let _ = writeln!(
+        out,
+        "    {dst_key} . {fam} saddr @load-balancer-source-ranges return"
+    );
+    let _ = writeln!(out, "    drop");
+    let _ = writeln!(out, "  }}");
+
+    let _ = writeln!(out, "  chain filter-input {{");
+    let _ = writeln!(
+        out,
+        "    type filter hook input priority filter; policy accept;"
+    );
+    let _ = writeln!(
+        out,
+        "    {dst_key} @load-balancer-firewall jump source-ranges"
+    );
+    let _ = writeln!(out, "    tcp dport @health-check-node-ports accept");
+    let _ = writeln!(out, "    {dst_key} @service-ports accept");
+    let _ = writeln!(
+        out,
+        "    ct state new {fam} daddr @service-ips meta l4proto {{ tcp, udp, sctp }} reject"
+    );
+    let _ = writeln!(out, "  }}");
+
+    let _ = writeln!(out, "  chain filter-output {{");
+    let _ = writeln!(
+        out,
+        "    type filter hook output priority {OUTPUT_FILTER_PRIORITY}; policy accept;"
+    );
+    let _ = writeln!(out, "    {dst_key} @load-balancer-node-allowed accept");
+    let _ = writeln!(out, "    {dst_key} @load-balancer-firewall drop");
+    let _ = writeln!(out, "  }}");
+
+    let _ = writeln!(out, "}}");
+}
+
+fn set(out: &mut String, name: &str, key_type: &str, interval: bool, elements: Vec<String>) {
+    let _ = writeln!(out, "  set {name} {{");
+    let _ = writeln!(out, "    type {key_type};");
+    if interval {
+        let _ = writeln!(out, "    flags interval;");
+    }
+    if !elements.is_empty() {
+        let _ = writeln!(out, "    elements = {{ {} }};", elements.join(", "));
+    }
+    let _ = writeln!(out, "  }}");
+}
+
+fn elems<T>(items: &std::collections::BTreeSet<T>, f: fn(&T) -> String) -> Vec<String> {
+    items.iter().map(f).collect()
+}
+
+fn proto(protocol: Protocol) -> &'static str {
+    match protocol {
+        Protocol::Tcp => "tcp",
+        Protocol::Udp => "udp",
+        Protocol::Sctp => "sctp",
+    }
+}
+
+fn addr_port_elem(e: &AddrPort) -> String {
+    format!("{} . {} . {}", e.address, proto(e.protocol), e.port)
+}
+
+fn proto_port_elem(e: &ProtoPort) -> String {
+    format!("{} . {}", proto(e.protocol), e.port)
+}
+
+fn net_elem(net: IpNet) -> String {
+    let net = net.trunc();
+    format!("{}/{}", net.addr(), net.prefix_len())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,275 @@
+#![allow(clippy::unwrap_used)]
+
+use std::net::IpAddr;
+
+use super::*;
+use crate::netfilter::plan::SourceRange;
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+fn ap(address: &str, protocol: Protocol, port: u16) -> AddrPort {
+    AddrPort {
+        address: ip(address),
+        protocol,
+        port,
+    }
+}
+
+fn sample_v4() -> FamilyPlan {
+    let mut p = FamilyPlan::new(AddressFamily::V4, ClusterIpMasquerade::NodeFromVip);
+    p.cluster_ips.insert(ap("10.96.0.10", Protocol::Tcp, 80));
+    p.cluster_ips.insert(ap("10.96.0.11", Protocol::Udp, 53));
+    p.node_ports.insert(ProtoPort {
+        protocol: Protocol::Tcp,
+        port: 30080,
+    });
+    p.node_ports_local.insert(ProtoPort {
+        protocol: Protocol::Sctp,
+        port: 30099,
+    });
+    let lb = ap("198.51.100.7", Protocol::Tcp, 443);
+    p.load_balancer_ips.insert(lb);
+    p.firewalled.insert(lb);
+    p.source_ranges.insert(SourceRange {
+        target: lb,
+        source: "192.168.7.0/24".parse().unwrap(),
+    });
+    p.hairpin.insert(ap("10.244.0.5", Protocol::Tcp, 8080));
+    p.health_check_node_ports.insert(32000);
+    p.bound_ips.insert(ip("10.96.0.10"));
+    p.service_ports.insert(ap("10.96.0.10", Protocol::Tcp, 80));
+    p
+}
+
+#[test]
+fn replace_is_one_script_deleting_then_defining_each_table() {
+    let plan = NetfilterPlan {
+        v4: Some(sample_v4()),
+        v6: Some(FamilyPlan::new(AddressFamily::V6, ClusterIpMasquerade::All)),
+    };
+    let script = render_replace(&plan, &RenderOptions::default()).unwrap();
+    let lines: Vec<&str> = script.lines().collect();
+    assert_eq!(lines[0], "add table ip ipvs-proxier");
+    assert_eq!(lines[1], "delete table ip ipvs-proxier");
+    assert_eq!(lines[2], "table ip ipvs-proxier {");
+    let v6_add = lines
+        .iter()
+        .position(|l| *l == "add table ip6 ipvs-proxier")
+        .unwrap();
+    assert_eq!(lines[v6_add + 1], "delete table ip6 ipvs-proxier");
+    assert_eq!(lines[v6_add + 2], "table ip6 ipvs-proxier {");
+    // Exactly two table definitions and nothing outside them but the add/delete pairs.
+    assert_eq!(lines.iter().filter(|l| l.starts_with("table ")).count(), 2);
+    assert!(
+        !script.contains("flush ruleset"),
+        "must never touch other tables"
+    );
+    // Braces balance: the script is one well-formed unit.
+    assert_eq!(script.matches('{').count(), script.matches('}').count());
+}
+
+#[test]
+fn closing_braces_follow_a_newline_or_semicolon() {
+    let plan = NetfilterPlan {
+        v4: Some(sample_v4()),
+        v6: None,
+    };
+    let script = render_replace(&plan, &RenderOptions::default()).unwrap();
+    for (i, line) in script.lines().enumerate() {
+        let t = line.trim_end();
+        if let Some(before) = t.strip_suffix('}') {
+            let before = before.trim_end();
+            assert!(
+                before.is_empty()
+                    || before.ends_with(';')
+                    || before.ends_with('{')
+                    || before.contains("elements")
+                    || before.contains("!= {"),
+                "line {i}: `}}` not preceded by newline or `;` (nft 1.0.6): {line}"
+            );
+        }
+    }
+}
+
+#[test]
+fn elements_are_rendered_as_concatenations() {
+    let plan = NetfilterPlan {
+        v4: Some(sample_v4()),
+        v6: None,
+    };
+    let script = render_replace(&plan, &RenderOptions::default()).unwrap();
+    assert!(script.contains("elements = { 10.96.0.10 . tcp . 80, 10.96.0.11 . udp . 53 };"));
+    assert!(script.contains("elements = { tcp . 30080 };"));
+    assert!(script.contains("elements = { sctp . 30099 };"));
+    assert!(script.contains("elements = { 198.51.100.7 . tcp . 443 . 192.168.7.0/24 };"));
+    assert!(script.contains("elements = { 10.244.0.5 . tcp . 8080 . 10.244.0.5 };"));
+    assert!(script.contains("elements = { 32000 };"));
+    // The source-range set is an interval set.
+    let ranges = script
+        .split("set load-balancer-source-ranges {")
+        .nth(1)
+        .unwrap();
+    let ranges = &ranges[..ranges.find("  }").unwrap()];
+    assert!(ranges.contains("flags interval;"));
+    assert!(ranges.contains("type ipv4_addr . inet_proto . inet_service . ipv4_addr;"));
+}
+
+#[test]
+fn empty_sets_have_no_elements_clause() {
+    let plan = NetfilterPlan {
+        v4: Some(FamilyPlan::new(
+            AddressFamily::V4,
+            ClusterIpMasquerade::NodeFromVip,
+        )),
+        v6: None,
+    };
+    let script = render_replace(&plan, &RenderOptions::default()).unwrap();
+    assert!(!script.contains("elements"));
+    assert!(script.contains("set cluster-ips {"));
+}
+
+#[test]
+fn unplanned_family_table_is_only_removed() {
+    let plan = NetfilterPlan {
+        v4: Some(sample_v4()),
+        v6: None,
+    };
+    let script = render_replace(&plan, &RenderOptions::default()).unwrap();
+    assert!(script.contains("add table ip6 ipvs-proxier\ndelete table ip6 ipvs-proxier\n"));
+    assert!(!script.contains("table ip6 ipvs-proxier {"));
+}
+
+#[test]
+fn masquerade_rules_follow_the_cluster_ip_mode() {
+    let mut p = sample_v4();
+    let render = |p: &FamilyPlan| {
+        render_replace(
+            &NetfilterPlan {
+                v4: Some(p.clone()),
+                v6: None,
+            },
+            &RenderOptions::default(),
+        )
+        .unwrap()
+    };
+    let node_from_vip = render(&p);
+    assert!(node_from_vip.contains(
+        "ip saddr . meta l4proto . th dport @cluster-ips meta mark set meta mark | 0x00004000"
+    ));
+    assert!(!node_from_vip.contains("ip daddr . meta l4proto . th dport @cluster-ips"));
+
+    p.cluster_ip_masquerade = ClusterIpMasquerade::All;
+    let all = render(&p);
+    assert!(all.contains(
+        "    ip daddr . meta l4proto . th dport @cluster-ips meta mark set meta mark | 0x00004000"
+    ));
+    assert!(!all.contains("ip saddr . meta l4proto . th dport @cluster-ips"));
+
+    p.cluster_ip_masquerade =
+        ClusterIpMasquerade::OutsideCidrs(vec!["10.244.0.0/16".parse().unwrap()]);
+    let cidrs = render(&p);
+    assert!(cidrs.contains(
+        "ip saddr != { 10.244.0.0/16 } ip daddr . meta l4proto . th dport @cluster-ips meta mark set"
+    ));
+}
+
+#[test]
+fn local_sets_are_never_marked() {
+    let script = render_replace(
+        &NetfilterPlan {
+            v4: Some(sample_v4()),
+            v6: None,
+        },
+        &RenderOptions::default(),
+    )
+    .unwrap();
+    for line in script
+        .lines()
+        .filter(|l| l.contains("meta mark set meta mark |"))
+    {
+        assert!(
+            !line.contains("-local"),
+            "eTP=Local set marked for masquerade: {line}"
+        );
+    }
+    assert!(script.contains(
+        "fib daddr type local meta l4proto . th dport @node-ports meta mark set meta mark | 0x00004000"
+    ));
+}
+
+#[test]
+fn ipv6_table_uses_ipv6_types_and_loopback() {
+    let mut p = FamilyPlan::new(AddressFamily::V6, ClusterIpMasquerade::NodeFromVip);
+    p.cluster_ips.insert(ap("fd00:96::10", Protocol::Tcp, 80));
+    p.bound_ips.insert(ip("fd00:96::10"));
+    let script = render_replace(
+        &NetfilterPlan {
+            v4: None,
+            v6: Some(p),
+        },
+        &RenderOptions::default(),
+    )
+    .unwrap();
+    assert!(script.contains("type ipv6_addr . inet_proto . inet_service;"));
+    assert!(script.contains("elements = { fd00:96::10 . tcp . 80 };"));
+    assert!(script.contains("ip6 saddr ::1 return"));
+    assert!(script.contains("ct state new ip6 daddr @service-ips"));
+    assert!(!script.contains("ipv4_addr"));
+}
+
+#[test]
+fn custom_table_name_and_mark() {
+    let options = RenderOptions {
+        table_name: "my-proxy".into(),
+        masquerade_mark: 0x8000,
+    };
+    let script = render_replace(
+        &NetfilterPlan {
+            v4: Some(sample_v4()),
+            v6: None,
+        },
+        &options,
+    )
+    .unwrap();
+    assert!(
+        script.starts_with("add table ip my-proxy\ndelete table ip my-proxy\ntable ip my-proxy {")
+    );
+    assert!(script.contains("meta mark & 0x00008000 == 0 return"));
+    assert!(script.contains("meta mark set meta mark ^ 0x00008000"));
+    assert!(!script.contains("ipvs-proxier"));
+}
+
+#[test]
+fn invalid_options_are_refused() {
+    let plan = NetfilterPlan::default();
+    for name in ["", "1abc", "a b", "a;b", "x}"] {
+        let options = RenderOptions {
+            table_name: name.into(),
+            ..RenderOptions::default()
+        };
+        assert!(
+            matches!(
+                render_replace(&plan, &options),
+                Err(RenderError::InvalidTableName(_))
+            ),
+            "{name:?} accepted"
+        );
+    }
+    let zero = RenderOptions {
+        masquerade_mark: 0,
+        ..RenderOptions::default()
+    };
+    assert_eq!(render_replace(&plan, &zero), Err(RenderError::ZeroMark));
+}
+
+#[test]
+fn cleanup_removes_both_families_and_nothing_else() {
+    let script = render_cleanup("ipvs-proxier").unwrap();
+    assert_eq!(
+        script,
+        "add table ip ipvs-proxier\ndelete table ip ipvs-proxier\n\
+         add table ip6 ipvs-proxier\ndelete table ip6 ipvs-proxier\n"
+    );
+}
