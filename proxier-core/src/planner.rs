@@ -15,7 +15,7 @@
 //!
 //! Beyond kube-proxy it applies the per-Service scheduler annotation and per-endpoint weights.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use crate::desired::{
@@ -285,25 +285,33 @@ pub fn endpoints_for_port<'s>(
     port: &ServicePortSpec,
     slices: impl IntoIterator<Item = &'s EndpointSlice>,
 ) -> Vec<(RealServerKey, &'s Endpoint)> {
-    let mut out: Vec<(RealServerKey, &Endpoint)> = Vec::new();
-    let mut index: HashMap<RealServerKey, usize> = HashMap::new();
+    let mut all: Vec<(RealServerKey, &Endpoint)> = Vec::new();
     for slice in slices {
         let Some(target_port) = slice.port_for(&port.name, port.protocol) else {
             continue;
         };
-        for endpoint in &slice.endpoints {
-            let key = RealServerKey {
-                address: endpoint.address,
-                port: target_port,
-            };
-            match index.get(&key) {
-                None => {
-                    index.insert(key, out.len());
-                    out.push((key, endpoint));
+        all.extend(slice.endpoints.iter().map(|endpoint| {
+            (
+                RealServerKey {
+                    address: endpoint.address,
+                    port: target_port,
+                },
+                endpoint,
+            )
+        }));
+    }
+    // Stable sort: equal keys keep slice order, so the first entry wins unless a later one
+    // is not terminating.
+    all.sort_by_key(|(key, _)| *key);
+    let mut out: Vec<(RealServerKey, &Endpoint)> = Vec::with_capacity(all.len());
+    for (key, endpoint) in all {
+        match out.last_mut() {
+            Some(last) if last.0 == key => {
+                if !endpoint.terminating {
+                    *last = (key, endpoint);
                 }
-                Some(&i) if !endpoint.terminating => out[i] = (key, endpoint),
-                Some(_) => {}
             }
+            _ => out.push((key, endpoint)),
         }
     }
     out
