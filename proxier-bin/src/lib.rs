@@ -3,10 +3,13 @@
 //! and reconciling belong to `proxier-core`.
 
 pub mod cli;
+pub mod cluster_view;
 pub mod config;
+pub mod dry_run;
 pub mod go_duration;
 pub mod health;
 pub mod http_server;
+pub mod logging;
 pub mod metrics;
 pub mod runner;
 pub mod settings;

@@ -243,6 +243,35 @@ mod tests {
     }
 
     #[test]
+    fn example_cluster_parses_cleanly() {
+        let manifests = parse_manifests(include_str!("../../../examples/cluster.yaml"));
+        assert!(manifests.problems.is_empty(), "{:?}", manifests.problems);
+        assert_eq!(manifests.services.len(), 12);
+        assert_eq!(manifests.endpoint_slices.len(), 11);
+        let snap = snapshot_from_manifests(manifests, "node-a");
+        let key = |ns: &str, name: &str| ObjectKey {
+            namespace: ns.into(),
+            name: name.into(),
+        };
+        // The other proxy's Service and the headless Service's slice are filtered out; the
+        // headless and ExternalName Services themselves are left for the planner to skip.
+        assert_eq!(snap.services.len(), 11);
+        assert!(!snap.services.contains_key(&key("shop", "legacy-billing")));
+        assert!(snap.services.contains_key(&key("shop", "orders-db")));
+        assert_eq!(snap.endpoint_slices.len(), 10);
+        assert!(
+            !snap
+                .endpoint_slices
+                .contains_key(&key("shop", "orders-db-r7z2x"))
+        );
+        let checkout = &snap.services[&key("shop", "checkout")];
+        let spec = checkout.spec.as_ref().expect("spec");
+        assert_eq!(spec.external_traffic_policy.as_deref(), Some("Local"));
+        assert_eq!(spec.health_check_node_port, Some(32100));
+        assert!(snap.node.is_some());
+    }
+
+    #[test]
     fn duplicates_keep_the_later_object() {
         let text = "apiVersion: v1\nkind: Service\nmetadata: {name: a, namespace: x}\nspec: {clusterIP: 10.96.0.1}\n---\napiVersion: v1\nkind: Service\nmetadata: {name: a, namespace: x}\nspec: {clusterIP: 10.96.0.2}\n";
         let snap = snapshot_from_manifests(parse_manifests(text), "n");

@@ -1,0 +1,46 @@
+//! Logging: `tracing-subscriber` to stderr, as text or JSON, at a level chosen from klog's
+//! `-v` (`RUST_LOG` overrides it when set).
+
+use tracing_subscriber::EnvFilter;
+use tracing_subscriber::filter::LevelFilter;
+
+use crate::cli::LogFormat;
+use crate::settings::LogSettings;
+
+/// The tracing level for a klog verbosity: 0-1 info, 2-4 debug, 5 and more trace.
+pub fn level_for_verbosity(verbosity: u8) -> LevelFilter {
+    match verbosity {
+        0..=1 => LevelFilter::INFO,
+        2..=4 => LevelFilter::DEBUG,
+        _ => LevelFilter::TRACE,
+    }
+}
+
+/// Installs the global subscriber. Fails only if one is already installed.
+pub fn init(settings: LogSettings) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let filter = EnvFilter::builder()
+        .with_default_directive(level_for_verbosity(settings.verbosity).into())
+        .from_env_lossy();
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match settings.format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn klog_verbosity_maps_to_levels() {
+        assert_eq!(level_for_verbosity(0), LevelFilter::INFO);
+        assert_eq!(level_for_verbosity(1), LevelFilter::INFO);
+        assert_eq!(level_for_verbosity(2), LevelFilter::DEBUG);
+        assert_eq!(level_for_verbosity(4), LevelFilter::DEBUG);
+        assert_eq!(level_for_verbosity(5), LevelFilter::TRACE);
+        assert_eq!(level_for_verbosity(10), LevelFilter::TRACE);
+    }
+}
