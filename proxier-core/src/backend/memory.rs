@@ -30,6 +30,7 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 struct IpvsState {
     table: BTreeMap<VirtualServerKey, ObservedVirtualServer>,
     applied: Vec<IpvsOp>,
+    not_recording: bool,
     failures: BTreeMap<VirtualServerKey, BackendError>,
     list_calls: usize,
     get_calls: usize,
@@ -67,6 +68,11 @@ impl MemoryIpvsBackend {
     /// Returns and forgets the ops recorded so far.
     pub fn take_applied_ops(&self) -> Vec<IpvsOp> {
         std::mem::take(&mut lock(&self.state).applied)
+    }
+
+    /// Turns the op log on (the default) or off (long-running benchmarks, dry runs).
+    pub fn set_recording(&self, recording: bool) {
+        lock(&self.state).not_recording = !recording;
     }
 
     /// How many full listings and single-virtual-server reads were made.
@@ -192,7 +198,9 @@ impl IpvsBackend for MemoryIpvsBackend {
 
     async fn apply(&mut self, ops: &[IpvsOp]) -> Vec<Result<(), BackendError>> {
         let mut state = lock(&self.state);
-        state.applied.extend(ops.iter().cloned());
+        if !state.not_recording {
+            state.applied.extend(ops.iter().cloned());
+        }
         ops.iter()
             .map(|op| Self::apply_one(&mut state, op))
             .collect()
