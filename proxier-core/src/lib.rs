@@ -1,6 +1,7 @@
 //! Turns Kubernetes Service state into IPVS virtual servers and keeps the kernel converged.
 
 pub mod backend;
+pub mod conntrack;
 pub mod desired;
 pub mod diff;
 pub mod drain;
@@ -12,6 +13,7 @@ pub mod observed;
 pub mod planner;
 pub mod reconciler;
 pub mod state;
+pub mod sysctl;
 #[doc(hidden)]
 pub mod testing;
 

@@ -1,0 +1,610 @@
+//! Deletes stale UDP conntrack entries, through ctnetlink (NETLINK_NETFILTER).
+//!
+//! UDP has no connection teardown: a client that keeps sending from the same source port
+//! keeps its conntrack entry alive forever. When that entry points at an endpoint that is
+//! gone, or was created before the Service could be served (so it carries no NAT), the
+//! client is blackholed (kubernetes#105192, #125467, #48370). The fix is to delete the
+//! entries:
+//!
+//! - when a UDP real server is removed from a virtual server: entries whose original
+//!   destination is the virtual address:port and whose reply source is the endpoint
+//!   ([`FlowFilter::to_removed_endpoint`]);
+//! - when a UDP virtual server gets its first real server (or appears): entries whose
+//!   original destination is the virtual address:port ([`FlowFilter::to_service`]).
+//!
+//! [`stale_udp_flows`] computes both from two plans (pure); [`KernelConntrack`] dumps the
+//! conntrack table of its network namespace and deletes the matching entries;
+//! [`MemoryConntrack`] is the in-memory stand-in.
+//!
+//! The wire format (nfnetlink header, `IPCTNL_MSG_CT_GET` dump, `IPCTNL_MSG_CT_DELETE` by
+//! original tuple and zone) is encoded here on netlink-packet-core's attribute buffers: the
+//! few messages involved do not justify a second netfilter codec crate in the tree.
+
+use std::collections::BTreeSet;
+use std::net::{IpAddr, SocketAddr};
+
+use netlink_packet_core::{NLA_F_NESTED, NlaBuffer, NlasIterator};
+use netlink_sys::{Socket, SocketAddr as NetlinkAddr, protocols::NETLINK_NETFILTER};
+
+use crate::desired::{Desired, Protocol, ServicePortPlan};
+
+/// One conntrack entry's tuple, as far as the proxier cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FlowTuple {
+    /// Source address and port.
+    pub source: SocketAddr,
+    /// Destination address and port.
+    pub destination: SocketAddr,
+}
+
+/// A conntrack entry: its transport protocol (IP protocol number), zone and both tuples.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ConntrackFlow {
+    /// IP protocol number (17 = UDP).
+    pub protocol: u8,
+    /// Conntrack zone (0 unless zones are in use).
+    pub zone: u16,
+    /// Original direction: client → service address.
+    pub original: FlowTuple,
+    /// Reply direction: after DNAT, the source is the endpoint.
+    pub reply: FlowTuple,
+}
+
+/// Which entries to delete: all given conditions must hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FlowFilter {
+    /// Transport protocol.
+    pub protocol: Protocol,
+    /// Original destination (the service address and port), if constrained.
+    pub original_destination: Option<SocketAddr>,
+    /// Reply source (the endpoint the flow was sent to), if constrained.
+    pub reply_source: Option<SocketAddr>,
+}
+
+impl FlowFilter {
+    /// UDP flows to `service` that were sent to `endpoint`: stale once the endpoint is gone.
+    pub fn to_removed_endpoint(service: SocketAddr, endpoint: SocketAddr) -> Self {
+        FlowFilter {
+            protocol: Protocol::Udp,
+            original_destination: Some(service),
+            reply_source: Some(endpoint),
+        }
+    }
+
+    /// Every UDP flow to `service`: stale when they were set up before it had endpoints.
+    pub fn to_service(service: SocketAddr) -> Self {
+        FlowFilter {
+            protocol: Protocol::Udp,
+            original_destination: Some(service),
+            reply_source: None,
+        }
+    }
+
+    /// Whether `flow` matches.
+    pub fn matches(&self, flow: &ConntrackFlow) -> bool {
+        u16::from(flow.protocol) == self.protocol.number()
+            && self
+                .original_destination
+                .is_none_or(|d| d == flow.original.destination)
+            && self.reply_source.is_none_or(|s| s == flow.reply.source)
+    }
+}
+
+/// The UDP flows made stale by going from `old` to `new` for one Service port (either may be
+/// absent: created or deleted).
+pub fn stale_udp_flows_of_port(
+    old: Option<&ServicePortPlan>,
+    new: Option<&ServicePortPlan>,
+) -> BTreeSet<FlowFilter> {
+    let mut out = BTreeSet::new();
+    let empty = ServicePortPlan::default();
+    let old = old.unwrap_or(&empty);
+    let new = new.unwrap_or(&empty);
+    for (key, old_vs) in &old.virtual_servers {
+        if key.protocol != Protocol::Udp {
+            continue;
+        }
+        let service = SocketAddr::new(key.address, key.port);
+        let remaining = new.virtual_servers.get(key);
+        for rs in old_vs.real_servers.keys() {
+            if remaining.is_none_or(|vs| !vs.real_servers.contains_key(rs)) {
+                out.insert(FlowFilter::to_removed_endpoint(
+                    service,
+                    SocketAddr::new(rs.address, rs.port),
+                ));
+            }
+        }
+    }
+    for (key, new_vs) in &new.virtual_servers {
+        if key.protocol != Protocol::Udp || new_vs.real_servers.is_empty() {
+            continue;
+        }
+        let had_none = old
+            .virtual_servers
+            .get(key)
+            .is_none_or(|vs| vs.real_servers.is_empty());
+        if had_none {
+            out.insert(FlowFilter::to_service(SocketAddr::new(
+                key.address,
+                key.port,
+            )));
+        }
+    }
+    out
+}
+
+/// The UDP flows made stale by going from plan `old` to plan `new` for the whole node.
+pub fn stale_udp_flows(old: &Desired, new: &Desired) -> BTreeSet<FlowFilter> {
+    let names: BTreeSet<_> = old.services.keys().chain(new.services.keys()).collect();
+    names
+        .into_iter()
+        .flat_map(|name| stale_udp_flows_of_port(old.services.get(name), new.services.get(name)))
+        .collect()
+}
+
+/// Why conntrack entries could not be listed or deleted.
+#[derive(Debug, thiserror::Error)]
+pub enum ConntrackError {
+    /// The netlink socket could not be opened.
+    #[error("cannot open a NETLINK_NETFILTER socket: {0}")]
+    Socket(std::io::Error),
+    /// Sending or receiving failed.
+    #[error("ctnetlink {operation}: {source}")]
+    Io {
+        /// What was being done.
+        operation: &'static str,
+        /// The operating system's answer.
+        source: std::io::Error,
+    },
+    /// The kernel answered with an error.
+    #[error("ctnetlink {operation}: kernel error {}", std::io::Error::from_raw_os_error(*errno))]
+    Kernel {
+        /// What was being done.
+        operation: &'static str,
+        /// The errno (positive).
+        errno: i32,
+    },
+    /// The kernel's answer could not be parsed.
+    #[error("ctnetlink {operation}: malformed answer: {detail}")]
+    Malformed {
+        /// What was being done.
+        operation: &'static str,
+        /// What was wrong.
+        detail: String,
+    },
+}
+
+/// Lists and deletes conntrack entries.
+pub trait ConntrackBackend {
+    /// Deletes every entry that matches one of `filters`; returns how many were deleted
+    /// (entries that vanished meanwhile are not counted and are not an error).
+    fn delete_flows(&mut self, filters: &[FlowFilter]) -> Result<usize, ConntrackError>;
+}
+
+/// In-memory conntrack table (tests, `--dry-run`).
+#[derive(Debug, Clone, Default)]
+pub struct MemoryConntrack {
+    /// The entries.
+    pub flows: Vec<ConntrackFlow>,
+    /// Every filter list passed to [`ConntrackBackend::delete_flows`], in order.
+    pub calls: Vec<Vec<FlowFilter>>,
+}
+
+impl ConntrackBackend for MemoryConntrack {
+    fn delete_flows(&mut self, filters: &[FlowFilter]) -> Result<usize, ConntrackError> {
+        self.calls.push(filters.to_vec());
+        let before = self.flows.len();
+        self.flows
+            .retain(|flow| !filters.iter().any(|f| f.matches(flow)));
+        Ok(before - self.flows.len())
+    }
+}
+
+/// ctnetlink on a NETLINK_NETFILTER socket, bound to the network namespace of the thread
+/// that created it. Calls block (a dump walks the whole table of one family): from async
+/// code, run them with `tokio::task::spawn_blocking`.
+#[derive(Debug)]
+pub struct KernelConntrack {
+    socket: Socket,
+    sequence: u32,
+    buffer: Vec<u8>,
+}
+
+const NFNL_SUBSYS_CTNETLINK: u16 = 1;
+const IPCTNL_MSG_CT_GET: u16 = 1;
+const IPCTNL_MSG_CT_DELETE: u16 = 2;
+const NFNETLINK_V0: u8 = 0;
+
+const NLMSG_ERROR: u16 = 2;
+const NLMSG_DONE: u16 = 3;
+const NLM_F_REQUEST: u16 = 0x1;
+const NLM_F_ACK: u16 = 0x4;
+const NLM_F_DUMP: u16 = 0x300;
+const NLMSG_HEADER_LEN: usize = 16;
+const NFGENMSG_LEN: usize = 4;
+
+const CTA_TUPLE_ORIG: u16 = 1;
+const CTA_TUPLE_REPLY: u16 = 2;
+const CTA_ZONE: u16 = 18;
+const CTA_TUPLE_IP: u16 = 1;
+const CTA_TUPLE_PROTO: u16 = 2;
+const CTA_IP_V4_SRC: u16 = 1;
+const CTA_IP_V4_DST: u16 = 2;
+const CTA_IP_V6_SRC: u16 = 3;
+const CTA_IP_V6_DST: u16 = 4;
+const CTA_PROTO_NUM: u16 = 1;
+const CTA_PROTO_SRC_PORT: u16 = 2;
+const CTA_PROTO_DST_PORT: u16 = 3;
+
+const AF_INET: u8 = 2;
+const AF_INET6: u8 = 10;
+
+/// Deletes sent before their acknowledgements are read.
+const DELETE_WINDOW: usize = 64;
+
+impl KernelConntrack {
+    /// Opens a ctnetlink socket in the calling thread's network namespace.
+    pub fn new() -> Result<Self, ConntrackError> {
+        let mut socket = Socket::new(NETLINK_NETFILTER).map_err(ConntrackError::Socket)?;
+        socket.bind_auto().map_err(ConntrackError::Socket)?;
+        socket
+            .connect(&NetlinkAddr::new(0, 0))
+            .map_err(ConntrackError::Socket)?;
+        Ok(KernelConntrack {
+            socket,
+            sequence: 1,
+            buffer: Vec::with_capacity(64 * 1024),
+        })
+    }
+
+    /// Every conntrack entry of one family (`V4` or `V6` by `ipv6`).
+    pub fn list(&mut self, ipv6: bool) -> Result<Vec<ConntrackFlow>, ConntrackError> {
+        const OP: &str = "dump";
+        let family = if ipv6 { AF_INET6 } else { AF_INET };
+        let sequence = self.next_sequence();
+        let request = encode_request(
+            IPCTNL_MSG_CT_GET,
+            NLM_F_REQUEST | NLM_F_DUMP,
+            sequence,
+            family,
+            &[],
+        );
+        self.send(OP, &request)?;
+        let mut flows = Vec::new();
+        loop {
+            let messages = self.receive(OP)?;
+            for message in messages {
+                if message.sequence != sequence {
+                    continue;
+                }
+                match message.kind {
+                    NLMSG_DONE => return Ok(flows),
+                    NLMSG_ERROR => {
+                        let errno = error_code(&message.payload, OP)?;
+                        if errno != 0 {
+                            return Err(ConntrackError::Kernel {
+                                operation: OP,
+                                errno,
+                            });
+                        }
+                    }
+                    _ => {
+                        if let Some(flow) = decode_flow(&message.payload).map_err(|detail| {
+                            ConntrackError::Malformed {
+                                operation: OP,
+                                detail,
+                            }
+                        })? {
+                            flows.push(flow);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Deletes one entry by its original tuple and zone. `Ok(false)`: it was already gone.
+    pub fn delete(&mut self, flow: &ConntrackFlow) -> Result<bool, ConntrackError> {
+        Ok(self.delete_all(std::slice::from_ref(flow))? == 1)
+    }
+
+    fn delete_all(&mut self, flows: &[ConntrackFlow]) -> Result<usize, ConntrackError> {
+        const OP: &str = "delete";
+        let mut deleted = 0;
+        for window in flows.chunks(DELETE_WINDOW) {
+            let mut pending = BTreeSet::new();
+            for flow in window {
+                let sequence = self.next_sequence();
+                self.send(OP, &encode_delete(flow, sequence))?;
+                pending.insert(sequence);
+            }
+            while !pending.is_empty() {
+                for message in self.receive(OP)? {
+                    if message.kind != NLMSG_ERROR || !pending.remove(&message.sequence) {
+                        continue;
+                    }
+                    match error_code(&message.payload, OP)? {
+                        0 => deleted += 1,
+                        libc::ENOENT => {}
+                        errno => {
+                            return Err(ConntrackError::Kernel {
+                                operation: OP,
+                                errno,
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        Ok(deleted)
+    }
+
+    fn next_sequence(&mut self) -> u32 {
+        self.sequence = self.sequence.wrapping_add(1).max(1);
+        self.sequence
+    }
+
+    fn send(&mut self, operation: &'static str, bytes: &[u8]) -> Result<(), ConntrackError> {
+        self.socket
+            .send(bytes, 0)
+            .map(|_| ())
+            .map_err(|source| ConntrackError::Io { operation, source })
+    }
+
+    fn receive(&mut self, operation: &'static str) -> Result<Vec<RawMessage>, ConntrackError> {
+        self.buffer.clear();
+        self.buffer.reserve(64 * 1024);
+        self.socket
+            .recv(&mut self.buffer, 0)
+            .map_err(|source| ConntrackError::Io { operation, source })?;
+        split_messages(&self.buffer)
+            .map_err(|detail| ConntrackError::Malformed { operation, detail })
+    }
+}
+
+impl ConntrackBackend for KernelConntrack {
+    fn delete_flows(&mut self, filters: &[FlowFilter]) -> Result<usize, ConntrackError> {
+        if filters.is_empty() {
+            return Ok(0);
+        }
+        let mut doomed = Vec::new();
+        let wants_v4 = filters.iter().any(|f| !filter_is_v6(f));
+        let wants_v6 = filters.iter().any(filter_is_v6);
+        for (wanted, ipv6) in [(wants_v4, false), (wants_v6, true)] {
+            if !wanted {
+                continue;
+            }
+            doomed.extend(
+                self.list(ipv6)?
+                    .into_iter()
+                    .filter(|flow| filters.iter().any(|f| f.matches(flow))),
+            );
+        }
+        let deleted = self.delete_all(&doomed)?;
+        if deleted > 0 {
+            tracing::info!(deleted, "deleted stale conntrack entries");
+        }
+        Ok(deleted)
+    }
+}
+
+fn filter_is_v6(filter: &FlowFilter) -> bool {
+    filter
+        .original_destination
+        .or(filter.reply_source)
+        .is_some_and(|a| a.is_ipv6())
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct RawMessage {
+    kind: u16,
+    sequence: u32,
+    payload: Vec<u8>,
+}
+
+fn split_messages(mut bytes: &[u8]) -> Result<Vec<RawMessage>, String> {
+    let mut out = Vec::new();
+    while bytes.len() >= NLMSG_HEADER_LEN {
+        let length = u32::from_ne_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]) as usize;
+        if length < NLMSG_HEADER_LEN || length > bytes.len() {
+            return Err(format!(
+                "netlink message length {length} with {} bytes left",
+                bytes.len()
+            ));
+        }
+        out.push(RawMessage {
+            kind: u16::from_ne_bytes([bytes[4], bytes[5]]),
+            sequence: u32::from_ne_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]),
+            payload: bytes[NLMSG_HEADER_LEN..length].to_vec(),
+        });
+        let aligned = (length + 3) & !3;
+        bytes = &bytes[aligned.min(bytes.len())..];
+    }
+    Ok(out)
+}
+
+/// The errno of an NLMSG_ERROR payload (0 = acknowledgement), as a positive number.
+fn error_code(payload: &[u8], operation: &'static str) -> Result<i32, ConntrackError> {
+    let raw: [u8; 4] =
+        payload
+            .get(..4)
+            .and_then(|b| b.try_into().ok())
+            .ok_or(ConntrackError::Malformed {
+                operation,
+                detail: "short NLMSG_ERROR".to_owned(),
+            })?;
+    Ok(-i32::from_ne_bytes(raw))
+}
+
+fn encode_request(kind: u16, flags: u16, sequence: u32, family: u8, attributes: &[u8]) -> Vec<u8> {
+    let length = NLMSG_HEADER_LEN + NFGENMSG_LEN + attributes.len();
+    let mut out = Vec::with_capacity(length);
+    out.extend_from_slice(&u32::try_from(length).unwrap_or(u32::MAX).to_ne_bytes());
+    out.extend_from_slice(&((NFNL_SUBSYS_CTNETLINK << 8) | kind).to_ne_bytes());
+    out.extend_from_slice(&flags.to_ne_bytes());
+    out.extend_from_slice(&sequence.to_ne_bytes());
+    out.extend_from_slice(&0u32.to_ne_bytes());
+    out.extend_from_slice(&[family, NFNETLINK_V0, 0, 0]);
+    out.extend_from_slice(attributes);
+    out
+}
+
+fn push_attribute(out: &mut Vec<u8>, kind: u16, value: &[u8]) {
+    let length = 4 + value.len();
+    out.extend_from_slice(&u16::try_from(length).unwrap_or(u16::MAX).to_ne_bytes());
+    out.extend_from_slice(&kind.to_ne_bytes());
+    out.extend_from_slice(value);
+    out.resize((out.len() + 3) & !3, 0);
+}
+
+fn push_nested(out: &mut Vec<u8>, kind: u16, build: impl FnOnce(&mut Vec<u8>)) {
+    let mut inner = Vec::new();
+    build(&mut inner);
+    push_attribute(out, kind | NLA_F_NESTED, &inner);
+}
+
+fn encode_tuple(out: &mut Vec<u8>, protocol: u8, tuple: &FlowTuple) {
+    push_nested(out, CTA_TUPLE_IP, |ip| {
+        match (tuple.source.ip(), tuple.destination.ip()) {
+            (IpAddr::V4(s), IpAddr::V4(d)) => {
+                push_attribute(ip, CTA_IP_V4_SRC, &s.octets());
+                push_attribute(ip, CTA_IP_V4_DST, &d.octets());
+            }
+            (s, d) => {
+                push_attribute(ip, CTA_IP_V6_SRC, &ipv6_octets(s));
+                push_attribute(ip, CTA_IP_V6_DST, &ipv6_octets(d));
+            }
+        }
+    });
+    push_nested(out, CTA_TUPLE_PROTO, |proto| {
+        push_attribute(proto, CTA_PROTO_NUM, &[protocol]);
+        push_attribute(
+            proto,
+            CTA_PROTO_SRC_PORT,
+            &tuple.source.port().to_be_bytes(),
+        );
+        push_attribute(
+            proto,
+            CTA_PROTO_DST_PORT,
+            &tuple.destination.port().to_be_bytes(),
+        );
+    });
+}
+
+fn ipv6_octets(ip: IpAddr) -> [u8; 16] {
+    match ip {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+        IpAddr::V6(v6) => v6.octets(),
+    }
+}
+
+fn encode_delete(flow: &ConntrackFlow, sequence: u32) -> Vec<u8> {
+    let family = if flow.original.source.is_ipv6() {
+        AF_INET6
+    } else {
+        AF_INET
+    };
+    let mut attributes = Vec::new();
+    push_nested(&mut attributes, CTA_TUPLE_ORIG, |t| {
+        encode_tuple(t, flow.protocol, &flow.original);
+    });
+    if flow.zone != 0 {
+        push_attribute(&mut attributes, CTA_ZONE, &flow.zone.to_be_bytes());
+    }
+    encode_request(
+        IPCTNL_MSG_CT_DELETE,
+        NLM_F_REQUEST | NLM_F_ACK,
+        sequence,
+        family,
+        &attributes,
+    )
+}
+
+/// Decodes one conntrack message payload (nfgenmsg + attributes). `Ok(None)`: an entry the
+/// proxier never matches (no ports: ICMP, GRE, ...).
+fn decode_flow(payload: &[u8]) -> Result<Option<ConntrackFlow>, String> {
+    let attributes = payload
+        .get(NFGENMSG_LEN..)
+        .ok_or_else(|| "short nfgenmsg".to_owned())?;
+    let mut original = None;
+    let mut reply = None;
+    let mut zone = 0;
+    for nla in NlasIterator::new(attributes) {
+        let nla = nla.map_err(|e| format!("attribute: {e}"))?;
+        match nla.kind() {
+            CTA_TUPLE_ORIG => original = decode_tuple(nla.value())?,
+            CTA_TUPLE_REPLY => reply = decode_tuple(nla.value())?,
+            CTA_ZONE => zone = be_u16(nla.value()).ok_or("CTA_ZONE is not 2 bytes")?,
+            _ => {}
+        }
+    }
+    match (original, reply) {
+        (Some((protocol, original)), Some((_, reply))) => Ok(Some(ConntrackFlow {
+            protocol,
+            zone,
+            original,
+            reply,
+        })),
+        _ => Ok(None),
+    }
+}
+
+fn be_u16(bytes: &[u8]) -> Option<u16> {
+    Some(u16::from_be_bytes(bytes.get(..2)?.try_into().ok()?))
+}
+
+fn decode_tuple(bytes: &[u8]) -> Result<Option<(u8, FlowTuple)>, String> {
+    let (mut source, mut destination) = (None, None);
+    let (mut protocol, mut source_port, mut destination_port) = (None, None, None);
+    for nla in NlasIterator::new(bytes) {
+        let nla: NlaBuffer<&[u8]> = nla.map_err(|e| format!("tuple: {e}"))?;
+        match nla.kind() {
+            CTA_TUPLE_IP => {
+                for ip in NlasIterator::new(nla.value()) {
+                    let ip = ip.map_err(|e| format!("tuple ip: {e}"))?;
+                    let address = ip_of(ip.value())?;
+                    match ip.kind() {
+                        CTA_IP_V4_SRC | CTA_IP_V6_SRC => source = Some(address),
+                        CTA_IP_V4_DST | CTA_IP_V6_DST => destination = Some(address),
+                        _ => {}
+                    }
+                }
+            }
+            CTA_TUPLE_PROTO => {
+                for p in NlasIterator::new(nla.value()) {
+                    let p = p.map_err(|e| format!("tuple proto: {e}"))?;
+                    match p.kind() {
+                        CTA_PROTO_NUM => protocol = p.value().first().copied(),
+                        CTA_PROTO_SRC_PORT => source_port = be_u16(p.value()),
+                        CTA_PROTO_DST_PORT => destination_port = be_u16(p.value()),
+                        _ => {}
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    match (protocol, source, destination, source_port, destination_port) {
+        (Some(protocol), Some(s), Some(d), Some(sp), Some(dp)) => Ok(Some((
+            protocol,
+            FlowTuple {
+                source: SocketAddr::new(s, sp),
+                destination: SocketAddr::new(d, dp),
+            },
+        ))),
+        _ => Ok(None),
+    }
+}
+
+fn ip_of(bytes: &[u8]) -> Result<IpAddr, String> {
+    if let Ok(v4) = <[u8; 4]>::try_from(bytes) {
+        Ok(IpAddr::from(v4))
+    } else if let Ok(v6) = <[u8; 16]>::try_from(bytes) {
+        Ok(IpAddr::from(v6))
+    } else {
+        Err(format!("address of {} bytes", bytes.len()))
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,296 @@
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+
+use super::*;
+use crate::desired::{
+    RealServer, RealServerKey, Scheduler, ServicePortName, VirtualServer, VirtualServerKey,
+    VirtualServerRole,
+};
+
+fn sa(s: &str) -> SocketAddr {
+    s.parse().unwrap()
+}
+
+/// Original tuple 10.0.0.1:40000 -> 10.96.0.10:53, UDP, as nested attributes (little-endian
+/// lengths and types, big-endian ports), written out from the ctnetlink uapi layout.
+const ORIG_TUPLE: [u8; 52] = [
+    0x34, 0x00, 0x01, 0x80, // CTA_TUPLE_ORIG | NESTED, len 52
+    0x14, 0x00, 0x01, 0x80, // CTA_TUPLE_IP | NESTED, len 20
+    0x08, 0x00, 0x01, 0x00, 10, 0, 0, 1, // CTA_IP_V4_SRC
+    0x08, 0x00, 0x02, 0x00, 10, 96, 0, 10, // CTA_IP_V4_DST
+    0x1c, 0x00, 0x02, 0x80, // CTA_TUPLE_PROTO | NESTED, len 28
+    0x05, 0x00, 0x01, 0x00, 17, 0, 0, 0, // CTA_PROTO_NUM udp + pad
+    0x06, 0x00, 0x02, 0x00, 0x9c, 0x40, 0, 0, // CTA_PROTO_SRC_PORT 40000
+    0x06, 0x00, 0x03, 0x00, 0x00, 0x35, 0, 0, // CTA_PROTO_DST_PORT 53
+];
+
+const REPLY_TUPLE: [u8; 52] = [
+    0x34, 0x00, 0x02, 0x80, // CTA_TUPLE_REPLY | NESTED
+    0x14, 0x00, 0x01, 0x80, //
+    0x08, 0x00, 0x01, 0x00, 10, 244, 0, 5, // src: the endpoint
+    0x08, 0x00, 0x02, 0x00, 10, 0, 0, 1, //
+    0x1c, 0x00, 0x02, 0x80, //
+    0x05, 0x00, 0x01, 0x00, 17, 0, 0, 0, //
+    0x06, 0x00, 0x02, 0x00, 0x00, 0x35, 0, 0, //
+    0x06, 0x00, 0x03, 0x00, 0x9c, 0x40, 0, 0, //
+];
+
+fn flow() -> ConntrackFlow {
+    ConntrackFlow {
+        protocol: 17,
+        zone: 0,
+        original: FlowTuple {
+            source: sa("10.0.0.1:40000"),
+            destination: sa("10.96.0.10:53"),
+        },
+        reply: FlowTuple {
+            source: sa("10.244.0.5:53"),
+            destination: sa("10.0.0.1:40000"),
+        },
+    }
+}
+
+#[test]
+fn delete_request_matches_the_uapi_layout() {
+    let bytes = encode_delete(&flow(), 7);
+    let mut expected = vec![
+        0x48, 0x00, 0x00, 0x00, // length 72
+        0x02, 0x01, // type: CTNETLINK << 8 | IPCTNL_MSG_CT_DELETE
+        0x05, 0x00, // NLM_F_REQUEST | NLM_F_ACK
+        0x07, 0x00, 0x00, 0x00, // sequence
+        0x00, 0x00, 0x00, 0x00, // port id
+        0x02, 0x00, 0x00, 0x00, // nfgenmsg: AF_INET, v0, res_id 0
+    ];
+    expected.extend_from_slice(&ORIG_TUPLE);
+    assert_eq!(bytes, expected);
+}
+
+#[test]
+fn delete_request_carries_a_nonzero_zone() {
+    let mut f = flow();
+    f.zone = 5;
+    let bytes = encode_delete(&f, 1);
+    assert_eq!(
+        &bytes[bytes.len() - 8..],
+        &[0x06, 0x00, 0x12, 0x00, 0x00, 0x05, 0, 0]
+    );
+    assert_eq!(bytes[0], 80);
+}
+
+#[test]
+fn dump_request_is_a_bare_get_with_dump_flags() {
+    let bytes = encode_request(
+        IPCTNL_MSG_CT_GET,
+        NLM_F_REQUEST | NLM_F_DUMP,
+        9,
+        AF_INET6,
+        &[],
+    );
+    assert_eq!(
+        bytes,
+        vec![
+            20, 0, 0, 0, 0x01, 0x01, 0x01, 0x03, 9, 0, 0, 0, 0, 0, 0, 0, 10, 0, 0, 0
+        ]
+    );
+}
+
+#[test]
+fn decodes_a_dump_entry_with_zone_and_unknown_attributes() {
+    let mut payload = vec![0x02, 0x00, 0x00, 0x00];
+    payload.extend_from_slice(&ORIG_TUPLE);
+    payload.extend_from_slice(&REPLY_TUPLE);
+    payload.extend_from_slice(&[0x08, 0x00, 0x03, 0x00, 0x00, 0x00, 0x01, 0x8e]); // CTA_STATUS
+    payload.extend_from_slice(&[0x06, 0x00, 0x12, 0x00, 0x00, 0x05, 0, 0]); // CTA_ZONE 5
+    let decoded = decode_flow(&payload).unwrap().unwrap();
+    let mut expected = flow();
+    expected.zone = 5;
+    assert_eq!(decoded, expected);
+}
+
+#[test]
+fn entries_without_ports_are_skipped() {
+    // ICMP: CTA_TUPLE_PROTO holds no ports.
+    let tuple = |kind: u8| {
+        vec![
+            0x24, 0x00, kind, 0x80, //
+            0x14, 0x00, 0x01, 0x80, //
+            0x08, 0x00, 0x01, 0x00, 10, 0, 0, 1, //
+            0x08, 0x00, 0x02, 0x00, 10, 0, 0, 2, //
+            0x0c, 0x00, 0x02, 0x80, //
+            0x05, 0x00, 0x01, 0x00, 1, 0, 0, 0, //
+        ]
+    };
+    let mut payload = vec![0x02, 0x00, 0x00, 0x00];
+    payload.extend(tuple(1));
+    payload.extend(tuple(2));
+    assert_eq!(decode_flow(&payload).unwrap(), None);
+}
+
+#[test]
+fn malformed_attributes_are_an_error() {
+    let payload = [0x02, 0x00, 0x00, 0x00, 0xff, 0x00, 0x01, 0x80, 0x00];
+    assert!(decode_flow(&payload).is_err());
+}
+
+#[test]
+fn splits_several_messages_and_reads_errors() {
+    let mut bytes = encode_request(IPCTNL_MSG_CT_GET, NLM_F_REQUEST, 3, AF_INET, &[1, 2, 3]);
+    bytes.resize(24, 0); // aligned to 4
+    // An NLMSG_ERROR with -ENOENT.
+    bytes.extend_from_slice(&36u32.to_ne_bytes());
+    bytes.extend_from_slice(&NLMSG_ERROR.to_ne_bytes());
+    bytes.extend_from_slice(&0u16.to_ne_bytes());
+    bytes.extend_from_slice(&4u32.to_ne_bytes());
+    bytes.extend_from_slice(&0u32.to_ne_bytes());
+    bytes.extend_from_slice(&(-libc::ENOENT).to_ne_bytes());
+    bytes.extend_from_slice(&[0; 16]);
+    let messages = split_messages(&bytes).unwrap();
+    assert_eq!(messages.len(), 2);
+    assert_eq!(messages[0].sequence, 3);
+    assert_eq!(messages[0].payload, vec![2, 0, 0, 0, 1, 2, 3]);
+    assert_eq!(messages[1].kind, NLMSG_ERROR);
+    assert_eq!(error_code(&messages[1].payload, "t").unwrap(), libc::ENOENT);
+    assert!(split_messages(&[0xff, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]).is_err());
+}
+
+#[test]
+fn filters_match_on_every_given_field() {
+    let f = flow();
+    let removed = FlowFilter::to_removed_endpoint(sa("10.96.0.10:53"), sa("10.244.0.5:53"));
+    assert!(removed.matches(&f));
+    let other_endpoint = FlowFilter::to_removed_endpoint(sa("10.96.0.10:53"), sa("10.244.0.6:53"));
+    assert!(!other_endpoint.matches(&f));
+    // Same endpoint behind another Service: not this filter's business.
+    let other_service = FlowFilter::to_removed_endpoint(sa("10.96.0.11:53"), sa("10.244.0.5:53"));
+    assert!(!other_service.matches(&f));
+    assert!(FlowFilter::to_service(sa("10.96.0.10:53")).matches(&f));
+    assert!(!FlowFilter::to_service(sa("10.96.0.10:54")).matches(&f));
+    let mut tcp = f;
+    tcp.protocol = 6;
+    assert!(!removed.matches(&tcp), "only UDP entries are deleted");
+}
+
+#[test]
+fn memory_backend_deletes_matching_entries() {
+    let mut keep = flow();
+    keep.original.source = sa("10.0.0.2:40001");
+    keep.reply.source = sa("10.244.0.6:53");
+    let mut backend = MemoryConntrack {
+        flows: vec![flow(), keep],
+        calls: Vec::new(),
+    };
+    let filter = FlowFilter::to_removed_endpoint(sa("10.96.0.10:53"), sa("10.244.0.5:53"));
+    assert_eq!(backend.delete_flows(&[filter]).unwrap(), 1);
+    assert_eq!(backend.flows, vec![keep]);
+}
+
+fn udp_plan(vip: &str, port: u16, endpoints: &[&str]) -> ServicePortPlan {
+    let key = VirtualServerKey {
+        address: vip.parse().unwrap(),
+        port,
+        protocol: Protocol::Udp,
+    };
+    let real_servers: BTreeMap<RealServerKey, RealServer> = endpoints
+        .iter()
+        .map(|e| {
+            let a = sa(e);
+            (
+                RealServerKey {
+                    address: a.ip(),
+                    port: a.port(),
+                },
+                RealServer::default(),
+            )
+        })
+        .collect();
+    let mut plan = ServicePortPlan::default();
+    plan.virtual_servers.insert(
+        key,
+        VirtualServer {
+            role: VirtualServerRole::ClusterIp,
+            scheduler: Scheduler::RoundRobin,
+            persistence_timeout: None,
+            hash_source_port: false,
+            real_servers,
+        },
+    );
+    plan
+}
+
+#[test]
+fn replaced_endpoint_is_stale_and_the_new_one_is_not() {
+    let old = udp_plan("10.96.0.10", 53, &["10.244.0.5:53"]);
+    let new = udp_plan("10.96.0.10", 53, &["10.244.0.6:53"]);
+    let stale = stale_udp_flows_of_port(Some(&old), Some(&new));
+    assert_eq!(
+        stale,
+        BTreeSet::from([FlowFilter::to_removed_endpoint(
+            sa("10.96.0.10:53"),
+            sa("10.244.0.5:53")
+        )])
+    );
+}
+
+#[test]
+fn first_endpoint_clears_flows_to_the_service() {
+    let old = udp_plan("10.96.0.10", 53, &[]);
+    let new = udp_plan("10.96.0.10", 53, &["10.244.0.6:53"]);
+    assert_eq!(
+        stale_udp_flows_of_port(Some(&old), Some(&new)),
+        BTreeSet::from([FlowFilter::to_service(sa("10.96.0.10:53"))])
+    );
+    // A brand-new Service port too.
+    assert_eq!(
+        stale_udp_flows_of_port(None, Some(&new)),
+        BTreeSet::from([FlowFilter::to_service(sa("10.96.0.10:53"))])
+    );
+}
+
+#[test]
+fn deleted_service_stales_all_its_endpoints_and_unchanged_is_quiet() {
+    let old = udp_plan("10.96.0.10", 53, &["10.244.0.5:53", "10.244.0.6:53"]);
+    assert_eq!(stale_udp_flows_of_port(Some(&old), None).len(), 2);
+    assert!(stale_udp_flows_of_port(Some(&old), Some(&old)).is_empty());
+}
+
+#[test]
+fn tcp_changes_never_stale_flows() {
+    let mut old = udp_plan("10.96.0.10", 80, &["10.244.0.5:80"]);
+    let (key, vs) = old.virtual_servers.pop_first().unwrap();
+    old.virtual_servers.insert(
+        VirtualServerKey {
+            protocol: Protocol::Tcp,
+            ..key
+        },
+        vs,
+    );
+    assert!(stale_udp_flows_of_port(Some(&old), None).is_empty());
+}
+
+#[test]
+fn whole_plan_diff_covers_every_port() {
+    let name = |n: &str| ServicePortName {
+        namespace: "default".into(),
+        name: n.into(),
+        port: "dns".into(),
+        protocol: Protocol::Udp,
+    };
+    let mut old = Desired::default();
+    old.services
+        .insert(name("a"), udp_plan("10.96.0.10", 53, &["10.244.0.5:53"]));
+    old.services
+        .insert(name("gone"), udp_plan("10.96.0.12", 53, &["10.244.0.9:53"]));
+    let mut new = Desired::default();
+    new.services
+        .insert(name("a"), udp_plan("10.96.0.10", 53, &["10.244.0.5:53"]));
+    new.services
+        .insert(name("b"), udp_plan("10.96.0.11", 53, &["10.244.0.7:53"]));
+    assert_eq!(
+        stale_udp_flows(&old, &new),
+        BTreeSet::from([
+            FlowFilter::to_service(sa("10.96.0.11:53")),
+            FlowFilter::to_removed_endpoint(sa("10.96.0.12:53"), sa("10.244.0.9:53")),
+        ])
+    );
+}
