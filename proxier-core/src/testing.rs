@@ -30,7 +30,7 @@ pub fn service_name(i: usize) -> ServiceName {
 /// Synthetic Service `i`.
 pub fn service(i: usize) -> Service {
     let index = u32::try_from(i).unwrap_or(u32::MAX);
-    let node_port = (i % 10 == 0).then(|| 30_000 + u16::try_from(i % 2768).unwrap_or(0));
+    let node_port = i.is_multiple_of(10).then(|| 30_000 + u16::try_from(i % 2768).unwrap_or(0));
     Service::new(
         service_name(i),
         vec![v4(Ipv4Addr::new(10, 96, 0, 0), index)],
@@ -54,7 +54,7 @@ pub fn slice(i: usize, n: usize, round: u64) -> EndpointSlice {
             let mut ep = Endpoint::ready(v4(Ipv4Addr::new(10, 128, 0, 0), offset));
             ep.node_name = Some(Arc::from(format!("node-{}", (i + j) % 50)));
             ep.zone = Some(Arc::from(format!("zone-{}", (i + j) % 3)));
-            if j == 0 && round % 2 == 1 {
+            if j == 0 && !round.is_multiple_of(2) {
                 ep.ready = false;
             }
             ep

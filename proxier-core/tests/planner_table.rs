@@ -890,7 +890,9 @@ fn ready_and_terminating_with_local_policy_fall_back_independently() {
 #[test]
 fn zone_hints_apply_only_when_every_ready_endpoint_has_one_and_one_matches() {
     let z = |addr: &str, zones: &[&str]| zone_hints(ep(addr), zones);
-    let cases: Vec<(&str, Option<&str>, Vec<Endpoint>, Vec<&str>)> = vec![
+    // (what, node zone, endpoints, expected addresses)
+    type Case<'a> = (&'a str, Option<&'a str>, Vec<Endpoint>, Vec<&'a str>);
+    let cases: Vec<Case> = vec![
         (
             "hints for this zone",
             Some("zone-a"),
