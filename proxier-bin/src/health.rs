@@ -414,15 +414,17 @@ mod tests {
     #[test]
     fn node_being_deleted_or_tainted_fails_healthz_not_livez() {
         let h = ProxyHealth::new(Duration::from_secs(60));
-        let mut node = Node::default();
-        node.spec = Some(NodeSpec {
-            taints: Some(vec![Taint {
-                key: TO_BE_DELETED_TAINT.into(),
-                effect: "NoSchedule".into(),
-                ..Taint::default()
-            }]),
-            ..NodeSpec::default()
-        });
+        let node = Node {
+            spec: Some(NodeSpec {
+                taints: Some(vec![Taint {
+                    key: TO_BE_DELETED_TAINT.into(),
+                    effect: "NoSchedule".into(),
+                    ..Taint::default()
+                }]),
+                ..NodeSpec::default()
+            }),
+            ..Node::default()
+        };
         h.sync_node(&node);
         let a = h.healthz(at(10));
         assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE);
