@@ -84,17 +84,42 @@ fn cargo_executables(workspace: &Workspace, args: &[&str]) -> Result<Vec<Executa
     Ok(parse_executables(&String::from_utf8_lossy(&output.stdout)))
 }
 
-/// Every test binary of the workspace (`cargo test --workspace --no-run`),
-/// or of the given packages only.
-pub fn build_test_binaries(workspace: &Workspace, packages: &[String]) -> Result<Vec<Executable>> {
-    let mut args = vec!["test", "--no-run"];
-    if packages.is_empty() {
-        args.push("--workspace");
+/// Which test binaries to build: all of the workspace, or some packages and/or test targets.
+#[derive(Debug, Clone, Default)]
+pub struct TestSelection {
+    /// `-p` packages (empty: the whole workspace).
+    pub packages: Vec<String>,
+    /// `--test` integration test targets (empty: every test target).
+    pub test_targets: Vec<String>,
+}
+
+impl TestSelection {
+    /// Whether every test binary of the workspace is selected.
+    pub fn is_everything(&self) -> bool {
+        self.packages.is_empty() && self.test_targets.is_empty()
     }
-    for package in packages {
-        args.extend(["-p", package.as_str()]);
+
+    fn cargo_args(&self) -> Vec<&str> {
+        let mut args = vec!["test", "--no-run"];
+        if self.packages.is_empty() {
+            args.push("--workspace");
+        }
+        for package in &self.packages {
+            args.extend(["-p", package.as_str()]);
+        }
+        for test in &self.test_targets {
+            args.extend(["--test", test.as_str()]);
+        }
+        args
     }
-    let all = cargo_executables(workspace, &args)?;
+}
+
+/// The selected test binaries (`cargo test --workspace --no-run` by default).
+pub fn build_test_binaries(
+    workspace: &Workspace,
+    selection: &TestSelection,
+) -> Result<Vec<Executable>> {
+    let all = cargo_executables(workspace, &selection.cargo_args())?;
     Ok(all.into_iter().filter(|e| e.is_test).collect())
 }
 
@@ -168,12 +193,36 @@ mod tests {
 not json"#;
         let found = parse_executables(json);
         assert_eq!(found.len(), 2);
-        assert_eq!(found[0].target_name, "ipvs-proxier");
-        assert_eq!(found[0].package, "proxier-bin");
-        assert!(!found[0].is_test);
-        assert_eq!(found[1].target_name, "kernel_smoke");
-        assert_eq!(found[1].package, "ipvs-proxier-tests");
-        assert!(found[1].is_test);
+        let daemon = found
+            .iter()
+            .find(|e| e.target_name == "ipvs-proxier")
+            .unwrap();
+        assert_eq!(daemon.package, "proxier-bin");
+        assert_eq!(daemon.path, PathBuf::from("/w/target/debug/ipvs-proxier"));
+        assert!(!daemon.is_test);
+        let smoke = found
+            .iter()
+            .find(|e| e.target_name == "kernel_smoke")
+            .unwrap();
+        assert_eq!(smoke.package, "ipvs-proxier-tests");
+        assert!(smoke.is_test);
+    }
+
+    #[test]
+    fn selection_maps_to_cargo_test_arguments() {
+        assert_eq!(
+            TestSelection::default().cargo_args(),
+            ["test", "--no-run", "--workspace"]
+        );
+        let some = TestSelection {
+            packages: vec!["a".into()],
+            test_targets: vec!["t".into()],
+        };
+        assert_eq!(
+            some.cargo_args(),
+            ["test", "--no-run", "-p", "a", "--test", "t"]
+        );
+        assert!(!some.is_everything());
     }
 
     #[test]

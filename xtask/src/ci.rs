@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 
+use crate::artifacts::TestSelection;
 use crate::deps;
 use crate::vm::{self, VmConfig};
 use crate::workspace::Workspace;
@@ -93,7 +94,7 @@ pub fn full_test(config: &VmConfig) -> Result<ExitCode> {
         );
     }
     println!("xtask: == kernel tests: cargo xtask vm-test");
-    let code = vm::vm_test(None, &[], &[], config)?;
+    let code = vm::vm_test(None, &TestSelection::default(), &[], config)?;
     if code == ExitCode::SUCCESS {
         println!(
             "xtask: all checks passed in {:.1}s",

@@ -137,14 +137,15 @@ mod tests {
         let bytes = cpio.finish().unwrap();
         assert_eq!(bytes.len() % 4, 0);
         assert_eq!(&bytes[..6], b"070701");
-        // Second header starts after 110 + "bin\0" (4) bytes, already aligned.
-        let second = &bytes[114..];
+        // Second header starts after 110 + "bin\0" (4) bytes, padded to 116.
+        assert_eq!(&bytes[110..116], b"bin\0\0\0");
+        let second = &bytes[116..];
         assert_eq!(&second[..6], b"070701");
         // mode field (2nd) of the file: regular file, 0755.
         assert_eq!(&second[14..22], b"000081ed");
         // filesize field (7th).
         assert_eq!(&second[54..62], b"00000005");
-        // name "bin/hello\0" is 10 bytes: 110 + 10 = 120, aligned; data follows.
+        // name "bin/hello\0" is 10 bytes: 116 + 110 + 10 = 236, aligned; data follows.
         assert_eq!(&second[110..120], b"bin/hello\0");
         assert_eq!(&second[120..125], b"hello");
         let text = String::from_utf8_lossy(&bytes);

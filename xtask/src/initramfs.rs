@@ -2,7 +2,7 @@
 //! their shared libraries, the kernel's (pruned) module tree and `/init`,
 //! packed as a gzip'd cpio archive and cached under `target/vm/`.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::BTreeMap;
 use std::io::{BufWriter, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
@@ -14,40 +14,8 @@ use anyhow::{Context, Result, bail};
 use crate::cpio::{CpioWriter, Kind};
 use crate::deps::{GUEST_TOOLS, HostTools};
 use crate::guest_kernel::GuestKernel;
+use crate::guest_modules;
 use crate::guest_scripts;
-
-/// Module directories (relative to `/lib/modules/<version>/kernel`) left out of the guest:
-/// hardware and file systems a network test VM never loads.
-const PRUNED_MODULE_DIRS: &[&str] = &[
-    "sound",
-    "fs",
-    "drivers/gpu",
-    "drivers/media",
-    "drivers/usb",
-    "drivers/hid",
-    "drivers/input",
-    "drivers/infiniband",
-    "drivers/scsi",
-    "drivers/target",
-    "drivers/md",
-    "drivers/ata",
-    "drivers/nvme",
-    "drivers/comedi",
-    "drivers/staging",
-    "drivers/xen",
-    "drivers/hv",
-    "drivers/nvdimm",
-    "drivers/platform",
-    "drivers/misc",
-    "drivers/net/ethernet",
-    "drivers/net/wireless",
-    "drivers/net/usb",
-    "net/sunrpc",
-    "net/ceph",
-    "net/wireless",
-    "net/bluetooth",
-    "net/mac80211",
-];
 
 /// Where a member's bytes come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -368,91 +336,31 @@ fn parse_ldd(text: &str) -> Vec<PathBuf> {
         .collect()
 }
 
-/// Module name as modprobe and modules.dep spell it (`-` and `_` are the same).
-fn module_name(file: &str) -> String {
-    let base = file.rsplit('/').next().unwrap_or(file);
-    let stem = base.split(".ko").next().unwrap_or(base);
-    stem.replace('-', "_")
-}
-
-/// Whether a module file (path relative to the module tree) is kept.
-fn module_kept(relative: &str) -> bool {
-    let Some(inside) = relative.strip_prefix("kernel/") else {
-        return true;
-    };
-    !PRUNED_MODULE_DIRS.iter().any(|dir| {
-        inside
-            .strip_prefix(dir)
-            .is_some_and(|rest| rest.starts_with('/'))
-    })
-}
-
-fn walk_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
-    for entry in std::fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))? {
-        let entry = entry?;
-        let path = entry.path();
-        if entry.file_type()?.is_dir() {
-            walk_files(&path, out)?;
-        } else {
-            out.push(path);
+/// Adds the selected modules with a matching `modules.dep`; returns the
+/// modules `/init` loads.
+fn add_modules(root: &mut RootFs, kernel: &GuestKernel) -> Result<Vec<String>> {
+    let selection = guest_modules::select(
+        kernel,
+        guest_scripts::GUEST_MODULES,
+        guest_scripts::REQUIRED_MODULES,
+    )?;
+    for file in &selection.files {
+        root.add_host_path(&kernel.modules.join(file))?;
+    }
+    for index in &selection.index_files {
+        let path = kernel.modules.join(index);
+        if path.is_file() {
+            root.add_host_path(&path)?;
         }
     }
-    Ok(())
-}
-
-/// Adds the pruned module tree and checks that every module the guest loads
-/// (with its dependencies) survived the pruning.
-fn add_modules(root: &mut RootFs, kernel: &GuestKernel) -> Result<()> {
-    let mut files = Vec::new();
-    walk_files(&kernel.modules, &mut files)?;
-    let mut kept = BTreeSet::new();
-    for file in files {
-        let relative = file
-            .strip_prefix(&kernel.modules)
-            .unwrap_or(&file)
-            .to_string_lossy()
-            .into_owned();
-        if module_kept(&relative) {
-            root.add_host_path(&file)?;
-            kept.insert(relative);
-        }
-    }
-    let dep_text = std::fs::read_to_string(kernel.modules.join("modules.dep"))
-        .with_context(|| format!("reading modules.dep of {}", kernel.version))?;
-    let builtin =
-        std::fs::read_to_string(kernel.modules.join("modules.builtin")).unwrap_or_default();
-    let builtin: BTreeSet<String> = builtin.lines().map(module_name).collect();
-    let mut deps: HashMap<String, Vec<String>> = HashMap::new();
-    for line in dep_text.lines() {
-        let Some((module, needs)) = line.split_once(':') else {
-            continue;
-        };
-        let mut files = vec![module.trim().to_owned()];
-        files.extend(needs.split_whitespace().map(str::to_owned));
-        deps.insert(module_name(module), files);
-    }
-    for wanted in guest_scripts::GUEST_MODULES
-        .iter()
-        .chain(guest_scripts::REQUIRED_MODULES)
-    {
-        let name = module_name(wanted);
-        match deps.get(&name) {
-            Some(files) => {
-                if let Some(missing) = files.iter().find(|f| !kept.contains(*f)) {
-                    bail!("module {wanted} needs {missing}, which the initramfs pruning dropped");
-                }
-            }
-            None if builtin.contains(&name) => {}
-            None if guest_scripts::REQUIRED_MODULES.contains(wanted) => {
-                bail!("kernel {} has no module {wanted}", kernel.version)
-            }
-            None => println!(
-                "xtask: note: kernel {} has no module {wanted}",
-                kernel.version
-            ),
-        }
-    }
-    Ok(())
+    let modules_dir = std::fs::canonicalize(&kernel.modules)
+        .with_context(|| format!("resolving {}", kernel.modules.display()))?;
+    root.add_inline(
+        &format!("{}/modules.dep", archive_path(&modules_dir)),
+        selection.modules_dep.into_bytes(),
+        0o644,
+    );
+    Ok(selection.load)
 }
 
 /// Adds busybox and its applet links, never over a real tool.
@@ -536,8 +444,12 @@ pub fn assemble(
         0o644,
     );
     root.add_inline("etc/group", b"root:x:0:\n".to_vec(), 0o644);
-    add_modules(&mut root, kernel)?;
-    root.add_inline("init", guest_scripts::init_script().into_bytes(), 0o755);
+    let load = add_modules(&mut root, kernel)?;
+    root.add_inline(
+        "init",
+        guest_scripts::init_script(&load).into_bytes(),
+        0o755,
+    );
     Ok(root)
 }
 
@@ -646,28 +558,6 @@ mod tests {
             ]
         );
         assert!(parse_ldd("\tnot a dynamic executable\n").is_empty());
-    }
-
-    #[test]
-    fn pruning_keeps_netfilter_and_drops_hardware() {
-        assert!(module_kept("kernel/net/netfilter/ipvs/ip_vs.ko"));
-        assert!(module_kept("kernel/drivers/net/dummy.ko"));
-        assert!(module_kept("kernel/drivers/block/virtio_blk.ko"));
-        assert!(module_kept("modules.dep"));
-        assert!(!module_kept("kernel/drivers/gpu/drm/drm.ko"));
-        assert!(!module_kept("kernel/sound/core/snd.ko"));
-        // A prefix of a directory name is not the directory.
-        assert!(module_kept("kernel/fsx/thing.ko"));
-    }
-
-    #[test]
-    fn module_names_match_modprobe_spelling() {
-        assert_eq!(
-            module_name("kernel/net/netfilter/ipvs/ip_vs_rr.ko"),
-            "ip_vs_rr"
-        );
-        assert_eq!(module_name("kernel/drivers/net/nlmon.ko.xz"), "nlmon");
-        assert_eq!(module_name("nf-conntrack-netlink"), "nf_conntrack_netlink");
     }
 
     #[test]

@@ -8,6 +8,7 @@ mod cpio;
 mod deps;
 mod disk;
 mod guest_kernel;
+mod guest_modules;
 mod guest_scripts;
 mod initramfs;
 mod qemu;
@@ -55,6 +56,9 @@ enum Command {
         /// A failure to build ipvs-proxier is then only a warning.
         #[arg(short, long = "package")]
         packages: Vec<String>,
+        /// Only build and run these integration test targets (`tests/tests/NAME.rs`).
+        #[arg(long = "test")]
+        test_targets: Vec<String>,
         #[command(flatten)]
         vm: VmOptions,
         /// More arguments for every test binary (after `--`), e.g. `-- --exact`.
@@ -96,9 +100,16 @@ fn main() -> ExitCode {
         Command::VmTest {
             filter,
             packages,
+            test_targets,
             vm,
             test_args,
-        } => vm::vm_test(filter.as_deref(), &packages, &test_args, &vm.to_config()),
+        } => {
+            let selection = artifacts::TestSelection {
+                packages,
+                test_targets,
+            };
+            vm::vm_test(filter.as_deref(), &selection, &test_args, &vm.to_config())
+        }
         Command::VmRun {
             release,
             vm,

@@ -82,6 +82,27 @@ fn qemu_args(spec: &BootSpec<'_>) -> Vec<String> {
     args
 }
 
+/// Removes terminal control sequences (SeaBIOS clears the screen and resets
+/// the terminal) so the streamed console stays readable.
+fn strip_terminal_controls(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c != '\u{1b}' {
+            out.push(c);
+            continue;
+        }
+        if chars.next() == Some('[') {
+            for next in chars.by_ref() {
+                if ('@'..='~').contains(&next) {
+                    break;
+                }
+            }
+        }
+    }
+    out
+}
+
 /// Feeds one console line to the outcome.
 fn observe(outcome: &mut GuestOutcome, line: &str, since_start: Duration) {
     if outcome.boot_to_init.is_none() && line.contains(INIT_UP_MARKER) {
@@ -124,7 +145,7 @@ pub fn boot(spec: &BootSpec<'_>) -> Result<GuestOutcome> {
                 Ok(0) | Err(_) => break,
                 Ok(_) => {
                     let line = String::from_utf8_lossy(&buffer);
-                    let line = line.trim_end_matches(['\n', '\r']).to_owned();
+                    let line = strip_terminal_controls(line.trim_end_matches(['\n', '\r']));
                     if lines_tx.send(line).is_err() {
                         break;
                     }
@@ -184,6 +205,15 @@ mod tests {
         assert!(args.contains("-accel tcg"));
         assert!(!args.contains("kvm"));
         assert!(args.contains("file=/tmp/disk.img,if=virtio,format=raw"));
+    }
+
+    #[test]
+    fn terminal_controls_are_stripped() {
+        assert_eq!(
+            strip_terminal_controls("\u{1b}c\u{1b}[?7l\u{1b}[2J\u{1b}[0mSeaBIOS"),
+            "SeaBIOS"
+        );
+        assert_eq!(strip_terminal_controls("plain"), "plain");
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 
-use crate::artifacts::{self, Executable, Profile};
+use crate::artifacts::{self, Executable, Profile, TestSelection};
 use crate::deps::{self, HostTools};
 use crate::disk::DiskStaging;
 use crate::guest_kernel::{self, GuestKernel};
@@ -61,22 +61,58 @@ impl Timings {
     }
 }
 
+/// This run's scratch directory (`target/vm/run-<pid>`), removed on drop.
+struct RunDir(PathBuf);
+
+impl RunDir {
+    const PREFIX: &'static str = "run-";
+
+    fn create(vm_dir: &Path) -> Result<RunDir> {
+        remove_abandoned_run_dirs(vm_dir);
+        let path = vm_dir.join(format!("{}{}", Self::PREFIX, std::process::id()));
+        std::fs::create_dir_all(&path).with_context(|| format!("creating {}", path.display()))?;
+        Ok(RunDir(path))
+    }
+}
+
+impl Drop for RunDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Removes scratch directories of runs whose process is gone (killed runs).
+fn remove_abandoned_run_dirs(vm_dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(vm_dir) else {
+        return;
+    };
+    for entry in entries.filter_map(|e| e.ok()) {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix(RunDir::PREFIX)
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !Path::new("/proc").join(pid.to_string()).exists() {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
 /// Everything prepared for one boot.
 struct Prepared {
     workspace: Workspace,
     tools: HostTools,
     kernel: GuestKernel,
-    run_dir: PathBuf,
+    run_dir: RunDir,
 }
 
 fn prepare() -> Result<Prepared> {
     let tools = deps::ensure()?;
     let kernel = guest_kernel::find()?;
     let workspace = Workspace::locate()?;
-    let run_dir = workspace
-        .vm_dir()
-        .join(format!("run-{}", std::process::id()));
-    std::fs::create_dir_all(&run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
+    let run_dir = RunDir::create(&workspace.vm_dir())?;
     Ok(Prepared {
         workspace,
         tools,
@@ -115,6 +151,7 @@ fn boot_with(
         kernel,
         run_dir,
     } = prepared;
+    let run_dir = &run_dir.0;
 
     let started = Instant::now();
     let root = initramfs::assemble(tools, kernel, files)?;
@@ -159,7 +196,7 @@ fn boot_with(
     };
     let outcome = qemu::boot(&spec);
     let _ = std::fs::rename(run_dir.join("console.log"), &console_log);
-    let _ = std::fs::remove_dir_all(run_dir);
+    let _ = std::fs::remove_file(&disk);
     let outcome = outcome?;
     timings.boot_to_init = outcome.boot_to_init;
     timings.guest_total = outcome.total;
@@ -238,7 +275,7 @@ fn parent_dirs(executables: &[&Executable]) -> Vec<PathBuf> {
 /// `cargo xtask vm-test [FILTER]`.
 pub fn vm_test(
     filter: Option<&str>,
-    packages: &[String],
+    selection: &TestSelection,
     extra_args: &[String],
     config: &VmConfig,
 ) -> Result<ExitCode> {
@@ -248,10 +285,10 @@ pub fn vm_test(
     let mut timings = Timings::default();
 
     let started = Instant::now();
-    let tests = artifacts::build_test_binaries(workspace, packages)?;
+    let tests = artifacts::build_test_binaries(workspace, selection)?;
     let proxier = match artifacts::build_proxier(workspace, Profile::Debug) {
         Ok(proxier) => Some(proxier),
-        Err(err) if !packages.is_empty() => {
+        Err(err) if !selection.is_everything() => {
             println!("xtask: warning: {err:#}; IPVS_PROXIER_BIN will point to a missing file");
             None
         }
