@@ -1,0 +1,183 @@
+//! The table is replaced in one transaction: a reader listing it in a loop while the
+//! proxier rewrites it many times never sees a missing or half-built table. Also: cleanup
+//! removes every table of ours, in both families, and nothing else.
+
+#![allow(clippy::unwrap_used)]
+
+mod netfilter_support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use ipvs_proxier_tests::{Netns, require_kernel};
+use netfilter_support::*;
+use proxier_core::desired::Protocol;
+use proxier_core::model::NodeContext;
+use proxier_core::netfilter::{self, Netfilter, NftBackend, RenderOptions};
+
+/// Elements of set `name` in an `nft list table` listing; `None` when the set is missing.
+fn set_elements(listing: &str, name: &str) -> Option<usize> {
+    let start = listing.find(&format!("set {name} {{"))?;
+    let body = &listing[start..];
+    let end = body.find('}')?;
+    let body = &body[..end];
+    Some(match body.find("elements = {") {
+        None => 0,
+        Some(at) => body[at..].matches(',').count() + 1,
+    })
+}
+
+/// Plan `k` of the writer: `n = 1 + k % 40` Services, each with one ClusterIP port, so every
+/// one of `cluster-ips`, `service-ports` and `service-ips` holds exactly `n` elements.
+fn plan(k: usize) -> netfilter::NetfilterPlan {
+    let n = 1 + k % 40;
+    let services = (0..n)
+        .map(|i| {
+            service(
+                &format!("s{i}"),
+                &format!("10.96.{}.{}", i / 200, i % 200 + 1),
+                80,
+                Protocol::Tcp,
+                None,
+            )
+        })
+        .collect();
+    let node = NodeContext::new(NODE_NAME, vec![ip(NODE_IP)], vec![ip(NODE_IP)]);
+    netfilter::plan(&state(services, vec![]), &node, &config())
+}
+
+#[test]
+fn readers_never_see_a_half_replaced_table() {
+    require_kernel!();
+    let node = Netns::new();
+    const WRITES: usize = 120;
+
+    // First version, so the table exists before the reader starts.
+    node.block_on(|| async {
+        let mut nf = Netfilter::new(NftBackend::default(), RenderOptions::default()).unwrap();
+        nf.sync(&plan(0)).await.unwrap();
+    });
+
+    let done = Arc::new(AtomicBool::new(false));
+    let reader_done = Arc::clone(&done);
+    let reader_ns = node.name().to_owned();
+    let reader = std::thread::spawn(move || {
+        let mut reads = 0usize;
+        let mut sizes = std::collections::BTreeSet::new();
+        while !reader_done.load(Ordering::Relaxed) || reads == 0 {
+            let out = std::process::Command::new("ip")
+                .args([
+                    "netns",
+                    "exec",
+                    &reader_ns,
+                    "nft",
+                    "list",
+                    "table",
+                    "ip",
+                    "ipvs-proxier",
+                ])
+                .output()
+                .unwrap();
+            let listing = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success(),
+                "table missing during replacement (read {reads}): {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let counts: Vec<Option<usize>> = ["cluster-ips", "service-ports", "service-ips"]
+                .iter()
+                .map(|s| set_elements(&listing, s))
+                .collect();
+            let n = counts[0].unwrap_or_else(|| panic!("no cluster-ips set:\n{listing}"));
+            assert!(
+                counts.iter().all(|c| *c == Some(n)),
+                "half a table (read {reads}): {counts:?}\n{listing}"
+            );
+            for chain in [
+                "nat-prerouting",
+                "nat-postrouting",
+                "filter-input",
+                "filter-output",
+            ] {
+                assert!(
+                    listing.contains(&format!("chain {chain} {{")),
+                    "no {chain}:\n{listing}"
+                );
+            }
+            sizes.insert(n);
+            reads += 1;
+        }
+        (reads, sizes)
+    });
+
+    node.block_on(|| async {
+        let mut nf = Netfilter::new(NftBackend::default(), RenderOptions::default()).unwrap();
+        for k in 1..=WRITES {
+            assert!(nf.sync(&plan(k)).await.unwrap(), "plan {k} was not applied");
+        }
+    });
+    done.store(true, Ordering::Relaxed);
+    let (reads, sizes) = reader.join().unwrap();
+    // The reader really overlapped the writes: it saw several versions.
+    assert!(reads >= 5, "only {reads} reads");
+    assert!(sizes.len() >= 3, "reader saw too few versions: {sizes:?}");
+
+    // The final table is the last plan.
+    let listing = node.sh_ok("nft list table ip ipvs-proxier");
+    assert_eq!(set_elements(&listing, "cluster-ips"), Some(1 + WRITES % 40));
+}
+
+#[test]
+fn cleanup_removes_our_tables_in_both_families_and_nothing_else() {
+    require_kernel!();
+    let node = Netns::new();
+    node.sh_ok("nft add table inet someone-else && nft add chain inet someone-else c");
+    node.block_on(|| async {
+        let mut nf = Netfilter::new(NftBackend::default(), RenderOptions::default()).unwrap();
+        let mut dual = plan(3);
+        dual.v6 = Some(netfilter::FamilyPlan::new(
+            proxier_core::model::AddressFamily::V6,
+            netfilter::ClusterIpMasquerade::All,
+        ));
+        nf.sync(&dual).await.unwrap();
+    });
+    let tables = node.sh_ok("nft list tables");
+    assert!(tables.contains("table ip ipvs-proxier"), "{tables}");
+    assert!(tables.contains("table ip6 ipvs-proxier"), "{tables}");
+
+    node.block_on(|| async {
+        let mut nf = Netfilter::new(NftBackend::default(), RenderOptions::default()).unwrap();
+        nf.cleanup().await.unwrap();
+        // Cleanup of nothing is not an error.
+        nf.cleanup().await.unwrap();
+    });
+    let tables = node.sh_ok("nft list tables");
+    assert!(!tables.contains("ipvs-proxier"), "left behind: {tables}");
+    assert!(
+        tables.contains("table inet someone-else"),
+        "removed another table: {tables}"
+    );
+}
+
+#[test]
+fn a_refused_script_leaves_the_previous_table_intact() {
+    require_kernel!();
+    let node = Netns::new();
+    node.block_on(|| async {
+        let mut nf = Netfilter::new(NftBackend::default(), RenderOptions::default()).unwrap();
+        nf.sync(&plan(4)).await.unwrap();
+    });
+    // A script that deletes our table and then fails: the whole transaction is refused.
+    let err = node.block_on(|| async {
+        use proxier_core::netfilter::NetfilterBackend;
+        let mut nft = NftBackend::default();
+        nft.apply(
+            "add table ip ipvs-proxier\ndelete table ip ipvs-proxier\nadd rule ip nowhere c drop\n",
+        )
+        .await
+        .unwrap_err()
+    });
+    assert!(err.to_string().contains("refused"), "{err}");
+    let listing = node.sh_ok("nft list table ip ipvs-proxier");
+    assert_eq!(set_elements(&listing, "cluster-ips"), Some(5));
+}
