@@ -36,7 +36,10 @@ fn kit() -> Kit {
     let mut config = None;
     let mut ds = None;
     for doc in documents(KIT) {
-        let kind = doc["kind"].as_str().expect("every document has a kind").to_owned();
+        let kind = doc["kind"]
+            .as_str()
+            .expect("every document has a kind")
+            .to_owned();
         match kind.as_str() {
             "ServiceAccount" => sa = Some(typed(&doc)),
             "ClusterRole" => role = Some(typed(&doc)),
@@ -78,14 +81,20 @@ fn rbac_lets_the_service_account_watch_what_the_daemon_watches() {
             );
         }
     }
-    assert!(!grants(&kit.role, "", "services", "delete"), "read-only on services");
+    assert!(
+        !grants(&kit.role, "", "services", "delete"),
+        "read-only on services"
+    );
     assert_eq!(
         kit.binding.role_ref.name,
         kit.role.metadata.name.clone().expect("role name")
     );
     let subject = &kit.binding.subjects.as_ref().expect("subjects")[0];
     assert_eq!(subject.kind, "ServiceAccount");
-    assert_eq!(Some(&subject.name), kit.service_account.metadata.name.as_ref());
+    assert_eq!(
+        Some(&subject.name),
+        kit.service_account.metadata.name.as_ref()
+    );
     assert_eq!(subject.namespace, kit.service_account.metadata.namespace);
 }
 
@@ -93,16 +102,26 @@ fn rbac_lets_the_service_account_watch_what_the_daemon_watches() {
 fn daemon_set_runs_on_the_host_network_with_the_service_account() {
     let kit = kit();
     let pod = kit.daemon_set.spec.template.spec.expect("pod spec");
-    assert_eq!(pod.host_network, Some(true), "a Service proxy programs the host's network");
+    assert_eq!(
+        pod.host_network,
+        Some(true),
+        "a Service proxy programs the host's network"
+    );
     assert_eq!(pod.service_account_name, kit.service_account.metadata.name);
-    assert_eq!(pod.priority_class_name.as_deref(), Some("system-node-critical"));
+    assert_eq!(
+        pod.priority_class_name.as_deref(),
+        Some("system-node-critical")
+    );
     let container = &pod.containers[0];
     let privileged = container
         .security_context
         .as_ref()
         .and_then(|s| s.privileged)
         .unwrap_or(false);
-    assert!(privileged, "IPVS, nftables and sysctls need a privileged container");
+    assert!(
+        privileged,
+        "IPVS, nftables and sysctls need a privileged container"
+    );
     let probe = container.liveness_probe.as_ref().expect("liveness probe");
     let http = probe.http_get.as_ref().expect("HTTP liveness probe");
     assert_eq!(http.path.as_deref(), Some("/livez"));
@@ -177,12 +196,18 @@ fn alerts_and_dashboard_use_metrics_the_daemon_exports() {
                 .or_else(|| word.strip_suffix("_sum"))
                 .unwrap_or(word);
             if base.starts_with("kubeproxy_") || base.starts_with("ipvs_proxier_") {
-                assert!(exported.contains(&base), "{base} is not exported by the daemon");
+                assert!(
+                    exported.contains(&base),
+                    "{base} is not exported by the daemon"
+                );
                 checked += 1;
             }
         }
     }
-    assert!(checked >= 10, "expected the docs to name the metrics, found {checked}");
+    assert!(
+        checked >= 10,
+        "expected the docs to name the metrics, found {checked}"
+    );
     let alerts = documents(ALERTS);
     assert_eq!(alerts.len(), 1);
     assert_eq!(alerts[0]["kind"].as_str(), Some("PrometheusRule"));
