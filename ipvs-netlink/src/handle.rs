@@ -247,6 +247,14 @@ impl IpvsHandle {
         .boxed()
     }
 
+    /// Escape hatch: runs any dump request on the shared connection and returns the raw
+    /// reply messages (e.g. to inspect attributes this library does not model).
+    pub fn dump_raw(&self, msg: IpvsMessage) -> BoxStream<'static, Result<IpvsMessage, Error>> {
+        self.dump(Operation::ListServices, Object::Table, msg, |m| {
+            Ok(m.clone())
+        })
+    }
+
     /// IPVS version and connection table size.
     pub async fn info(&self) -> Result<Info, Error> {
         let op = Operation::Info;

@@ -142,4 +142,6 @@ impl ParseableParametrized<[u8], GenlHeader> for IpvsMessage {
 pub struct EncodeError(pub String);
 
 #[cfg(test)]
+mod kernel_captures;
+#[cfg(test)]
 mod tests;

@@ -412,3 +412,114 @@ mod prop {
         }
     }
 }
+
+/// Decoding of payloads the real kernel sent; expectations come from the ipvsadm commands
+/// that built the table (see `kernel_captures.rs`).
+mod real_kernel {
+    use super::super::kernel_captures::*;
+    use super::*;
+
+    fn msg(cmd: u8, s: &str) -> IpvsMessage {
+        IpvsMessage { cmd, attrs: hex(s) }
+    }
+
+    #[test]
+    fn sctp_v6_service() {
+        let e = decode_service_message(&msg(IPVS_CMD_NEW_SERVICE, KERNEL_SVC_SCTP_V6_MH))
+            .expect("decodes");
+        let key = ServiceKey::sctp("fd00::1".parse().expect("addr"), 9);
+        assert_eq!(e.service, Service::new(key, Scheduler::MaglevHashing));
+        assert!(e.service.flags.is_hashed());
+    }
+
+    #[test]
+    fn persistent_udp_service_with_scheduler_flags() {
+        let e = decode_service_message(&msg(IPVS_CMD_NEW_SERVICE, KERNEL_SVC_UDP_SH_PERSISTENT))
+            .expect("decodes");
+        let mut expected = Service::new(
+            ServiceKey::udp(v4(192, 168, 1, 2), 53),
+            Scheduler::SourceHashing,
+        )
+        .persistent(300);
+        expected.netmask = 24;
+        expected.flags |=
+            ServiceFlags::ONE_PACKET | ServiceFlags::SH_FALLBACK | ServiceFlags::SH_PORT;
+        assert_eq!(e.service, expected);
+    }
+
+    #[test]
+    fn fwmark_v6_service() {
+        let e = decode_service_message(&msg(IPVS_CMD_NEW_SERVICE, KERNEL_SVC_FWMARK_V6))
+            .expect("decodes");
+        let mut expected = Service::new(
+            ServiceKey::fwmark(7, AddressFamily::Inet6),
+            Scheduler::WeightedLeastConnection,
+        )
+        .persistent(60);
+        expected.netmask = 64;
+        assert_eq!(e.service, expected);
+    }
+
+    #[test]
+    fn destinations() {
+        let tcp = tcp_10_0_0_1_80();
+        let masq = decode_dest_message(&msg(IPVS_CMD_NEW_DEST, KERNEL_DEST_MASQ_THRESHOLDS), &tcp)
+            .expect("decodes");
+        let mut expected = Destination::new(v4(10, 1, 0, 5), 8080).with_weight(2);
+        expected.upper_threshold = 10;
+        expected.lower_threshold = 1;
+        assert_eq!(masq.destination, expected);
+
+        let gue =
+            decode_dest_message(&msg(IPVS_CMD_NEW_DEST, KERNEL_DEST_GUE), &tcp).expect("decodes");
+        let mut expected =
+            Destination::new(v4(10, 1, 0, 6), 80).with_forward(ForwardMethod::Tunnel);
+        expected.tunnel.kind = TunnelType::Gue;
+        expected.tunnel.port = 6080;
+        expected.tunnel.flags = TunnelFlags::NOCSUM;
+        assert_eq!(gue.destination, expected);
+
+        let sctp = ServiceKey::sctp("fd00::1".parse().expect("addr"), 9);
+        let v6 = decode_dest_message(&msg(IPVS_CMD_NEW_DEST, KERNEL_DEST_V6_MASQ), &sctp)
+            .expect("decodes");
+        assert_eq!(
+            v6.destination,
+            Destination::new("fd00:1::5".parse().expect("addr"), 9)
+        );
+    }
+
+    #[test]
+    fn sync_daemon() {
+        let d = decode_daemon_message(&msg(IPVS_CMD_NEW_DAEMON, KERNEL_DAEMON_MASTER))
+            .expect("decodes");
+        // ipvsadm -Ln --daemon: mcast=d0, syncid=5, maxlen=1472, group=224.0.0.81,
+        // port=8848, ttl=1
+        let mut expected = SyncDaemon::new(SyncState::Master, "d0", 5);
+        expected.max_len = Some(1472);
+        expected.group = Some(v4(224, 0, 0, 81));
+        expected.port = Some(8848);
+        expected.ttl = Some(1);
+        assert_eq!(d, expected);
+    }
+
+    #[test]
+    fn every_truncation_of_real_replies_is_safe() {
+        for s in [
+            KERNEL_SVC_SCTP_V6_MH,
+            KERNEL_SVC_UDP_SH_PERSISTENT,
+            KERNEL_DEST_GUE,
+            KERNEL_DAEMON_MASTER,
+        ] {
+            let full = hex(s);
+            for cut in 0..full.len() {
+                let m = IpvsMessage {
+                    cmd: 1,
+                    attrs: full[..cut].to_vec(),
+                };
+                let _ = decode_service_message(&m);
+                let _ = decode_dest_message(&m, &tcp_10_0_0_1_80());
+                let _ = decode_daemon_message(&m);
+            }
+        }
+    }
+}

@@ -1,0 +1,191 @@
+//! IPVS programming and listing benchmark, run inside the test VM by
+//! `cargo xtask vm-bench ipvs --services N --dests M`.
+//!
+//! Programs N TCP services x M masquerading destinations twice, with `ipvsadm -R` and with
+//! ipvs-netlink's batch call (flushing in between), and lists the table with `ipvsadm -Sn`
+//! and with ipvs-netlink's parallel table dump. Both listings are checked to hold the same
+//! table. Prints times and ours/ipvsadm ratios.
+
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::net::{IpAddr, Ipv4Addr};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail, ensure};
+use ipvs_netlink::{Destination, IpvsHandle, Op, Scheduler, Service, ServiceKey};
+
+fn sh(script: &str) -> anyhow::Result<String> {
+    let out = Command::new("bash")
+        .arg("-c")
+        .arg(script)
+        .output()
+        .with_context(|| format!("running {script}"))?;
+    if !out.status.success() {
+        bail!("{script} failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn vip(i: usize) -> Ipv4Addr {
+    Ipv4Addr::new(
+        10,
+        100 + (i / 62500) as u8,
+        ((i / 250) % 250) as u8,
+        (i % 250 + 1) as u8,
+    )
+}
+
+fn real_server(i: usize, j: usize) -> Ipv4Addr {
+    Ipv4Addr::new(10, 200, j as u8, (i % 250 + 1) as u8)
+}
+
+/// `ipvsadm -Sn` lines for the table we program.
+fn restore_file(services: usize, dests: usize) -> String {
+    let mut s = String::with_capacity(services * (dests + 1) * 48);
+    for i in 0..services {
+        let v = vip(i);
+        s.push_str(&format!("-A -t {v}:80 -s rr\n"));
+        for j in 0..dests {
+            s.push_str(&format!(
+                "-a -t {v}:80 -r {}:8080 -m -w 1\n",
+                real_server(i, j)
+            ));
+        }
+    }
+    s
+}
+
+fn ops(services: usize, dests: usize) -> Vec<Op> {
+    let mut ops = Vec::with_capacity(services * (dests + 1));
+    for i in 0..services {
+        let key = ServiceKey::tcp(IpAddr::V4(vip(i)), 80);
+        ops.push(Op::AddService(Service::new(key, Scheduler::RoundRobin)));
+        for j in 0..dests {
+            ops.push(Op::AddDestination(
+                key,
+                Destination::new(IpAddr::V4(real_server(i, j)), 8080),
+            ));
+        }
+    }
+    ops
+}
+
+/// Normalised set of `-A`/`-a` lines from `ipvsadm -Sn`.
+fn normalise(save: &str) -> BTreeSet<String> {
+    save.lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        .filter(|l| !l.is_empty())
+        .collect()
+}
+
+fn secs(d: Duration) -> f64 {
+    d.as_secs_f64()
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let mut services = 10_000usize;
+    let mut dests = 5usize;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--services" => services = args.next().context("--services N")?.parse()?,
+            "--dests" => dests = args.next().context("--dests N")?.parse()?,
+            other => bail!("unknown argument {other}"),
+        }
+    }
+    ensure!(dests <= 250 && services <= 250_000, "table too large");
+    println!("vm-bench-ipvs: {services} TCP services x {dests} masq destinations");
+    // Masquerading destinations need a route to the real servers.
+    sh(
+        "ip link add bench0 type dummy 2>/dev/null; ip link set bench0 up; \
+        ip addr add 10.200.255.254/16 dev bench0 2>/dev/null; ipvsadm -C",
+    )?;
+
+    let file = "/tmp/ipvs-bench.rules";
+    std::fs::write(file, restore_file(services, dests))?;
+    let expected = services * (dests + 1);
+
+    // 1. ipvsadm -R
+    let t = Instant::now();
+    sh(&format!("ipvsadm -R < {file}"))?;
+    let ipvsadm_program = t.elapsed();
+
+    // 2. ipvsadm -Sn
+    let t = Instant::now();
+    let mut child = Command::new("ipvsadm")
+        .arg("-Sn")
+        .stdout(Stdio::piped())
+        .spawn()?;
+    let mut save = String::new();
+    if let Some(mut out) = child.stdout.take() {
+        std::io::Read::read_to_string(&mut out, &mut save)?;
+    }
+    ensure!(child.wait()?.success(), "ipvsadm -Sn failed");
+    let ipvsadm_dump = t.elapsed();
+    let ipvsadm_lines = normalise(&save);
+    ensure!(
+        ipvsadm_lines.len() == expected,
+        "ipvsadm -Sn listed {} rules, expected {expected}",
+        ipvsadm_lines.len()
+    );
+
+    // 3. our dump of the same table
+    let handle = IpvsHandle::new().await?;
+    let t = Instant::now();
+    let table = handle.table().await?;
+    let ours_dump = t.elapsed();
+    let mut ours_lines = BTreeSet::new();
+    for (svc, ds) in &table {
+        let ServiceKey::Tuple { addr, port, .. } = svc.service.key else {
+            bail!("unexpected fwmark service");
+        };
+        ours_lines.insert(format!("-A -t {addr}:{port} -s {}", svc.service.scheduler));
+        for d in ds {
+            ours_lines.insert(format!(
+                "-a -t {addr}:{port} -r {}:{} -m -w {}",
+                d.destination.addr, d.destination.port, d.destination.weight
+            ));
+        }
+    }
+    ensure!(
+        ours_lines == ipvsadm_lines,
+        "our dump differs from ipvsadm -Sn: {} vs {} lines",
+        ours_lines.len(),
+        ipvsadm_lines.len()
+    );
+
+    // 4. flush, then our batch
+    handle.flush().await?;
+    let t = Instant::now();
+    let results = handle.batch(ops(services, dests)).await;
+    let ours_program = t.elapsed();
+    let failed = results.iter().filter(|r| r.is_err()).count();
+    if let Some(Err(e)) = results.iter().find(|r| r.is_err()) {
+        bail!("{failed} batch ops failed, first: {e}");
+    }
+    let after = normalise(&sh("ipvsadm -Sn")?);
+    ensure!(
+        after == ipvsadm_lines,
+        "batch-programmed table differs from ipvsadm -R's"
+    );
+
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "program: ipvsadm -R {:.3} s, ipvs-netlink batch {:.3} s, ratio {:.3} (target <= 0.25)",
+        secs(ipvsadm_program),
+        secs(ours_program),
+        secs(ours_program) / secs(ipvsadm_program)
+    )?;
+    writeln!(
+        out,
+        "dump:    ipvsadm -Sn {:.3} s, ipvs-netlink table {:.3} s, ratio {:.3} (target <= 0.5)",
+        secs(ipvsadm_dump),
+        secs(ours_dump),
+        secs(ours_dump) / secs(ipvsadm_dump)
+    )?;
+    writeln!(out, "vm-bench-ipvs: OK ({expected} rules each way)")?;
+    Ok(())
+}

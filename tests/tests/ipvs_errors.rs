@@ -1,0 +1,359 @@
+//! ipvs-netlink against the real kernel: every error case maps to its typed error.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod ipvs_support;
+
+use std::net::IpAddr;
+
+use futures::TryStreamExt;
+use ipvs_netlink::{
+    AddressFamily, Destination, DestinationKey, Error, ForwardMethod, IpvsHandle, Op, Operation,
+    Scheduler, Service, ServiceKey, SyncDaemon, SyncState,
+};
+use ipvs_proxier_tests::{Netns, require_kernel};
+use ipvs_support::*;
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+#[test]
+fn ipvs_errors_are_typed_per_operation() {
+    require_kernel!();
+    let ns = netns_with_routes();
+    ns.sh_ok("ipvsadm -A -t 10.0.0.1:80 -s rr && ipvsadm -a -t 10.0.0.1:80 -r 10.1.0.5:8080 -m");
+    let existing = ServiceKey::tcp(ip("10.0.0.1"), 80);
+    let missing = ServiceKey::tcp(ip("10.0.0.2"), 80);
+    with_handle(&ns, |h| async move {
+        let e = h
+            .add_service(&Service::new(existing, Scheduler::RoundRobin))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(e, Error::ServiceExists { op: Operation::AddService, service } if service == existing),
+            "{e:?}"
+        );
+
+        let e = h.delete_service(&missing).await.unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::ServiceNotFound {
+                    op: Operation::DeleteService,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        let e = h
+            .update_service(&Service::new(missing, Scheduler::RoundRobin))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::ServiceNotFound {
+                    op: Operation::UpdateService,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        let e = h.service(&missing).await.unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::ServiceNotFound {
+                    op: Operation::GetService,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        let e = h.zero(Some(&missing)).await.unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::ServiceNotFound {
+                    op: Operation::Zero,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+
+        let e = h
+            .add_service(&Service::new(missing, Scheduler::Other("nosuch".into())))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(e, Error::SchedulerNotFound { ref scheduler, .. } if scheduler == "nosuch"),
+            "{e:?}"
+        );
+        let e = h
+            .update_service(&Service::new(existing, Scheduler::Other("nosuch".into())))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::SchedulerNotFound {
+                    op: Operation::UpdateService,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        // Client-side: names over 15 bytes never reach the kernel.
+        let e = h
+            .add_service(&Service::new(
+                missing,
+                Scheduler::Other("a-name-of-16-byt".into()),
+            ))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::InvalidArgument {
+                    op: Operation::AddService,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+
+        let dest = Destination::new(ip("10.1.0.5"), 8080);
+        let e = h.add_destination(&missing, &dest).await.unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::ServiceNotFound {
+                    op: Operation::AddDestination,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        let e = h.add_destination(&existing, &dest).await.unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::DestinationExists {
+                    op: Operation::AddDestination,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        let gone = Destination::new(ip("10.1.0.9"), 1);
+        let e = h.update_destination(&existing, &gone).await.unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::DestinationNotFound {
+                    op: Operation::UpdateDestination,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        let e = h
+            .delete_destination(
+                &existing,
+                &DestinationKey {
+                    addr: ip("10.1.0.9"),
+                    port: 1,
+                },
+            )
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::DestinationNotFound {
+                    op: Operation::DeleteDestination,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+
+        // Mixed family is only allowed with tunnelling: EINVAL names op and object.
+        let e = h
+            .add_destination(&existing, &Destination::new(ip("fd00:1::9"), 80))
+            .await
+            .unwrap_err();
+        match &e {
+            Error::InvalidArgument { op, object, .. } => {
+                assert_eq!(*op, Operation::AddDestination);
+                assert!(
+                    object.contains("[fd00:1::9]:80") && object.contains("TCP 10.0.0.1:80"),
+                    "{object}"
+                );
+            }
+            other => panic!("expected InvalidArgument, got {other:?}"),
+        }
+        // An IPv6 service with a /0 prefix is refused before it is sent.
+        let mut v6 = Service::new(ServiceKey::tcp(ip("fd00::1"), 80), Scheduler::RoundRobin);
+        v6.netmask = 0;
+        assert!(matches!(
+            h.add_service(&v6).await,
+            Err(Error::InvalidArgument { .. })
+        ));
+
+        let e = h.stop_sync_daemon(SyncState::Backup).await.unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::SyncDaemonNotFound {
+                    state: SyncState::Backup,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        h.start_sync_daemon(&SyncDaemon::new(SyncState::Master, "d0", 1))
+            .await
+            .unwrap();
+        let e = h
+            .start_sync_daemon(&SyncDaemon::new(SyncState::Master, "d0", 1))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::SyncDaemonExists {
+                    state: SyncState::Master,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        h.stop_sync_daemon(SyncState::Master).await.unwrap();
+
+        // The dump of a missing service's destinations is empty, not an error.
+        let none: Vec<_> = h.destinations(&missing).try_collect().await.unwrap();
+        assert!(none.is_empty());
+    });
+    // Nothing above changed the table.
+    assert_eq!(
+        saved_rules(&ns),
+        lines(&[
+            "-A -t 10.0.0.1:80 -s rr",
+            "-a -t 10.0.0.1:80 -r 10.1.0.5:8080 -m -w 1"
+        ])
+    );
+}
+
+#[test]
+fn ipvs_batch_reports_each_failure_and_applies_the_rest() {
+    require_kernel!();
+    let ns = netns_with_routes();
+    let a = ServiceKey::tcp(ip("10.0.0.1"), 80);
+    let b = ServiceKey::udp(ip("10.0.0.2"), 53);
+    with_handle(&ns, |h| async move {
+        let ops = vec![
+            Op::AddService(Service::new(a, Scheduler::RoundRobin)),
+            Op::AddService(Service::new(a, Scheduler::RoundRobin)), // exists
+            Op::AddDestination(a, Destination::new(ip("10.1.0.5"), 8080)),
+            Op::AddDestination(b, Destination::new(ip("10.1.0.5"), 53)), // no service b
+            Op::AddService(Service::new(b, Scheduler::Other("nosuch".into()))),
+            Op::AddService(Service::new(b, Scheduler::WeightedRoundRobin)),
+            Op::AddDestination(b, Destination::new(ip("10.1.0.6"), 53).with_weight(3)),
+            Op::DeleteDestination(
+                a,
+                DestinationKey {
+                    addr: ip("10.1.0.99"),
+                    port: 1,
+                },
+            ),
+            Op::UpdateDestination(a, Destination::new(ip("10.1.0.5"), 8080).with_weight(7)),
+            Op::DeleteService(ServiceKey::fwmark(9, AddressFamily::Inet)),
+            Op::AddService(Service::new(
+                b,
+                Scheduler::Other("way-too-long-name".into()),
+            )),
+        ];
+        let r = h.batch(ops).await;
+        assert_eq!(r.len(), 11);
+        assert!(r[0].is_ok(), "{:?}", r[0]);
+        assert!(
+            matches!(r[1], Err(Error::ServiceExists { .. })),
+            "{:?}",
+            r[1]
+        );
+        assert!(r[2].is_ok(), "{:?}", r[2]);
+        assert!(
+            matches!(
+                r[3],
+                Err(Error::ServiceNotFound {
+                    op: Operation::AddDestination,
+                    ..
+                })
+            ),
+            "{:?}",
+            r[3]
+        );
+        assert!(
+            matches!(r[4], Err(Error::SchedulerNotFound { .. })),
+            "{:?}",
+            r[4]
+        );
+        assert!(r[5].is_ok(), "{:?}", r[5]);
+        assert!(r[6].is_ok(), "{:?}", r[6]);
+        assert!(
+            matches!(r[7], Err(Error::DestinationNotFound { .. })),
+            "{:?}",
+            r[7]
+        );
+        assert!(r[8].is_ok(), "{:?}", r[8]);
+        assert!(
+            matches!(
+                r[9],
+                Err(Error::ServiceNotFound {
+                    op: Operation::DeleteService,
+                    ..
+                })
+            ),
+            "{:?}",
+            r[9]
+        );
+        assert!(
+            matches!(r[10], Err(Error::InvalidArgument { .. })),
+            "{:?}",
+            r[10]
+        );
+    });
+    assert_eq!(
+        saved_rules(&ns),
+        lines(&[
+            "-A -t 10.0.0.1:80 -s rr",
+            "-a -t 10.0.0.1:80 -r 10.1.0.5:8080 -m -w 7",
+            "-A -u 10.0.0.2:53 -s wrr",
+            "-a -u 10.0.0.2:53 -r 10.1.0.6:53 -m -w 3",
+        ])
+    );
+}
+
+/// Runs on the host too: where the kernel has no IPVS (`/proc/net/ip_vs` absent, as on
+/// the development machines) the handle fails with `IpvsUnavailable`; where it has IPVS
+/// (the VM) the handle works.
+#[test]
+fn ipvs_unavailable_is_reported_exactly_when_ipvs_is_missing() {
+    let has_ipvs = std::path::Path::new("/proc/net/ip_vs").exists();
+    let rt = runtime();
+    let result = rt.block_on(IpvsHandle::new());
+    match (has_ipvs, result) {
+        (false, Err(Error::IpvsUnavailable { reason })) => {
+            assert!(reason.contains("IPVS"), "{reason}")
+        }
+        (false, other) => panic!("kernel without IPVS, expected IpvsUnavailable, got {other:?}"),
+        (true, Ok(h)) => {
+            let info = rt.block_on(h.info()).unwrap();
+            assert!(info.conn_table_size > 0);
+        }
+        (true, Err(e)) => panic!("kernel with IPVS, handle failed: {e}"),
+    }
+    let _ = (Netns::new, ForwardMethod::Masquerade);
+}
