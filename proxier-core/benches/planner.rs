@@ -138,6 +138,14 @@ fn report() {
         bytes as f64 / endpoints as f64
     );
     drop(state);
+    let before = LIVE_BYTES.load(Ordering::Relaxed);
+    let state = testing::state(1_000, 100);
+    let after = LIVE_BYTES.load(Ordering::Relaxed);
+    println!(
+        "state size for comparison: 1000 Services x 100 endpoints = {:.1} bytes per endpoint",
+        (after - before) as f64 / 100_000.0
+    );
+    drop(state);
 
     let medians: Vec<(usize, Duration)> = SIZES.iter().map(|&n| (n, median_step(n))).collect();
     for (n, d) in &medians {
