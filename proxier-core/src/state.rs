@@ -37,6 +37,8 @@ pub struct ClusterState {
     slices: HashMap<ServiceName, Vec<EndpointSlice>>,
     slice_owner: HashMap<SliceKey, ServiceName>,
     strings: HashSet<Arc<str>>,
+    /// Size of `strings` at which unused entries are dropped next.
+    prune_strings_at: usize,
 }
 
 impl ClusterState {
@@ -177,6 +179,11 @@ impl ClusterState {
 
     /// Shares node names, zones and hints between endpoints: a cluster has few distinct ones.
     fn intern(&mut self, slice: &mut EndpointSlice) {
+        // Forget names nobody uses any more (nodes and zones that went away), amortised.
+        if self.strings.len() >= self.prune_strings_at.max(1024) {
+            self.strings.retain(|s| Arc::strong_count(s) > 1);
+            self.prune_strings_at = self.strings.len() * 2;
+        }
         let strings = &mut self.strings;
         let mut intern = |s: &mut Arc<str>| {
             if let Some(existing) = strings.get(s) {

@@ -538,3 +538,19 @@ fn node_context_reads_name_zone_and_primary_ips() {
     assert_eq!(ctx.zone.as_deref(), Some("z1"));
     assert_eq!(ctx.primary_ips, vec![ip("192.168.0.5"), ip("fd00::5")]);
 }
+
+#[test]
+fn weights_annotation_accepts_ipv6_addresses() {
+    let object = proxier_core::model::ObjectRef::new(
+        proxier_core::model::ObjectKind::EndpointSlice,
+        "default",
+        "w6",
+    );
+    let (weights, warnings) =
+        proxier_core::k8s::parse_weights(&object, "fd00::5=2, 10.0.0.1=65535,10.0.0.2=65536");
+    assert_eq!(weights.get(&ip("fd00::5")), Some(&2));
+    assert_eq!(weights.get(&ip("10.0.0.1")), Some(&65535));
+    assert_eq!(weights.get(&ip("10.0.0.2")), None);
+    assert_eq!(warnings.len(), 1);
+    assert!(warnings[0].to_string().contains("EndpointSlice default/w6"));
+}
