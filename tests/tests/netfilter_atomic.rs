@@ -49,6 +49,7 @@ fn plan(k: usize) -> netfilter::NetfilterPlan {
 #[test]
 fn readers_never_see_a_half_replaced_table() {
     require_kernel!();
+    load_nft_modules();
     let node = Netns::new();
     const WRITES: usize = 120;
 
@@ -130,6 +131,7 @@ fn readers_never_see_a_half_replaced_table() {
 #[test]
 fn cleanup_removes_our_tables_in_both_families_and_nothing_else() {
     require_kernel!();
+    load_nft_modules();
     let node = Netns::new();
     node.sh_ok("nft add table inet someone-else && nft add chain inet someone-else c");
     node.block_on(|| async {
@@ -162,6 +164,7 @@ fn cleanup_removes_our_tables_in_both_families_and_nothing_else() {
 #[test]
 fn a_refused_script_leaves_the_previous_table_intact() {
     require_kernel!();
+    load_nft_modules();
     let node = Netns::new();
     node.block_on(|| async {
         let mut nf = Netfilter::new(NftBackend::default(), RenderOptions::default()).unwrap();

@@ -26,7 +26,7 @@ fn hairpin_pod_reaches_itself_through_its_service() {
 
     // Without masquerade the pod talks to itself from its own address: the answer goes
     // straight back inside the pod, IPVS never sees it, and the connection never completes.
-    let before = request(pod, "TCP:10.96.0.10:80,connect-timeout=2");
+    let before = request(pod, "TCP:10.96.0.10:80,connect-timeout=3");
     assert_eq!(before, None, "hairpin worked without our table: {before:?}");
 
     let svc = service("web", "10.96.0.10", 80, Protocol::Tcp, None);
@@ -36,7 +36,7 @@ fn hairpin_pod_reaches_itself_through_its_service() {
     );
     assert_eq!(plan.v4.as_ref().unwrap().hairpin.len(), 1);
 
-    let after = request(pod, "TCP:10.96.0.10:80,connect-timeout=2");
+    let after = request(pod, "TCP:10.96.0.10:80,connect-timeout=3");
     // Masqueraded to the node's address on the bridge.
     assert_eq!(peer(&after), Some(BRIDGE_IP), "hairpin answer: {after:?}");
 }
@@ -107,7 +107,7 @@ fn load_balancer_source_ranges_allow_one_client_and_drop_another() {
         t.client_request(OTHER_CLIENT_IP, "192.168.60.10", 80)
             .is_some()
     );
-    assert!(request(&t.node, "TCP:192.168.60.10:80,connect-timeout=2").is_some());
+    assert!(request(&t.node, "TCP:192.168.60.10:80,connect-timeout=3").is_some());
 
     let lb = |name: &str, cluster_ip: &str, vip: &str, ranges: &[&str]| {
         let mut svc = service(name, cluster_ip, 80, Protocol::Tcp, None);
@@ -142,7 +142,7 @@ fn load_balancer_source_ranges_allow_one_client_and_drop_another() {
     assert!(allowed.is_some(), "client in range was refused");
     let dropped = t.client_request(OTHER_CLIENT_IP, "192.168.60.10", 80);
     assert_eq!(dropped, None, "client outside the range got through");
-    let from_node = request(&t.node, "TCP:192.168.60.10:80,connect-timeout=2");
+    let from_node = request(&t.node, "TCP:192.168.60.10:80,connect-timeout=3");
     assert_eq!(
         from_node, None,
         "the node is outside the range but got through"
@@ -150,7 +150,7 @@ fn load_balancer_source_ranges_allow_one_client_and_drop_another() {
 
     // The node's IP 192.168.50.1 is in 192.168.50.0/31: the node may reach the second LB,
     // the other client (.3) may not.
-    let node_allowed = request(&t.node, "TCP:192.168.60.11:80,connect-timeout=2");
+    let node_allowed = request(&t.node, "TCP:192.168.60.11:80,connect-timeout=3");
     assert!(node_allowed.is_some(), "node in range was refused");
     assert_eq!(t.client_request(OTHER_CLIENT_IP, "192.168.60.11", 80), None);
     // The ClusterIP of the firewalled Service is not firewalled.
@@ -188,7 +188,7 @@ fn vip_port_without_a_service_is_rejected() {
 
     let (ok, out, err) = request_verbose(
         &t.client,
-        "TCP:10.96.0.10:81,bind=192.168.50.2,connect-timeout=2",
+        "TCP:10.96.0.10:81,bind=192.168.50.2,connect-timeout=3",
     );
     assert!(!ok && out.is_empty(), "VIP port 81 still answered: {out}");
     assert!(

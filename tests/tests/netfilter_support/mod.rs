@@ -39,6 +39,23 @@ pub fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
 
+/// Loads the kernel modules nft needs for `reject` in the `ip` and `ip6` families. A
+/// distribution's kmod autoloads them from their `nft-expr-*` aliases; the VM's busybox
+/// modprobe does not resolve aliases, so the tests load them by name.
+pub fn load_nft_modules() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        for module in [
+            "nf_reject_ipv4",
+            "nf_reject_ipv6",
+            "nft_reject_ipv4",
+            "nft_reject_ipv6",
+        ] {
+            let _ = Command::new("modprobe").arg(module).output();
+        }
+    });
+}
+
 /// Background processes started by a test, killed (by pid) on drop.
 #[derive(Default)]
 pub struct Background(Vec<u32>);
@@ -90,6 +107,7 @@ pub fn peer_echo_server(port: u16) -> String {
 impl Topology {
     /// Builds the node with `pods` pods (10.244.0.10, .11, ...) and the client.
     pub fn new(pods: usize) -> Topology {
+        load_nft_modules();
         let node = Netns::new();
         let client = Netns::new();
         node.sh_ok(&format!(
@@ -220,21 +238,21 @@ impl Topology {
     pub fn client_request(&self, source: &str, target: &str, port: u16) -> Option<String> {
         request(
             &self.client,
-            &format!("TCP:{target}:{port},bind={source},connect-timeout=2"),
+            &format!("TCP:{target}:{port},bind={source},connect-timeout=3"),
         )
     }
 }
 
 /// One socat request from `netns` to the socat `address`; `None` on failure or no answer.
 pub fn request(netns: &Netns, address: &str) -> Option<String> {
-    let out = netns.sh(&format!("echo q | socat -T2 - {address}"));
+    let out = netns.sh(&format!("echo q | socat -T5 - {address}"));
     let text = String::from_utf8_lossy(&out.stdout).trim().to_owned();
     (out.status.success() && !text.is_empty()).then_some(text)
 }
 
 /// Like [`request`], with the exit status and stderr, for asserting on how it failed.
 pub fn request_verbose(netns: &Netns, address: &str) -> (bool, String, String) {
-    let out = netns.sh(&format!("echo q | socat -T2 - {address}"));
+    let out = netns.sh(&format!("echo q | socat -T5 - {address}"));
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).trim().to_owned(),
