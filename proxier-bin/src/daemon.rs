@@ -240,7 +240,13 @@ pub async fn run(settings: Settings) -> Result<(), DaemonError> {
     }
 
     let mut target = CountingTarget {
-        inner: DryRunTarget::new(Arc::clone(&view), std::io::stdout()),
+        inner: DryRunTarget::new(
+            Arc::clone(&view),
+            settings.planner_config(),
+            &settings.hostname,
+            &settings.dummy_interface,
+            std::io::stdout(),
+        ),
         pending,
     };
     let scheduler = SyncScheduler::new(RunnerConfig::from_settings(&settings.ipvs), Instant::now());

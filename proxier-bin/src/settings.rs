@@ -153,6 +153,34 @@ pub struct Settings {
 }
 
 impl Settings {
+    /// The planner's configuration (proxier-core's model) for these settings.
+    pub fn planner_config(&self) -> proxier_core::model::Config {
+        use proxier_core::model::{
+            AddressFamily, Config, IpvsTimeouts, NodePortAddresses as CoreNpa,
+        };
+        let non_zero = |d: Duration| (!d.is_zero()).then_some(d);
+        Config {
+            scheduler: self.ipvs.scheduler.clone(),
+            exclude_cidrs: self.ipvs.exclude_cidrs.clone(),
+            node_port_addresses: match &self.nodeport_addresses {
+                NodePortAddresses::All => CoreNpa::All,
+                NodePortAddresses::Primary => CoreNpa::Primary,
+                NodePortAddresses::Cidrs(cidrs) => CoreNpa::Cidrs(cidrs.clone()),
+            },
+            strict_arp: self.ipvs.strict_arp,
+            timeouts: IpvsTimeouts {
+                tcp: non_zero(self.ipvs.tcp_timeout),
+                tcp_fin: non_zero(self.ipvs.tcp_fin_timeout),
+                udp: non_zero(self.ipvs.udp_timeout),
+            },
+            sync_period: self.ipvs.sync_period,
+            min_sync_period: self.ipvs.min_sync_period,
+            masquerade_all: self.masquerade_all,
+            cluster_cidrs: self.cluster_cidrs.clone(),
+            families: AddressFamily::ALL.into_iter().collect(),
+        }
+    }
+
     /// How long a queued change may wait for a sync before /healthz reports unhealthy:
     /// twice the sync period, as kube-proxy does.
     pub fn health_timeout(&self) -> Duration {
@@ -682,6 +710,34 @@ mod tests {
         )
         .expect("valid");
         assert!(matches!(s.nodeport_addresses, NodePortAddresses::Cidrs(ref v) if v.len() == 2));
+    }
+
+    #[test]
+    fn planner_config_carries_the_settings() {
+        let s = resolve(
+            &cli(&[
+                "--ipvs-scheduler=lc",
+                "--ipvs-exclude-cidrs=198.51.100.0/24",
+                "--nodeport-addresses=primary",
+                "--ipvs-tcp-timeout=15m",
+                "--masquerade-all",
+                "--cluster-cidr=10.244.0.0/16",
+            ]),
+            None,
+            "n",
+        )
+        .expect("valid");
+        let c = s.planner_config();
+        assert_eq!(c.scheduler, Scheduler::LeastConnection);
+        assert_eq!(c.exclude_cidrs.len(), 1);
+        assert_eq!(
+            c.node_port_addresses,
+            proxier_core::model::NodePortAddresses::Primary
+        );
+        assert_eq!(c.timeouts.tcp, Some(Duration::from_secs(900)));
+        assert_eq!(c.timeouts.udp, None, "0 leaves the kernel's value");
+        assert!(c.masquerade_all);
+        assert_eq!(c.cluster_cidrs.len(), 1);
     }
 
     #[test]
