@@ -1,0 +1,333 @@
+//! A Kubernetes API server double for tests: serves list and watch of Services,
+//! EndpointSlices and Nodes over plain HTTP on 127.0.0.1, applies `!label` label selectors
+//! and `metadata.name=` field selectors like the real server, and lets a test add and delete
+//! objects, expire watches (410 Gone) and simulate an outage (every request fails).
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Bytes, Frame};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+/// The kinds the double serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Kind {
+    /// v1 Service.
+    Service,
+    /// discovery.k8s.io/v1 EndpointSlice.
+    EndpointSlice,
+    /// v1 Node.
+    Node,
+}
+
+impl Kind {
+    fn from_path(path: &str) -> Option<Kind> {
+        match path {
+            "/api/v1/services" => Some(Kind::Service),
+            "/apis/discovery.k8s.io/v1/endpointslices" => Some(Kind::EndpointSlice),
+            "/api/v1/nodes" => Some(Kind::Node),
+            _ => None,
+        }
+    }
+
+    fn list_kind(self) -> (&'static str, &'static str) {
+        match self {
+            Kind::Service => ("v1", "ServiceList"),
+            Kind::EndpointSlice => ("discovery.k8s.io/v1", "EndpointSliceList"),
+            Kind::Node => ("v1", "NodeList"),
+        }
+    }
+}
+
+#[derive(Default)]
+struct State {
+    resource_version: u64,
+    objects: BTreeMap<(Kind, String), Value>,
+    /// (kind, resourceVersion, event) for watch replay.
+    log: Vec<(Kind, u64, Value)>,
+    watchers: Vec<(Kind, Query, mpsc::UnboundedSender<Bytes>)>,
+    outage: bool,
+    requests: Vec<String>,
+    /// Watches from a resourceVersion older than this get 410 Gone.
+    compacted_at: u64,
+}
+
+#[derive(Debug, Clone, Default)]
+struct Query {
+    watch: bool,
+    resource_version: Option<u64>,
+    label_selector: Option<String>,
+    field_selector: Option<String>,
+}
+
+impl Query {
+    fn parse(query: &str) -> Query {
+        let mut q = Query::default();
+        for (k, v) in form_urlencoded::parse(query.as_bytes()) {
+            match k.as_ref() {
+                "watch" => q.watch = v == "true" || v == "1",
+                "resourceVersion" => q.resource_version = v.parse().ok(),
+                "labelSelector" => q.label_selector = Some(v.into_owned()),
+                "fieldSelector" => q.field_selector = Some(v.into_owned()),
+                _ => {}
+            }
+        }
+        q
+    }
+
+    /// Supports the selector forms the proxier uses: `!label` and `metadata.name=x`.
+    fn matches(&self, obj: &Value) -> bool {
+        let meta = &obj["metadata"];
+        if let Some(sel) = &self.label_selector {
+            for part in sel.split(',').filter(|p| !p.is_empty()) {
+                if let Some(label) = part.strip_prefix('!') {
+                    if meta["labels"].get(label).is_some() {
+                        return false;
+                    }
+                } else {
+                    panic!("label selector form not supported by the double: {part}");
+                }
+            }
+        }
+        if let Some(sel) = &self.field_selector {
+            for part in sel.split(',').filter(|p| !p.is_empty()) {
+                match part.split_once('=') {
+                    Some(("metadata.name", name)) => {
+                        if meta["name"].as_str() != Some(name) {
+                            return false;
+                        }
+                    }
+                    _ => panic!("field selector form not supported by the double: {part}"),
+                }
+            }
+        }
+        true
+    }
+}
+
+fn key_of(obj: &Value) -> String {
+    format!(
+        "{}/{}",
+        obj["metadata"]["namespace"].as_str().unwrap_or(""),
+        obj["metadata"]["name"].as_str().unwrap_or("")
+    )
+}
+
+/// A running API server double. Stops when dropped.
+pub struct FakeApiServer {
+    addr: SocketAddr,
+    state: Arc<Mutex<State>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for FakeApiServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+type Body = BoxBody<Bytes, Infallible>;
+
+fn full(status: u16, value: &Value) -> hyper::Response<Body> {
+    let mut resp = hyper::Response::new(Full::new(Bytes::from(value.to_string())).boxed());
+    *resp.status_mut() = hyper::StatusCode::from_u16(status).expect("status");
+    resp.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+fn status_object(code: u16, reason: &str, message: &str) -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+           "message": message, "reason": reason, "code": code})
+}
+
+impl FakeApiServer {
+    /// Starts on 127.0.0.1 with a free port.
+    pub async fn start() -> FakeApiServer {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let state = Arc::new(Mutex::new(State {
+            resource_version: 100,
+            ..State::default()
+        }));
+        let st = Arc::clone(&state);
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let st = Arc::clone(&st);
+                tokio::spawn(async move {
+                    let service = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                        let resp = handle(&st, req.uri().path(), req.uri().query().unwrap_or(""));
+                        async move { Ok::<_, Infallible>(resp) }
+                    });
+                    let _ = http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        FakeApiServer { addr, state, task }
+    }
+
+    /// The URL to give as `--master`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().expect("double state")
+    }
+
+    /// Adds or replaces an object and notifies watchers.
+    pub fn apply(&self, kind: Kind, mut obj: Value) {
+        let mut st = self.lock();
+        st.resource_version += 1;
+        let rv = st.resource_version;
+        obj["metadata"]["resourceVersion"] = json!(rv.to_string());
+        let key = (kind, key_of(&obj));
+        let kind_of_event = if st.objects.contains_key(&key) {
+            "MODIFIED"
+        } else {
+            "ADDED"
+        };
+        st.objects.insert(key, obj.clone());
+        let event = json!({"type": kind_of_event, "object": obj});
+        notify(&mut st, kind, rv, event);
+    }
+
+    /// Deletes an object (by namespace/name) and notifies watchers.
+    pub fn delete(&self, kind: Kind, namespace: &str, name: &str) {
+        let mut st = self.lock();
+        let Some(mut obj) = st.objects.remove(&(kind, format!("{namespace}/{name}"))) else {
+            panic!("no {kind:?} {namespace}/{name} to delete");
+        };
+        st.resource_version += 1;
+        let rv = st.resource_version;
+        obj["metadata"]["resourceVersion"] = json!(rv.to_string());
+        notify(&mut st, kind, rv, json!({"type": "DELETED", "object": obj}));
+    }
+
+    /// Ends every open watch with 410 Gone and forgets the event history, so clients must
+    /// relist (as after etcd compaction).
+    pub fn expire_watches(&self) {
+        let mut st = self.lock();
+        st.log.clear();
+        st.compacted_at = st.resource_version;
+        let gone = json!({"type": "ERROR", "object": status_object(410, "Expired", "too old resource version")});
+        for (_, _, tx) in st.watchers.drain(..) {
+            let _ = tx.send(Bytes::from(format!("{gone}\n")));
+        }
+    }
+
+    /// Changes objects without telling any watcher (as if the events were compacted away),
+    /// then expires the watches: only a relist can show the change.
+    pub fn apply_silently(&self, kind: Kind, mut obj: Value) {
+        let mut st = self.lock();
+        st.resource_version += 1;
+        obj["metadata"]["resourceVersion"] = json!(st.resource_version.to_string());
+        st.objects.insert((kind, key_of(&obj)), obj);
+    }
+
+    /// Deletes without telling watchers (see [`FakeApiServer::apply_silently`]).
+    pub fn delete_silently(&self, kind: Kind, namespace: &str, name: &str) {
+        let mut st = self.lock();
+        st.resource_version += 1;
+        st.objects.remove(&(kind, format!("{namespace}/{name}")));
+    }
+
+    /// While on, every request fails with 503 and open watches are cut.
+    pub fn set_outage(&self, on: bool) {
+        let mut st = self.lock();
+        st.outage = on;
+        if on {
+            st.watchers.clear(); // dropping the senders ends the streams
+        }
+    }
+
+    /// Requests seen so far (`path?query`).
+    pub fn requests(&self) -> Vec<String> {
+        self.lock().requests.clone()
+    }
+}
+
+fn notify(st: &mut State, kind: Kind, rv: u64, event: Value) {
+    st.log.push((kind, rv, event.clone()));
+    let line = Bytes::from(format!("{event}\n"));
+    st.watchers.retain(|(k, q, tx)| {
+        if *k != kind || !q.matches(&event["object"]) && event["type"] != "DELETED" {
+            return !tx.is_closed();
+        }
+        tx.send(line.clone()).is_ok()
+    });
+}
+
+fn handle(state: &Arc<Mutex<State>>, path: &str, query: &str) -> hyper::Response<Body> {
+    let mut st = state.lock().expect("double state");
+    st.requests.push(format!("{path}?{query}"));
+    if st.outage {
+        return full(
+            503,
+            &status_object(503, "ServiceUnavailable", "the double is down"),
+        );
+    }
+    let Some(kind) = Kind::from_path(path) else {
+        return full(404, &status_object(404, "NotFound", "unknown path"));
+    };
+    let q = Query::parse(query);
+    if !q.watch {
+        let (api_version, list_kind) = kind.list_kind();
+        let items: Vec<Value> = st
+            .objects
+            .iter()
+            .filter(|((k, _), obj)| *k == kind && q.matches(obj))
+            .map(|(_, obj)| obj.clone())
+            .collect();
+        let rv = st.resource_version.to_string();
+        return full(
+            200,
+            &json!({"apiVersion": api_version, "kind": list_kind,
+                    "metadata": {"resourceVersion": rv}, "items": items}),
+        );
+    }
+    let since = q.resource_version.unwrap_or(0);
+    let (tx, rx) = mpsc::unbounded_channel::<Bytes>();
+    if since < st.compacted_at {
+        let gone = json!({"type": "ERROR", "object": status_object(410, "Expired", "too old resource version")});
+        let _ = tx.send(Bytes::from(format!("{gone}\n")));
+        drop(tx);
+    } else {
+        for (k, rv, event) in &st.log {
+            if *k == kind && *rv > since && q.matches(&event["object"]) {
+                let _ = tx.send(Bytes::from(format!("{event}\n")));
+            }
+        }
+        st.watchers.push((kind, q, tx));
+    }
+    let stream = futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv()
+            .await
+            .map(|bytes| (Ok::<_, Infallible>(Frame::data(bytes)), rx))
+    });
+    let mut resp = hyper::Response::new(StreamBody::new(stream).boxed());
+    resp.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
+    resp
+}

@@ -1,0 +1,3 @@
+//! Test support shared by the integration tests of proxier-bin.
+
+pub mod apiserver;
