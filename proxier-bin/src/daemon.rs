@@ -108,12 +108,13 @@ async fn pump_events(
 ) {
     while let Some(event) = events.recv().await {
         tracing::debug!(event = %event.describe(), "source event");
-        if let SourceEvent::NodeUpdate(Some(node))
-        | SourceEvent::Snapshot(source::ClusterSnapshot {
-            node: Some(node), ..
-        }) = &event
-        {
-            health.sync_node(node);
+        match &event {
+            SourceEvent::NodeUpdate(Some(node))
+            | SourceEvent::Snapshot(source::ClusterSnapshot {
+                node: Some(node), ..
+            }) => health.sync_node(node),
+            SourceEvent::NodeUpdate(None) => health.node_deleted(),
+            _ => {}
         }
         let touched = view
             .lock()

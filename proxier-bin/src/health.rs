@@ -134,6 +134,11 @@ impl ProxyHealth {
         self.lock().node_eligible = !being_deleted && !tainted;
     }
 
+    /// This node's Node object was deleted: not eligible any more (until it comes back).
+    pub fn node_deleted(&self) {
+        self.lock().node_eligible = false;
+    }
+
     /// Whether the node is eligible for traffic.
     pub fn node_eligible(&self) -> bool {
         self.lock().node_eligible
@@ -440,6 +445,10 @@ mod tests {
         assert_eq!(h.healthz(at(10)).status, StatusCode::OK);
         h.sync_node(&deleting);
         assert_eq!(h.healthz(at(10)).status, StatusCode::SERVICE_UNAVAILABLE);
+        h.sync_node(&Node::default());
+        h.node_deleted();
+        assert_eq!(h.healthz(at(10)).status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(h.livez(at(10)).status, StatusCode::OK);
     }
 
     #[test]
