@@ -75,6 +75,24 @@
 //! Accepting in our table does not override a drop in another table (nftables evaluates
 //! every base chain of a hook); a node firewall with a drop policy must allow Service
 //! traffic itself.
+//!
+//! # How the daemon drives it
+//!
+//! 1. At start, after the IPVS handle is open (it loads `ip_vs`, which creates the `vs/*`
+//!    sysctls): [`crate::sysctl::ensure_sysctls`]; refuse to start on
+//!    [`crate::sysctl::SysctlReport::essential_failures`].
+//! 2. Build `Netfilter::new(NftBackend::default(), RenderOptions::default())` (or
+//!    [`MemoryNetfilterBackend`] for `--dry-run`) and a
+//!    [`crate::conntrack::KernelConntrack`] (or [`crate::conntrack::MemoryConntrack`]).
+//! 3. Every sync, after the reconciler applied IPVS:
+//!    `netfilter.sync(&netfilter::plan(&state, &node, &config)).await` (a no-op when the plan
+//!    did not change); on the periodic full resync call [`Netfilter::invalidate`] first, so
+//!    drift is repaired.
+//! 4. After the reconciler removed real servers: the filters of
+//!    [`crate::conntrack::stale_udp_flows_of_port`] (incremental, old and new plan of each
+//!    dirty port) or [`crate::conntrack::stale_udp_flows`] (full sync) go to
+//!    `delete_flows` (blocking: `spawn_blocking`).
+//! 5. `--cleanup`: [`Netfilter::cleanup`].
 
 pub mod apply;
 pub mod plan;
