@@ -33,6 +33,9 @@ pub enum DaemonError {
     /// The last sync failed (with --once).
     #[error("sync failed: {0}")]
     Sync(#[from] runner::SyncError),
+    /// The kernel data plane failed (open, `--once` sync, `--cleanup`).
+    #[error(transparent)]
+    DataPlane(#[from] crate::dataplane::DataPlaneError),
     /// The source ended before it synced.
     #[error("the {0} source stopped before it delivered Services and EndpointSlices")]
     SourceEnded(&'static str),
@@ -161,15 +164,23 @@ impl<T: runner::SyncTarget> runner::SyncTarget for CountingTarget<T> {
 /// Runs the daemon until a signal (or, with `--once`, one sync).
 pub async fn run(settings: Settings) -> Result<(), DaemonError> {
     if settings.run_mode == RunMode::Cleanup {
-        return Err(DaemonError::Unsupported(
-            "--cleanup is not available in this build yet: it needs proxier-core's cleanup"
-                .to_owned(),
-        ));
-    }
-    if !settings.dry_run {
-        return Err(DaemonError::Unsupported(
-            "programming the kernel is not wired in this build yet; use --dry-run".to_owned(),
-        ));
+        if settings.dry_run {
+            return Err(DaemonError::Unsupported(
+                "--cleanup cannot be combined with --dry-run".to_owned(),
+            ));
+        }
+        let report = crate::dataplane::cleanup(&settings).await?;
+        println!(
+            "cleanup: {} virtual servers deleted, link {} {}, nftables tables removed",
+            report.virtual_servers,
+            settings.dummy_interface,
+            if report.link_deleted {
+                "deleted"
+            } else {
+                "absent"
+            }
+        );
+        return Ok(());
     }
 
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
@@ -238,6 +249,33 @@ pub async fn run(settings: Settings) -> Result<(), DaemonError> {
             }
             _ = shutdown.wait_for(|s| *s) => return Ok(()),
         }
+    }
+
+    if !settings.dry_run {
+        let mut dataplane = crate::dataplane::DataPlane::open(&settings, Arc::clone(&view)).await?;
+        if once {
+            let outcome = dataplane.sync(runner::SyncKind::Full).await?;
+            println!("kernel full sync: {outcome}");
+            return Ok(());
+        }
+        let mut target = CountingTarget {
+            inner: dataplane,
+            pending,
+        };
+        let scheduler =
+            SyncScheduler::new(RunnerConfig::from_settings(&settings.ipvs), Instant::now());
+        let result = runner::run(
+            scheduler,
+            triggers,
+            &mut target,
+            Some(health),
+            shutdown_rx,
+            false,
+        )
+        .await;
+        drop(runner_handle);
+        drop(servers);
+        return result.map_err(DaemonError::from);
     }
 
     let mut target = CountingTarget {

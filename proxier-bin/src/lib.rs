@@ -6,6 +6,7 @@ pub mod cli;
 pub mod cluster_view;
 pub mod config;
 pub mod daemon;
+pub mod dataplane;
 pub mod dry_run;
 pub mod go_duration;
 pub mod health;

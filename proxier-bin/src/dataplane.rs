@@ -1,0 +1,489 @@
+//! The kernel data plane the daemon drives: proxier-core's reconciler over the kernel IPVS
+//! backend (ipvs-netlink) and the rtnetlink address backend (the dummy link), the nftables
+//! table, the sysctls set at start, and UDP conntrack cleanup when endpoints go away.
+//!
+//! Every sync plans the whole cluster (pure, in memory) and hands the reconciler only the
+//! Service ports whose plan changed since the last sync (incremental), or everything with a
+//! fresh read of the kernel (full). `--cleanup` lives here too.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use futures::TryStreamExt;
+use proxier_core::backend::address::KernelAddressBackend;
+use proxier_core::backend::ipvs::KernelIpvsBackend;
+use proxier_core::backend::{AddressBackend, BackendError, IpvsBackend, IpvsOp, OpKind};
+use proxier_core::conntrack::{ConntrackBackend, FlowFilter, KernelConntrack, stale_udp_flows};
+use proxier_core::model::Config;
+use proxier_core::netfilter::{Netfilter, NftBackend, RenderOptions};
+use proxier_core::reconciler::OpCounts;
+use proxier_core::sysctl::{ProcSysctl, SysctlOptions, ensure_sysctls};
+use proxier_core::{Desired, Reconciler, ReconcilerConfig, ServicePortName, SyncReport};
+
+use crate::cluster_view::ClusterView;
+use crate::dry_run::{cluster_state, node_context, plan_size};
+use crate::metrics::{
+    OpResult, record_netlink_operations, set_data_plane_size, set_full_resync_drift_repaired,
+};
+use crate::runner::{SyncError, SyncKind, SyncTarget};
+use crate::settings::Settings;
+
+/// Why the data plane could not be opened, synced or cleaned up.
+#[derive(Debug, thiserror::Error)]
+pub enum DataPlaneError {
+    /// The IPVS netlink handle could not be opened.
+    #[error("opening IPVS (generic netlink): {0}")]
+    OpenIpvs(BackendError),
+    /// The rtnetlink connection could not be opened.
+    #[error("opening rtnetlink for link {link}: {source}")]
+    OpenLink {
+        /// The dummy link.
+        link: String,
+        /// The error.
+        source: BackendError,
+    },
+    /// The netfilter options were invalid.
+    #[error("netfilter table settings: {0}")]
+    NetfilterOptions(#[from] proxier_core::netfilter::RenderError),
+    /// The reconciler could not read or prepare the kernel (nothing was applied).
+    #[error("reconciling IPVS: {0}")]
+    Reconcile(#[from] proxier_core::ReconcileError),
+    /// The nftables table could not be replaced.
+    #[error("replacing the nftables table: {0}")]
+    Netfilter(#[from] proxier_core::netfilter::NetfilterError),
+    /// Some service ports could not be programmed (the others were).
+    #[error("{failed} kernel writes failed ({services} service ports with errors); see the log")]
+    PartialFailure {
+        /// Failed writes.
+        failed: usize,
+        /// Service ports (or cleanup) with errors.
+        services: usize,
+    },
+    /// `--cleanup` could not remove something.
+    #[error("cleanup: {0}")]
+    Cleanup(String),
+}
+
+/// What one sync did, for logs and for `--once`'s summary line.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SyncOutcome {
+    /// The reconciler's report (IPVS and address writes).
+    pub report: SyncReport,
+    /// Whether the nftables table was rewritten.
+    pub netfilter_replaced: bool,
+    /// UDP conntrack entries deleted.
+    pub conntrack_deleted: usize,
+}
+
+impl std::fmt::Display for SyncOutcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} writes ({} deletes, {} failed), nftables table {}, {} UDP conntrack entries deleted",
+            self.report.writes,
+            self.report.deletes,
+            self.report.failed,
+            if self.netfilter_replaced {
+                "replaced"
+            } else {
+                "unchanged"
+            },
+            self.conntrack_deleted
+        )?;
+        if let Some(drift) = self.report.drift {
+            write!(f, ", drift repaired {drift}")?;
+        }
+        Ok(())
+    }
+}
+
+/// The label of an op kind for `ipvs_proxier_netlink_operations_total`.
+fn op_label(kind: OpKind) -> &'static str {
+    match kind {
+        OpKind::AddVirtualServer => "add_virtual_server",
+        OpKind::UpdateVirtualServer => "update_virtual_server",
+        OpKind::DeleteVirtualServer => "delete_virtual_server",
+        OpKind::AddRealServer => "add_real_server",
+        OpKind::UpdateRealServer => "update_real_server",
+        OpKind::DeleteRealServer => "delete_real_server",
+        OpKind::BindAddress => "bind_address",
+        OpKind::UnbindAddress => "unbind_address",
+    }
+}
+
+/// Service ports whose plan differs between `old` and `new` (added, removed or changed).
+pub fn changed_ports(old: &Desired, new: &Desired) -> BTreeSet<ServicePortName> {
+    let mut out = BTreeSet::new();
+    for (name, plan) in &new.services {
+        if old.services.get(name) != Some(plan) {
+            out.insert(name.clone());
+        }
+    }
+    for name in old.services.keys() {
+        if !new.services.contains_key(name) {
+            out.insert(name.clone());
+        }
+    }
+    out
+}
+
+/// Sets the sysctls IPVS mode needs; each failure is logged (by proxier-core) and the
+/// daemon goes on.
+pub fn apply_sysctls(strict_arp: bool) {
+    let report = ensure_sysctls(&ProcSysctl::default(), SysctlOptions { strict_arp });
+    for key in &report.changed {
+        tracing::info!(key, "sysctl set");
+    }
+    for skipped in &report.skipped {
+        tracing::debug!(key = skipped.key, reason = %skipped.reason, "sysctl not needed");
+    }
+    let essential = report.essential_failures().count();
+    if !report.failures.is_empty() {
+        tracing::warn!(
+            failed = report.failures.len(),
+            essential,
+            "some sysctls could not be set; continuing (traffic may not flow as planned)"
+        );
+    }
+}
+
+/// The kernel data plane.
+pub struct DataPlane {
+    view: Arc<Mutex<ClusterView>>,
+    config: Config,
+    hostname: String,
+    reconciler: Reconciler<KernelIpvsBackend, KernelAddressBackend>,
+    netfilter: Netfilter<NftBackend>,
+    /// The plan of the last sync (`None` before the first).
+    last_plan: Option<Desired>,
+    /// Op counters already exported to the metrics.
+    exported_ops: BTreeMap<OpKind, OpCounts>,
+}
+
+impl DataPlane {
+    /// Opens the kernel backends in the process's network namespace (within a tokio runtime)
+    /// and sets the sysctls. Touches no IPVS service, address or table yet.
+    pub async fn open(
+        settings: &Settings,
+        view: Arc<Mutex<ClusterView>>,
+    ) -> Result<DataPlane, DataPlaneError> {
+        let config = settings.planner_config();
+        apply_sysctls(settings.ipvs.strict_arp);
+        let ipvs = KernelIpvsBackend::connect()
+            .await
+            .map_err(DataPlaneError::OpenIpvs)?;
+        let addresses =
+            KernelAddressBackend::connect(settings.dummy_interface.clone()).map_err(|source| {
+                DataPlaneError::OpenLink {
+                    link: settings.dummy_interface.clone(),
+                    source,
+                }
+            })?;
+        let reconciler_config = ReconcilerConfig {
+            exclude_cidrs: config.exclude_cidrs.clone(),
+            ..ReconcilerConfig::default()
+        };
+        let netfilter = Netfilter::new(NftBackend::default(), RenderOptions::default())?;
+        Ok(DataPlane {
+            view,
+            config,
+            hostname: settings.hostname.clone(),
+            reconciler: Reconciler::new(ipvs, addresses, reconciler_config),
+            netfilter,
+            last_plan: None,
+            exported_ops: BTreeMap::new(),
+        })
+    }
+
+    /// Plans the current view and converges the kernel on it. `Full` re-reads the kernel
+    /// (adopting what matches, repairing drift) and rewrites the nftables table; `Incremental`
+    /// applies only the Service ports whose plan changed and runs due drains and retries.
+    /// Per-service failures do not stop the others: they are logged, counted and returned
+    /// as [`DataPlaneError::PartialFailure`] after everything else was applied.
+    pub async fn sync(&mut self, kind: SyncKind) -> Result<SyncOutcome, DataPlaneError> {
+        let (state, node) = {
+            let view = self
+                .view
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            (cluster_state(&view), node_context(&view, &self.hostname))
+        };
+        let desired = proxier_core::plan(&state, &node, &self.config);
+        let netfilter_plan = proxier_core::netfilter::plan(&state, &node, &self.config);
+
+        let mut report = match (kind, &self.last_plan) {
+            (SyncKind::Incremental, Some(old)) => {
+                let dirty = changed_ports(old, &desired);
+                let mut report = if dirty.is_empty() {
+                    SyncReport::default()
+                } else {
+                    self.reconciler.sync_services(&desired, &dirty).await?
+                };
+                let due = self
+                    .reconciler
+                    .next_deadline()
+                    .is_some_and(|at| at <= tokio::time::Instant::now());
+                if due {
+                    merge(&mut report, self.reconciler.tick(&desired).await?);
+                }
+                report
+            }
+            _ => {
+                self.netfilter.invalidate();
+                self.reconciler.full_sync(&desired).await?
+            }
+        };
+        for (service, error) in &report.errors {
+            match service {
+                Some(service) => {
+                    tracing::error!(service = %service, %error, "service port not programmed")
+                }
+                None => tracing::error!(%error, "cleanup of unplanned kernel objects failed"),
+            }
+        }
+        self.export_metrics(&desired, &report);
+
+        let netfilter_result = self.netfilter.sync(&netfilter_plan).await;
+        let netfilter_replaced = match &netfilter_result {
+            Ok(replaced) => *replaced,
+            Err(error) => {
+                tracing::error!(%error, "nftables table not replaced");
+                false
+            }
+        };
+
+        // Stale UDP flows: only against a plan this process applied (a restart does not
+        // flush the flows of services that were already programmed).
+        let conntrack_deleted = match &self.last_plan {
+            Some(old) => clear_stale_udp_flows(stale_udp_flows(old, &desired)).await,
+            None => 0,
+        };
+        self.last_plan = Some(desired);
+        netfilter_result?;
+        let outcome = SyncOutcome {
+            report: std::mem::take(&mut report),
+            netfilter_replaced,
+            conntrack_deleted,
+        };
+        if outcome.report.failed > 0 || !outcome.report.errors.is_empty() {
+            let services = outcome.report.errors.len();
+            tracing::warn!(%outcome, "sync finished with errors");
+            return Err(DataPlaneError::PartialFailure {
+                failed: outcome.report.failed,
+                services,
+            });
+        }
+        tracing::info!(kind = ?kind, %outcome, "sync done");
+        Ok(outcome)
+    }
+
+    fn export_metrics(&mut self, desired: &Desired, report: &SyncReport) {
+        let stats = self.reconciler.stats();
+        for (kind, counts) in &stats.ops {
+            let before = self.exported_ops.get(kind).copied().unwrap_or_default();
+            let label = op_label(*kind);
+            let ok = counts.succeeded.saturating_sub(before.succeeded);
+            let failed = counts.failed.saturating_sub(before.failed);
+            if ok > 0 {
+                record_netlink_operations(label, OpResult::Success, ok);
+            }
+            if failed > 0 {
+                record_netlink_operations(label, OpResult::Error, failed);
+            }
+        }
+        self.exported_ops = stats.ops.clone();
+        let mut size = plan_size(desired);
+        size.draining = stats.drain_queue_len;
+        set_data_plane_size(size);
+        if let Some(drift) = report.drift {
+            set_full_resync_drift_repaired(drift);
+        }
+    }
+}
+
+fn merge(into: &mut SyncReport, more: SyncReport) {
+    into.writes += more.writes;
+    into.deletes += more.deletes;
+    into.failed += more.failed;
+    into.errors.extend(more.errors);
+}
+
+/// Deletes conntrack entries matching `filters` (blocking ctnetlink calls on a worker thread,
+/// which shares the process's network namespace). Failures are logged, never fatal.
+async fn clear_stale_udp_flows(filters: BTreeSet<FlowFilter>) -> usize {
+    if filters.is_empty() {
+        return 0;
+    }
+    let filters: Vec<FlowFilter> = filters.into_iter().collect();
+    let count = filters.len();
+    let result = tokio::task::spawn_blocking(move || {
+        let mut conntrack = KernelConntrack::new()?;
+        conntrack.delete_flows(&filters)
+    })
+    .await;
+    match result {
+        Ok(Ok(deleted)) => {
+            tracing::debug!(
+                filters = count,
+                deleted,
+                "stale UDP conntrack entries deleted"
+            );
+            deleted
+        }
+        Ok(Err(error)) => {
+            tracing::warn!(%error, "stale UDP conntrack entries not deleted");
+            0
+        }
+        Err(error) => {
+            tracing::warn!(%error, "conntrack cleanup task failed");
+            0
+        }
+    }
+}
+
+impl SyncTarget for DataPlane {
+    async fn sync(&mut self, kind: SyncKind) -> Result<(), SyncError> {
+        let started = Instant::now();
+        let result = DataPlane::sync(self, kind).await;
+        tracing::debug!(took = ?started.elapsed(), "kernel sync");
+        result.map(|_| ()).map_err(|e| SyncError(e.to_string()))
+    }
+}
+
+/// What `--cleanup` removed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CleanupReport {
+    /// Virtual servers deleted.
+    pub virtual_servers: usize,
+    /// Whether the dummy link existed and was deleted.
+    pub link_deleted: bool,
+}
+
+/// `--cleanup`: deletes every IPVS virtual server whose address is bound on the dummy link,
+/// the link itself and the proxier's nftables tables. NodePort virtual servers on the node's
+/// own addresses are not removed: after a restart nothing records which ones the proxier
+/// created, and they cannot be told apart from someone else's.
+pub async fn cleanup(settings: &Settings) -> Result<CleanupReport, DataPlaneError> {
+    let link = settings.dummy_interface.clone();
+    let mut addresses =
+        KernelAddressBackend::connect(link.clone()).map_err(|source| DataPlaneError::OpenLink {
+            link: link.clone(),
+            source,
+        })?;
+    let bound: BTreeSet<IpAddr> = addresses
+        .list_addresses()
+        .await
+        .map_err(|e| DataPlaneError::Cleanup(format!("listing addresses on {link}: {e}")))?;
+    let mut errors = Vec::new();
+    let mut report = CleanupReport::default();
+
+    match KernelIpvsBackend::connect().await {
+        Ok(mut ipvs) => match ipvs.list_virtual_servers().await {
+            Ok(table) => {
+                let ops: Vec<IpvsOp> = table
+                    .keys()
+                    .filter(|key| bound.contains(&key.address))
+                    .map(|key| IpvsOp::DeleteVirtualServer(*key))
+                    .collect();
+                let results = ipvs.apply(&ops).await;
+                for (op, result) in ops.iter().zip(results) {
+                    match result {
+                        Ok(()) | Err(BackendError::NotFound) => report.virtual_servers += 1,
+                        Err(error) => errors.push(format!("{op}: {error}")),
+                    }
+                }
+            }
+            Err(error) => errors.push(format!("listing IPVS virtual servers: {error}")),
+        },
+        Err(error) => errors.push(format!("opening IPVS: {error}")),
+    }
+
+    match delete_link(&link).await {
+        Ok(deleted) => report.link_deleted = deleted,
+        Err(error) => errors.push(format!("deleting link {link}: {error}")),
+    }
+
+    let mut netfilter = Netfilter::new(NftBackend::default(), RenderOptions::default())?;
+    if let Err(error) = netfilter.cleanup().await {
+        errors.push(format!("removing nftables tables: {error}"));
+    }
+    tracing::info!(
+        virtual_servers = report.virtual_servers,
+        link_deleted = report.link_deleted,
+        "cleanup done"
+    );
+    if errors.is_empty() {
+        Ok(report)
+    } else {
+        Err(DataPlaneError::Cleanup(errors.join("; ")))
+    }
+}
+
+/// Deletes the link named `name`; `Ok(false)` when it does not exist.
+async fn delete_link(name: &str) -> Result<bool, String> {
+    let (connection, handle, _) =
+        rtnetlink::new_connection().map_err(|e| format!("opening rtnetlink: {e}"))?;
+    let driver = tokio::spawn(connection);
+    let result = async {
+        let mut links = handle.link().get().match_name(name.to_owned()).execute();
+        let index = match links.try_next().await {
+            Ok(Some(link)) => link.header.index,
+            Ok(None) => return Ok(false),
+            Err(rtnetlink::Error::NetlinkError(message)) if -message.raw_code() == ENODEV => {
+                return Ok(false);
+            }
+            Err(error) => return Err(error.to_string()),
+        };
+        handle
+            .link()
+            .del(index)
+            .execute()
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(true)
+    }
+    .await;
+    driver.abort();
+    result
+}
+
+/// ENODEV: the kernel's answer when a link name is unknown.
+const ENODEV: i32 = 19;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::source::SourceEvent;
+    use crate::source::manifests::parse_manifests;
+
+    fn example_plan() -> Desired {
+        let text = include_str!("../../examples/cluster.yaml");
+        let snapshot =
+            crate::source::file::snapshot_from_manifests(parse_manifests(text), "node-a");
+        let mut view = ClusterView::default();
+        view.apply(&SourceEvent::Snapshot(snapshot));
+        let state = cluster_state(&view);
+        let node = node_context(&view, "node-a");
+        proxier_core::plan(&state, &node, &Config::default())
+    }
+
+    #[test]
+    fn changed_ports_finds_added_removed_and_changed_ports_only() {
+        let old = example_plan();
+        assert!(changed_ports(&old, &old).is_empty());
+        let mut new = old.clone();
+        let mut names = old.services.keys().cloned();
+        let removed = names.next().expect("a port");
+        let changed = names.next().expect("another port");
+        new.services.remove(&removed);
+        let plan = new.services.get_mut(&changed).expect("planned");
+        let (_, vs) = plan.virtual_servers.iter_mut().next().expect("a VS");
+        vs.real_servers.clear();
+        let dirty = changed_ports(&old, &new);
+        assert_eq!(dirty, BTreeSet::from([removed.clone(), changed.clone()]));
+        // Added is the mirror image of removed.
+        assert_eq!(changed_ports(&new, &old), dirty);
+    }
+}
