@@ -339,3 +339,250 @@ pub fn diff(
         rejected,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::desired::{RealServer, Scheduler, VirtualServerRole};
+    use crate::observed::ObservedRealServer;
+
+    fn vkey(address: &str, port: u16, protocol: Protocol) -> VirtualServerKey {
+        VirtualServerKey {
+            address: address.parse().unwrap(),
+            port,
+            protocol,
+        }
+    }
+
+    fn rkey(last: u8) -> RealServerKey {
+        RealServerKey {
+            address: IpAddr::from([10, 1, 0, last]),
+            port: 80,
+        }
+    }
+
+    fn planned(real_servers: &[u8]) -> VirtualServer {
+        VirtualServer {
+            role: VirtualServerRole::ClusterIp,
+            scheduler: Scheduler::RoundRobin,
+            persistence_timeout: None,
+            hash_source_port: false,
+            real_servers: real_servers
+                .iter()
+                .map(|last| (rkey(*last), RealServer { weight: 1 }))
+                .collect(),
+        }
+    }
+
+    fn kernel(real_servers: &[(u8, u32, u32)]) -> ObservedVirtualServer {
+        ObservedVirtualServer {
+            settings: VirtualServerSettings::default(),
+            real_servers: real_servers
+                .iter()
+                .map(|(last, weight, conns)| {
+                    let mut real = ObservedRealServer::new(*weight);
+                    real.inactive_connections = *conns;
+                    (rkey(*last), real)
+                })
+                .collect(),
+        }
+    }
+
+    fn name(n: &str) -> ServicePortName {
+        ServicePortName {
+            namespace: "ns".into(),
+            name: n.into(),
+            port: String::new(),
+            protocol: Protocol::Tcp,
+        }
+    }
+
+    /// Runs the per-virtual-server diff for the removal of real server 2 (with `conns`
+    /// connections, draining since `since` seconds ago if `Some`).
+    fn removal(protocol: Protocol, conns: u32, weight: u32, since: Option<u64>) -> Changes {
+        let key = vkey("10.96.0.1", 80, protocol);
+        let now = Instant::now() + Duration::from_secs(3600);
+        let mut drains = DrainQueue::new();
+        if let Some(ago) = since {
+            drains.start(key, rkey(2), now - Duration::from_secs(ago));
+        }
+        let policy = DrainPolicy {
+            now,
+            timeout: Duration::from_secs(900),
+        };
+        let mut out = Changes::default();
+        diff_virtual_server(
+            &key,
+            Some(&planned(&[1])),
+            Some(&kernel(&[(1, 1, 0), (2, weight, conns)])),
+            None,
+            &drains,
+            &policy,
+            &mut out,
+        );
+        out
+    }
+
+    fn ops(changes: &Changes) -> Vec<IpvsOp> {
+        changes.ops.iter().map(|o| o.op.clone()).collect()
+    }
+
+    #[test]
+    fn removed_real_servers_drain_or_go_by_protocol_connections_and_age() {
+        let tcp = vkey("10.96.0.1", 80, Protocol::Tcp);
+        let busy = removal(Protocol::Tcp, 3, 1, None);
+        assert_eq!(ops(&busy), vec![IpvsOp::UpdateRealServer(tcp, rkey(2), 0)]);
+        assert_eq!(busy.drain_started, vec![(tcp, rkey(2))]);
+
+        let still_busy = removal(Protocol::Tcp, 3, 0, Some(899));
+        assert!(still_busy.is_empty(), "{still_busy:?}");
+
+        let expired = removal(Protocol::Tcp, 3, 0, Some(900));
+        assert_eq!(ops(&expired), vec![IpvsOp::DeleteRealServer(tcp, rkey(2))]);
+
+        let idle = removal(Protocol::Tcp, 0, 1, None);
+        assert_eq!(ops(&idle), vec![IpvsOp::DeleteRealServer(tcp, rkey(2))]);
+        assert!(idle.drain_started.is_empty());
+
+        for protocol in [Protocol::Udp, Protocol::Sctp] {
+            let key = vkey("10.96.0.1", 80, protocol);
+            let out = removal(protocol, 3, 1, None);
+            assert_eq!(ops(&out), vec![IpvsOp::DeleteRealServer(key, rkey(2))]);
+        }
+    }
+
+    #[test]
+    fn a_draining_real_server_planned_again_is_restored() {
+        let key = vkey("10.96.0.1", 80, Protocol::Tcp);
+        let now = Instant::now();
+        let mut drains = DrainQueue::new();
+        drains.start(key, rkey(2), now);
+        let mut out = Changes::default();
+        diff_virtual_server(
+            &key,
+            Some(&planned(&[1, 2])),
+            Some(&kernel(&[(1, 1, 0), (2, 0, 5)])),
+            None,
+            &drains,
+            &DrainPolicy {
+                now,
+                timeout: Duration::from_secs(900),
+            },
+            &mut out,
+        );
+        assert_eq!(ops(&out), vec![IpvsOp::UpdateRealServer(key, rkey(2), 1)]);
+        assert_eq!(out.drain_stopped, vec![(key, rkey(2))]);
+    }
+
+    #[test]
+    fn order_adds_virtual_servers_first_and_deletes_them_last() {
+        let a = vkey("10.96.0.1", 80, Protocol::Tcp);
+        let b = vkey("10.96.0.2", 80, Protocol::Tcp);
+        let mut changes = Changes::default();
+        for op in [
+            IpvsOp::DeleteVirtualServer(b),
+            IpvsOp::AddRealServer(a, rkey(1), 1),
+            IpvsOp::UpdateVirtualServer(b, VirtualServerSettings::default()),
+            IpvsOp::AddVirtualServer(a, VirtualServerSettings::default()),
+            IpvsOp::DeleteRealServer(b, rkey(2)),
+        ] {
+            changes.ops.push(OwnedOp { owner: None, op });
+        }
+        changes.order();
+        assert_eq!(
+            ops(&changes),
+            vec![
+                IpvsOp::AddVirtualServer(a, VirtualServerSettings::default()),
+                IpvsOp::UpdateVirtualServer(b, VirtualServerSettings::default()),
+                IpvsOp::AddRealServer(a, rkey(1), 1),
+                IpvsOp::DeleteRealServer(b, rkey(2)),
+                IpvsOp::DeleteVirtualServer(b),
+            ]
+        );
+    }
+
+    #[test]
+    fn scope_owns_link_addresses_and_node_ports_in_range_only() {
+        let excluded = [IpNet::new("10.200.0.0".parse().unwrap(), 16).unwrap()];
+        let link = BTreeSet::from(["10.96.0.1".parse().unwrap(), "10.200.0.1".parse().unwrap()]);
+        let nodes = BTreeSet::from(["192.168.1.5".parse().unwrap()]);
+        let range = 30000..=32767;
+        let before = HashSet::from([vkey("192.168.1.9", 80, Protocol::Tcp)]);
+        let scope = Scope {
+            exclude_cidrs: &excluded,
+            link_addresses: &link,
+            node_port_addresses: &nodes,
+            node_port_range: Some(&range),
+            previously_planned: &before,
+        };
+        assert!(scope.owns(&vkey("10.96.0.1", 5, Protocol::Udp)));
+        assert!(!scope.owns(&vkey("10.200.0.1", 80, Protocol::Tcp)));
+        assert!(scope.owns(&vkey("192.168.1.5", 30000, Protocol::Tcp)));
+        assert!(!scope.owns(&vkey("192.168.1.5", 22, Protocol::Tcp)));
+        assert!(!scope.owns(&vkey("192.168.50.1", 80, Protocol::Tcp)));
+        assert!(scope.owns(&vkey("192.168.1.9", 80, Protocol::Tcp)));
+    }
+
+    #[test]
+    fn full_diff_resolves_conflicts_by_name_and_never_unbinds_excluded_addresses() {
+        let shared = vkey("10.96.0.1", 80, Protocol::Tcp);
+        let mut desired = Desired::default();
+        for (n, rs) in [("b", 2u8), ("a", 1u8)] {
+            desired.services.insert(
+                name(n),
+                ServicePortPlan {
+                    virtual_servers: BTreeMap::from([(shared, planned(&[rs]))]),
+                    ..Default::default()
+                },
+            );
+        }
+        let observed = Observed {
+            virtual_servers: BTreeMap::new(),
+            bound_addresses: BTreeSet::from([
+                "10.96.0.9".parse().unwrap(),
+                "10.200.0.1".parse().unwrap(),
+            ]),
+        };
+        let excluded = [IpNet::new("10.200.0.0".parse().unwrap(), 16).unwrap()];
+        let nodes = BTreeSet::new();
+        let before = HashSet::new();
+        let scope = Scope {
+            exclude_cidrs: &excluded,
+            link_addresses: &observed.bound_addresses,
+            node_port_addresses: &nodes,
+            node_port_range: None,
+            previously_planned: &before,
+        };
+        let policy = DrainPolicy {
+            now: Instant::now(),
+            timeout: Duration::from_secs(1),
+        };
+        let out = diff(
+            &desired,
+            &observed,
+            &scope,
+            &DrainQueue::new(),
+            &policy,
+            |_| false,
+        );
+        assert_eq!(
+            ops(&out.changes),
+            vec![
+                IpvsOp::AddVirtualServer(shared, VirtualServerSettings::default()),
+                IpvsOp::AddRealServer(shared, rkey(1), 1),
+            ]
+        );
+        assert_eq!(
+            out.rejected,
+            vec![Rejection::Conflict {
+                service: name("b"),
+                key: shared,
+                winner: name("a"),
+            }]
+        );
+        assert_eq!(out.bind, vec!["10.96.0.1".parse::<IpAddr>().unwrap()]);
+        assert_eq!(out.unbind, vec!["10.96.0.9".parse::<IpAddr>().unwrap()]);
+    }
+}

@@ -27,6 +27,15 @@ fn map_error(error: rtnetlink::Error) -> BackendError {
     BackendError::Other(error.to_string())
 }
 
+/// Link-local addresses are the kernel's own (an IPv6 one appears when the link goes
+/// up), never service addresses: they are not reported, so never unbound.
+fn is_link_local(address: &IpAddr) -> bool {
+    match address {
+        IpAddr::V4(v4) => v4.is_link_local(),
+        IpAddr::V6(v6) => v6.is_unicast_link_local(),
+    }
+}
+
 fn host_prefix(address: IpAddr) -> u8 {
     match address {
         IpAddr::V4(_) => 32,
@@ -127,7 +136,9 @@ impl AddressBackend for KernelAddressBackend {
                 continue;
             }
             for attribute in &message.attributes {
-                if let AddressAttribute::Address(address) = attribute {
+                if let AddressAttribute::Address(address) = attribute
+                    && !is_link_local(address)
+                {
                     addresses.insert(*address);
                 }
             }

@@ -192,7 +192,8 @@ pub trait AddressBackend: Send {
     /// Creates the dummy link if it is missing and brings it up.
     fn ensure_link(&mut self) -> impl Future<Output = Result<(), BackendError>> + Send;
 
-    /// Addresses bound on the link (an absent link has none).
+    /// Addresses bound on the link (an absent link has none); link-local addresses the
+    /// kernel adds by itself are left out, so they are never unbound.
     fn list_addresses(
         &mut self,
     ) -> impl Future<Output = Result<BTreeSet<IpAddr>, BackendError>> + Send;

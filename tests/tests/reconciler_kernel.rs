@@ -1,0 +1,485 @@
+//! The proxier-core reconciler against the real kernel: IPVS through ipvs-netlink,
+//! the dummy link through rtnetlink. Oracles: `ipvsadm -Sn` and `ip -o addr show`.
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::time::Duration;
+
+use ipvs_proxier_tests::{Netns, require_kernel};
+use proxier_core::backend::{KernelAddressBackend, KernelIpvsBackend};
+use proxier_core::desired::{Protocol, Scheduler};
+use proxier_core::{
+    Desired, RealServer, RealServerKey, Reconciler, ReconcilerConfig, ServicePortName,
+    ServicePortPlan, VirtualServer, VirtualServerKey, VirtualServerRole,
+};
+
+type KernelReconciler = Reconciler<KernelIpvsBackend, KernelAddressBackend>;
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+fn name(service: &str, protocol: Protocol) -> ServicePortName {
+    ServicePortName {
+        namespace: "default".into(),
+        name: service.into(),
+        port: "p".into(),
+        protocol,
+    }
+}
+
+fn key(address: &str, port: u16, protocol: Protocol) -> VirtualServerKey {
+    VirtualServerKey {
+        address: ip(address),
+        port,
+        protocol,
+    }
+}
+
+fn server(role: VirtualServerRole, endpoints: &[(&str, u16)]) -> VirtualServer {
+    VirtualServer {
+        role,
+        scheduler: Scheduler::RoundRobin,
+        persistence_timeout: None,
+        hash_source_port: false,
+        real_servers: endpoints
+            .iter()
+            .map(|(a, p)| {
+                (
+                    RealServerKey {
+                        address: ip(a),
+                        port: *p,
+                    },
+                    RealServer { weight: 1 },
+                )
+            })
+            .collect(),
+    }
+}
+
+fn plan(servers: Vec<(VirtualServerKey, VirtualServer)>) -> ServicePortPlan {
+    ServicePortPlan {
+        virtual_servers: servers.into_iter().collect(),
+        ..Default::default()
+    }
+}
+
+/// web (ClusterIP + NodePort, 2 endpoints), dns (UDP), sticky (ClientIP affinity, mh
+/// with source-port hashing), v6 (IPv6 ClusterIP), sctp.
+fn cluster() -> Desired {
+    let mut sticky = server(VirtualServerRole::ClusterIp, &[("10.244.1.2", 8443)]);
+    sticky.persistence_timeout = Some(10800);
+    sticky.scheduler = Scheduler::MaglevHashing;
+    sticky.hash_source_port = true;
+    Desired {
+        services: BTreeMap::from([
+            (
+                name("web", Protocol::Tcp),
+                plan(vec![
+                    (
+                        key("10.96.0.10", 80, Protocol::Tcp),
+                        server(
+                            VirtualServerRole::ClusterIp,
+                            &[("10.244.1.2", 8080), ("10.244.1.3", 8080)],
+                        ),
+                    ),
+                    (
+                        key("192.168.99.2", 30080, Protocol::Tcp),
+                        server(
+                            VirtualServerRole::NodePort,
+                            &[("10.244.1.2", 8080), ("10.244.1.3", 8080)],
+                        ),
+                    ),
+                ]),
+            ),
+            (
+                name("dns", Protocol::Udp),
+                plan(vec![(
+                    key("10.96.0.53", 53, Protocol::Udp),
+                    server(VirtualServerRole::ClusterIp, &[("10.244.1.4", 53)]),
+                )]),
+            ),
+            (
+                name("sticky", Protocol::Tcp),
+                plan(vec![(key("10.96.0.11", 443, Protocol::Tcp), sticky)]),
+            ),
+            (
+                name("v6", Protocol::Tcp),
+                plan(vec![(
+                    key("fd00:96::10", 80, Protocol::Tcp),
+                    server(VirtualServerRole::ClusterIp, &[("fd00:244::2", 8080)]),
+                )]),
+            ),
+            (
+                name("sctp", Protocol::Sctp),
+                plan(vec![(
+                    key("10.96.0.12", 9000, Protocol::Sctp),
+                    server(VirtualServerRole::ClusterIp, &[("10.244.1.5", 9000)]),
+                )]),
+            ),
+        ]),
+    }
+}
+
+/// `ipvsadm -Sn` of [`cluster`], written out by hand (one rule per line, sorted).
+fn cluster_rules() -> BTreeSet<String> {
+    [
+        "-A -t 10.96.0.10:80 -s rr",
+        "-a -t 10.96.0.10:80 -r 10.244.1.2:8080 -m -w 1",
+        "-a -t 10.96.0.10:80 -r 10.244.1.3:8080 -m -w 1",
+        "-A -t 192.168.99.2:30080 -s rr",
+        "-a -t 192.168.99.2:30080 -r 10.244.1.2:8080 -m -w 1",
+        "-a -t 192.168.99.2:30080 -r 10.244.1.3:8080 -m -w 1",
+        "-A -u 10.96.0.53:53 -s rr",
+        "-a -u 10.96.0.53:53 -r 10.244.1.4:53 -m -w 1",
+        "-A -t 10.96.0.11:443 -s mh -p 10800 -b mh-port",
+        "-a -t 10.96.0.11:443 -r 10.244.1.2:8443 -m -w 1",
+        "-A -t [fd00:96::10]:80 -s rr",
+        "-a -t [fd00:96::10]:80 -r [fd00:244::2]:8080 -m -w 1",
+        "-A --sctp-service 10.96.0.12:9000 -s rr",
+        "-a --sctp-service 10.96.0.12:9000 -r 10.244.1.5:9000 -m -w 1",
+    ]
+    .into_iter()
+    .map(str::to_owned)
+    .collect()
+}
+
+/// The addresses `ip` shows on kube-ipvs0 for [`cluster`].
+fn cluster_addresses() -> BTreeSet<String> {
+    [
+        "10.96.0.10/32",
+        "10.96.0.53/32",
+        "10.96.0.11/32",
+        "10.96.0.12/32",
+        "fd00:96::10/128",
+    ]
+    .into_iter()
+    .map(str::to_owned)
+    .collect()
+}
+
+/// The rules `ipvsadm -Sn` prints, normalised (whitespace collapsed), as a set.
+fn ipvs_rules(netns: &Netns) -> BTreeSet<String> {
+    netns
+        .sh_ok("ipvsadm -Sn")
+        .lines()
+        .map(|line| line.split_whitespace().collect::<Vec<_>>().join(" "))
+        .filter(|line| !line.is_empty())
+        .collect()
+}
+
+/// Addresses on kube-ipvs0 as `ip -o addr show` prints them (empty when the link is missing).
+fn link_addresses(netns: &Netns) -> BTreeSet<String> {
+    let out = netns.sh("ip -o addr show dev kube-ipvs0");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|line| {
+            let mut words = line.split_whitespace();
+            words.find(|w| *w == "inet" || *w == "inet6")?;
+            words.next().map(str::to_owned)
+        })
+        .filter(|address| !address.starts_with("fe80:"))
+        .collect()
+}
+
+/// A namespace with routes to the endpoint subnets (masquerade destinations need one).
+fn node() -> Netns {
+    let netns = Netns::new();
+    netns.sh_ok(
+        "ip link add pods0 type dummy && ip link set pods0 up \
+         && ip addr add 10.244.1.1/24 dev pods0 \
+         && ip addr add fd00:244::1/64 dev pods0 nodad",
+    );
+    netns
+}
+
+async fn kernel_reconciler(netns: &Netns, config: ReconcilerConfig) -> KernelReconciler {
+    let ipvs = KernelIpvsBackend::connect_in_netns(netns.path())
+        .await
+        .unwrap();
+    let addresses = KernelAddressBackend::connect("kube-ipvs0").unwrap();
+    Reconciler::new(ipvs, addresses, config)
+}
+
+#[test]
+fn reconciler_from_empty_programs_ipvs_and_binds_vips() {
+    require_kernel!();
+    let netns = node();
+    let report = netns.block_on(|| async {
+        let mut rec = kernel_reconciler(&netns, ReconcilerConfig::default()).await;
+        let report = rec.full_sync(&cluster()).await.unwrap();
+        assert!(
+            rec.stats().last_errors.is_empty(),
+            "{:?}",
+            rec.stats().last_errors
+        );
+        report
+    });
+    assert_eq!(report.failed, 0, "{report:?}");
+    assert_eq!(report.deletes, 0);
+    assert_eq!(ipvs_rules(&netns), cluster_rules());
+    assert_eq!(link_addresses(&netns), cluster_addresses());
+    // The NodePort's node address is not bound on the dummy link.
+    assert!(!netns.sh_ok("ip -o addr show").contains("192.168.99.2"));
+}
+
+#[test]
+fn reconciler_full_sync_repairs_drift() {
+    require_kernel!();
+    let netns = node();
+    netns.block_on(|| async {
+        let mut rec = kernel_reconciler(&netns, ReconcilerConfig::default()).await;
+        rec.full_sync(&cluster()).await.unwrap();
+
+        // Drift behind the proxier's back.
+        netns.sh_ok(
+            "ipvsadm -D -u 10.96.0.53:53 \
+             && ipvsadm -a -t 10.96.0.10:80 -r 10.244.1.99:8080 -m -w 3 \
+             && ipvsadm -e -t 10.96.0.10:80 -r 10.244.1.2:8080 -m -w 9 \
+             && ip addr del 10.96.0.11/32 dev kube-ipvs0",
+        );
+        assert_ne!(ipvs_rules(&netns), cluster_rules());
+
+        let report = rec.full_sync(&cluster()).await.unwrap();
+        assert_eq!(report.failed, 0, "{report:?}");
+        // Deleted virtual server, rogue real server, changed weight, unbound VIP.
+        assert_eq!(report.drift, Some(4), "{report:?}");
+        assert_eq!(ipvs_rules(&netns), cluster_rules());
+        assert_eq!(link_addresses(&netns), cluster_addresses());
+
+        let again = rec.full_sync(&cluster()).await.unwrap();
+        assert_eq!((again.writes, again.drift), (0, Some(0)), "{again:?}");
+    });
+}
+
+#[test]
+fn reconciler_restart_adopts_kernel_state_with_zero_writes() {
+    require_kernel!();
+    let netns = node();
+    netns.block_on(|| async {
+        let mut first = kernel_reconciler(&netns, ReconcilerConfig::default()).await;
+        first.full_sync(&cluster()).await.unwrap();
+    });
+    let before = ipvs_rules(&netns);
+    assert_eq!(before, cluster_rules());
+    // A new process: new sockets, new reconciler, same kernel.
+    let report = netns.block_on(|| async {
+        let mut restarted = kernel_reconciler(&netns, ReconcilerConfig::default()).await;
+        let report = restarted.full_sync(&cluster()).await.unwrap();
+        let stats = restarted.stats().clone();
+        (report, stats)
+    });
+    let (report, stats) = report;
+    assert_eq!(report.writes, 0, "{report:?}");
+    assert_eq!(report.deletes, 0);
+    assert!(
+        stats.ops.values().all(|c| c.succeeded + c.failed == 0),
+        "{stats:?}"
+    );
+    assert_eq!(ipvs_rules(&netns), before);
+    assert_eq!(link_addresses(&netns), cluster_addresses());
+}
+
+#[test]
+fn reconciler_leaves_foreign_virtual_servers_alone_and_removes_its_stale_ones() {
+    require_kernel!();
+    let netns = node();
+    // keepalived-style service on another address; a stale service of a previous
+    // proxier on an address bound on kube-ipvs0; an excluded one on kube-ipvs0.
+    netns.sh_ok(
+        "ipvsadm -A -t 192.168.77.7:80 -s wlc \
+         && ipvsadm -a -t 192.168.77.7:80 -r 10.244.1.2:80 -m -w 5 \
+         && ip link add kube-ipvs0 type dummy \
+         && ip addr add 10.96.0.99/32 dev kube-ipvs0 \
+         && ip addr add 10.250.0.1/32 dev kube-ipvs0 \
+         && ipvsadm -A -t 10.96.0.99:80 -s rr \
+         && ipvsadm -a -t 10.96.0.99:80 -r 10.244.1.7:80 -m \
+         && ipvsadm -A -t 10.250.0.1:80 -s rr",
+    );
+    let config = ReconcilerConfig {
+        exclude_cidrs: vec!["10.250.0.0/16".parse().unwrap()],
+        ..ReconcilerConfig::default()
+    };
+    let report = netns.block_on(|| async {
+        let mut rec = kernel_reconciler(&netns, config).await;
+        rec.full_sync(&cluster()).await.unwrap()
+    });
+    assert_eq!(report.failed, 0, "{report:?}");
+    let mut expected = cluster_rules();
+    for rule in [
+        "-A -t 192.168.77.7:80 -s wlc",
+        "-a -t 192.168.77.7:80 -r 10.244.1.2:80 -m -w 5",
+        "-A -t 10.250.0.1:80 -s rr",
+    ] {
+        expected.insert(rule.to_owned());
+    }
+    assert_eq!(ipvs_rules(&netns), expected);
+    let mut addresses = cluster_addresses();
+    addresses.insert("10.250.0.1/32".to_owned());
+    assert_eq!(link_addresses(&netns), addresses);
+}
+
+/// Node netns with a pod netns (server) and a client netns, each on its own routed veth.
+struct DrainTopology {
+    node: Netns,
+    pod: Netns,
+    client: Netns,
+    server_pid: String,
+}
+
+impl DrainTopology {
+    fn new() -> DrainTopology {
+        let node = Netns::new();
+        let pod = Netns::new();
+        let client = Netns::new();
+        node.sh_ok(&format!(
+            "echo 1 > /proc/sys/net/ipv4/ip_forward \
+             && ip link add vpod type veth peer name eth0 netns {pod} \
+             && ip link add vcli type veth peer name eth0 netns {client} \
+             && ip addr add 10.244.1.1/24 dev vpod && ip link set vpod up \
+             && ip addr add 10.10.0.1/24 dev vcli && ip link set vcli up",
+            pod = pod.name(),
+            client = client.name(),
+        ));
+        pod.sh_ok(
+            "ip addr add 10.244.1.2/24 dev eth0 && ip link set eth0 up \
+             && ip route add default via 10.244.1.1",
+        );
+        client.sh_ok(
+            "ip addr add 10.10.0.2/24 dev eth0 && ip link set eth0 up \
+             && ip route add default via 10.10.0.1",
+        );
+        let server_pid = pod
+            .sh_ok(
+                "socat TCP-LISTEN:8080,fork,reuseaddr SYSTEM:'echo pod-a; cat' \
+                 </dev/null >/dev/null 2>&1 & echo $!",
+            )
+            .trim()
+            .to_owned();
+        DrainTopology {
+            node,
+            pod,
+            client,
+            server_pid,
+        }
+    }
+}
+
+impl Drop for DrainTopology {
+    fn drop(&mut self) {
+        let _ = self.pod.sh(&format!("kill {}", self.server_pid));
+    }
+}
+
+#[test]
+fn reconciler_drains_a_removed_endpoint_while_a_tcp_connection_lives() {
+    require_kernel!();
+    let topo = DrainTopology::new();
+    let web = name("web", Protocol::Tcp);
+    let vip = key("10.96.0.10", 80, Protocol::Tcp);
+    let without_endpoint = Desired {
+        services: BTreeMap::from([(
+            web.clone(),
+            plan(vec![(
+                vip,
+                server(VirtualServerRole::ClusterIp, &[("10.244.1.3", 8080)]),
+            )]),
+        )]),
+    };
+    let node = &topo.node;
+    let client = &topo.client;
+    let drained_rule = "-a -t 10.96.0.10:80 -r 10.244.1.2:8080 -m -w 0";
+    node.block_on(|| async {
+        let mut rec = kernel_reconciler(node, ReconcilerConfig::default()).await;
+        // Only the live endpoint, so the client's connection lands on it.
+        let only_a = Desired {
+            services: BTreeMap::from([(
+                web.clone(),
+                plan(vec![(
+                    vip,
+                    server(VirtualServerRole::ClusterIp, &[("10.244.1.2", 8080)]),
+                )]),
+            )]),
+        };
+        rec.full_sync(&only_a).await.unwrap();
+
+        // A client holds a connection through the ClusterIP (reset on close: no TIME_WAIT).
+        let client_pid = client
+            .sh_ok(
+                "socat -d -d TCP:10.96.0.10:80,linger=0 SYSTEM:'cat >/tmp/drain-client.out' \
+                 </dev/null >/dev/null 2>/tmp/drain-client.log & echo $!",
+            )
+            .trim()
+            .to_owned();
+        let mut established = false;
+        for _ in 0..100 {
+            let listing = node.sh_ok("ipvsadm -Ln -t 10.96.0.10:80");
+            if listing
+                .lines()
+                .any(|l| l.contains("10.244.1.2:8080") && l.split_whitespace().nth(4) == Some("1"))
+            {
+                established = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(
+            established,
+            "no active connection on 10.244.1.2: {}\n--- client ---\n{}\n--- pod ---\n{}",
+            node.sh_ok("ipvsadm -Ln; ipvsadm -Lnc; ip addr; ip route"),
+            client.sh_ok("cat /tmp/drain-client.log; ip addr; ip route; ps -ef || ps"),
+            topo.pod.sh_ok("ip addr; ip route; cat /proc/net/tcp"),
+        );
+
+        // The endpoint is replaced by another: weight 0, kept while the connection lives.
+        let report = rec
+            .sync_services(&without_endpoint, &BTreeSet::from([web.clone()]))
+            .await
+            .unwrap();
+        assert_eq!(report.deletes, 0, "{report:?}");
+        assert!(
+            ipvs_rules(node).contains(drained_rule),
+            "{:?}",
+            ipvs_rules(node)
+        );
+        assert_eq!(rec.stats().drain_queue_len, 1);
+        for _ in 0..3 {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            rec.tick(&without_endpoint).await.unwrap();
+            assert!(
+                ipvs_rules(node).contains(drained_rule),
+                "{:?}",
+                ipvs_rules(node)
+            );
+        }
+        // A full sync keeps it too.
+        rec.full_sync(&without_endpoint).await.unwrap();
+        assert!(ipvs_rules(node).contains(drained_rule));
+
+        // The connection closes: the real server goes on a following tick.
+        client.sh_ok(&format!("kill {client_pid}"));
+        let mut gone = false;
+        for _ in 0..60 {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            rec.tick(&without_endpoint).await.unwrap();
+            if !ipvs_rules(node)
+                .iter()
+                .any(|r| r.contains("10.244.1.2:8080"))
+            {
+                gone = true;
+                break;
+            }
+        }
+        assert!(
+            gone,
+            "still there: {}",
+            node.sh_ok("ipvsadm -Ln; ipvsadm -Lnc")
+        );
+        assert_eq!(rec.stats().drain_queue_len, 0);
+        assert!(ipvs_rules(node).contains("-a -t 10.96.0.10:80 -r 10.244.1.3:8080 -m -w 1"));
+    });
+    let greeting = topo.client.sh_ok("cat /tmp/drain-client.out || true");
+    assert!(greeting.contains("pod-a"), "client got {greeting:?}");
+}
