@@ -28,6 +28,7 @@ use ipvs_proxier_tests::Netns;
 
 pub mod manifests;
 
+#[allow(unused_imports)]
 pub use manifests::{Ep, Port, Proto, Slice, Svc};
 
 /// The node's name as the daemon is told it (`--hostname-override`).
