@@ -170,10 +170,11 @@ impl DataPlane {
         view: Arc<Mutex<ClusterView>>,
     ) -> Result<DataPlane, DataPlaneError> {
         let config = settings.planner_config();
-        apply_sysctls(settings.ipvs.strict_arp);
         let ipvs = KernelIpvsBackend::connect()
             .await
             .map_err(DataPlaneError::OpenIpvs)?;
+        // Only once IPVS is known to be there: a machine without it keeps its sysctls.
+        apply_sysctls(settings.ipvs.strict_arp);
         let addresses =
             KernelAddressBackend::connect(settings.dummy_interface.clone()).map_err(|source| {
                 DataPlaneError::OpenLink {
