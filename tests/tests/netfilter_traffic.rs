@@ -36,7 +36,7 @@ fn hairpin_pod_reaches_itself_through_its_service() {
     );
     assert_eq!(plan.v4.as_ref().unwrap().hairpin.len(), 1);
 
-    let after = request(pod, "TCP:10.96.0.10:80,connect-timeout=3");
+    let after = request_retrying(pod, "TCP:10.96.0.10:80,connect-timeout=3");
     // Masqueraded to the node's address on the bridge.
     assert_eq!(peer(&after), Some(BRIDGE_IP), "hairpin answer: {after:?}");
 }
@@ -60,7 +60,7 @@ fn node_port_topology(policy: TrafficPolicy) -> Topology {
 fn node_port_with_cluster_policy_is_snated_to_the_node() {
     require_kernel!();
     let t = node_port_topology(TrafficPolicy::Cluster);
-    let answer = t.client_request(CLIENT_IP, NODE_IP, 30080);
+    let answer = t.client_request_ok(CLIENT_IP, NODE_IP, 30080);
     assert_eq!(
         peer(&answer),
         Some(BRIDGE_IP),
@@ -77,7 +77,7 @@ fn node_port_with_cluster_policy_is_snated_to_the_node() {
 fn node_port_with_local_policy_keeps_the_client_address() {
     require_kernel!();
     let t = node_port_topology(TrafficPolicy::Local);
-    let answer = t.client_request(CLIENT_IP, NODE_IP, 30080);
+    let answer = t.client_request_ok(CLIENT_IP, NODE_IP, 30080);
     assert_eq!(
         peer(&answer),
         Some(CLIENT_IP),
@@ -104,10 +104,10 @@ fn load_balancer_source_ranges_allow_one_client_and_drop_another() {
 
     // Both clients and the node get through before the table.
     assert!(
-        t.client_request(OTHER_CLIENT_IP, "192.168.60.10", 80)
+        t.client_request_ok(OTHER_CLIENT_IP, "192.168.60.10", 80)
             .is_some()
     );
-    assert!(request(&t.node, "TCP:192.168.60.10:80,connect-timeout=3").is_some());
+    assert!(request_retrying(&t.node, "TCP:192.168.60.10:80,connect-timeout=3").is_some());
 
     let lb = |name: &str, cluster_ip: &str, vip: &str, ranges: &[&str]| {
         let mut svc = service(name, cluster_ip, 80, Protocol::Tcp, None);
@@ -138,7 +138,7 @@ fn load_balancer_source_ranges_allow_one_client_and_drop_another() {
     ];
     t.apply_netfilter(&state(services, slices), &config());
 
-    let allowed = t.client_request(CLIENT_IP, "192.168.60.10", 80);
+    let allowed = t.client_request_ok(CLIENT_IP, "192.168.60.10", 80);
     assert!(allowed.is_some(), "client in range was refused");
     let dropped = t.client_request(OTHER_CLIENT_IP, "192.168.60.10", 80);
     assert_eq!(dropped, None, "client outside the range got through");
@@ -150,12 +150,12 @@ fn load_balancer_source_ranges_allow_one_client_and_drop_another() {
 
     // The node's IP 192.168.50.1 is in 192.168.50.0/31: the node may reach the second LB,
     // the other client (.3) may not.
-    let node_allowed = request(&t.node, "TCP:192.168.60.11:80,connect-timeout=3");
+    let node_allowed = request_retrying(&t.node, "TCP:192.168.60.11:80,connect-timeout=3");
     assert!(node_allowed.is_some(), "node in range was refused");
     assert_eq!(t.client_request(OTHER_CLIENT_IP, "192.168.60.11", 80), None);
     // The ClusterIP of the firewalled Service is not firewalled.
     assert!(
-        t.client_request(OTHER_CLIENT_IP, "10.96.0.10", 80)
+        t.client_request_ok(OTHER_CLIENT_IP, "10.96.0.10", 80)
             .is_some()
     );
 }
@@ -176,7 +176,7 @@ fn vip_port_without_a_service_is_rejected() {
 
     // Without our table the VIP exposes the node's daemon.
     assert_eq!(
-        t.client_request(CLIENT_IP, "10.96.0.10", 81).as_deref(),
+        t.client_request_ok(CLIENT_IP, "10.96.0.10", 81).as_deref(),
         Some("node-daemon")
     );
 
@@ -197,11 +197,11 @@ fn vip_port_without_a_service_is_rejected() {
     );
     // The node's own address still reaches the daemon, and the service port still works.
     assert_eq!(
-        t.client_request(CLIENT_IP, NODE_IP, 81).as_deref(),
+        t.client_request_ok(CLIENT_IP, NODE_IP, 81).as_deref(),
         Some("node-daemon")
     );
     assert_eq!(
-        peer(&t.client_request(CLIENT_IP, "10.96.0.10", 80)),
+        peer(&t.client_request_ok(CLIENT_IP, "10.96.0.10", 80)),
         Some(BRIDGE_IP),
         "ClusterIP from outside the cluster CIDR is masqueraded"
     );

@@ -91,12 +91,17 @@ impl Drop for Background {
     }
 }
 
+/// Tests of one binary build their topologies one at a time: under software emulation,
+/// parallel topologies slow every hop down to the point of spurious timeouts.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// The node, its client and its pods.
 pub struct Topology {
     pub node: Netns,
     pub client: Netns,
     pub pods: Vec<Netns>,
     pub background: Background,
+    _serial: std::sync::MutexGuard<'static, ()>,
 }
 
 /// A TCP server in a pod that answers every connection with the address it came from.
@@ -108,6 +113,9 @@ impl Topology {
     /// Builds the node with `pods` pods (10.244.0.10, .11, ...) and the client.
     pub fn new(pods: usize) -> Topology {
         load_nft_modules();
+        let serial = SERIAL
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let node = Netns::new();
         let client = Netns::new();
         node.sh_ok(&format!(
@@ -129,6 +137,7 @@ impl Topology {
             client,
             pods: Vec::new(),
             background: Background::default(),
+            _serial: serial,
         };
         for _ in 0..pods {
             topology.add_pod();
@@ -241,6 +250,14 @@ impl Topology {
             &format!("TCP:{target}:{port},bind={source},connect-timeout=3"),
         )
     }
+
+    /// [`Topology::client_request`], retried: for requests that must get through.
+    pub fn client_request_ok(&self, source: &str, target: &str, port: u16) -> Option<String> {
+        request_retrying(
+            &self.client,
+            &format!("TCP:{target}:{port},bind={source},connect-timeout=3"),
+        )
+    }
 }
 
 /// One socat request from `netns` to the socat `address`; `None` on failure or no answer.
@@ -248,6 +265,17 @@ pub fn request(netns: &Netns, address: &str) -> Option<String> {
     let out = netns.sh(&format!("echo q | socat -T5 - {address}"));
     let text = String::from_utf8_lossy(&out.stdout).trim().to_owned();
     (out.status.success() && !text.is_empty()).then_some(text)
+}
+
+/// [`request`] up to three times, until it answers: for checks that expect an answer
+/// (the first packets of a fresh topology also wait for ARP, slow under emulation).
+pub fn request_retrying(netns: &Netns, address: &str) -> Option<String> {
+    for _ in 0..3 {
+        if let Some(answer) = request(netns, address) {
+            return Some(answer);
+        }
+    }
+    None
 }
 
 /// Like [`request`], with the exit status and stderr, for asserting on how it failed.
