@@ -24,8 +24,11 @@ impl DiskStaging {
         Ok(DiskStaging { root, bytes: 0 })
     }
 
-    /// Places a host file at `relative` on the disk (hard link when possible, else a copy).
-    pub fn add_file(&mut self, host: &Path, relative: &Path) -> Result<()> {
+    /// Places a host file at `relative` on the disk: with `strip_debug`, a
+    /// copy without DWARF sections (`objcopy --strip-debug`: symbols stay, so
+    /// backtraces keep function names; panics keep their file:line), else a
+    /// hard link (or a copy).
+    pub fn add_file(&mut self, host: &Path, relative: &Path, strip_debug: bool) -> Result<()> {
         let destination = self.root.join(relative);
         if destination.exists() {
             return Ok(());
@@ -33,10 +36,20 @@ impl DiskStaging {
         if let Some(parent) = destination.parent() {
             std::fs::create_dir_all(parent)?;
         }
-        if std::fs::hard_link(host, &destination).is_err() {
-            std::fs::copy(host, &destination).with_context(|| {
-                format!("copying {} to {}", host.display(), destination.display())
-            })?;
+        let stripped = strip_debug
+            && Command::new("objcopy")
+                .arg("--strip-debug")
+                .arg(host)
+                .arg(&destination)
+                .output()
+                .is_ok_and(|o| o.status.success());
+        if !stripped {
+            let _ = std::fs::remove_file(&destination);
+            if std::fs::hard_link(host, &destination).is_err() {
+                std::fs::copy(host, &destination).with_context(|| {
+                    format!("copying {} to {}", host.display(), destination.display())
+                })?;
+            }
         }
         self.bytes += std::fs::metadata(&destination)?.len();
         Ok(())

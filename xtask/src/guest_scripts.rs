@@ -181,13 +181,27 @@ pub struct RunLayout<'a> {
     pub proxier_bin: &'a Path,
 }
 
+/// What `vm-test` runs in the guest.
+#[derive(Debug, Clone)]
+pub struct TestPlan<'a> {
+    /// The test binaries, in order.
+    pub tests: &'a [GuestTest],
+    /// libtest name filter passed to every binary.
+    pub filter: Option<&'a str>,
+    /// More libtest arguments for every binary.
+    pub extra_args: &'a [String],
+    /// A binary still running after this many seconds is killed and counted as failed.
+    pub binary_timeout_secs: u64,
+}
+
 /// `run.sh` for `vm-test`: runs every test binary, one result line each, then the result marker.
-pub fn test_run_script(
-    layout: &RunLayout<'_>,
-    tests: &[GuestTest],
-    filter: Option<&str>,
-    extra_args: &[String],
-) -> String {
+pub fn test_run_script(layout: &RunLayout<'_>, plan: &TestPlan<'_>) -> String {
+    let TestPlan {
+        tests,
+        filter,
+        extra_args,
+        binary_timeout_secs,
+    } = *plan;
     let mut script = run_preamble(
         layout.host_target_dir,
         layout.disk_target_dir,
@@ -206,11 +220,16 @@ pub fn test_run_script(
             r#"echo "VM-TEST: RUN {name_echo}"
 binaries=$((binaries + 1))
 start=$(now_ms)
-{path} {args}
+timeout {binary_timeout_secs} {path} {args}
 status=$?
-took=$(seconds $(( $(now_ms) - start )))
+elapsed=$(( $(now_ms) - start ))
+took=$(seconds $elapsed)
 if [ "$status" -eq 0 ]; then
     echo "VM-TEST: PASS {name_echo} (${{took}}s)"
+elif [ "$elapsed" -ge $(( {binary_timeout_secs} * 1000 )) ]; then
+    echo "VM-TEST: FAIL {name_echo} (killed after {binary_timeout_secs}s: still running)"
+    failed=$((failed + 1))
+    failed_names+=({name})
 else
     echo "VM-TEST: FAIL {name_echo} (exit status $status, ${{took}}s)"
     failed=$((failed + 1))
@@ -302,9 +321,21 @@ mod tests {
                 path: "/w/target/debug/deps/two-2".into(),
             },
         ];
-        let script = test_run_script(&layout, &tests, Some("smoke test"), &[]);
-        assert!(script.contains("/w/target/debug/deps/one-1 'smoke test' --test-threads=2\n"));
-        assert!(script.contains("/w/target/debug/deps/two-2 'smoke test' --test-threads=2\n"));
+        let plan = TestPlan {
+            tests: &tests,
+            filter: Some("smoke test"),
+            extra_args: &[],
+            binary_timeout_secs: 600,
+        };
+        let script = test_run_script(&layout, &plan);
+        assert!(
+            script
+                .contains("timeout 600 /w/target/debug/deps/one-1 'smoke test' --test-threads=2\n")
+        );
+        assert!(
+            script
+                .contains("timeout 600 /w/target/debug/deps/two-2 'smoke test' --test-threads=2\n")
+        );
         assert!(script.contains("export IPVS_PROXIER_BIN=/w/target/debug/ipvs-proxier\n"));
         assert!(script.contains(TEST_RESULT_MARKER));
     }

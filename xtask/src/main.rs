@@ -37,6 +37,14 @@ struct VmOptions {
     /// Guest memory in MiB.
     #[arg(long, default_value_t = 2048)]
     memory_mib: u32,
+    /// Put binaries into the VM with their debug info (line numbers in
+    /// backtraces); by default it is stripped from the VM's copy, which makes
+    /// the disk image several times smaller.
+    #[arg(long)]
+    keep_debug: bool,
+    /// vm-test: kill a test binary still running after this many minutes (it counts as failed).
+    #[arg(long, default_value_t = 15)]
+    binary_timeout_minutes: u64,
 }
 
 impl VmOptions {
@@ -132,6 +140,8 @@ impl VmOptions {
         vm::VmConfig {
             timeout: self.timeout(),
             memory_mib: self.memory_mib,
+            keep_debug: self.keep_debug,
+            binary_timeout: Duration::from_secs(self.binary_timeout_minutes.saturating_mul(60)),
         }
     }
 }

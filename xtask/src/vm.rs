@@ -25,6 +25,10 @@ pub struct VmConfig {
     pub timeout: Duration,
     /// Guest memory in MiB.
     pub memory_mib: u32,
+    /// Copy binaries with their debug info (else DWARF is stripped on the disk copy).
+    pub keep_debug: bool,
+    /// Kill a test binary (and count it failed) after this long.
+    pub binary_timeout: Duration,
 }
 
 /// Durations of the runner's own steps.
@@ -172,7 +176,7 @@ fn boot_with(
     let started = Instant::now();
     let mut staging = DiskStaging::new(run_dir.join("disk-root"))?;
     for file in files {
-        staging.add_file(file, &disk_relative(workspace, file))?;
+        staging.add_file(file, &disk_relative(workspace, file), !config.keep_debug)?;
     }
     staging.add_content("run.sh", run_script, true)?;
     let disk = run_dir.join("disk.img");
@@ -320,7 +324,13 @@ pub fn vm_test(
         bin_dirs.iter().map(PathBuf::as_path).collect(),
         &proxier_path,
     );
-    let script = guest_scripts::test_run_script(&layout, &guest_tests, filter, extra_args);
+    let plan = guest_scripts::TestPlan {
+        tests: &guest_tests,
+        filter,
+        extra_args,
+        binary_timeout_secs: config.binary_timeout.as_secs().max(1),
+    };
+    let script = guest_scripts::test_run_script(&layout, &plan);
 
     let outcome = boot_with(&prepared, config, &files, &script, &mut timings)?;
     timings.print(total.elapsed());
