@@ -170,7 +170,7 @@ fn endpoint_churn_under_load_loses_no_connection_attempt() {
         let load = scope.spawn(move || {
             client.sh_ok(&format!(
                 "for i in $(seq {ATTEMPTS}); do
-                   echo q | socat -T8 - TCP4:{vip}:80,connect-timeout=5 || echo FAIL
+                   echo q | socat -T10 -t10 - TCP4:{vip}:80,connect-timeout=5 || echo FAIL
                  done"
             ))
         });

@@ -206,7 +206,7 @@ fn netlink_ops(ns: &Netns) -> anyhow::Result<BTreeMap<String, u64>> {
     let text = sh(
         ns,
         &format!(
-            "printf 'GET /metrics HTTP/1.0\\r\\nHost: x\\r\\n\\r\\n' | socat -T10 - TCP:{METRICS}"
+            "printf 'GET /metrics HTTP/1.0\\r\\nHost: x\\r\\n\\r\\n' | socat -T10 -t10 - TCP:{METRICS}"
         ),
     )?;
     let mut ops = BTreeMap::new();

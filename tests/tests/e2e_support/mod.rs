@@ -223,14 +223,23 @@ impl Topology {
         i
     }
 
-    /// Starts, in pod `i`, a TCP server on `port` answering `pod-i <peer address>`.
+    /// Starts, in pod `i`, TCP servers (IPv4 and IPv6) on `port` answering
+    /// `pod-i <peer address>`.
     pub fn serve_tcp(&mut self, i: usize, port: u16) {
         let name = pod_name(i);
+        let pod = &self.pods[i];
+        self.background.spawn(
+            pod,
+            &format!("socat TCP6-LISTEN:{port},ipv6only=1,fork,reuseaddr SYSTEM:'echo {name} $SOCAT_PEERADDR'"),
+        );
         self.serve(
             i,
             port,
-            &format!("socat TCP6-LISTEN:{port},ipv6only=0,fork,reuseaddr SYSTEM:'echo {name} $SOCAT_PEERADDR'"),
+            &format!(
+                "socat TCP4-LISTEN:{port},fork,reuseaddr SYSTEM:'echo {name} $SOCAT_PEERADDR'"
+            ),
         );
+        wait_in_table(&self.pods[i], "/proc/net/tcp6", port);
     }
 
     /// Starts, in pod `i`, a TCP server on `port` answering `pod-i`, then after `hold`
@@ -380,7 +389,7 @@ impl Topology {
     /// The node's metrics text.
     pub fn metrics(&self) -> String {
         self.node.sh_ok(
-            "printf 'GET /metrics HTTP/1.0\\r\\nHost: x\\r\\n\\r\\n' | socat -T10 - TCP:127.0.0.1:10249",
+            "printf 'GET /metrics HTTP/1.0\\r\\nHost: x\\r\\n\\r\\n' | socat -T10 -t10 - TCP:127.0.0.1:10249",
         )
     }
 }
@@ -426,10 +435,11 @@ fn bracket(ip: &str) -> String {
     }
 }
 
-/// One TCP request from `netns`: the first answer line, or `None` on failure/no answer.
+/// One TCP request from `netns`: the first answer line (`-t`: socat waits that long for the
+/// answer after its own input ended; the default half a second is too short under TCG), or `None` on failure/no answer.
 pub fn tcp_request(netns: &Netns, target: &str, source: Option<&str>) -> Option<String> {
     let out = netns.sh(&format!(
-        "echo q | socat -T8 - {}",
+        "echo q | socat -T10 -t10 - {}",
         tcp_address(target, source)
     ));
     let text = String::from_utf8_lossy(&out.stdout).trim().to_owned();
@@ -443,7 +453,7 @@ pub fn udp_request(netns: &Netns, target: &str) -> Option<String> {
     } else {
         "UDP4"
     };
-    let out = netns.sh(&format!("echo q | socat -T5 - {proto}:{target}"));
+    let out = netns.sh(&format!("echo q | socat -T5 -t5 - {proto}:{target}"));
     let text = String::from_utf8_lossy(&out.stdout).trim().to_owned();
     (out.status.success() && !text.is_empty()).then_some(text)
 }
@@ -494,6 +504,22 @@ pub fn wait_listening(netns: &Netns, port: u16) {
         std::thread::sleep(Duration::from_millis(100));
     }
     panic!("nothing listens on port {port} in {}", netns.name());
+}
+
+/// Waits until `table` (e.g. `/proc/net/tcp6`) in `netns` lists local port `port`.
+pub fn wait_in_table(netns: &Netns, table: &str, port: u16) {
+    let hex = format!(":{port:04X} ");
+    for _ in 0..100 {
+        let out = netns.sh(&format!("cat {table}"));
+        if String::from_utf8_lossy(&out.stdout).contains(&hex) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!(
+        "nothing listens on port {port} ({table}) in {}",
+        netns.name()
+    );
 }
 
 /// `ipvsadm -Ln` output, parsed into virtual services and their real servers.
