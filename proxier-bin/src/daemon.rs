@@ -258,6 +258,7 @@ pub async fn run(settings: Settings) -> Result<(), DaemonError> {
             println!("kernel full sync: {outcome}");
             return Ok(());
         }
+        dataplane.wake_runner_with(runner_handle.clone());
         let mut target = CountingTarget {
             inner: dataplane,
             pending,

@@ -27,7 +27,7 @@ use crate::dry_run::{cluster_state, node_context, plan_size};
 use crate::metrics::{
     OpResult, record_netlink_operations, set_data_plane_size, set_full_resync_drift_repaired,
 };
-use crate::runner::{SyncError, SyncKind, SyncTarget};
+use crate::runner::{RunnerHandle, SyncError, SyncKind, SyncTarget};
 use crate::settings::Settings;
 
 /// Why the data plane could not be opened, synced or cleaned up.
@@ -133,12 +133,7 @@ pub fn changed_ports(old: &Desired, new: &Desired) -> BTreeSet<ServicePortName> 
 /// daemon goes on.
 pub fn apply_sysctls(strict_arp: bool) {
     let report = ensure_sysctls(&ProcSysctl::default(), SysctlOptions { strict_arp });
-    for key in &report.changed {
-        tracing::info!(key, "sysctl set");
-    }
-    for skipped in &report.skipped {
-        tracing::debug!(key = skipped.key, reason = %skipped.reason, "sysctl not needed");
-    }
+    // proxier-core logs each change, skip and failure itself.
     let essential = report.essential_failures().count();
     if !report.failures.is_empty() {
         tracing::warn!(
@@ -160,6 +155,10 @@ pub struct DataPlane {
     last_plan: Option<Desired>,
     /// Op counters already exported to the metrics.
     exported_ops: BTreeMap<OpKind, OpCounts>,
+    /// Asks the runner for a sync when drains or retries are due.
+    wake: Option<RunnerHandle>,
+    /// The pending wake-up.
+    wake_task: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl DataPlane {
@@ -195,7 +194,30 @@ impl DataPlane {
             netfilter,
             last_plan: None,
             exported_ops: BTreeMap::new(),
+            wake: None,
+            wake_task: None,
         })
+    }
+
+    /// Lets the data plane ask `runner` for a sync when draining real servers need a check
+    /// or a failed service port's retry is due (the runner otherwise only syncs on changes
+    /// and on the periodic full resync).
+    pub fn wake_runner_with(&mut self, runner: RunnerHandle) {
+        self.wake = Some(runner);
+    }
+
+    fn schedule_wake(&mut self) {
+        let Some(runner) = &self.wake else { return };
+        if let Some(task) = self.wake_task.take() {
+            task.abort();
+        }
+        if let Some(at) = self.reconciler.next_deadline() {
+            let runner = runner.clone();
+            self.wake_task = Some(tokio::spawn(async move {
+                tokio::time::sleep_until(at).await;
+                runner.request_sync();
+            }));
+        }
     }
 
     /// Plans the current view and converges the kernel on it. `Full` re-reads the kernel
@@ -222,10 +244,13 @@ impl DataPlane {
                 } else {
                     self.reconciler.sync_services(&desired, &dirty).await?
                 };
-                let due = self
-                    .reconciler
-                    .next_deadline()
-                    .is_some_and(|at| at <= tokio::time::Instant::now());
+                // Draining real servers are checked on every incremental sync (the wake-up
+                // below makes one happen while any drain); retries when their backoff is over.
+                let due = !self.reconciler.drain_queue().is_empty()
+                    || self
+                        .reconciler
+                        .next_deadline()
+                        .is_some_and(|at| at <= tokio::time::Instant::now());
                 if due {
                     merge(&mut report, self.reconciler.tick(&desired).await?);
                 }
@@ -262,6 +287,7 @@ impl DataPlane {
             None => 0,
         };
         self.last_plan = Some(desired);
+        self.schedule_wake();
         netfilter_result?;
         let outcome = SyncOutcome {
             report: std::mem::take(&mut report),
