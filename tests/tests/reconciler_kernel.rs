@@ -483,3 +483,44 @@ fn reconciler_drains_a_removed_endpoint_while_a_tcp_connection_lives() {
     let greeting = topo.client.sh_ok("cat /tmp/drain-client.out || true");
     assert!(greeting.contains("pod-a"), "client got {greeting:?}");
 }
+
+#[test]
+fn reconciler_incremental_sync_changes_only_the_dirty_services() {
+    require_kernel!();
+    let netns = node();
+    let web = name("web", Protocol::Tcp);
+    let dns = name("dns", Protocol::Udp);
+    let mut changed = cluster();
+    // web loses an endpoint (no connections: deleted at once); dns is removed entirely.
+    for vs in changed
+        .services
+        .get_mut(&web)
+        .unwrap()
+        .virtual_servers
+        .values_mut()
+    {
+        vs.real_servers.remove(&RealServerKey {
+            address: ip("10.244.1.3"),
+            port: 8080,
+        });
+    }
+    changed.services.remove(&dns);
+    let report = netns.block_on(|| async {
+        let mut rec = kernel_reconciler(&netns, ReconcilerConfig::default()).await;
+        rec.full_sync(&cluster()).await.unwrap();
+        rec.sync_services(&changed, &BTreeSet::from([web.clone(), dns.clone()]))
+            .await
+            .unwrap()
+    });
+    assert_eq!(report.failed, 0, "{report:?}");
+    // 2 real servers, 1 virtual server, 1 address.
+    assert_eq!((report.writes, report.deletes), (4, 4), "{report:?}");
+    let expected: BTreeSet<String> = cluster_rules()
+        .into_iter()
+        .filter(|rule| !rule.contains("10.244.1.3:8080") && !rule.contains("10.96.0.53:53"))
+        .collect();
+    assert_eq!(ipvs_rules(&netns), expected);
+    let mut addresses = cluster_addresses();
+    addresses.remove("10.96.0.53/32");
+    assert_eq!(link_addresses(&netns), addresses);
+}
