@@ -53,10 +53,12 @@ impl Op {
     /// The object the operation is about, for errors.
     pub fn object(&self) -> Object {
         match self {
-            Op::AddService(s) | Op::UpdateService(s) => {
-                Object::Service(s.key, Some(s.scheduler.name().to_owned()))
-            }
-            Op::DeleteService(k) => Object::Service(*k, None),
+            Op::AddService(s) | Op::UpdateService(s) => Object::ServiceConfig {
+                key: s.key,
+                scheduler: s.scheduler.name().to_owned(),
+                pe: s.pe_name.clone(),
+            },
+            Op::DeleteService(k) => Object::Service(*k),
             Op::AddDestination(k, d) | Op::UpdateDestination(k, d) => {
                 Object::Destination(*k, DestinationKey::from(d))
             }

@@ -79,8 +79,17 @@ impl fmt::Display for Operation {
 pub enum Object {
     /// The whole IPVS table / global settings.
     Table,
-    /// A service (with the scheduler it named, for add/update).
-    Service(ServiceKey, Option<String>),
+    /// A service, by key.
+    Service(ServiceKey),
+    /// A service being added or changed, with the modules it names.
+    ServiceConfig {
+        /// The service.
+        key: ServiceKey,
+        /// Scheduler name.
+        scheduler: String,
+        /// Persistence engine name, if any.
+        pe: Option<String>,
+    },
     /// A destination of a service.
     Destination(ServiceKey, DestinationKey),
     /// A sync daemon.
@@ -91,7 +100,7 @@ impl fmt::Display for Object {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Object::Table => f.write_str("IPVS table"),
-            Object::Service(key, _) => write!(f, "service {key}"),
+            Object::Service(key) | Object::ServiceConfig { key, .. } => write!(f, "service {key}"),
             Object::Destination(svc, dest) => write!(f, "destination {dest} of service {svc}"),
             Object::SyncDaemon(state) => write!(f, "{state:?} sync daemon"),
         }
@@ -137,8 +146,9 @@ pub enum Error {
         /// Destination.
         destination: DestinationKey,
     },
-    /// The kernel has no scheduler (or persistence engine) module of that name (`ENOENT`).
-    #[error("{op}: service {service}: scheduler or persistence engine {scheduler:?} not found")]
+    /// The kernel has no module for the scheduler or the persistence engine the service
+    /// names (`ENOENT`; the kernel does not say which of the two).
+    #[error("{op}: service {service}: scheduler {scheduler:?}{} not found", pe.as_ref().map(|p| format!(" or persistence engine {p:?}")).unwrap_or_default())]
     SchedulerNotFound {
         /// Operation.
         op: Operation,
@@ -146,6 +156,8 @@ pub enum Error {
         service: ServiceKey,
         /// Scheduler name that was asked for.
         scheduler: String,
+        /// Persistence engine name that was asked for, if any.
+        pe: Option<String>,
     },
     /// A sync daemon of that state is already running (`EEXIST`).
     #[error("{op}: {state:?} sync daemon already running")]
@@ -219,7 +231,9 @@ impl Error {
         use Operation as O;
         match (errno, object) {
             (libc::EPERM | libc::EACCES, _) => Error::PermissionDenied { op },
-            (libc::EEXIST, Object::Service(key, _)) => Error::ServiceExists { op, service: *key },
+            (libc::EEXIST, Object::Service(key) | Object::ServiceConfig { key, .. }) => {
+                Error::ServiceExists { op, service: *key }
+            }
             (libc::EEXIST, Object::Destination(s, d)) => Error::DestinationExists {
                 op,
                 service: *s,
@@ -228,21 +242,26 @@ impl Error {
             (libc::EEXIST, Object::SyncDaemon(state)) => {
                 Error::SyncDaemonExists { op, state: *state }
             }
-            (libc::ESRCH, Object::Service(key, _)) => Error::ServiceNotFound { op, service: *key },
+            (libc::ESRCH, Object::Service(key) | Object::ServiceConfig { key, .. }) => {
+                Error::ServiceNotFound { op, service: *key }
+            }
             (libc::ESRCH, Object::Destination(s, _)) => Error::ServiceNotFound { op, service: *s },
             (libc::ESRCH, Object::SyncDaemon(state)) => {
                 Error::SyncDaemonNotFound { op, state: *state }
             }
-            (libc::ENOENT, Object::Service(key, sched))
+            (libc::ENOENT, Object::ServiceConfig { key, scheduler, pe })
                 if matches!(op, O::AddService | O::UpdateService) =>
             {
                 Error::SchedulerNotFound {
                     op,
                     service: *key,
-                    scheduler: sched.clone().unwrap_or_default(),
+                    scheduler: scheduler.clone(),
+                    pe: pe.clone(),
                 }
             }
-            (libc::ENOENT, Object::Service(key, _)) => Error::ServiceNotFound { op, service: *key },
+            (libc::ENOENT, Object::Service(key) | Object::ServiceConfig { key, .. }) => {
+                Error::ServiceNotFound { op, service: *key }
+            }
             (libc::ENOENT, Object::Destination(s, d)) => Error::DestinationNotFound {
                 op,
                 service: *s,
@@ -252,6 +271,11 @@ impl Error {
                 op,
                 object: obj.to_string(),
                 reason: "rejected by the kernel (EINVAL)".into(),
+            },
+            (libc::ERANGE, obj) => Error::InvalidArgument {
+                op,
+                object: obj.to_string(),
+                reason: "lower threshold above upper threshold (ERANGE)".into(),
             },
             (libc::EAFNOSUPPORT, obj) => Error::InvalidArgument {
                 op,
@@ -306,7 +330,11 @@ mod tests {
 
     #[test]
     fn errno_mapping_follows_the_operation() {
-        let svc = Object::Service(key(), Some("nope".into()));
+        let svc = Object::ServiceConfig {
+            key: key(),
+            scheduler: "nope".into(),
+            pe: None,
+        };
         let dest = Object::Destination(
             key(),
             DestinationKey {

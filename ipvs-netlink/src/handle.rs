@@ -277,7 +277,7 @@ impl IpvsHandle {
     /// One service. Fails with [`Error::ServiceNotFound`] if it does not exist.
     pub async fn service(&self, key: &ServiceKey) -> Result<ServiceEntry, Error> {
         let op = Operation::GetService;
-        let object = Object::Service(*key, None);
+        let object = Object::Service(*key);
         let mut msg = IpvsMessage::new(IPVS_CMD_GET_SERVICE);
         message::encode_service_key(&mut msg, key).map_err(|e| Error::invalid(op, &object, e.0))?;
         let reply = self.query(op, &object, msg).await?;
@@ -314,7 +314,7 @@ impl IpvsHandle {
         key: &ServiceKey,
     ) -> BoxStream<'static, Result<DestinationEntry, Error>> {
         let op = Operation::ListDestinations;
-        let object = Object::Service(*key, None);
+        let object = Object::Service(*key);
         let mut msg = IpvsMessage::new(IPVS_CMD_GET_DEST);
         if let Err(e) = message::encode_service_key(&mut msg, key) {
             return stream::iter([Err(Error::invalid(op, &object, e.0))]).boxed();
@@ -379,7 +379,7 @@ impl IpvsHandle {
         let mut msg = IpvsMessage::new(IPVS_CMD_ZERO);
         let object = match service {
             Some(key) => {
-                let object = Object::Service(*key, None);
+                let object = Object::Service(*key);
                 message::encode_service_key(&mut msg, key)
                     .map_err(|e| Error::invalid(op, &object, e.0))?;
                 object
@@ -572,7 +572,7 @@ fn dump_table(
                             return Ok(out);
                         };
                         let key = entry.service.key;
-                        let object = Object::Service(key, None);
+                        let object = Object::Service(key);
                         let mut msg = IpvsMessage::new(IPVS_CMD_GET_DEST);
                         message::encode_service_key(&mut msg, &key)
                             .map_err(|e| Error::invalid(op, &object, e.0))?;

@@ -33,7 +33,6 @@ fn ipvs_errors_are_typed_per_operation() {
             matches!(e, Error::ServiceExists { op: Operation::AddService, service } if service == existing),
             "{e:?}"
         );
-
         let e = h.delete_service(&missing).await.unwrap_err();
         assert!(
             matches!(
@@ -81,7 +80,6 @@ fn ipvs_errors_are_typed_per_operation() {
             ),
             "{e:?}"
         );
-
         let e = h
             .add_service(&Service::new(missing, Scheduler::Other("nosuch".into())))
             .await
@@ -201,7 +199,6 @@ fn ipvs_errors_are_typed_per_operation() {
             h.add_service(&v6).await,
             Err(Error::InvalidArgument { .. })
         ));
-
         let e = h.stop_sync_daemon(SyncState::Backup).await.unwrap_err();
         assert!(
             matches!(
