@@ -104,7 +104,7 @@ pub use plan::{
 };
 pub use render::{
     DEFAULT_MASQUERADE_MARK, DEFAULT_TABLE_NAME, RenderError, RenderOptions, render_cleanup,
-    render_replace,
+    render_replace, render_update,
 };
 
 /// Keeps the node's nftables tables equal to the latest plan.
@@ -136,30 +136,44 @@ impl<B: NetfilterBackend> Netfilter<B> {
         &self.options
     }
 
-    /// Replaces the tables with `plan` in one transaction. Returns `false` without touching
-    /// the kernel when `plan` equals the last plan applied successfully (call
-    /// [`Netfilter::invalidate`] to force the next sync, e.g. on the periodic full resync).
+    /// Makes the tables hold `plan`, in one transaction. After a successful sync, the next
+    /// one only adds and deletes the set elements that changed ([`render_update`]); the
+    /// first sync, a change of the rules themselves, or a failed update (the kernel did not
+    /// hold what we last applied) replace the whole tables ([`render_replace`]).
+    ///
+    /// Returns `false` without touching the kernel when `plan` equals the last plan applied
+    /// (call [`Netfilter::invalidate`] to force a full replace, e.g. on the periodic resync).
     pub async fn sync(&mut self, plan: &NetfilterPlan) -> Result<bool, NetfilterError> {
         if self.last_applied.as_ref() == Some(plan) {
             return Ok(false);
         }
-        let script = render_replace(plan, &self.options)?;
-        match self.backend.apply(&script).await {
-            Ok(()) => {
-                tracing::debug!(
+        if let Some(old) = self.last_applied.take() {
+            let script = render_update(&old, plan, &self.options)?;
+            match self.backend.apply(&script).await {
+                Ok(()) => {
+                    self.applied(plan, "updated");
+                    return Ok(true);
+                }
+                Err(err) => tracing::warn!(
                     table = %self.options.table_name,
-                    v4_elements = plan.v4.as_ref().map_or(0, FamilyPlan::element_count),
-                    v6_elements = plan.v6.as_ref().map_or(0, FamilyPlan::element_count),
-                    "nftables tables replaced"
-                );
-                self.last_applied = Some(plan.clone());
-                Ok(true)
-            }
-            Err(err) => {
-                self.last_applied = None;
-                Err(err)
+                    "incremental nftables update failed, replacing the tables: {err}"
+                ),
             }
         }
+        let script = render_replace(plan, &self.options)?;
+        self.backend.apply(&script).await?;
+        self.applied(plan, "replaced");
+        Ok(true)
+    }
+
+    fn applied(&mut self, plan: &NetfilterPlan, how: &'static str) {
+        tracing::debug!(
+            table = %self.options.table_name,
+            v4_elements = plan.v4.as_ref().map_or(0, FamilyPlan::element_count),
+            v6_elements = plan.v6.as_ref().map_or(0, FamilyPlan::element_count),
+            "nftables tables {how}"
+        );
+        self.last_applied = Some(plan.clone());
     }
 
     /// Forgets the last applied plan, so the next [`Netfilter::sync`] rewrites the tables
@@ -173,5 +187,79 @@ impl<B: NetfilterBackend> Netfilter<B> {
         let script = render_cleanup(&self.options.table_name)?;
         self.last_applied = None;
         self.backend.apply(&script).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::desired::Protocol;
+    use crate::model::AddressFamily;
+
+    fn plan_with(ports: &[u16]) -> NetfilterPlan {
+        let mut p = FamilyPlan::new(AddressFamily::V4, ClusterIpMasquerade::NodeFromVip);
+        for port in ports {
+            p.cluster_ips.insert(AddrPort {
+                address: "10.96.0.10".parse().unwrap(),
+                protocol: Protocol::Tcp,
+                port: *port,
+            });
+        }
+        NetfilterPlan {
+            v4: Some(p),
+            v6: None,
+        }
+    }
+
+    fn block_on<F: std::future::Future>(f: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(f)
+    }
+
+    #[test]
+    fn first_sync_replaces_then_updates_then_skips() {
+        let mut nf =
+            Netfilter::new(MemoryNetfilterBackend::default(), RenderOptions::default()).unwrap();
+        assert!(block_on(nf.sync(&plan_with(&[80]))).unwrap());
+        assert!(block_on(nf.sync(&plan_with(&[80, 443]))).unwrap());
+        assert!(!block_on(nf.sync(&plan_with(&[80, 443]))).unwrap());
+        let scripts = &nf.backend().scripts;
+        assert_eq!(scripts.len(), 2);
+        assert!(scripts[0].contains("table ip ipvs-proxier {"));
+        assert_eq!(
+            scripts[1],
+            "add element ip ipvs-proxier cluster-ips { 10.96.0.10 . tcp . 443 }\n"
+        );
+    }
+
+    #[test]
+    fn failed_update_falls_back_to_a_full_replace() {
+        let mut nf =
+            Netfilter::new(MemoryNetfilterBackend::default(), RenderOptions::default()).unwrap();
+        block_on(nf.sync(&plan_with(&[80]))).unwrap();
+        nf.backend.fail_next = Some("No such file or directory".into());
+        assert!(block_on(nf.sync(&plan_with(&[81]))).unwrap());
+        let last = nf.backend().scripts.last().unwrap();
+        assert!(last.starts_with("add table ip ipvs-proxier\ndelete table ip ipvs-proxier\n"));
+        assert!(last.contains("10.96.0.10 . tcp . 81"));
+    }
+
+    #[test]
+    fn invalidate_forces_a_full_replace_and_cleanup_removes_tables() {
+        let mut nf =
+            Netfilter::new(MemoryNetfilterBackend::default(), RenderOptions::default()).unwrap();
+        block_on(nf.sync(&plan_with(&[80]))).unwrap();
+        nf.invalidate();
+        assert!(block_on(nf.sync(&plan_with(&[80]))).unwrap());
+        assert!(nf.backend().scripts[1].contains("table ip ipvs-proxier {"));
+        block_on(nf.cleanup()).unwrap();
+        assert_eq!(
+            nf.backend().scripts.last().unwrap(),
+            &render_cleanup(DEFAULT_TABLE_NAME).unwrap()
+        );
     }
 }

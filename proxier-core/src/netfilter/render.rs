@@ -7,6 +7,7 @@
 //! that follows creates the new one. A reader (`nft list table`, or a packet) sees the old
 //! table or the new one, never a mix.
 
+use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::net::IpAddr;
 
@@ -148,119 +149,20 @@ fn render_table(out: &mut String, plan: &FamilyPlan, options: &RenderOptions) {
     let fam = s.family;
     let addr = s.addr_type;
     let mark = format!("{:#010x}", options.masquerade_mark);
-    let addr_port = format!("{addr} . inet_proto . inet_service");
     let dst_key = format!("{fam} daddr . meta l4proto . th dport");
 
     let _ = writeln!(out, "table {fam} {} {{", options.table_name);
 
     // Sets (the ipsets of kube-proxy's IPVS mode).
-    set(
-        out,
-        "cluster-ips",
-        &addr_port,
-        false,
-        elems(&plan.cluster_ips, addr_port_elem),
-    );
-    set(
-        out,
-        "external-ips",
-        &addr_port,
-        false,
-        elems(&plan.external_ips, addr_port_elem),
-    );
-    set(
-        out,
-        "external-ips-local",
-        &addr_port,
-        false,
-        elems(&plan.external_ips_local, addr_port_elem),
-    );
-    set(
-        out,
-        "load-balancer-ips",
-        &addr_port,
-        false,
-        elems(&plan.load_balancer_ips, addr_port_elem),
-    );
-    set(
-        out,
-        "load-balancer-ips-local",
-        &addr_port,
-        false,
-        elems(&plan.load_balancer_ips_local, addr_port_elem),
-    );
-    set(
-        out,
-        "node-ports",
-        "inet_proto . inet_service",
-        false,
-        elems(&plan.node_ports, proto_port_elem),
-    );
-    set(
-        out,
-        "node-ports-local",
-        "inet_proto . inet_service",
-        false,
-        elems(&plan.node_ports_local, proto_port_elem),
-    );
-    set(
-        out,
-        "load-balancer-firewall",
-        &addr_port,
-        false,
-        elems(&plan.firewalled, addr_port_elem),
-    );
-    set(
-        out,
-        "load-balancer-source-ranges",
-        &format!("{addr_port} . {addr}"),
-        true,
-        plan.source_ranges
-            .iter()
-            .map(|r| format!("{} . {}", addr_port_elem(&r.target), net_elem(r.source)))
-            .collect(),
-    );
-    set(
-        out,
-        "load-balancer-node-allowed",
-        &addr_port,
-        false,
-        elems(&plan.node_allowed, addr_port_elem),
-    );
-    set(
-        out,
-        "hairpin",
-        &format!("{addr_port} . {addr}"),
-        false,
-        plan.hairpin
-            .iter()
-            .map(|e| format!("{} . {}", addr_port_elem(e), e.address))
-            .collect(),
-    );
-    set(
-        out,
-        "health-check-node-ports",
-        "inet_service",
-        false,
-        plan.health_check_node_ports
-            .iter()
-            .map(u16::to_string)
-            .collect(),
-    );
-    set(
-        out,
-        "service-ips",
-        addr,
-        false,
-        plan.bound_ips.iter().map(IpAddr::to_string).collect(),
-    );
-    set(
-        out,
-        "service-ports",
-        &addr_port,
-        false,
-        elems(&plan.service_ports, addr_port_elem),
-    );
+    for content in set_contents(plan) {
+        set(
+            out,
+            content.name,
+            &content.key_type,
+            content.interval,
+            content.elements.into_iter().collect(),
+        );
+    }
 
     // Masquerade marking, for packets from pods (prerouting) and from the node (output).
     let mark_it = format!("meta mark set meta mark | {mark}");
@@ -362,6 +264,180 @@ fn render_table(out: &mut String, plan: &FamilyPlan, options: &RenderOptions) {
     let _ = writeln!(out, "}}");
 }
 
+/// One set of a family's table, with its elements rendered as nft text.
+struct SetContent {
+    name: &'static str,
+    key_type: String,
+    interval: bool,
+    elements: BTreeSet<String>,
+}
+
+fn set_contents(plan: &FamilyPlan) -> Vec<SetContent> {
+    let s = Syntax::of(plan.family);
+    let addr = s.addr_type;
+    let addr_port = format!("{addr} . inet_proto . inet_service");
+    let proto_port = "inet_proto . inet_service".to_owned();
+    let content = |name, key_type: &String, interval, elements: BTreeSet<String>| SetContent {
+        name,
+        key_type: key_type.clone(),
+        interval,
+        elements,
+    };
+    let with_addr = format!("{addr_port} . {addr}");
+    vec![
+        content(
+            "cluster-ips",
+            &addr_port,
+            false,
+            elems(&plan.cluster_ips, addr_port_elem),
+        ),
+        content(
+            "external-ips",
+            &addr_port,
+            false,
+            elems(&plan.external_ips, addr_port_elem),
+        ),
+        content(
+            "external-ips-local",
+            &addr_port,
+            false,
+            elems(&plan.external_ips_local, addr_port_elem),
+        ),
+        content(
+            "load-balancer-ips",
+            &addr_port,
+            false,
+            elems(&plan.load_balancer_ips, addr_port_elem),
+        ),
+        content(
+            "load-balancer-ips-local",
+            &addr_port,
+            false,
+            elems(&plan.load_balancer_ips_local, addr_port_elem),
+        ),
+        content(
+            "node-ports",
+            &proto_port,
+            false,
+            elems(&plan.node_ports, proto_port_elem),
+        ),
+        content(
+            "node-ports-local",
+            &proto_port,
+            false,
+            elems(&plan.node_ports_local, proto_port_elem),
+        ),
+        content(
+            "load-balancer-firewall",
+            &addr_port,
+            false,
+            elems(&plan.firewalled, addr_port_elem),
+        ),
+        content(
+            "load-balancer-source-ranges",
+            &with_addr,
+            true,
+            plan.source_ranges
+                .iter()
+                .map(|r| format!("{} . {}", addr_port_elem(&r.target), net_elem(r.source)))
+                .collect(),
+        ),
+        content(
+            "load-balancer-node-allowed",
+            &addr_port,
+            false,
+            elems(&plan.node_allowed, addr_port_elem),
+        ),
+        content(
+            "hairpin",
+            &with_addr,
+            false,
+            plan.hairpin
+                .iter()
+                .map(|e| format!("{} . {}", addr_port_elem(e), e.address))
+                .collect(),
+        ),
+        content(
+            "health-check-node-ports",
+            &"inet_service".to_owned(),
+            false,
+            plan.health_check_node_ports
+                .iter()
+                .map(u16::to_string)
+                .collect(),
+        ),
+        content(
+            "service-ips",
+            &addr.to_owned(),
+            false,
+            plan.bound_ips.iter().map(IpAddr::to_string).collect(),
+        ),
+        content(
+            "service-ports",
+            &addr_port,
+            false,
+            elems(&plan.service_ports, addr_port_elem),
+        ),
+    ]
+}
+
+/// Renders the script that turns the tables of `old` (as applied) into those of `new` by
+/// adding and deleting set elements only, in one transaction: the cost follows the size of
+/// the change, not of the cluster. Falls back to [`render_replace`] when the rules
+/// themselves differ (a family added or removed, another masquerade mode). An empty string
+/// means nothing to do.
+///
+/// The script fails as a whole (and changes nothing) if the kernel does not hold `old`
+/// exactly, e.g. after someone edited the table: the caller then replaces the table.
+pub fn render_update(
+    old: &NetfilterPlan,
+    new: &NetfilterPlan,
+    options: &RenderOptions,
+) -> Result<String, RenderError> {
+    options.validate()?;
+    let same_rules = AddressFamily::ALL.into_iter().all(|family| {
+        match (old.family(family), new.family(family)) {
+            (None, None) => true,
+            (Some(a), Some(b)) => a.cluster_ip_masquerade == b.cluster_ip_masquerade,
+            _ => false,
+        }
+    });
+    if !same_rules {
+        return render_replace(new, options);
+    }
+    let mut out = String::new();
+    for family in AddressFamily::ALL {
+        let (Some(old), Some(new)) = (old.family(family), new.family(family)) else {
+            continue;
+        };
+        let fam = nft_family(family);
+        let table = &options.table_name;
+        for (before, after) in set_contents(old).into_iter().zip(set_contents(new)) {
+            let gone: Vec<&String> = before.elements.difference(&after.elements).collect();
+            let added: Vec<&String> = after.elements.difference(&before.elements).collect();
+            if !gone.is_empty() {
+                let list: Vec<&str> = gone.iter().map(|e| e.as_str()).collect();
+                let _ = writeln!(
+                    out,
+                    "delete element {fam} {table} {} {{ {} }}",
+                    before.name,
+                    list.join(", ")
+                );
+            }
+            if !added.is_empty() {
+                let list: Vec<&str> = added.iter().map(|e| e.as_str()).collect();
+                let _ = writeln!(
+                    out,
+                    "add element {fam} {table} {} {{ {} }}",
+                    after.name,
+                    list.join(", ")
+                );
+            }
+        }
+    }
+    Ok(out)
+}
+
 fn set(out: &mut String, name: &str, key_type: &str, interval: bool, elements: Vec<String>) {
     let _ = writeln!(out, "  set {name} {{");
     let _ = writeln!(out, "    type {key_type};");
@@ -374,7 +450,7 @@ fn set(out: &mut String, name: &str, key_type: &str, interval: bool, elements: V
     let _ = writeln!(out, "  }}");
 }
 
-fn elems<T>(items: &std::collections::BTreeSet<T>, f: fn(&T) -> String) -> Vec<String> {
+fn elems<T>(items: &BTreeSet<T>, f: fn(&T) -> String) -> BTreeSet<String> {
     items.iter().map(f).collect()
 }
 

@@ -273,3 +273,58 @@ fn cleanup_removes_both_families_and_nothing_else() {
          add table ip6 ipvs-proxier\ndelete table ip6 ipvs-proxier\n"
     );
 }
+
+fn v4_plan(p: FamilyPlan) -> NetfilterPlan {
+    NetfilterPlan {
+        v4: Some(p),
+        v6: None,
+    }
+}
+
+#[test]
+fn update_adds_and_deletes_only_changed_elements() {
+    let old = sample_v4();
+    let mut new = old.clone();
+    new.cluster_ips.remove(&ap("10.96.0.11", Protocol::Udp, 53));
+    new.cluster_ips.insert(ap("10.96.0.12", Protocol::Tcp, 443));
+    new.health_check_node_ports.insert(32001);
+    let script = render_update(&v4_plan(old), &v4_plan(new), &RenderOptions::default()).unwrap();
+    assert_eq!(
+        script,
+        "delete element ip ipvs-proxier cluster-ips { 10.96.0.11 . udp . 53 }\n\
+         add element ip ipvs-proxier cluster-ips { 10.96.0.12 . tcp . 443 }\n\
+         add element ip ipvs-proxier health-check-node-ports { 32001 }\n"
+    );
+}
+
+#[test]
+fn update_of_equal_plans_is_empty() {
+    let plan = v4_plan(sample_v4());
+    assert_eq!(
+        render_update(&plan, &plan, &RenderOptions::default()).unwrap(),
+        ""
+    );
+}
+
+#[test]
+fn update_replaces_when_the_rules_change() {
+    let old = v4_plan(sample_v4());
+    let mut changed_mode = sample_v4();
+    changed_mode.cluster_ip_masquerade = ClusterIpMasquerade::All;
+    let options = RenderOptions::default();
+    let script = render_update(&old, &v4_plan(changed_mode.clone()), &options).unwrap();
+    assert_eq!(
+        script,
+        render_replace(&v4_plan(changed_mode), &options).unwrap()
+    );
+    // A family appearing also needs the full script.
+    let dual = NetfilterPlan {
+        v4: Some(sample_v4()),
+        v6: Some(FamilyPlan::new(AddressFamily::V6, ClusterIpMasquerade::All)),
+    };
+    assert!(
+        render_update(&old, &dual, &options)
+            .unwrap()
+            .contains("table ip6 ipvs-proxier {")
+    );
+}
