@@ -147,7 +147,6 @@ impl Syntax {
 fn render_table(out: &mut String, plan: &FamilyPlan, options: &RenderOptions) {
     let s = Syntax::of(plan.family);
     let fam = s.family;
-    let addr = s.addr_type;
     let mark = format!("{:#010x}", options.masquerade_mark);
     let dst_key = format!("{fam} daddr . meta l4proto . th dport");
 
