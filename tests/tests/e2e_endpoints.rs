@@ -84,7 +84,13 @@ fn check_drain(t: &mut Topology, vip: &str, out: &std::path::Path, gone: usize) 
         "the held connection ended before the change was applied; raise HOLD_SECS: {text:?}"
     );
     let target = format!("{vip}:80");
-    let answers = all_answer(6, "new connections", || t.client_tcp(&target, None));
+    let answers: Vec<Option<String>> = (0..6).map(|_| t.client_tcp(&target, None)).collect();
+    assert!(
+        answers.iter().all(Option::is_some),
+        "new connections went unanswered: {answers:?}\n{}",
+        t.diagnostics()
+    );
+    let answers: Vec<String> = answers.into_iter().flatten().collect();
     assert_eq!(name_set(&answers), pods(&[stays]), "{answers:?}");
 
     let deadline = Instant::now() + Duration::from_secs(u64::from(HOLD_SECS) + 30);
@@ -170,7 +176,8 @@ fn endpoint_churn_under_load_loses_no_connection_attempt() {
         let load = scope.spawn(move || {
             client.sh_ok(&format!(
                 "for i in $(seq {ATTEMPTS}); do
-                   echo q | socat -T10 -t10 - TCP4:{vip}:80,connect-timeout=5 || echo FAIL
+                   r=$(echo q | socat -T10 -t10 - TCP4:{vip}:80,connect-timeout=5) || r=\"FAIL $i\"
+                   echo \"${{r:-NOANSWER $i}}\"
                  done"
             ))
         });
@@ -192,7 +199,8 @@ fn endpoint_churn_under_load_loses_no_connection_attempt() {
     assert_eq!(
         failures,
         0,
-        "{failures} attempts failed across {flips} endpoint changes: {lines:?}\ndaemon log:\n{}",
+        "{failures} attempts failed across {flips} endpoint changes: {lines:?}\nipvs connections:\n{}\ndaemon log:\n{}",
+        t.node.sh_ok("ipvsadm -Lnc"),
         t.daemon_log()
     );
     assert!(lines.iter().any(|l| l.starts_with("pod-0")), "{lines:?}");

@@ -386,6 +386,15 @@ impl Topology {
         tcp_request(&self.client, target, source)
     }
 
+    /// The node's IPVS table, IPVS connections and conntrack entries, for failure messages.
+    pub fn diagnostics(&self) -> String {
+        let out = self.node.sh(
+            "echo '--- ipvsadm -Ln'; ipvsadm -Ln; echo '--- ipvsadm -Lnc'; ipvsadm -Lnc; \
+             echo '--- conntrack -L'; conntrack -L 2>/dev/null | head -40",
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
     /// The node's metrics text.
     pub fn metrics(&self) -> String {
         self.node.sh_ok(
