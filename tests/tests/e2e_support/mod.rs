@@ -378,6 +378,33 @@ impl Topology {
         self.wait_ipvs(&format!("{key} -> {want:?}"), |t| {
             t.active_servers(key) == want
         });
+        self.wait_settled();
+    }
+
+    /// Waits until the daemon has no sync running and started none for a second (from its
+    /// runner's `sync starting` / `sync done` log lines), so traffic checks see the applied
+    /// state rather than a sync in progress.
+    pub fn wait_settled(&mut self) {
+        let deadline = Instant::now() + CONVERGE;
+        let mut quiet_since: Option<(Instant, usize)> = None;
+        while Instant::now() < deadline {
+            let log = self.daemon_log();
+            let started = log.matches("runner: sync starting").count();
+            let done = log.matches("runner: sync done").count();
+            if started == done {
+                match quiet_since {
+                    Some((at, n)) if n == started => {
+                        if at.elapsed() >= Duration::from_secs(1) {
+                            return;
+                        }
+                    }
+                    _ => quiet_since = Some((Instant::now(), started)),
+                }
+            } else {
+                quiet_since = None;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
     }
 
     /// A TCP request from the external client to `target` (`ip:port` or `[ip6]:port`),
