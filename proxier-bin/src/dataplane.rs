@@ -144,6 +144,29 @@ pub fn apply_sysctls(strict_arp: bool) {
     }
 }
 
+/// Sets `--ipvs-tcp-timeout`, `--ipvs-tcpfin-timeout` and `--ipvs-udp-timeout` (0 keeps
+/// the kernel's value). A failure is logged; the daemon goes on.
+async fn set_ipvs_timeouts(ipvs: &KernelIpvsBackend, settings: &Settings) {
+    let secs = |d: std::time::Duration| u32::try_from(d.as_secs()).unwrap_or(u32::MAX);
+    let timeouts = ipvs_netlink::Timeouts {
+        tcp: secs(settings.ipvs.tcp_timeout),
+        tcp_fin: secs(settings.ipvs.tcp_fin_timeout),
+        udp: secs(settings.ipvs.udp_timeout),
+    };
+    if timeouts.tcp == 0 && timeouts.tcp_fin == 0 && timeouts.udp == 0 {
+        return;
+    }
+    match ipvs.handle().set_timeouts(&timeouts).await {
+        Ok(()) => tracing::info!(
+            tcp = timeouts.tcp,
+            tcp_fin = timeouts.tcp_fin,
+            udp = timeouts.udp,
+            "IPVS connection timeouts set"
+        ),
+        Err(error) => tracing::warn!(%error, "cannot set IPVS connection timeouts; continuing"),
+    }
+}
+
 /// The kernel data plane.
 pub struct DataPlane {
     view: Arc<Mutex<ClusterView>>,
@@ -174,6 +197,7 @@ impl DataPlane {
             .map_err(DataPlaneError::OpenIpvs)?;
         // Only once IPVS is known to be there: a machine without it keeps its sysctls.
         apply_sysctls(settings.ipvs.strict_arp);
+        set_ipvs_timeouts(&ipvs, settings).await;
         let addresses =
             KernelAddressBackend::connect(settings.dummy_interface.clone()).map_err(|source| {
                 DataPlaneError::OpenLink {

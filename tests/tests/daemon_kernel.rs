@@ -569,10 +569,9 @@ fn kill_9_during_sync_then_restart_converges() {
 
     let daemon = node.spawn_daemon();
     let started = Instant::now();
-    // Kill it as soon as the kernel shows part of the work.
+    // Kill it as soon as its first sync starts writing (the link is made first).
     loop {
-        let count = node.ns.sh_ok("ipvsadm -Ln | grep -c '^TCP' || true");
-        if count.trim().parse::<usize>().unwrap_or(0) > 0 {
+        if node.daemon_log().contains("created dummy link") {
             break;
         }
         assert!(
@@ -699,7 +698,8 @@ fn cleanup_removes_virtual_servers_link_and_table() {
     );
 
     let started = Instant::now();
-    let out = node.ns.sh(&node.daemon_command("--cleanup"));
+    let cleanup = format!("\"${PROXIER_BIN_ENV}\" --cleanup");
+    let out = node.ns.sh(&cleanup);
     let took = started.elapsed();
     assert!(
         out.status.success(),
@@ -727,7 +727,7 @@ fn cleanup_removes_virtual_servers_link_and_table() {
         "our table is still there: {tables}"
     );
     // Idempotent: a second cleanup finds nothing and succeeds.
-    let again = node.ns.sh(&node.daemon_command("--cleanup"));
+    let again = node.ns.sh(&cleanup);
     assert!(
         again.status.success(),
         "{}",
