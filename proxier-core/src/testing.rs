@@ -30,7 +30,9 @@ pub fn service_name(i: usize) -> ServiceName {
 /// Synthetic Service `i`.
 pub fn service(i: usize) -> Service {
     let index = u32::try_from(i).unwrap_or(u32::MAX);
-    let node_port = i.is_multiple_of(10).then(|| 30_000 + u16::try_from(i % 2768).unwrap_or(0));
+    let node_port = i
+        .is_multiple_of(10)
+        .then(|| 30_000 + u16::try_from(i % 2768).unwrap_or(0));
     Service::new(
         service_name(i),
         vec![v4(Ipv4Addr::new(10, 96, 0, 0), index)],
