@@ -49,6 +49,8 @@ fn host_prefix(address: IpAddr) -> u8 {
 pub struct KernelAddressBackend {
     handle: Handle,
     link: String,
+    /// The link's index as last looked up (refreshed by `ensure_link` and when absent).
+    index: Option<u32>,
 }
 
 impl KernelAddressBackend {
@@ -62,6 +64,7 @@ impl KernelAddressBackend {
         Ok(KernelAddressBackend {
             handle,
             link: link.into(),
+            index: None,
         })
     }
 
@@ -83,8 +86,13 @@ impl KernelAddressBackend {
         }
     }
 
-    async fn require_index(&self) -> Result<u32, BackendError> {
-        self.link_index().await?.ok_or(BackendError::NotFound)
+    async fn require_index(&mut self) -> Result<u32, BackendError> {
+        if let Some(index) = self.index {
+            return Ok(index);
+        }
+        let index = self.link_index().await?.ok_or(BackendError::NotFound)?;
+        self.index = Some(index);
+        Ok(index)
     }
 }
 
@@ -94,6 +102,7 @@ impl AddressBackend for KernelAddressBackend {
     }
 
     async fn ensure_link(&mut self) -> Result<(), BackendError> {
+        self.index = None;
         let index = match self.link_index().await? {
             Some(index) => index,
             None => {
@@ -112,6 +121,7 @@ impl AddressBackend for KernelAddressBackend {
                 self.require_index().await?
             }
         };
+        self.index = Some(index);
         self.handle
             .link()
             .set(LinkUnspec::new_with_index(index).up().build())
@@ -121,7 +131,8 @@ impl AddressBackend for KernelAddressBackend {
     }
 
     async fn list_addresses(&mut self) -> Result<BTreeSet<IpAddr>, BackendError> {
-        let Some(index) = self.link_index().await? else {
+        self.index = self.link_index().await?;
+        let Some(index) = self.index else {
             return Ok(BTreeSet::new());
         };
         let mut messages = self
@@ -148,12 +159,17 @@ impl AddressBackend for KernelAddressBackend {
 
     async fn add_address(&mut self, address: IpAddr) -> Result<(), BackendError> {
         let index = self.require_index().await?;
-        self.handle
+        let result = self
+            .handle
             .address()
             .add(index, address, host_prefix(address))
             .execute()
             .await
-            .map_err(map_error)
+            .map_err(map_error);
+        if result == Err(BackendError::NotFound) {
+            self.index = None;
+        }
+        result
     }
 
     async fn remove_address(&mut self, address: IpAddr) -> Result<(), BackendError> {

@@ -2,6 +2,41 @@
 //! repairs drift, an incremental sync per dirty service port over a cached view of
 //! the kernel, graceful draining of removed real servers, and per-service retries
 //! with exponential backoff.
+//!
+//! # What it owns (Decision 1)
+//! It creates, changes and deletes only: virtual servers it plans; unplanned virtual
+//! servers whose address is bound on its dummy link; unplanned NodePort virtual servers
+//! on node addresses ([`ReconcilerConfig::node_port_addresses`] plus every address it
+//! planned a NodePort on) within [`ReconcilerConfig::node_port_range`]; virtual servers
+//! it planned earlier in this process. Nothing in [`ReconcilerConfig::exclude_cidrs`] is
+//! ever touched, and no address in them is unbound. Virtual servers on other addresses
+//! (keepalived, another proxier) and firewall-mark services are left alone.
+//!
+//! # Driving it
+//! Run [`Reconciler::full_sync`] at start and periodically, [`Reconciler::sync_services`]
+//! with the service ports whose plan changed, and [`Reconciler::tick`] when
+//! [`Reconciler::next_deadline`] says (drain checks, retries).
+//!
+//! ```
+//! use std::collections::BTreeSet;
+//! use proxier_core::backend::{MemoryAddressBackend, MemoryIpvsBackend};
+//! use proxier_core::{Desired, Reconciler, ReconcilerConfig};
+//!
+//! let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+//! runtime.block_on(async {
+//!     let ipvs = MemoryIpvsBackend::new();
+//!     let mut reconciler =
+//!         Reconciler::new(ipvs.clone(), MemoryAddressBackend::new(), ReconcilerConfig::default());
+//!     let desired = Desired::default(); // from proxier_core::plan(...)
+//!     let report = reconciler.full_sync(&desired).await.unwrap();
+//!     assert_eq!(report.writes, 0);
+//!     reconciler.sync_services(&desired, &BTreeSet::new()).await.unwrap();
+//!     if reconciler.next_deadline().is_some() {
+//!         reconciler.tick(&desired).await.unwrap();
+//!     }
+//!     println!("drift repaired: {:?}", reconciler.stats().last_full_sync_drift);
+//! });
+//! ```
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
