@@ -49,8 +49,7 @@ fn open_held_connection(t: &mut Topology, vip: &str) -> (std::path::PathBuf, usi
     t.background.spawn(
         client,
         &format!(
-            "bash -c 'sleep {} | socat -T{} - TCP4:{vip}:81,connect-timeout=5 > {}'",
-            HOLD_SECS + 30,
+            "bash -c 'socat -T{} -u TCP4:{vip}:81,connect-timeout=5 - > {}'",
             HOLD_SECS + 30,
             out.display()
         ),
@@ -176,7 +175,7 @@ fn endpoint_churn_under_load_loses_no_connection_attempt() {
         let load = scope.spawn(move || {
             client.sh_ok(&format!(
                 "for i in $(seq {ATTEMPTS}); do
-                   r=$(echo q | socat -T10 -t10 - TCP4:{vip}:80,connect-timeout=5) || r=\"FAIL $i\"
+                   r=$(socat -T10 -u TCP4:{vip}:80,connect-timeout=5 -) || r=\"FAIL $i\"
                    echo \"${{r:-NOANSWER $i}}\"
                  done"
             ))

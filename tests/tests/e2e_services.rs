@@ -183,7 +183,7 @@ fn sctp_service_is_programmed_and_carries_traffic_when_socat_can() {
         let answers = all_answer(REQUESTS, "SCTP", || {
             let out = t
                 .client
-                .sh("echo q | socat -T10 -t10 - SCTP:10.96.0.13:3868,connect-timeout=5");
+                .sh("socat -T10 -u SCTP:10.96.0.13:3868,connect-timeout=5 -");
             let text = String::from_utf8_lossy(&out.stdout).trim().to_owned();
             (out.status.success() && !text.is_empty()).then_some(text)
         });

@@ -471,13 +471,11 @@ fn bracket(ip: &str) -> String {
     }
 }
 
-/// One TCP request from `netns`: the first answer line (`-t`: socat waits that long for the
-/// answer after its own input ended; the default half a second is too short under TCG), or `None` on failure/no answer.
+/// One TCP request from `netns`: the first answer line. The client only reads (`-u`): had it
+/// sent data, the server's socat could hit its exited `echo` child's closed pipe and close
+/// the connection before relaying the answer, or `None` on failure/no answer.
 pub fn tcp_request(netns: &Netns, target: &str, source: Option<&str>) -> Option<String> {
-    let out = netns.sh(&format!(
-        "echo q | socat -T10 -t10 - {}",
-        tcp_address(target, source)
-    ));
+    let out = netns.sh(&format!("socat -T10 -u {} -", tcp_address(target, source)));
     let text = String::from_utf8_lossy(&out.stdout).trim().to_owned();
     (out.status.success() && !text.is_empty()).then_some(text)
 }
