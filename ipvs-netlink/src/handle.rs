@@ -265,13 +265,27 @@ impl IpvsHandle {
     }
 
     /// All services, as a stream.
+    ///
+    /// The kernel resumes a multi-part service dump by position in a hash table shared by
+    /// every network namespace, so services added elsewhere during the dump can make it
+    /// repeat entries: repeats are dropped here. (A concurrent delete elsewhere can still
+    /// make the kernel skip an entry; there is no way to detect that from userspace.)
     pub fn services(&self) -> BoxStream<'static, Result<ServiceEntry, Error>> {
+        let mut seen = std::collections::HashSet::new();
         self.dump(
             Operation::ListServices,
             Object::Table,
             IpvsMessage::get_services(),
             message::decode_service_message,
         )
+        .filter(move |r| {
+            let keep = match r {
+                Ok(entry) => seen.insert(entry.service.key),
+                Err(_) => true,
+            };
+            futures::future::ready(keep)
+        })
+        .boxed()
     }
 
     /// One service. Fails with [`Error::ServiceNotFound`] if it does not exist.
@@ -541,11 +555,17 @@ fn dump_table(
     let op = Operation::ListServices;
     let mut services = Vec::new();
     let mut decode_err = None;
+    let mut seen = std::collections::HashSet::new();
     match first.dump(
         family,
         &IpvsMessage::get_services(),
         |m| match message::decode_service_message(m) {
-            Ok(s) => services.push(s),
+            // Repeats can come from concurrent changes in other namespaces (see `services`).
+            Ok(s) => {
+                if seen.insert(s.service.key) {
+                    services.push(s);
+                }
+            }
             Err(e) => decode_err = Some(e),
         },
     ) {
