@@ -286,6 +286,15 @@ fn main() -> anyhow::Result<()> {
     let expected_rules = services * (endpoints + 1);
     let timeout = Duration::from_secs(120 + (services as u64) / 10);
 
+    // nft's `reject` needs these; the VM's busybox modprobe cannot autoload them by alias.
+    for module in [
+        "nf_reject_ipv4",
+        "nf_reject_ipv6",
+        "nft_reject_ipv4",
+        "nft_reject_ipv6",
+    ] {
+        let _ = Command::new("modprobe").arg(module).status();
+    }
     let ns = Netns::new();
     // Masquerade destinations need a route to the endpoints: a dummy link on their subnet.
     sh(
