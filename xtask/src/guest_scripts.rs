@@ -11,8 +11,9 @@ pub const TEST_RESULT_MARKER: &str = "VM-TEST-RESULT:";
 /// Final line of a program run: `VM-RUN-EXIT: <status>`.
 pub const RUN_EXIT_MARKER: &str = "VM-RUN-EXIT:";
 
-/// Modules the guest loads up front (kernel autoloading also works, through
-/// busybox modprobe, but loading early keeps tests from racing it).
+/// Modules the guest loads up front. Autoloading by module name works
+/// (through busybox modprobe), but by alias (e.g. nf_tables asking for
+/// `nft-expr-2-reject`) it does not, so nftables expressions are listed here.
 pub const GUEST_MODULES: &[&str] = &[
     "virtio_pci",
     "virtio_blk",
@@ -46,6 +47,11 @@ pub const GUEST_MODULES: &[&str] = &[
     "nft_redir",
     "nft_reject",
     "nft_reject_inet",
+    "nft_reject_ipv4",
+    "nft_reject_ipv6",
+    "nft_log",
+    "nft_quota",
+    "nft_connlimit",
     "nft_fib",
     "nft_fib_ipv4",
     "nft_fib_ipv6",
