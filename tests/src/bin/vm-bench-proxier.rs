@@ -366,7 +366,7 @@ fn main() -> anyhow::Result<()> {
         }
     };
     let program_time = programmed_at - daemon.started;
-    let vips = sh(&ns, "ip -o addr show dev kube-ipvs0 | wc -l")?;
+    let vips = sh(&ns, "ip -o -4 addr show dev kube-ipvs0 | wc -l")?;
     let vips: usize = vips.trim().parse().unwrap_or(0);
     ensure!(
         vips == services,
