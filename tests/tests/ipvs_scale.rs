@@ -3,11 +3,10 @@
 
 mod ipvs_support;
 
-use std::collections::HashSet;
 use std::net::{IpAddr, Ipv4Addr};
 
 use futures::TryStreamExt;
-use ipvs_netlink::{Destination, IpvsHandle, Op, Scheduler, Service, ServiceKey};
+use ipvs_netlink::{Destination, IpvsHandle, Scheduler, Service, ServiceKey};
 use ipvs_proxier_tests::require_kernel;
 use ipvs_support::*;
 
@@ -121,40 +120,4 @@ fn ipvs_many_tasks_share_one_handle() {
     let saved = saved_rules(&ns);
     assert_eq!(saved.iter().filter(|l| l.starts_with("-A ")).count(), 320);
     assert_eq!(saved.iter().filter(|l| l.starts_with("-a ")).count(), 320);
-}
-
-#[test]
-fn ipvs_dump_of_10000_services() {
-    require_kernel!();
-    let ns = netns_with_routes();
-    let keys: Vec<ServiceKey> = (0..10_000u32)
-        .map(|i| {
-            let [_, _, hi, lo] = i.to_be_bytes();
-            ServiceKey::tcp(IpAddr::V4(Ipv4Addr::new(10, 60, hi, lo)), 80)
-        })
-        .collect();
-    let k = keys.clone();
-    with_handle(&ns, |h| async move {
-        let ops: Vec<Op> = k
-            .iter()
-            .map(|key| Op::AddService(Service::new(*key, Scheduler::RoundRobin)))
-            .collect();
-        let results = h.batch(ops).await;
-        assert_eq!(results.len(), 10_000);
-        assert!(
-            results.iter().all(|r| r.is_ok()),
-            "{:?}",
-            results.iter().find(|r| r.is_err())
-        );
-        let dumped: Vec<_> = h.services().try_collect().await.unwrap();
-        assert_eq!(dumped.len(), 10_000);
-        let unique: HashSet<ServiceKey> = dumped.iter().map(|e| e.service.key).collect();
-        assert_eq!(unique, k.iter().copied().collect::<HashSet<_>>());
-        let table = h.table().await.unwrap();
-        assert_eq!(table.len(), 10_000);
-        let unique: HashSet<ServiceKey> = table.iter().map(|e| e.0.service.key).collect();
-        assert_eq!(unique.len(), 10_000);
-    });
-    let count = ns.sh_ok("ipvsadm -Sn | grep -c '^-A'");
-    assert_eq!(count.trim(), "10000");
 }
