@@ -428,7 +428,13 @@ pub fn assemble(
         &bash_real.to_string_lossy(),
     );
     add_busybox(&mut root, &tools.busybox)?;
-    for file in ["/etc/protocols", "/etc/services"] {
+    // The CA bundle: TLS clients (kube's rustls) refuse to start without system roots,
+    // even when they only ever talk plain HTTP to a loopback test double.
+    for file in [
+        "/etc/protocols",
+        "/etc/services",
+        "/etc/ssl/certs/ca-certificates.crt",
+    ] {
         if Path::new(file).is_file() {
             root.add_host_path(Path::new(file))?;
         }
