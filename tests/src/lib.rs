@@ -9,8 +9,11 @@
 //! [`Netns`] gives each test its own network namespace, so tests running in
 //! parallel do not see each other's IPVS services, links or addresses.
 
+mod background;
 mod kernel;
 mod netns;
+
+pub use background::{Background, load_modules};
 
 pub use kernel::{KERNEL_TESTS_ENV, PROXIER_BIN_ENV, kernel_tests_enabled, proxier_bin};
 pub use netns::Netns;

@@ -4,6 +4,7 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
 
 /// Counter making namespace names unique within one test process.
 static NEXT_NETNS: AtomicU32 = AtomicU32::new(0);
@@ -71,6 +72,52 @@ impl Netns {
             );
         }
         String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+
+    /// Waits up to ten seconds until a socket in this namespace is bound to local `port` in
+    /// one of `/proc/net/{tcp,tcp6,udp,udp6}` or `/proc/net/sctp/eps`, so a server started in
+    /// the background is ready before a client connects.
+    ///
+    /// # Panics
+    /// When nothing is bound to the port by then.
+    pub fn wait_listening(&self, port: u16) {
+        let hex = format!(":{port:04X} ");
+        let dec = format!(" {port} ");
+        for _ in 0..100 {
+            let out = self.sh(
+                "cat /proc/net/tcp /proc/net/tcp6 /proc/net/udp /proc/net/udp6 2>/dev/null; \
+                 cat /proc/net/sctp/eps 2>/dev/null",
+            );
+            let text = String::from_utf8_lossy(&out.stdout);
+            let in_inet_table = text.contains(&hex);
+            // SCTP endpoints print the port in decimal, on lines without `addr:port` pairs.
+            let in_sctp_table = text.lines().any(|l| l.contains(&dec) && !l.contains(':'));
+            if in_inet_table || in_sctp_table {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("nothing listens on port {port} in netns {}", self.name);
+    }
+
+    /// Waits up to ten seconds until `table` (e.g. `/proc/net/tcp6`) in this namespace lists
+    /// local port `port`: for a server of one address family only.
+    ///
+    /// # Panics
+    /// When the port is not listed by then.
+    pub fn wait_in_table(&self, table: &str, port: u16) {
+        let hex = format!(":{port:04X} ");
+        for _ in 0..100 {
+            let out = self.sh(&format!("cat {table}"));
+            if String::from_utf8_lossy(&out.stdout).contains(&hex) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!(
+            "nothing listens on port {port} ({table}) in netns {}",
+            self.name
+        );
     }
 
     /// Runs `f` on a fresh thread that has `setns()`'d into this namespace,

@@ -225,20 +225,15 @@ fn daemon_available(test: &str) -> bool {
     false
 }
 
-/// Loads the modules nft's `reject` needs. A distribution's kmod autoloads them from their
-/// `nft-expr-*` aliases; the VM's busybox modprobe resolves no aliases.
+/// Loads the modules nft's `reject` needs (nf_tables asks for them by alias, which the VM's
+/// busybox modprobe does not resolve).
 fn load_nft_modules() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        for module in [
-            "nf_reject_ipv4",
-            "nf_reject_ipv6",
-            "nft_reject_ipv4",
-            "nft_reject_ipv6",
-        ] {
-            let _ = std::process::Command::new("modprobe").arg(module).output();
-        }
-    });
+    ipvs_proxier_tests::load_modules(&[
+        "nf_reject_ipv4",
+        "nf_reject_ipv6",
+        "nft_reject_ipv4",
+        "nft_reject_ipv6",
+    ]);
 }
 
 /// A node: a network namespace with the daemon's source file in a directory of its own.

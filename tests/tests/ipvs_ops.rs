@@ -10,7 +10,7 @@ use ipvs_netlink::{
     AddressFamily, Destination, DestinationKey, ForwardMethod, Scheduler, Service, ServiceFlags,
     ServiceKey, SyncDaemon, SyncState, Timeouts, TunnelFlags, TunnelType,
 };
-use ipvs_proxier_tests::require_kernel;
+use ipvs_proxier_tests::{Netns, require_kernel};
 use ipvs_support::*;
 
 fn ip(s: &str) -> IpAddr {
@@ -294,6 +294,31 @@ fn stats_rows(text: &str) -> Vec<(String, Vec<u64>)> {
         .collect()
 }
 
+/// Waits until `ipvsadm -Ln --stats --exact` shows `conns` for each service and then stays the
+/// same across one more estimator period, and returns that listing.
+///
+/// The kernel sums its per-CPU counters into the numbers it reports only when a service's rate
+/// estimator runs (every 2 s, services spread over that period), so right after traffic the
+/// reported counters of different services can be from before and after it.
+fn settled_stats(ns: &Netns, conns: &[(&str, u64)]) -> String {
+    let mut last = String::new();
+    for _ in 0..20 {
+        let listing = ns.sh_ok("ipvsadm -Ln --stats --exact");
+        let rows = stats_rows(&listing);
+        let counted = conns.iter().all(|(name, want)| {
+            rows.iter()
+                .find(|r| r.0 == *name)
+                .is_some_and(|r| r.1[0] == *want)
+        });
+        if counted && listing == last {
+            return listing;
+        }
+        last = listing;
+        std::thread::sleep(std::time::Duration::from_millis(2500));
+    }
+    panic!("stats did not settle at {conns:?}:\n{last}");
+}
+
 #[test]
 fn ipvs_stats_zero_timeouts_info_daemons_flush() {
     require_kernel!();
@@ -310,10 +335,9 @@ fn ipvs_stats_zero_timeouts_info_daemons_flush() {
          (socat TCP-LISTEN:8080,bind=10.1.0.254,fork,reuseaddr SYSTEM:'echo hello' </dev/null >/dev/null 2>&1 &)
          sleep 1
          for i in 1 2 3; do socat -T3 - TCP:10.0.0.1:80 </dev/null >/dev/null; done
-         socat -T3 - TCP:10.0.0.2:80 </dev/null >/dev/null
-         sleep 1",
+         socat -T3 - TCP:10.0.0.2:80 </dev/null >/dev/null",
     );
-    let listing = ns.sh_ok("ipvsadm -Ln --stats --exact");
+    let listing = settled_stats(&ns, &[("10.0.0.1:80", 3), ("10.0.0.2:80", 1)]);
     let rows = stats_rows(&listing);
     let vip1 = ServiceKey::tcp(ip("10.0.0.1"), 80);
     let vip2 = ServiceKey::tcp(ip("10.0.0.2"), 80);

@@ -358,6 +358,8 @@ impl DrainTopology {
             )
             .trim()
             .to_owned();
+        // The client connects right after the first sync: the server must be up by then.
+        pod.wait_listening(8080);
         DrainTopology {
             node,
             pod,
@@ -413,8 +415,10 @@ fn reconciler_drains_a_removed_endpoint_while_a_tcp_connection_lives() {
             )
             .trim()
             .to_owned();
+        // Under software emulation on a loaded machine a connect and each `ipvsadm` call can
+        // take a while: allow 30 s.
         let mut established = false;
-        for _ in 0..100 {
+        for _ in 0..300 {
             let listing = node.sh_ok("ipvsadm -Ln -t 10.96.0.10:80");
             if listing
                 .lines()
@@ -458,8 +462,11 @@ fn reconciler_drains_a_removed_endpoint_while_a_tcp_connection_lives() {
         rec.full_sync(&without_endpoint).await.unwrap();
         assert!(ipvs_rules(node).contains(drained_rule));
 
-        // The connection closes: the real server goes on a following tick.
-        client.sh_ok(&format!("kill {client_pid}"));
+        // The connection closes: the real server goes on a following tick. SIGKILL, so the
+        // socket is closed by the kernel with the zero linger (a reset: IPVS keeps the entry
+        // 10 s in CLOSE); on SIGTERM socat shuts the socket down first, a FIN, and the entry
+        // would sit in TIME_WAIT for two minutes.
+        client.sh_ok(&format!("kill -KILL {client_pid}"));
         let mut gone = false;
         for _ in 0..60 {
             tokio::time::sleep(Duration::from_secs(1)).await;

@@ -64,46 +64,18 @@ pub fn pod_name(i: usize) -> String {
 
 /// Loads modules the suites need that busybox modprobe cannot autoload by alias.
 fn load_modules() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        for module in [
-            "br_netfilter",
-            "nf_reject_ipv4",
-            "nf_reject_ipv6",
-            "nft_reject_ipv4",
-            "nft_reject_ipv6",
-            "ip_vs_rr",
-            "ip_vs_sh",
-        ] {
-            let _ = Command::new("modprobe").arg(module).output();
-        }
-    });
+    ipvs_proxier_tests::load_modules(&[
+        "br_netfilter",
+        "nf_reject_ipv4",
+        "nf_reject_ipv6",
+        "nft_reject_ipv4",
+        "nft_reject_ipv6",
+        "ip_vs_rr",
+        "ip_vs_sh",
+    ]);
 }
 
-/// Background processes started by a test, killed by pid on drop.
-#[derive(Default)]
-pub struct Background(Vec<u32>);
-
-impl Background {
-    /// Starts `command` in `netns` in the background; returns its pid.
-    pub fn spawn(&mut self, netns: &Netns, command: &str) -> u32 {
-        let out = netns.sh_ok(&format!("{command} </dev/null >/dev/null 2>&1 & echo $!"));
-        let pid = out
-            .trim()
-            .parse()
-            .unwrap_or_else(|_| panic!("no pid from {out:?}"));
-        self.0.push(pid);
-        pid
-    }
-}
-
-impl Drop for Background {
-    fn drop(&mut self) {
-        for pid in &self.0 {
-            let _ = Command::new("kill").arg(pid.to_string()).output();
-        }
-    }
-}
+pub use ipvs_proxier_tests::Background;
 
 /// The running daemon, killed on drop. Its log goes to a file shown by [`Daemon::log`].
 pub struct Daemon {
@@ -527,33 +499,12 @@ pub fn pods(list: &[usize]) -> BTreeSet<String> {
 
 /// Waits until something listens on TCP/UDP/SCTP `port` in `netns`.
 pub fn wait_listening(netns: &Netns, port: u16) {
-    for _ in 0..100 {
-        let out = netns.sh("cat /proc/net/tcp /proc/net/tcp6 /proc/net/udp /proc/net/udp6 2>/dev/null; cat /proc/net/sctp/eps 2>/dev/null");
-        let text = String::from_utf8_lossy(&out.stdout);
-        let hex = format!(":{port:04X} ");
-        let dec = format!(" {port} ");
-        if text.contains(&hex) || text.lines().any(|l| l.contains(&dec) && !l.contains(':')) {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!("nothing listens on port {port} in {}", netns.name());
+    netns.wait_listening(port);
 }
 
 /// Waits until `table` (e.g. `/proc/net/tcp6`) in `netns` lists local port `port`.
 pub fn wait_in_table(netns: &Netns, table: &str, port: u16) {
-    let hex = format!(":{port:04X} ");
-    for _ in 0..100 {
-        let out = netns.sh(&format!("cat {table}"));
-        if String::from_utf8_lossy(&out.stdout).contains(&hex) {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!(
-        "nothing listens on port {port} ({table}) in {}",
-        netns.name()
-    );
+    netns.wait_in_table(table, port);
 }
 
 /// `ipvsadm -Ln` output, parsed into virtual services and their real servers.

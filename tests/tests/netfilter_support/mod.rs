@@ -15,9 +15,7 @@
 #![allow(dead_code, clippy::unwrap_used)]
 
 use std::net::IpAddr;
-use std::process::Command;
 use std::sync::Arc;
-use std::time::Duration;
 
 use ipvs_proxier_tests::Netns;
 use proxier_core::desired::Protocol;
@@ -39,57 +37,18 @@ pub fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
 
-/// Loads the kernel modules nft needs for `reject` in the `ip` and `ip6` families. A
-/// distribution's kmod autoloads them from their `nft-expr-*` aliases; the VM's busybox
-/// modprobe does not resolve aliases, so the tests load them by name.
+/// Loads the kernel modules nft needs for `reject` in the `ip` and `ip6` families (nf_tables
+/// asks for them by alias, which the VM's busybox modprobe does not resolve).
 pub fn load_nft_modules() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        for module in [
-            "nf_reject_ipv4",
-            "nf_reject_ipv6",
-            "nft_reject_ipv4",
-            "nft_reject_ipv6",
-        ] {
-            let _ = Command::new("modprobe").arg(module).output();
-        }
-    });
+    ipvs_proxier_tests::load_modules(&[
+        "nf_reject_ipv4",
+        "nf_reject_ipv6",
+        "nft_reject_ipv4",
+        "nft_reject_ipv6",
+    ]);
 }
 
-/// Background processes started by a test, killed (by pid) on drop.
-#[derive(Default)]
-pub struct Background(Vec<u32>);
-
-impl Background {
-    /// Starts `command` in `netns` in the background and remembers its pid.
-    pub fn spawn(&mut self, netns: &Netns, command: &str) {
-        let out = netns.sh_ok(&format!("{command} </dev/null >/dev/null 2>&1 & echo $!"));
-        let pid = out
-            .trim()
-            .parse()
-            .unwrap_or_else(|_| panic!("no pid from {out:?}"));
-        self.0.push(pid);
-    }
-
-    /// Kills one process started here.
-    pub fn kill(&mut self, pid: u32) {
-        let _ = Command::new("kill").arg(pid.to_string()).output();
-        self.0.retain(|p| *p != pid);
-    }
-
-    /// The pid of the last process started.
-    pub fn last(&self) -> u32 {
-        *self.0.last().unwrap()
-    }
-}
-
-impl Drop for Background {
-    fn drop(&mut self) {
-        for pid in &self.0 {
-            let _ = Command::new("kill").arg(pid.to_string()).output();
-        }
-    }
-}
+pub use ipvs_proxier_tests::Background;
 
 /// Tests of one binary build their topologies one at a time: under software emulation,
 /// parallel topologies slow every hop down to the point of spurious timeouts.
@@ -290,16 +249,7 @@ pub fn request_verbose(netns: &Netns, address: &str) -> (bool, String, String) {
 
 /// Waits until something listens on TCP/UDP `port` in `netns`.
 pub fn wait_listening(netns: &Netns, port: u16) {
-    for _ in 0..50 {
-        let out = netns.sh(&format!(
-            "ss -Hlntu 'sport = :{port}' 2>/dev/null || netstat -lntu"
-        ));
-        if String::from_utf8_lossy(&out.stdout).contains(&format!(":{port}")) {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!("nothing listens on port {port} in {}", netns.name());
+    netns.wait_listening(port);
 }
 
 /// A Service with one port (`name` / `port` / `protocol`, NodePort optional).
