@@ -1,6 +1,7 @@
 //! Wiring: settings -> metrics and health servers, a source, the event pump and the sync
 //! runner; signals stop it. The data plane is never cleaned up on exit.
 
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -9,7 +10,7 @@ use tokio::time::Instant;
 
 use crate::cluster_view::{ClusterView, Touched};
 use crate::dry_run::DryRunTarget;
-use crate::health::{ProxyHealth, serve_proxy_health};
+use crate::health::{ProxyHealth, ServiceHealthServers, serve_proxy_health};
 use crate::http_server::{BindError, HttpServer};
 use crate::runner::{self, RunnerConfig, RunnerHandle, SyncScheduler};
 use crate::settings::{RunMode, Settings, SourceSettings};
@@ -259,6 +260,12 @@ pub async fn run(settings: Settings) -> Result<(), DaemonError> {
             return Ok(());
         }
         dataplane.wake_runner_with(runner_handle.clone());
+        // Health checks of `externalTrafficPolicy: Local` Services, on every address (as
+        // kube-proxy does without --nodeport-addresses).
+        dataplane.serve_health_checks_with(Arc::new(ServiceHealthServers::new(
+            vec![IpAddr::V4(Ipv4Addr::UNSPECIFIED)],
+            health.clone(),
+        )));
         let mut target = CountingTarget {
             inner: dataplane,
             pending,

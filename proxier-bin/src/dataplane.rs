@@ -6,7 +6,7 @@
 //! Service ports whose plan changed since the last sync (incremental), or everything with a
 //! fresh read of the kernel (full). `--cleanup` lives here too.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -16,19 +16,23 @@ use proxier_core::backend::address::KernelAddressBackend;
 use proxier_core::backend::ipvs::KernelIpvsBackend;
 use proxier_core::backend::{AddressBackend, BackendError, IpvsBackend, IpvsOp, OpKind};
 use proxier_core::conntrack::{ConntrackBackend, FlowFilter, KernelConntrack, stale_udp_flows};
-use proxier_core::model::Config;
+use proxier_core::model::{Config, ServiceName};
 use proxier_core::netfilter::{Netfilter, NftBackend, RenderOptions};
 use proxier_core::reconciler::OpCounts;
 use proxier_core::sysctl::{ProcSysctl, SysctlOptions, ensure_sysctls};
-use proxier_core::{Desired, Reconciler, ReconcilerConfig, ServicePortName, SyncReport};
+use proxier_core::{
+    Desired, HealthCheck, Reconciler, ReconcilerConfig, ServicePortName, SyncReport,
+};
 
 use crate::cluster_view::ClusterView;
 use crate::dry_run::{cluster_state, node_context, plan_size};
+use crate::health::ServiceHealthServers;
 use crate::metrics::{
     OpResult, record_netlink_operations, set_data_plane_size, set_full_resync_drift_repaired,
 };
 use crate::runner::{RunnerHandle, SyncError, SyncKind, SyncTarget};
 use crate::settings::Settings;
+use crate::source::ObjectKey;
 
 /// Why the data plane could not be opened, synced or cleaned up.
 #[derive(Debug, thiserror::Error)]
@@ -182,6 +186,9 @@ pub struct DataPlane {
     wake: Option<RunnerHandle>,
     /// The pending wake-up.
     wake_task: Option<tokio::task::JoinHandle<()>>,
+    /// Health-check servers of `externalTrafficPolicy: Local` Services, kept in step with
+    /// every sync (`None`: not served).
+    health_checks: Option<Arc<ServiceHealthServers>>,
 }
 
 impl DataPlane {
@@ -220,6 +227,7 @@ impl DataPlane {
             exported_ops: BTreeMap::new(),
             wake: None,
             wake_task: None,
+            health_checks: None,
         })
     }
 
@@ -228,6 +236,34 @@ impl DataPlane {
     /// and on the periodic full resync).
     pub fn wake_runner_with(&mut self, runner: RunnerHandle) {
         self.wake = Some(runner);
+    }
+
+    /// Serves the health checks of `externalTrafficPolicy: Local` Services through
+    /// `servers`: each sync opens and closes their ports and updates their endpoint counts.
+    pub fn serve_health_checks_with(&mut self, servers: Arc<ServiceHealthServers>) {
+        self.health_checks = Some(servers);
+    }
+
+    /// Opens, closes and updates the health-check servers for the checks of this sync. A port
+    /// that cannot be bound is logged (by the servers) and retried on the next sync.
+    async fn sync_health_checks(&self, checks: &BTreeMap<ServiceName, HealthCheck>) {
+        let Some(servers) = &self.health_checks else {
+            return;
+        };
+        let key = |name: &ServiceName| ObjectKey {
+            namespace: name.namespace.clone(),
+            name: name.name.clone(),
+        };
+        let ports: HashMap<ObjectKey, u16> = checks
+            .iter()
+            .map(|(name, check)| (key(name), check.node_port))
+            .collect();
+        let counts: HashMap<ObjectKey, usize> = checks
+            .iter()
+            .map(|(name, check)| (key(name), check.local_endpoints))
+            .collect();
+        servers.sync_services(&ports).await;
+        servers.sync_endpoints(&counts).await;
     }
 
     fn schedule_wake(&mut self) {
@@ -259,6 +295,7 @@ impl DataPlane {
         };
         let desired = proxier_core::plan(&state, &node, &self.config);
         let netfilter_plan = proxier_core::netfilter::plan(&state, &node, &self.config);
+        let health_checks = proxier_core::health_checks(&state, &node);
 
         let mut report = match (kind, &self.last_plan) {
             (SyncKind::Incremental, Some(old)) => {
@@ -312,6 +349,7 @@ impl DataPlane {
         };
         self.last_plan = Some(desired);
         self.schedule_wake();
+        self.sync_health_checks(&health_checks).await;
         netfilter_result?;
         let outcome = SyncOutcome {
             report: std::mem::take(&mut report),

@@ -307,6 +307,103 @@ fn external_traffic_policy_local_keeps_source_ip_and_local_endpoints() {
     t.wait_backends("TCP  10.96.0.16:80", &backends(&[0, 1], 8080));
 }
 
+/// The external client's view of a health-check node port: status line and body.
+fn health_check(t: &Topology, port: u16) -> String {
+    let out = t.client.sh(&format!(
+        "printf 'GET /healthz HTTP/1.0\\r\\nHost: x\\r\\n\\r\\n' | socat -T5 -t5 - TCP:{NODE_IP}:{port}"
+    ));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Waits (up to [`CONVERGE`]) until the health check on `port` answers with `status` and
+/// reports `local` endpoints.
+fn wait_health_check(t: &Topology, port: u16, status: &str, local: usize) -> String {
+    let deadline = std::time::Instant::now() + CONVERGE;
+    loop {
+        let answer = health_check(t, port);
+        let status_line = answer.lines().next().unwrap_or_default();
+        if status_line.contains(status) && answer.contains(&format!("\"localEndpoints\": {local}"))
+        {
+            return answer;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "health check on {port} never answered {status} with {local} local endpoints; \
+             last answer: {answer:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+}
+
+#[test]
+fn load_balancer_local_health_check_follows_local_endpoints() {
+    require_kernel!();
+    let mut t = Topology::new(1);
+    t.serve_tcp(0, 8080);
+    let mut svc = Svc::cluster_ip(
+        "lb-local",
+        &["10.96.0.21"],
+        vec![Port::tcp("http", 80, 8080).node_port(30085)],
+    );
+    svc.kind = "LoadBalancer";
+    svc.external_traffic_local = true;
+    svc.health_check_node_port = Some(32085);
+    // Its only endpoint is on another node: load balancers must skip this node.
+    t.write_one(
+        &svc,
+        &[Slice::of(
+            &svc,
+            false,
+            vec![Ep::ready(&pod_ip(0), OTHER_NODE)],
+        )],
+    );
+    t.start_daemon(&[]);
+    let answer = wait_health_check(&t, 32085, "503", 0);
+    assert!(answer.contains("\"name\": \"lb-local\""), "{answer}");
+    assert!(answer.contains("\"namespace\": \"default\""), "{answer}");
+
+    // The endpoint is now on this node: the check passes.
+    t.write_one(
+        &svc,
+        &[Slice::of(
+            &svc,
+            false,
+            vec![Ep::ready(&pod_ip(0), NODE_NAME)],
+        )],
+    );
+    wait_health_check(&t, 32085, "200", 1);
+
+    // Not ready any more: failing again.
+    t.write_one(
+        &svc,
+        &[Slice::of(
+            &svc,
+            false,
+            vec![Ep::ready(&pod_ip(0), NODE_NAME).not_ready()],
+        )],
+    );
+    wait_health_check(&t, 32085, "503", 0);
+
+    // eTP=Cluster: no health check; the port closes.
+    svc.external_traffic_local = false;
+    t.write_one(
+        &svc,
+        &[Slice::of(
+            &svc,
+            false,
+            vec![Ep::ready(&pod_ip(0), NODE_NAME)],
+        )],
+    );
+    let deadline = std::time::Instant::now() + CONVERGE;
+    while !health_check(&t, 32085).is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "health check port still open with eTP=Cluster"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+}
+
 #[test]
 fn internal_traffic_policy_local_uses_only_local_endpoints() {
     require_kernel!();

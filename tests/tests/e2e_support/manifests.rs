@@ -71,6 +71,8 @@ pub struct Svc {
     pub external_ips: Vec<String>,
     pub lb_ips: Vec<String>,
     pub lb_source_ranges: Vec<String>,
+    /// `spec.healthCheckNodePort` (LoadBalancer Services with `externalTrafficPolicy: Local`).
+    pub health_check_node_port: Option<u16>,
 }
 
 impl Svc {
@@ -87,6 +89,7 @@ impl Svc {
             external_ips: Vec::new(),
             lb_ips: Vec::new(),
             lb_source_ranges: Vec::new(),
+            health_check_node_port: None,
         }
     }
 
@@ -137,6 +140,9 @@ impl Svc {
                 "Cluster"
             };
             let _ = writeln!(y, "  externalTrafficPolicy: {etp}");
+        }
+        if let Some(port) = self.health_check_node_port {
+            let _ = writeln!(y, "  healthCheckNodePort: {port}");
         }
         let itp = if self.internal_traffic_local {
             "Local"

@@ -1,0 +1,190 @@
+//! Health checks of `externalTrafficPolicy: Local` Services.
+//!
+//! A load balancer in front of such a Service probes `spec.healthCheckNodePort` on every node
+//! and sends traffic only to nodes that answer 200, that is nodes with at least one ready
+//! endpoint of the Service. This module decides which health checks a node serves and what
+//! each one reports; serving them (HTTP) is the embedder's job.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use crate::model::{NodeContext, ServiceName, TrafficPolicy};
+use crate::state::ClusterState;
+
+/// The health check of one Service on this node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HealthCheck {
+    /// `spec.healthCheckNodePort`.
+    pub node_port: u16,
+    /// Ready endpoints of the Service on this node (distinct addresses over all its slices).
+    pub local_endpoints: usize,
+}
+
+impl HealthCheck {
+    /// Whether the check passes (the node has a local endpoint to send traffic to).
+    pub fn passes(&self) -> bool {
+        self.local_endpoints > 0
+    }
+}
+
+/// The health checks this node serves: one per Service with `externalTrafficPolicy: Local` and
+/// a health-check node port, with its count of ready endpoints on `node` (as kube-proxy
+/// counts them: ready, on this node; terminating endpoints do not count).
+pub fn health_checks(
+    state: &ClusterState,
+    node: &NodeContext,
+) -> BTreeMap<ServiceName, HealthCheck> {
+    state
+        .services()
+        .filter(|service| service.external_traffic_policy == TrafficPolicy::Local)
+        .filter_map(|service| {
+            let node_port = service.health_check_node_port?;
+            let local: BTreeSet<IpAddr> = state
+                .slices_of(&service.name)
+                .flat_map(|slice| slice.endpoints.iter())
+                .filter(|endpoint| endpoint.ready && endpoint.is_local(&node.name))
+                .map(|endpoint| endpoint.address)
+                .collect();
+            Some((
+                service.name.clone(),
+                HealthCheck {
+                    node_port,
+                    local_endpoints: local.len(),
+                },
+            ))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::desired::Protocol;
+    use crate::model::{Endpoint, EndpointPort, EndpointSlice, Service, ServicePortSpec, SliceKey};
+    use crate::state::Change;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().expect("test address")
+    }
+
+    fn lb_service(name: &str, policy: TrafficPolicy, hc_port: Option<u16>) -> Service {
+        let mut service = Service::new(
+            ServiceName::new("default", name),
+            vec![ip("10.96.0.10")],
+            vec![ServicePortSpec {
+                name: String::new(),
+                port: 80,
+                protocol: Protocol::Tcp,
+                node_port: Some(30080),
+            }],
+        );
+        service.external_traffic_policy = policy;
+        service.health_check_node_port = hc_port;
+        service
+    }
+
+    fn endpoint(addr: &str, node: &str, ready: bool) -> Endpoint {
+        let mut endpoint = Endpoint::ready(ip(addr));
+        endpoint.node_name = Some(Arc::from(node));
+        endpoint.ready = ready;
+        endpoint
+    }
+
+    fn slice(service: &str, slice: &str, endpoints: Vec<Endpoint>) -> EndpointSlice {
+        EndpointSlice {
+            key: SliceKey::new("default", slice),
+            service: ServiceName::new("default", service),
+            ports: vec![EndpointPort {
+                name: String::new(),
+                port: 8080,
+                protocol: Protocol::Tcp,
+            }],
+            endpoints,
+            warnings: Vec::new(),
+        }
+    }
+
+    fn node() -> NodeContext {
+        NodeContext::new("node-a", vec![ip("192.168.0.1")], vec![ip("192.168.0.1")])
+    }
+
+    #[test]
+    fn only_local_policy_services_with_a_port_get_a_check() {
+        let mut state = ClusterState::new();
+        state.apply(Change::UpsertService(lb_service(
+            "local",
+            TrafficPolicy::Local,
+            Some(32000),
+        )));
+        state.apply(Change::UpsertService(lb_service(
+            "cluster",
+            TrafficPolicy::Cluster,
+            Some(32001),
+        )));
+        state.apply(Change::UpsertService(lb_service(
+            "no-port",
+            TrafficPolicy::Local,
+            None,
+        )));
+        let checks = health_checks(&state, &node());
+        assert_eq!(
+            checks.keys().cloned().collect::<Vec<_>>(),
+            vec![ServiceName::new("default", "local")]
+        );
+        assert_eq!(
+            checks[&ServiceName::new("default", "local")].node_port,
+            32000
+        );
+    }
+
+    #[test]
+    fn counts_ready_endpoints_on_this_node_once_each() {
+        let mut state = ClusterState::new();
+        state.apply(Change::UpsertService(lb_service(
+            "web",
+            TrafficPolicy::Local,
+            Some(32000),
+        )));
+        state.apply(Change::UpsertSlice(slice(
+            "web",
+            "web-1",
+            vec![
+                endpoint("10.244.0.2", "node-a", true),
+                endpoint("10.244.0.3", "node-a", false),
+                endpoint("10.244.1.2", "node-b", true),
+            ],
+        )));
+        // The same endpoint listed in a second slice counts once.
+        state.apply(Change::UpsertSlice(slice(
+            "web",
+            "web-2",
+            vec![
+                endpoint("10.244.0.2", "node-a", true),
+                endpoint("10.244.0.4", "node-a", true),
+            ],
+        )));
+        let check = health_checks(&state, &node())[&ServiceName::new("default", "web")];
+        assert_eq!(check.local_endpoints, 2);
+        assert!(check.passes());
+    }
+
+    #[test]
+    fn no_local_endpoint_fails_the_check() {
+        let mut state = ClusterState::new();
+        state.apply(Change::UpsertService(lb_service(
+            "web",
+            TrafficPolicy::Local,
+            Some(32000),
+        )));
+        state.apply(Change::UpsertSlice(slice(
+            "web",
+            "web-1",
+            vec![endpoint("10.244.1.2", "node-b", true)],
+        )));
+        let check = health_checks(&state, &node())[&ServiceName::new("default", "web")];
+        assert_eq!(check.local_endpoints, 0);
+        assert!(!check.passes());
+    }
+}
