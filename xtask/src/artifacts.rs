@@ -152,9 +152,17 @@ pub fn build_proxier(workspace: &Workspace, profile: Profile) -> Result<Executab
         .context("cargo build -p proxier-bin produced no ipvs-proxier executable")
 }
 
-/// The programs in `tests/src/bin/` (benchmarks and helpers).
+/// The programs in `tests/src/bin/` (benchmarks and helpers) and `examples/src/bin/` (the
+/// example programs, which VM tests run: they land next to `ipvs-proxier`, on the guest's PATH).
 pub fn build_test_programs(workspace: &Workspace, profile: Profile) -> Result<Vec<Executable>> {
-    let mut args = vec!["build", "-p", "ipvs-proxier-tests", "--bins"];
+    let mut args = vec![
+        "build",
+        "-p",
+        "ipvs-proxier-tests",
+        "-p",
+        "ipvs-proxier-examples",
+        "--bins",
+    ];
     args.extend(profile.flag());
     cargo_executables(workspace, &args)
 }
