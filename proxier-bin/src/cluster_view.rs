@@ -2,7 +2,7 @@
 //! types). It only mirrors [`SourceEvent`]s; it decides nothing. Used by the dry run and for
 //! counting pending changes.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, Service};
@@ -13,8 +13,10 @@ use crate::source::{ClusterSnapshot, ObjectKey, SourceEvent};
 /// What kind of object an event touched.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Touched {
-    /// A full snapshot replaced everything.
+    /// The source's first snapshot filled the view.
     Everything,
+    /// A later snapshot changed nothing.
+    Nothing,
     /// A Service.
     Service,
     /// An EndpointSlice.
@@ -38,6 +40,25 @@ pub struct ViewCounts {
     pub node_known: bool,
 }
 
+/// Keys of the objects that changed since the consumer last took them
+/// ([`ClusterView::take_changes`]): what an incremental sync has to look at.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ViewChanges {
+    /// Services added, changed or deleted.
+    pub services: BTreeSet<ObjectKey>,
+    /// EndpointSlices added, changed or deleted.
+    pub endpoint_slices: BTreeSet<ObjectKey>,
+    /// Whether the Node object changed (or appeared, or went away).
+    pub node: bool,
+}
+
+impl ViewChanges {
+    /// Whether nothing changed.
+    pub fn is_empty(&self) -> bool {
+        self.services.is_empty() && self.endpoint_slices.is_empty() && !self.node
+    }
+}
+
 /// The current objects.
 #[derive(Debug, Clone, Default)]
 pub struct ClusterView {
@@ -47,10 +68,34 @@ pub struct ClusterView {
     pub endpoint_slices: BTreeMap<ObjectKey, Arc<EndpointSlice>>,
     /// This node.
     pub node: Option<Arc<Node>>,
+    /// Whether a snapshot filled the view.
+    filled: bool,
+    /// What changed since [`ClusterView::take_changes`] was last called.
+    changes: ViewChanges,
+}
+
+/// Keys whose object differs between `old` and `new` (added, removed or changed).
+fn changed_keys<T: PartialEq>(
+    old: &BTreeMap<ObjectKey, Arc<T>>,
+    new: &BTreeMap<ObjectKey, Arc<T>>,
+) -> BTreeSet<ObjectKey> {
+    let same = |a: &Arc<T>, b: &Arc<T>| Arc::ptr_eq(a, b) || **a == **b;
+    let mut out: BTreeSet<ObjectKey> = old
+        .iter()
+        .filter(|(key, a)| !new.get(*key).is_some_and(|b| same(a, b)))
+        .map(|(key, _)| key.clone())
+        .collect();
+    out.extend(
+        new.iter()
+            .filter(|(key, _)| !old.contains_key(*key))
+            .map(|(key, _)| key.clone()),
+    );
+    out
 }
 
 impl ClusterView {
-    /// Applies one event; returns what it touched.
+    /// Applies one event; returns what it touched. The source's first snapshot touches
+    /// `Everything`; a later one (a file re-read, a relist) touches only what differs.
     pub fn apply(&mut self, event: &SourceEvent) -> Touched {
         match event {
             SourceEvent::Snapshot(ClusterSnapshot {
@@ -58,34 +103,65 @@ impl ClusterView {
                 endpoint_slices,
                 node,
             }) => {
+                let services_changed = changed_keys(&self.services, services);
+                let slices_changed = changed_keys(&self.endpoint_slices, endpoint_slices);
+                let node_changed = self.node != *node;
+                let first = !self.filled;
+                let touched = if first {
+                    Touched::Everything
+                } else if node_changed {
+                    Touched::Node
+                } else if !services_changed.is_empty() {
+                    Touched::Service
+                } else if !slices_changed.is_empty() {
+                    Touched::EndpointSlice
+                } else {
+                    Touched::Nothing
+                };
+                self.changes.services.extend(services_changed);
+                self.changes.endpoint_slices.extend(slices_changed);
+                self.changes.node |= node_changed || first;
                 self.services = services.clone();
                 self.endpoint_slices = endpoint_slices.clone();
                 self.node = node.clone();
-                Touched::Everything
+                self.filled = true;
+                touched
             }
             SourceEvent::ServiceUpsert(s) => {
-                self.services
-                    .insert(ObjectKey::of(&s.metadata), Arc::clone(s));
+                let key = ObjectKey::of(&s.metadata);
+                self.changes.services.insert(key.clone());
+                self.services.insert(key, Arc::clone(s));
                 Touched::Service
             }
             SourceEvent::ServiceDelete(s) => {
-                self.services.remove(&ObjectKey::of(&s.metadata));
+                let key = ObjectKey::of(&s.metadata);
+                self.services.remove(&key);
+                self.changes.services.insert(key);
                 Touched::Service
             }
             SourceEvent::SliceUpsert(s) => {
-                self.endpoint_slices
-                    .insert(ObjectKey::of(&s.metadata), Arc::clone(s));
+                let key = ObjectKey::of(&s.metadata);
+                self.changes.endpoint_slices.insert(key.clone());
+                self.endpoint_slices.insert(key, Arc::clone(s));
                 Touched::EndpointSlice
             }
             SourceEvent::SliceDelete(s) => {
-                self.endpoint_slices.remove(&ObjectKey::of(&s.metadata));
+                let key = ObjectKey::of(&s.metadata);
+                self.endpoint_slices.remove(&key);
+                self.changes.endpoint_slices.insert(key);
                 Touched::EndpointSlice
             }
             SourceEvent::NodeUpdate(n) => {
                 self.node = n.clone();
+                self.changes.node = true;
                 Touched::Node
             }
         }
+    }
+
+    /// Returns and forgets the keys changed since the last call.
+    pub fn take_changes(&mut self) -> ViewChanges {
+        std::mem::take(&mut self.changes)
     }
 
     /// Counts of what the view holds.

@@ -139,7 +139,10 @@ async fn pump_events(
                 view_synced.send_replace(true);
                 runner.request_full();
             }
-            Touched::Node => runner.request_full(),
+            // The data plane replans everything when the node's facts changed; the kernel
+            // side stays incremental.
+            Touched::Node => runner.request_sync(),
+            Touched::Nothing => {}
         }
     }
 }

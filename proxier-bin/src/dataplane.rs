@@ -2,9 +2,10 @@
 //! backend (ipvs-netlink) and the rtnetlink address backend (the dummy link), the nftables
 //! table, the sysctls set at start, and UDP conntrack cleanup when endpoints go away.
 //!
-//! Every sync plans the whole cluster (pure, in memory) and hands the reconciler only the
-//! Service ports whose plan changed since the last sync (incremental), or everything with a
-//! fresh read of the kernel (full). `--cleanup` lives here too.
+//! Every sync converts and replans only the objects that changed since the last one
+//! ([`TrackedState`]) and hands the reconciler only the Service ports whose plan changed
+//! (incremental), or everything with a fresh read of the kernel (full). `--cleanup` lives
+//! here too.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
@@ -15,24 +16,24 @@ use futures::TryStreamExt;
 use proxier_core::backend::address::KernelAddressBackend;
 use proxier_core::backend::ipvs::KernelIpvsBackend;
 use proxier_core::backend::{AddressBackend, BackendError, IpvsBackend, IpvsOp, OpKind};
-use proxier_core::conntrack::{ConntrackBackend, FlowFilter, KernelConntrack, stale_udp_flows};
-use proxier_core::model::{Config, ServiceName};
+use proxier_core::conntrack::{ConntrackBackend, FlowFilter, KernelConntrack};
+use proxier_core::model::ServiceName;
 use proxier_core::netfilter::{Netfilter, NftBackend, RenderOptions};
 use proxier_core::reconciler::OpCounts;
 use proxier_core::sysctl::{ProcSysctl, SysctlOptions, ensure_sysctls};
-use proxier_core::{
-    Desired, HealthCheck, Reconciler, ReconcilerConfig, ServicePortName, SyncReport,
-};
+use proxier_core::{HealthCheck, Reconciler, ReconcilerConfig, SyncReport};
 
 use crate::cluster_view::ClusterView;
-use crate::dry_run::{cluster_state, node_context, plan_size};
+use crate::dry_run::plan_size;
 use crate::health::ServiceHealthServers;
 use crate::metrics::{
-    OpResult, record_netlink_operations, set_data_plane_size, set_full_resync_drift_repaired,
+    DataPlaneSize, OpResult, record_netlink_operations, set_data_plane_size,
+    set_full_resync_drift_repaired,
 };
 use crate::runner::{RunnerHandle, SyncError, SyncKind, SyncTarget};
 use crate::settings::Settings;
 use crate::source::ObjectKey;
+use crate::tracked_state::TrackedState;
 
 /// Why the data plane could not be opened, synced or cleaned up.
 #[derive(Debug, thiserror::Error)]
@@ -117,22 +118,6 @@ fn op_label(kind: OpKind) -> &'static str {
     }
 }
 
-/// Service ports whose plan differs between `old` and `new` (added, removed or changed).
-pub fn changed_ports(old: &Desired, new: &Desired) -> BTreeSet<ServicePortName> {
-    let mut out = BTreeSet::new();
-    for (name, plan) in &new.services {
-        if old.services.get(name) != Some(plan) {
-            out.insert(name.clone());
-        }
-    }
-    for name in old.services.keys() {
-        if !new.services.contains_key(name) {
-            out.insert(name.clone());
-        }
-    }
-    out
-}
-
 /// Sets the sysctls IPVS mode needs; each failure is logged (by proxier-core) and the
 /// daemon goes on.
 pub fn apply_sysctls(strict_arp: bool) {
@@ -174,12 +159,12 @@ async fn set_ipvs_timeouts(ipvs: &KernelIpvsBackend, settings: &Settings) {
 /// The kernel data plane.
 pub struct DataPlane {
     view: Arc<Mutex<ClusterView>>,
-    config: Config,
-    hostname: String,
     reconciler: Reconciler<KernelIpvsBackend, KernelAddressBackend>,
     netfilter: Netfilter<NftBackend>,
-    /// The plan of the last sync (`None` before the first).
-    last_plan: Option<Desired>,
+    /// Cluster state and plan, updated from the view's changes on every sync.
+    tracked: TrackedState,
+    /// Whether a sync has run (the first one is always full).
+    synced_once: bool,
     /// Op counters already exported to the metrics.
     exported_ops: BTreeMap<OpKind, OpCounts>,
     /// Asks the runner for a sync when drains or retries are due.
@@ -219,11 +204,10 @@ impl DataPlane {
         let netfilter = Netfilter::new(NftBackend::default(), RenderOptions::default())?;
         Ok(DataPlane {
             view,
-            config,
-            hostname: settings.hostname.clone(),
             reconciler: Reconciler::new(ipvs, addresses, reconciler_config),
             netfilter,
-            last_plan: None,
+            tracked: TrackedState::new(&settings.hostname, config),
+            synced_once: false,
             exported_ops: BTreeMap::new(),
             wake: None,
             wake_task: None,
@@ -286,24 +270,30 @@ impl DataPlane {
     /// Per-service failures do not stop the others: they are logged, counted and returned
     /// as [`DataPlaneError::PartialFailure`] after everything else was applied.
     pub async fn sync(&mut self, kind: SyncKind) -> Result<SyncOutcome, DataPlaneError> {
-        let (state, node) = {
-            let view = self
+        let update = {
+            let mut view = self
                 .view
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            (cluster_state(&view), node_context(&view, &self.hostname))
+            let changes = view.take_changes();
+            self.tracked.update(&view, &changes)
         };
-        let desired = proxier_core::plan(&state, &node, &self.config);
-        let netfilter_plan = proxier_core::netfilter::plan(&state, &node, &self.config);
-        let health_checks = proxier_core::health_checks(&state, &node);
+        let desired = self.tracked.desired();
+        let Some(node) = self.tracked.node() else {
+            return Ok(SyncOutcome::default());
+        };
+        let netfilter_plan =
+            proxier_core::netfilter::plan(self.tracked.state(), node, self.tracked.config());
+        let health_checks = proxier_core::health_checks(self.tracked.state(), node);
 
-        let mut report = match (kind, &self.last_plan) {
-            (SyncKind::Incremental, Some(old)) => {
-                let dirty = changed_ports(old, &desired);
-                let mut report = if dirty.is_empty() {
+        let mut report = match kind {
+            SyncKind::Incremental if self.synced_once => {
+                let mut report = if update.changed.is_empty() {
                     SyncReport::default()
                 } else {
-                    self.reconciler.sync_services(&desired, &dirty).await?
+                    self.reconciler
+                        .sync_services(desired, &update.changed)
+                        .await?
                 };
                 // Draining real servers are checked on every incremental sync (the wake-up
                 // below makes one happen while any drain); retries when their backoff is over.
@@ -313,13 +303,13 @@ impl DataPlane {
                         .next_deadline()
                         .is_some_and(|at| at <= tokio::time::Instant::now());
                 if due {
-                    merge(&mut report, self.reconciler.tick(&desired).await?);
+                    merge(&mut report, self.reconciler.tick(desired).await?);
                 }
                 report
             }
             _ => {
                 self.netfilter.invalidate();
-                self.reconciler.full_sync(&desired).await?
+                self.reconciler.full_sync(desired).await?
             }
         };
         for (service, error) in &report.errors {
@@ -330,7 +320,8 @@ impl DataPlane {
                 None => tracing::error!(%error, "cleanup of unplanned kernel objects failed"),
             }
         }
-        self.export_metrics(&desired, &report);
+        let size = plan_size(desired);
+        self.export_metrics(size, &report);
 
         let netfilter_result = self.netfilter.sync(&netfilter_plan).await;
         let netfilter_replaced = match &netfilter_result {
@@ -341,13 +332,11 @@ impl DataPlane {
             }
         };
 
-        // Stale UDP flows: only against a plan this process applied (a restart does not
-        // flush the flows of services that were already programmed).
-        let conntrack_deleted = match &self.last_plan {
-            Some(old) => clear_stale_udp_flows(stale_udp_flows(old, &desired)).await,
-            None => 0,
-        };
-        self.last_plan = Some(desired);
+        // Stale UDP flows: only against plans this process made (a restart does not flush
+        // the flows of services that were already programmed).
+        let conntrack_deleted =
+            clear_stale_udp_flows(update.stale_udp_flows(self.tracked.desired())).await;
+        self.synced_once = true;
         self.schedule_wake();
         self.sync_health_checks(&health_checks).await;
         netfilter_result?;
@@ -368,7 +357,7 @@ impl DataPlane {
         Ok(outcome)
     }
 
-    fn export_metrics(&mut self, desired: &Desired, report: &SyncReport) {
+    fn export_metrics(&mut self, mut size: DataPlaneSize, report: &SyncReport) {
         let stats = self.reconciler.stats();
         for (kind, counts) in &stats.ops {
             let before = self.exported_ops.get(kind).copied().unwrap_or_default();
@@ -383,7 +372,6 @@ impl DataPlane {
             }
         }
         self.exported_ops = stats.ops.clone();
-        let mut size = plan_size(desired);
         size.draining = stats.drain_queue_len;
         set_data_plane_size(size);
         if let Some(drift) = report.drift {
@@ -547,39 +535,3 @@ async fn delete_link(name: &str) -> Result<bool, String> {
 
 /// ENODEV: the kernel's answer when a link name is unknown.
 const ENODEV: i32 = 19;
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::source::SourceEvent;
-    use crate::source::manifests::parse_manifests;
-
-    fn example_plan() -> Desired {
-        let text = include_str!("../../examples/cluster.yaml");
-        let snapshot =
-            crate::source::file::snapshot_from_manifests(parse_manifests(text), "node-a");
-        let mut view = ClusterView::default();
-        view.apply(&SourceEvent::Snapshot(snapshot));
-        let state = cluster_state(&view);
-        let node = node_context(&view, "node-a");
-        proxier_core::plan(&state, &node, &Config::default())
-    }
-
-    #[test]
-    fn changed_ports_finds_added_removed_and_changed_ports_only() {
-        let old = example_plan();
-        assert!(changed_ports(&old, &old).is_empty());
-        let mut new = old.clone();
-        let mut names = old.services.keys().cloned();
-        let removed = names.next().expect("a port");
-        let changed = names.next().expect("another port");
-        new.services.remove(&removed);
-        let plan = new.services.get_mut(&changed).expect("planned");
-        let (_, vs) = plan.virtual_servers.iter_mut().next().expect("a VS");
-        vs.real_servers.clear();
-        let dirty = changed_ports(&old, &new);
-        assert_eq!(dirty, BTreeSet::from([removed.clone(), changed.clone()]));
-        // Added is the mirror image of removed.
-        assert_eq!(changed_ports(&new, &old), dirty);
-    }
-}

@@ -16,3 +16,4 @@ pub mod metrics;
 pub mod runner;
 pub mod settings;
 pub mod source;
+pub mod tracked_state;
