@@ -27,8 +27,8 @@ use crate::cluster_view::ClusterView;
 use crate::dry_run::plan_size;
 use crate::health::ServiceHealthServers;
 use crate::metrics::{
-    DataPlaneSize, OpResult, record_netlink_operations, set_data_plane_size,
-    set_full_resync_drift_repaired,
+    DataPlaneSize, OpResult, TrafficPolicy, record_netlink_operations, record_network_programming,
+    set_data_plane_size, set_full_resync_drift_repaired, set_no_local_endpoints,
 };
 use crate::runner::{RunnerHandle, SyncError, SyncKind, SyncTarget};
 use crate::settings::Settings;
@@ -285,6 +285,9 @@ impl DataPlane {
         let netfilter_plan =
             proxier_core::netfilter::plan(self.tracked.state(), node, self.tracked.config());
         let health_checks = proxier_core::health_checks(self.tracked.state(), node);
+        let no_local = proxier_core::services_without_local_endpoints(self.tracked.state(), node);
+        set_no_local_endpoints(TrafficPolicy::Internal, no_local.internal);
+        set_no_local_endpoints(TrafficPolicy::External, no_local.external);
 
         let mut report = match kind {
             SyncKind::Incremental if self.synced_once => {
@@ -338,6 +341,13 @@ impl DataPlane {
             clear_stale_udp_flows(update.stale_udp_flows(self.tracked.desired())).await;
         self.synced_once = true;
         self.schedule_wake();
+        // From the change in the cluster to rules programmed, as kube-proxy measures it.
+        let programmed = std::time::SystemTime::now();
+        for at in &update.trigger_times {
+            if let Ok(latency) = programmed.duration_since(*at) {
+                record_network_programming(latency);
+            }
+        }
         self.sync_health_checks(&health_checks).await;
         netfilter_result?;
         let outcome = SyncOutcome {

@@ -4,6 +4,9 @@
 //! addresses or labels) replans every Service port.
 
 use std::collections::BTreeMap;
+use std::time::SystemTime;
+
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 use proxier_core::conntrack::{FlowFilter, stale_udp_flows_of_port};
 use proxier_core::model::{Config, NodeContext, ServiceName, SliceKey};
@@ -23,6 +26,10 @@ pub struct PlanUpdate {
     pub before: BTreeMap<ServicePortName, Option<ServicePortPlan>>,
     /// Whether every port was replanned (first update, or the node's facts changed).
     pub replanned_all: bool,
+    /// When the changes of the EndpointSlices in this update were triggered (their
+    /// `endpoints.kubernetes.io/last-change-trigger-time`), for the network programming
+    /// latency; only changes made after this process started.
+    pub trigger_times: Vec<SystemTime>,
 }
 
 impl PlanUpdate {
@@ -37,9 +44,27 @@ impl PlanUpdate {
     }
 }
 
+/// Annotation the EndpointSlice controller sets to the time of the change (a Pod or Service
+/// update) that the slice reflects.
+pub const LAST_CHANGE_TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-trigger-time";
+
+/// The trigger time of a slice, when it carries a valid one.
+pub fn trigger_time(slice: &EndpointSlice) -> Option<SystemTime> {
+    let text = slice
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(LAST_CHANGE_TRIGGER_TIME)?;
+    let at: jiff::Timestamp = text.parse().ok()?;
+    Some(SystemTime::from(at))
+}
+
 /// The cluster state, the node's facts and the plan, as of the last update.
 #[derive(Debug)]
 pub struct TrackedState {
+    /// Trigger times before this are from before the process started (kube-proxy ignores
+    /// them too: they would measure the downtime, not the programming).
+    started: SystemTime,
     hostname: String,
     config: Config,
     state: ClusterState,
@@ -51,6 +76,7 @@ impl TrackedState {
     /// Empty state for the node called `hostname`, planned with `config`.
     pub fn new(hostname: &str, config: Config) -> TrackedState {
         TrackedState {
+            started: SystemTime::now(),
             hostname: hostname.to_owned(),
             config,
             state: ClusterState::new(),
@@ -84,6 +110,13 @@ impl TrackedState {
     /// version stays in effect: bad input never removes what is programmed.
     pub fn update(&mut self, view: &ClusterView, changes: &ViewChanges) -> PlanUpdate {
         let mut dirty = DirtyPorts::new();
+        let trigger_times: Vec<SystemTime> = changes
+            .endpoint_slices
+            .iter()
+            .filter_map(|key| view.endpoint_slices.get(key))
+            .filter_map(|slice| trigger_time(slice))
+            .filter(|at| *at >= self.started)
+            .collect();
         for key in &changes.services {
             let change = match view.services.get(key) {
                 Some(service) => match proxier_core::k8s::service_change(service) {
@@ -117,13 +150,18 @@ impl TrackedState {
         if self.node.as_ref() != Some(&node) {
             // Every plan may depend on the node's addresses and labels.
             self.node = Some(node);
-            return self.replan_all();
+            let mut update = self.replan_all();
+            update.trigger_times = trigger_times;
+            return update;
         }
         let Some(node) = &self.node else {
             return PlanUpdate::default();
         };
         let planner = Planner::new(node, &self.config);
-        let mut update = PlanUpdate::default();
+        let mut update = PlanUpdate {
+            trigger_times,
+            ..PlanUpdate::default()
+        };
         for (name, plan) in planner.plan_ports(&self.state, &dirty) {
             let old = match plan {
                 Some(plan) => self.desired.services.insert(name.clone(), plan),
@@ -303,6 +341,54 @@ mod tests {
 
         // The original snapshot again (a relist, a file re-read): back to the first plan.
         step(&mut view, &mut tracked, SourceEvent::Snapshot(snapshot));
+    }
+
+    #[test]
+    fn trigger_times_of_changed_slices_after_start_are_reported() {
+        let snapshot = example();
+        let mut view = ClusterView::default();
+        let mut tracked = TrackedState::new(NODE, Config::default());
+        step(
+            &mut view,
+            &mut tracked,
+            SourceEvent::Snapshot(snapshot.clone()),
+        );
+        let at = |text: &str| {
+            let mut slice = slice_of(&snapshot, "frontend");
+            slice
+                .metadata
+                .annotations
+                .get_or_insert_with(Default::default)
+                .insert(LAST_CHANGE_TRIGGER_TIME.into(), text.into());
+            slice
+        };
+        // Before the process started: not measured.
+        let update = step(
+            &mut view,
+            &mut tracked,
+            SourceEvent::SliceUpsert(Arc::new(at("2020-01-01T00:00:00Z"))),
+        );
+        assert!(update.trigger_times.is_empty());
+        // Now (second precision, as the controller writes it): measured.
+        let later = SystemTime::now() + std::time::Duration::from_secs(2);
+        let text = jiff::Timestamp::try_from(later)
+            .expect("a valid time")
+            .strftime("%Y-%m-%dT%H:%M:%SZ")
+            .to_string();
+        let mut slice = at(&text);
+        slice.endpoints.as_mut().expect("endpoints").remove(0);
+        let update = step(
+            &mut view,
+            &mut tracked,
+            SourceEvent::SliceUpsert(Arc::new(slice)),
+        );
+        assert_eq!(update.trigger_times.len(), 1);
+        let measured = update.trigger_times[0];
+        assert!(
+            measured <= later
+                && later.duration_since(measured).expect("after")
+                    < std::time::Duration::from_secs(1)
+        );
     }
 
     #[test]

@@ -56,6 +56,45 @@ pub fn health_checks(
         .collect()
 }
 
+/// Counts of Services whose Local traffic policy leaves this node with nothing to send to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct NoLocalEndpoints {
+    /// `internalTrafficPolicy: Local` Services with ready endpoints, none on this node.
+    pub internal: usize,
+    /// `externalTrafficPolicy: Local` Services with ready endpoints, none on this node.
+    pub external: usize,
+}
+
+/// Services with a Local traffic policy whose ready endpoints are all on other nodes: their
+/// traffic of that kind is dropped on this node (kube-proxy's
+/// `sync_proxy_rules_no_local_endpoints_total`).
+pub fn services_without_local_endpoints(
+    state: &ClusterState,
+    node: &NodeContext,
+) -> NoLocalEndpoints {
+    let mut out = NoLocalEndpoints::default();
+    for service in state.services() {
+        let internal = service.internal_traffic_policy == TrafficPolicy::Local;
+        let external = service.external_traffic_policy == TrafficPolicy::Local;
+        if !internal && !external {
+            continue;
+        }
+        let ready = || {
+            state
+                .slices_of(&service.name)
+                .flat_map(|slice| slice.endpoints.iter())
+                .filter(|endpoint| endpoint.ready)
+        };
+        let has_ready = ready().next().is_some();
+        let has_local = ready().any(|endpoint| endpoint.is_local(&node.name));
+        if has_ready && !has_local {
+            out.internal += usize::from(internal);
+            out.external += usize::from(external);
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
@@ -168,6 +207,56 @@ mod tests {
         let check = health_checks(&state, &node())[&ServiceName::new("default", "web")];
         assert_eq!(check.local_endpoints, 2);
         assert!(check.passes());
+    }
+
+    #[test]
+    fn services_whose_ready_endpoints_are_all_remote_are_counted_per_policy() {
+        let mut state = ClusterState::new();
+        let mut internal = lb_service("internal", TrafficPolicy::Cluster, None);
+        internal.internal_traffic_policy = TrafficPolicy::Local;
+        state.apply(Change::UpsertService(internal));
+        state.apply(Change::UpsertService(lb_service(
+            "external",
+            TrafficPolicy::Local,
+            None,
+        )));
+        state.apply(Change::UpsertService(lb_service(
+            "served",
+            TrafficPolicy::Local,
+            None,
+        )));
+        state.apply(Change::UpsertService(lb_service(
+            "empty",
+            TrafficPolicy::Local,
+            None,
+        )));
+        state.apply(Change::UpsertService(lb_service(
+            "cluster",
+            TrafficPolicy::Cluster,
+            None,
+        )));
+        for name in ["internal", "external", "cluster"] {
+            state.apply(Change::UpsertSlice(slice(
+                name,
+                &format!("{name}-1"),
+                vec![
+                    endpoint("10.244.1.2", "node-b", true),
+                    endpoint("10.244.0.9", "node-a", false),
+                ],
+            )));
+        }
+        state.apply(Change::UpsertSlice(slice(
+            "served",
+            "served-1",
+            vec![endpoint("10.244.0.2", "node-a", true)],
+        )));
+        assert_eq!(
+            services_without_local_endpoints(&state, &node()),
+            NoLocalEndpoints {
+                internal: 1,
+                external: 1
+            }
+        );
     }
 
     #[test]

@@ -80,7 +80,9 @@ pub use desired::{
     Desired, RealServer, RealServerKey, ServicePortName, ServicePortPlan, VirtualServer,
     VirtualServerKey, VirtualServerRole,
 };
-pub use health_check::{HealthCheck, health_checks};
+pub use health_check::{
+    HealthCheck, NoLocalEndpoints, health_checks, services_without_local_endpoints,
+};
 pub use planner::{Planner, plan, plan_service_port};
 pub use reconciler::{
     ReconcileError, Reconciler, ReconcilerConfig, ReconcilerStats, ServiceSyncError, SyncReport,
