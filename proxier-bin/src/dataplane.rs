@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use futures::TryStreamExt;
+use proxier_core::VirtualServerKey;
 use proxier_core::backend::address::KernelAddressBackend;
 use proxier_core::backend::ipvs::KernelIpvsBackend;
 use proxier_core::backend::{AddressBackend, BackendError, IpvsBackend, IpvsOp, OpKind};
@@ -470,6 +471,15 @@ pub async fn cleanup(settings: &Settings) -> Result<CleanupReport, DataPlaneErro
         .list_addresses()
         .await
         .map_err(|e| DataPlaneError::Cleanup(format!("listing addresses on {link}: {e}")))?;
+    // NodePorts (ours or kube-proxy's) sit on the node's own addresses, not on the link.
+    let node_addresses: BTreeSet<IpAddr> = addresses
+        .node_addresses()
+        .await
+        .map_err(|e| DataPlaneError::Cleanup(format!("listing the node's addresses: {e}")))?;
+    let owned = |key: &VirtualServerKey| {
+        bound.contains(&key.address)
+            || (node_addresses.contains(&key.address) && NODE_PORT_RANGE.contains(&key.port))
+    };
     let mut errors = Vec::new();
     let mut report = CleanupReport::default();
 
@@ -478,7 +488,7 @@ pub async fn cleanup(settings: &Settings) -> Result<CleanupReport, DataPlaneErro
             Ok(table) => {
                 let ops: Vec<IpvsOp> = table
                     .keys()
-                    .filter(|key| bound.contains(&key.address))
+                    .filter(|key| owned(key))
                     .map(|key| IpvsOp::DeleteVirtualServer(*key))
                     .collect();
                 let results = ipvs.apply(&ops).await;
@@ -514,6 +524,10 @@ pub async fn cleanup(settings: &Settings) -> Result<CleanupReport, DataPlaneErro
         Err(DataPlaneError::Cleanup(errors.join("; ")))
     }
 }
+
+/// NodePorts kube-proxy and this daemon allocate from (the API server's default
+/// `--service-node-port-range`): `--cleanup` deletes virtual servers on node addresses in it.
+const NODE_PORT_RANGE: std::ops::RangeInclusive<u16> = 30000..=32767;
 
 /// Deletes the link named `name`; `Ok(false)` when it does not exist.
 async fn delete_link(name: &str) -> Result<bool, String> {

@@ -699,6 +699,13 @@ fn cleanup_removes_virtual_servers_link_and_table() {
     node.ns.sh_ok(
         "ipvsadm -A -t 10.200.0.1:80 -s wrr && ipvsadm -a -t 10.200.0.1:80 -r 10.244.0.9:80 -m",
     );
+    // What kube-proxy's IPVS mode leaves behind for a NodePort: a virtual server on a node
+    // address in the NodePort range (removed); and one outside that range (left alone).
+    node.ns.sh_ok(
+        "ipvsadm -A -t 10.244.0.1:30080 -s rr && ipvsadm -a -t 10.244.0.1:30080 -r 10.244.0.9:80 -m \
+         && ipvsadm -A -u 10.244.0.1:31000 -s rr \
+         && ipvsadm -A -t 10.244.0.1:8443 -s rr",
+    );
 
     let started = Instant::now();
     let cleanup = format!("\"${PROXIER_BIN_ENV}\" --cleanup");
@@ -718,9 +725,10 @@ fn cleanup_removes_virtual_servers_link_and_table() {
         node.ipvs_lines(),
         lines(&[
             "-A -t 10.200.0.1:80 -s wrr",
-            "-a -t 10.200.0.1:80 -r 10.244.0.9:80 -m -w 1"
+            "-a -t 10.200.0.1:80 -r 10.244.0.9:80 -m -w 1",
+            "-A -t 10.244.0.1:8443 -s rr",
         ]),
-        "only the foreign virtual server may stay"
+        "only the foreign virtual servers may stay"
     );
     let link = node.ns.sh("ip link show kube-ipvs0");
     assert!(!link.status.success(), "kube-ipvs0 still exists");

@@ -86,6 +86,28 @@ impl KernelAddressBackend {
         }
     }
 
+    /// The node's own addresses: every address in the namespace except those on the dummy
+    /// link, loopback and link-local ones. These are where NodePorts live.
+    pub async fn node_addresses(&self) -> Result<BTreeSet<IpAddr>, BackendError> {
+        let dummy = self.link_index().await?;
+        let mut messages = self.handle.address().get().execute();
+        let mut addresses = BTreeSet::new();
+        while let Some(message) = messages.try_next().await.map_err(map_error)? {
+            if Some(message.header.index) == dummy {
+                continue;
+            }
+            for attribute in &message.attributes {
+                if let AddressAttribute::Address(address) = attribute
+                    && !is_link_local(address)
+                    && !address.is_loopback()
+                {
+                    addresses.insert(*address);
+                }
+            }
+        }
+        Ok(addresses)
+    }
+
     async fn require_index(&mut self) -> Result<u32, BackendError> {
         if let Some(index) = self.index {
             return Ok(index);
