@@ -27,10 +27,12 @@
 //!
 //! # Usage
 //! ```text
-//! cni-proxier [--node NAME] [--link NAME] [--watch] [--dry-run] FILE
+//! cni-proxier [--node NAME] [--link NAME] [--drain-timeout SECONDS] [--watch] [--dry-run] FILE
 //! ```
 //! - `--node NAME`: this node's name (default: the kernel's hostname); endpoints on it are local.
 //! - `--link NAME`: the dummy link the VIPs are bound on (default `kube-ipvs0`).
+//! - `--drain-timeout SECONDS`: how long a removed endpoint keeps its open TCP connections
+//!   (at weight 0) before it is deleted (default 15 minutes; only `--watch` waits for it).
 //! - `--watch`: keep running; re-read FILE when it changes (checked every second) and apply
 //!   only the Services that changed.
 //! - `--dry-run`: in-memory backends instead of the kernel; prints the planned table. Runs on
@@ -342,13 +344,15 @@ fn replan(desired: &mut Desired, planner: &Planner<'_>, state: &ClusterState, di
 // Command line and the sync loop.
 // ---------------------------------------------------------------------------------------------
 
-const USAGE: &str = "usage: cni-proxier [--node NAME] [--link NAME] [--watch] [--dry-run] FILE";
+const USAGE: &str = "usage: cni-proxier [--node NAME] [--link NAME] [--drain-timeout SECONDS] \
+                     [--watch] [--dry-run] FILE";
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Args {
     file: PathBuf,
     node: Option<String>,
     link: String,
+    drain_timeout: Option<Duration>,
     watch: bool,
     dry_run: bool,
 }
@@ -359,6 +363,7 @@ impl Args {
         let mut file = None;
         let mut node = None;
         let mut link = DEFAULT_DUMMY_LINK.to_owned();
+        let mut drain_timeout = None;
         let (mut watch, mut dry_run) = (false, false);
         while let Some(arg) = args.next() {
             match arg.as_str() {
@@ -366,6 +371,13 @@ impl Args {
                 "--dry-run" => dry_run = true,
                 "--node" => node = Some(args.next().context("--node needs a name")?),
                 "--link" => link = args.next().context("--link needs a name")?,
+                "--drain-timeout" => {
+                    let value = args.next().context("--drain-timeout needs seconds")?;
+                    let seconds: u64 = value
+                        .parse()
+                        .with_context(|| format!("--drain-timeout {value:?}: not seconds"))?;
+                    drain_timeout = Some(Duration::from_secs(seconds));
+                }
                 flag if flag.starts_with('-') => bail!("unknown flag {flag}\n{USAGE}"),
                 _ if file.is_some() => bail!("more than one FILE\n{USAGE}"),
                 _ => file = Some(PathBuf::from(arg)),
@@ -375,6 +387,7 @@ impl Args {
             file: file.with_context(|| format!("no FILE given\n{USAGE}"))?,
             node,
             link,
+            drain_timeout,
             watch,
             dry_run,
         })
@@ -578,7 +591,10 @@ fn start(args: &Args) -> anyhow::Result<()> {
         .build()
         .context("starting the tokio runtime")?;
     runtime.block_on(async {
-        let config = ReconcilerConfig::default();
+        let mut config = ReconcilerConfig::default();
+        if let Some(timeout) = args.drain_timeout {
+            config.drain_timeout = timeout;
+        }
         if args.dry_run {
             let reconciler = Reconciler::new(
                 MemoryIpvsBackend::new(),
@@ -915,10 +931,15 @@ mod tests {
                 file: PathBuf::from("f.json"),
                 node: Some("n1".into()),
                 link: DEFAULT_DUMMY_LINK.into(),
+                drain_timeout: None,
                 watch: false,
                 dry_run: true,
             }
         );
+        let parsed = args(&["--drain-timeout", "5", "--watch", "f"]).expect("valid");
+        assert_eq!(parsed.drain_timeout, Some(Duration::from_secs(5)));
+        assert!(parsed.watch);
+        assert!(args(&["--drain-timeout", "soon", "f"]).is_err());
         assert!(args(&[]).is_err());
         assert!(args(&["--node"]).is_err());
         assert!(args(&["--bogus", "f"]).is_err());
