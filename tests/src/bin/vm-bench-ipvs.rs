@@ -2,7 +2,7 @@
 //! `cargo xtask vm-bench ipvs --services N --dests M`.
 //!
 //! Programs N TCP services x M masquerading destinations twice, with `ipvsadm -R` and with
-//! ipvs-netlink's batch call (flushing in between), and lists the table with `ipvsadm -Sn`
+//! ipvs-netlink's batch call (each in a fresh network namespace), and lists the table with `ipvsadm -Sn`
 //! and with ipvs-netlink's parallel table dump. Both listings are checked to hold the same
 //! table. Then rewrites every rule in place both ways (`ipvsadm -R` with `-E`/`-e` lines,
 //! and update ops in one batch), which isolates the client-side cost from the kernel's cost
@@ -11,22 +11,24 @@
 use std::collections::BTreeSet;
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
 use ipvs_netlink::{Destination, IpvsHandle, Op, Scheduler, Service, ServiceKey};
+use ipvs_proxier_tests::Netns;
 
-fn sh(script: &str) -> anyhow::Result<String> {
-    let out = Command::new("bash")
-        .arg("-c")
-        .arg(script)
-        .output()
-        .with_context(|| format!("running {script}"))?;
-    if !out.status.success() {
-        bail!("{script} failed: {}", String::from_utf8_lossy(&out.stderr));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+/// Runs `command` in `ns` and returns how long it took, timed by the shell inside the
+/// namespace (`$EPOCHREALTIME` around it), so that starting `ip netns exec` and bash is not
+/// counted against ipvsadm. Its stdout goes to `/tmp/ipvs-bench.out`.
+fn timed(ns: &Netns, command: &str) -> anyhow::Result<Duration> {
+    let out = ns.sh_ok(&format!(
+        "t0=$EPOCHREALTIME; {command} > /tmp/ipvs-bench.out; t1=$EPOCHREALTIME; echo \"$t0 $t1\""
+    ));
+    let mut fields = out.split_whitespace().map(str::parse::<f64>);
+    let (Some(Ok(t0)), Some(Ok(t1))) = (fields.next(), fields.next()) else {
+        bail!("no times from {command}: {out:?}");
+    };
+    Ok(Duration::from_secs_f64((t1 - t0).max(0.0)))
 }
 
 fn vip(i: usize) -> Ipv4Addr {
@@ -40,6 +42,16 @@ fn vip(i: usize) -> Ipv4Addr {
 
 fn real_server(i: usize, j: usize) -> Ipv4Addr {
     Ipv4Addr::new(10, 200, j as u8, (i % 250 + 1) as u8)
+}
+
+/// A fresh namespace with a route to the real servers (masquerading needs one).
+fn bench_netns() -> anyhow::Result<Netns> {
+    let ns = Netns::new();
+    ns.sh_ok(
+        "ip link add bench0 type dummy && ip link set bench0 up \
+         && ip addr add 10.200.255.254/16 dev bench0",
+    );
+    Ok(ns)
 }
 
 /// `ipvsadm -Sn` lines for the table we program.
@@ -123,33 +135,22 @@ async fn main() -> anyhow::Result<()> {
     }
     ensure!(dests <= 250 && services <= 250_000, "table too large");
     println!("vm-bench-ipvs: {services} TCP services x {dests} masq destinations");
-    // Masquerading destinations need a route to the real servers.
-    sh(
-        "ip link add bench0 type dummy 2>/dev/null; ip link set bench0 up; \
-        ip addr add 10.200.255.254/16 dev bench0 2>/dev/null; ipvsadm -C",
-    )?;
-
-    let file = "/tmp/ipvs-bench.rules";
-    std::fs::write(file, restore_file(services, dests))?;
+    // Each side programs its own fresh network namespace. Not one namespace flushed in
+    // between: the kernel keeps deleted destinations in a trash list for two minutes and
+    // every new destination is first looked up there, linearly, so whoever programs right
+    // after a flush of 50,000 destinations pays a quadratic walk.
+    let theirs = bench_netns()?;
+    let ours = bench_netns()?;
     let expected = services * (dests + 1);
 
     // 1. ipvsadm -R
-    let t = Instant::now();
-    sh(&format!("ipvsadm -R < {file}"))?;
-    let ipvsadm_program = t.elapsed();
+    let file = "/tmp/ipvs-bench.rules";
+    std::fs::write(file, restore_file(services, dests))?;
+    let ipvsadm_program = timed(&theirs, &format!("ipvsadm -R < {file}"))?;
 
     // 2. ipvsadm -Sn
-    let t = Instant::now();
-    let mut child = Command::new("ipvsadm")
-        .arg("-Sn")
-        .stdout(Stdio::piped())
-        .spawn()?;
-    let mut save = String::new();
-    if let Some(mut out) = child.stdout.take() {
-        std::io::Read::read_to_string(&mut out, &mut save)?;
-    }
-    ensure!(child.wait()?.success(), "ipvsadm -Sn failed");
-    let ipvsadm_dump = t.elapsed();
+    let ipvsadm_dump = timed(&theirs, "ipvsadm -Sn")?;
+    let save = std::fs::read_to_string("/tmp/ipvs-bench.out")?;
     let ipvsadm_lines = normalise(&save);
     ensure!(
         ipvsadm_lines.len() == expected,
@@ -158,7 +159,7 @@ async fn main() -> anyhow::Result<()> {
     );
 
     // 3. our dump of the same table
-    let handle = IpvsHandle::new().await?;
+    let handle = IpvsHandle::new_in_netns(theirs.path()).await?;
     let t = Instant::now();
     let table = handle.table().await?;
     let ours_dump = t.elapsed();
@@ -182,8 +183,8 @@ async fn main() -> anyhow::Result<()> {
         ipvsadm_lines.len()
     );
 
-    // 4. flush, then our batch
-    handle.flush().await?;
+    // 4. our batch, in the other namespace
+    let handle = IpvsHandle::new_in_netns(ours.path()).await?;
     let t = Instant::now();
     let results = handle.batch(ops(services, dests)).await;
     let ours_program = t.elapsed();
@@ -191,9 +192,8 @@ async fn main() -> anyhow::Result<()> {
     if let Some(Err(e)) = results.iter().find(|r| r.is_err()) {
         bail!("{failed} batch ops failed, first: {e}");
     }
-    let after = normalise(&sh("ipvsadm -Sn")?);
     ensure!(
-        after == ipvsadm_lines,
+        normalise(&ours.sh_ok("ipvsadm -Sn")) == ipvsadm_lines,
         "batch-programmed table differs from ipvsadm -R's"
     );
 
@@ -201,9 +201,7 @@ async fn main() -> anyhow::Result<()> {
     // cost of the client side (sockets, round trips) rather than of creating objects.
     let edits = "/tmp/ipvs-bench.edits";
     std::fs::write(edits, edit_file(services, dests))?;
-    let t = Instant::now();
-    sh(&format!("ipvsadm -R < {edits}"))?;
-    let ipvsadm_update = t.elapsed();
+    let ipvsadm_update = timed(&theirs, &format!("ipvsadm -R < {edits}"))?;
     let t = Instant::now();
     let results = handle.batch(update_ops(services, dests)).await;
     let ours_update = t.elapsed();
@@ -211,7 +209,7 @@ async fn main() -> anyhow::Result<()> {
         bail!("batch updates failed: {e}");
     }
     ensure!(
-        normalise(&sh("ipvsadm -Sn")?) == ipvsadm_lines,
+        normalise(&ours.sh_ok("ipvsadm -Sn")) == ipvsadm_lines,
         "the table changed under in-place updates"
     );
 
