@@ -4,7 +4,8 @@
 //!
 //! - `--watch`: the table and the VIP on `kube-ipvs0` appear, real TCP traffic from a client
 //!   namespace reaches both pod namespaces through the VIP, then file edits are followed
-//!   incrementally (an endpoint removed, drained and deleted; a Service replaced by another).
+//!   incrementally (an endpoint removed, drained and deleted; a Service replaced by another),
+//!   drift is repaired by the periodic full resync, and a broken file changes nothing.
 //! - one-shot runs: a first run programs the kernel, an unchanged rerun writes nothing, an
 //!   edited rerun converges, and a virtual server someone else made is never touched.
 //!
@@ -427,7 +428,7 @@ fn watch_programs_the_kernel_carries_traffic_and_follows_edits() {
     let node = &pods.node;
     let both = [web(&[(POD_A, NODE), (POD_B, "node-b")])];
     node.write_input(&both);
-    let watcher = node.spawn_watch("--drain-timeout 5");
+    let watcher = node.spawn_watch("--drain-timeout 5 --resync 5");
 
     // The first (full) sync: the table and the VIP on the dummy link.
     let took = node.wait_for(Duration::from_secs(60), "table of the first sync", |n| {
@@ -500,6 +501,20 @@ fn watch_programs_the_kernel_carries_traffic_and_follows_edits() {
     note(&format!("service swap applied after {took:?}"));
     let answers = pods.answers("10.96.0.20", 81, 2);
     assert!(answers.iter().all(|a| a == "pod-b"), "{answers:?}");
+
+    // Drift: the virtual server and its VIP removed behind the watcher's back come back with
+    // the next full resync (every 5 s here).
+    node.ns
+        .sh_ok("ipvsadm -D -t 10.96.0.20:81 && ip addr del 10.96.0.20/32 dev kube-ipvs0");
+    let took = node.wait_for(Duration::from_secs(60), "drift repaired", |n| {
+        n.ipvs_lines() == expected_lines(&api) && n.vips() == expected_vips(&api)
+    });
+    note(&format!("drift repaired after {took:?}"));
+    assert!(
+        node.log_text().contains("full resync"),
+        "{}",
+        node.log_text()
+    );
 
     // A broken file is refused and the kernel keeps the last good state.
     std::fs::write(node.input(), "{ not json").unwrap();

@@ -27,7 +27,8 @@
 //!
 //! # Usage
 //! ```text
-//! cni-proxier [--node NAME] [--link NAME] [--drain-timeout SECONDS] [--watch] [--dry-run] FILE
+//! cni-proxier [--node NAME] [--link NAME] [--drain-timeout SECONDS] [--watch [--resync SECONDS]]
+//!             [--dry-run] FILE
 //! ```
 //! - `--node NAME`: this node's name (default: the kernel's hostname); endpoints on it are local.
 //! - `--link NAME`: the dummy link the VIPs are bound on (default `kube-ipvs0`).
@@ -35,6 +36,8 @@
 //!   (at weight 0) before it is deleted (default 15 minutes; only `--watch` waits for it).
 //! - `--watch`: keep running; re-read FILE when it changes (checked every second) and apply
 //!   only the Services that changed.
+//! - `--resync SECONDS`: with `--watch`, how often a full sync re-reads the kernel and repairs
+//!   what was changed behind the program's back (default 30).
 //! - `--dry-run`: in-memory backends instead of the kernel; prints the planned table. Runs on
 //!   any machine, without root: `cargo run -p ipvs-proxier-examples --bin cni-proxier --
 //!   --dry-run --node node-a examples/cni-services.json`.
@@ -345,7 +348,10 @@ fn replan(desired: &mut Desired, planner: &Planner<'_>, state: &ClusterState, di
 // ---------------------------------------------------------------------------------------------
 
 const USAGE: &str = "usage: cni-proxier [--node NAME] [--link NAME] [--drain-timeout SECONDS] \
-                     [--watch] [--dry-run] FILE";
+                     [--watch [--resync SECONDS]] [--dry-run] FILE";
+
+/// Default period of the full resync in `--watch` mode.
+const DEFAULT_RESYNC: Duration = Duration::from_secs(30);
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Args {
@@ -354,6 +360,7 @@ struct Args {
     link: String,
     drain_timeout: Option<Duration>,
     watch: bool,
+    resync: Duration,
     dry_run: bool,
 }
 
@@ -364,6 +371,7 @@ impl Args {
         let mut node = None;
         let mut link = DEFAULT_DUMMY_LINK.to_owned();
         let mut drain_timeout = None;
+        let mut resync = DEFAULT_RESYNC;
         let (mut watch, mut dry_run) = (false, false);
         while let Some(arg) = args.next() {
             match arg.as_str() {
@@ -371,13 +379,8 @@ impl Args {
                 "--dry-run" => dry_run = true,
                 "--node" => node = Some(args.next().context("--node needs a name")?),
                 "--link" => link = args.next().context("--link needs a name")?,
-                "--drain-timeout" => {
-                    let value = args.next().context("--drain-timeout needs seconds")?;
-                    let seconds: u64 = value
-                        .parse()
-                        .with_context(|| format!("--drain-timeout {value:?}: not seconds"))?;
-                    drain_timeout = Some(Duration::from_secs(seconds));
-                }
+                "--drain-timeout" => drain_timeout = Some(seconds(&arg, args.next())?),
+                "--resync" => resync = seconds(&arg, args.next())?.max(Duration::from_secs(1)),
                 flag if flag.starts_with('-') => bail!("unknown flag {flag}\n{USAGE}"),
                 _ if file.is_some() => bail!("more than one FILE\n{USAGE}"),
                 _ => file = Some(PathBuf::from(arg)),
@@ -389,9 +392,19 @@ impl Args {
             link,
             drain_timeout,
             watch,
+            resync,
             dry_run,
         })
     }
+}
+
+/// The value of a flag taking seconds.
+fn seconds(flag: &str, value: Option<String>) -> anyhow::Result<Duration> {
+    let value = value.with_context(|| format!("{flag} needs seconds"))?;
+    let seconds: u64 = value
+        .parse()
+        .with_context(|| format!("{flag} {value:?}: not a number of seconds"))?;
+    Ok(Duration::from_secs(seconds))
 }
 
 /// The kernel's hostname, the default node name.
@@ -511,10 +524,21 @@ async fn run<I: IpvsBackend, A: AddressBackend>(
         return Ok(());
     }
 
-    // Watch: apply only what changed; tick when the reconciler asks (drains, retries).
+    // Watch: apply only what changed; tick when the reconciler asks (drains, retries); a
+    // periodic full sync as a safety net (someone deleted a virtual server, a write was lost).
     let mut tick_at = reconciler.next_deadline();
+    let mut last_full_sync = tokio::time::Instant::now();
     loop {
         tokio::time::sleep(Duration::from_secs(1)).await;
+        if last_full_sync.elapsed() >= args.resync {
+            match reconciler.full_sync(&desired).await {
+                Ok(report) if report.writes > 0 => print_report("full resync", &report),
+                Ok(_) => {}
+                Err(error) => eprintln!("full resync failed: {error}; trying again later"),
+            }
+            last_full_sync = tokio::time::Instant::now();
+            tick_at = reconciler.next_deadline();
+        }
         if tick_at.is_some_and(|at| at <= tokio::time::Instant::now()) {
             let report = reconciler.tick(&desired).await.context("tick")?;
             if report.writes > 0 {
@@ -933,11 +957,14 @@ mod tests {
                 link: DEFAULT_DUMMY_LINK.into(),
                 drain_timeout: None,
                 watch: false,
+                resync: DEFAULT_RESYNC,
                 dry_run: true,
             }
         );
-        let parsed = args(&["--drain-timeout", "5", "--watch", "f"]).expect("valid");
+        let parsed =
+            args(&["--drain-timeout", "5", "--watch", "--resync", "7", "f"]).expect("valid");
         assert_eq!(parsed.drain_timeout, Some(Duration::from_secs(5)));
+        assert_eq!(parsed.resync, Duration::from_secs(7));
         assert!(parsed.watch);
         assert!(args(&["--drain-timeout", "soon", "f"]).is_err());
         assert!(args(&[]).is_err());
