@@ -163,10 +163,7 @@ impl TrackedState {
             ..PlanUpdate::default()
         };
         for (name, plan) in planner.plan_ports(&self.state, &dirty) {
-            let old = match plan {
-                Some(plan) => self.desired.services.insert(name.clone(), plan),
-                None => self.desired.services.remove(&name),
-            };
+            let old = self.desired.set_plan(&name, plan);
             if old.as_ref() != self.desired.services.get(&name) {
                 update.changed.insert(name.clone());
                 update.before.insert(name, old);

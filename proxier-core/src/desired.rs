@@ -151,6 +151,35 @@ pub struct Desired {
 }
 
 impl Desired {
+    /// Sets the plan of one Service port (`None` removes it, as [`crate::Planner::plan_port`]
+    /// returns for a port that owns nothing) and returns the plan it had.
+    pub fn set_plan(
+        &mut self,
+        name: &ServicePortName,
+        plan: Option<ServicePortPlan>,
+    ) -> Option<ServicePortPlan> {
+        match plan {
+            Some(plan) => self.services.insert(name.clone(), plan),
+            None => self.services.remove(name),
+        }
+    }
+
+    /// Applies the result of [`crate::Planner::plan_ports`]: the incremental path's way of
+    /// keeping the whole plan current. Returns the ports whose plan actually changed.
+    pub fn apply_plans(
+        &mut self,
+        plans: BTreeMap<ServicePortName, Option<ServicePortPlan>>,
+    ) -> BTreeSet<ServicePortName> {
+        let mut changed = BTreeSet::new();
+        for (name, plan) in plans {
+            let old = self.set_plan(&name, plan);
+            if old.as_ref() != self.services.get(&name) {
+                changed.insert(name);
+            }
+        }
+        changed
+    }
+
     /// Every address to bind on the dummy link (deduplicated, ordered).
     pub fn bound_addresses(&self) -> BTreeSet<IpAddr> {
         self.services
@@ -168,5 +197,40 @@ impl Desired {
                 .iter()
                 .map(move |(key, vs)| (name, key, vs))
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn port(name: &str) -> ServicePortName {
+        ServicePortName {
+            namespace: "default".into(),
+            name: name.into(),
+            port: String::new(),
+            protocol: Protocol::Tcp,
+        }
+    }
+
+    #[test]
+    fn apply_plans_adds_replaces_removes_and_reports_only_real_changes() {
+        let mut desired = Desired::default();
+        let same = port("same");
+        let gone = port("gone");
+        let new = port("new");
+        desired.set_plan(&same, Some(ServicePortPlan::default()));
+        desired.set_plan(&gone, Some(ServicePortPlan::default()));
+        let changed = desired.apply_plans(BTreeMap::from([
+            (same.clone(), Some(ServicePortPlan::default())),
+            (gone.clone(), None),
+            (new.clone(), Some(ServicePortPlan::default())),
+            (port("never"), None),
+        ]));
+        assert_eq!(changed, BTreeSet::from([gone, new.clone()]));
+        assert_eq!(
+            desired.services.keys().cloned().collect::<BTreeSet<_>>(),
+            BTreeSet::from([same, new])
+        );
     }
 }

@@ -15,6 +15,10 @@
 //! [`netfilter`], [`sysctl`], [`conntrack`] and [`health_check`] cover the rest of the data
 //! plane a Service proxy needs.
 //!
+//! A CNI that does not read Kubernetes objects can depend on this crate with
+//! `default-features = false`: the `k8s` feature (on by default) only adds the k8s-openapi
+//! conversions. `examples/src/bin/cni-proxier.rs` in the repository is a complete embedder.
+//!
 //! ```
 //! use std::net::IpAddr;
 //! use proxier_core::backend::memory::{MemoryAddressBackend, MemoryIpvsBackend};

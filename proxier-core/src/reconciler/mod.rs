@@ -238,6 +238,9 @@ pub struct Reconciler<I, A> {
     /// Node addresses whose NodePort virtual servers are the proxier's.
     node_port_addresses: BTreeSet<IpAddr>,
     drains: DrainQueue,
+    /// When draining real servers were last looked at (a sync or a tick): the next drain
+    /// check is due one [`ReconcilerConfig::drain_check_interval`] after it.
+    drains_checked_at: Instant,
     failures: BTreeMap<ServicePortName, Failure>,
     rejections: BTreeMap<VirtualServerKey, Vec<Rejection>>,
     /// Virtual servers whose cached state may be wrong (a write on them failed).
@@ -260,6 +263,7 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
             binders: HashMap::new(),
             node_port_addresses,
             drains: DrainQueue::new(),
+            drains_checked_at: Instant::now(),
             failures: BTreeMap::new(),
             rejections: BTreeMap::new(),
             suspect: HashSet::new(),
@@ -297,11 +301,13 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
         &self.addresses
     }
 
-    /// When [`Reconciler::tick`] has work next: the earliest retry, or a drain check.
+    /// When [`Reconciler::tick`] has work next: the earliest retry, or a drain check (one
+    /// check interval after drains were last looked at). A fixed instant: callers may keep
+    /// it and compare it with the clock.
     pub fn next_deadline(&self) -> Option<Instant> {
         let retry = self.failures.values().map(|failure| failure.retry_at).min();
-        let drain =
-            (!self.drains.is_empty()).then(|| Instant::now() + self.config.drain_check_interval);
+        let drain = (!self.drains.is_empty())
+            .then(|| self.drains_checked_at + self.config.drain_check_interval);
         match (retry, drain) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -314,6 +320,7 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
     /// Service ports waiting for a retry are left as they are until it is due.
     pub async fn full_sync(&mut self, desired: &Desired) -> Result<SyncReport, ReconcileError> {
         let now = Instant::now();
+        self.drains_checked_at = now;
         let link = self.addresses.link_name().to_owned();
         self.addresses
             .ensure_link()
@@ -477,6 +484,7 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
             return self.full_sync(desired).await;
         }
         let now = Instant::now();
+        self.drains_checked_at = now;
         let mut keys: BTreeMap<VirtualServerKey, Option<ServicePortName>> = self
             .drains
             .virtual_servers()

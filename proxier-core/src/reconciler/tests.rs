@@ -543,6 +543,33 @@ fn without_endpoint(
 }
 
 #[tokio::test(start_paused = true)]
+async fn drain_deadline_is_a_fixed_instant_that_comes_due() {
+    let config = ReconcilerConfig::default();
+    let interval = config.drain_check_interval;
+    let (mut rec, _ipvs, want, web, key) = web_with_busy_endpoint(config).await;
+    let next = without_endpoint(&want, &web, &key, rkey("10.1.0.3", 80));
+    rec.sync_services(&next, &BTreeSet::from([web.clone()]))
+        .await
+        .unwrap();
+    let deadline = rec.next_deadline().expect("a drain is queued");
+    tokio::time::advance(interval / 2).await;
+    // Asking again, or another sync, does not push it away.
+    assert_eq!(rec.next_deadline(), Some(deadline));
+    rec.sync_services(&next, &BTreeSet::from([web.clone()]))
+        .await
+        .unwrap();
+    assert_eq!(rec.next_deadline(), Some(deadline));
+    tokio::time::advance(interval).await;
+    assert!(deadline <= tokio::time::Instant::now(), "the check is due");
+    // A tick looks at the drains: the next check is one interval later.
+    rec.tick(&next).await.unwrap();
+    assert_eq!(
+        rec.next_deadline(),
+        Some(tokio::time::Instant::now() + interval)
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn removed_tcp_endpoint_drains_at_weight_zero_until_its_connections_end() {
     let (mut rec, ipvs, want, web, key) = web_with_busy_endpoint(ReconcilerConfig::default()).await;
     let b = rkey("10.1.0.3", 80);
