@@ -2,8 +2,8 @@
 //! serves HTTP inside the node's network namespace, the daemon runs there with `--master`,
 //! programs the real kernel, and real TCP traffic from a client namespace reaches pod
 //! namespaces through a ClusterIP. Then, through the double: a second endpoint, a watch expiry
-//! (410 Gone, relist) followed by a change, an API outage that must leave the kernel alone, a
-//! change after the outage, and a deleted Service.
+//! (410 Gone) after a change only a relist shows, an API outage that must leave the kernel
+//! alone through a periodic full resync, a change after the outage, and a deleted Service.
 //!
 //! The oracles are `ipvsadm -Sn` and the pods' own answers. Expected `ipvsadm -Sn` lines are
 //! written from the objects in the test (kube-proxy's semantics: round robin, masquerade,
@@ -140,7 +140,7 @@ impl Daemon {
         let pid = node.sh_ok(&format!(
             "{bin} --master {master} --hostname-override node-a \
              --metrics-bind-address 127.0.0.1:10249 --healthz-bind-address 127.0.0.1:10256 \
-             -v 2 >{log} 2>&1 </dev/null & echo $!",
+             --ipvs-sync-period 5s -v 2 >{log} 2>&1 </dev/null & echo $!",
             bin = proxier_bin().display(),
             log = log.display()
         ));
@@ -157,6 +157,14 @@ impl Daemon {
 
     fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Log lines saying a full resync is done (the runner and the data plane each log one).
+    fn full_syncs(&self) -> usize {
+        self.log()
+            .lines()
+            .filter(|l| l.contains("sync done") && l.contains("Full"))
+            .count()
     }
 }
 
@@ -356,13 +364,14 @@ fn daemon_driven_by_the_api_double_programs_the_kernel_and_traffic_flows() {
     topo.wait_lines(&daemon, "web with pod-a and pod-b programmed", &web_ab);
     topo.wait_answers(&daemon, "10.96.0.50", 80, &["pod-a", "pod-b"]);
 
-    // 3. Watches expire (410 Gone): the daemon relists, and a change after it converges.
+    // 3. A change the watches never report (compacted away), then the watches expire (410
+    // Gone): only the relist the daemon must do can show it.
     let before_expiry = api.requests().len();
+    api.apply_silently(Kind::Service, service("api", "10.96.0.51", 80, 8080));
+    api.apply_silently(Kind::EndpointSlice, slice("api-1", "api", 8080, &[POD_B]));
     api.expire_watches();
-    api.apply(Kind::Service, service("api", "10.96.0.51", 80, 8080));
-    api.apply(Kind::EndpointSlice, slice("api-1", "api", 8080, &[POD_B]));
     let api_b = ipvs_lines("10.96.0.51", 80, 8080, &[POD_B]);
-    topo.wait_lines(&daemon, "api (after watch expiry) programmed", &api_b);
+    topo.wait_lines(&daemon, "api (seen only by the relist) programmed", &api_b);
     topo.wait_answers(&daemon, "10.96.0.51", 80, &["pod-b"]);
     let after_expiry = api.requests();
     assert!(
@@ -388,8 +397,13 @@ fn daemon_driven_by_the_api_double_programs_the_kernel_and_traffic_flows() {
         CONVERGE,
         |_| api.requests().len() >= requests_before + 3,
     );
+    // At least five seconds, and at least one periodic full resync (which re-reads the kernel)
+    // while the API is down.
+    let full_syncs_before = daemon.full_syncs();
     let outage_started = Instant::now();
-    while outage_started.elapsed() < Duration::from_secs(5) {
+    while outage_started.elapsed() < Duration::from_secs(5)
+        || daemon.full_syncs() <= full_syncs_before
+    {
         let now = topo.ipvsadm_save();
         assert_eq!(
             now,
@@ -398,6 +412,11 @@ fn daemon_driven_by_the_api_double_programs_the_kernel_and_traffic_flows() {
             daemon.log()
         );
         assert!(daemon.running(), "daemon exited during the outage");
+        assert!(
+            outage_started.elapsed() < CONVERGE,
+            "no full resync logged during the outage within {CONVERGE:?}\nlog:\n{}",
+            daemon.log()
+        );
         std::thread::sleep(Duration::from_millis(500));
     }
     // Traffic still flows during the outage.
@@ -408,8 +427,9 @@ fn daemon_driven_by_the_api_double_programs_the_kernel_and_traffic_flows() {
         "table changed at the end of the outage"
     );
     note(&format!(
-        "outage: {} requests failed, table unchanged",
-        api.requests().len() - requests_before
+        "outage: {} requests failed, {} 'sync done' log lines of full resyncs, table unchanged",
+        api.requests().len() - requests_before,
+        daemon.full_syncs() - full_syncs_before
     ));
 
     // 5. The API is back: a change converges.
