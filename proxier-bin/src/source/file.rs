@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime};
 
 use tokio::sync::{mpsc, watch};
 
-use super::manifests::{Manifests, parse_manifests};
+use super::manifests::{ManifestCache, Manifests, parse_manifests};
 use super::{
     ClusterSnapshot, EVENT_CHANNEL_CAPACITY, ObjectKey, SourceEvent, SourceHandle, is_proxied,
 };
@@ -177,6 +177,7 @@ pub fn spawn(config: FileSourceConfig) -> SourceHandle {
 
 async fn run(config: FileSourceConfig, tx: mpsc::Sender<SourceEvent>, synced: watch::Sender<bool>) {
     let mut detector = ChangeDetector::new(10);
+    let mut cache = ManifestCache::new();
     let mut ticker = tokio::time::interval(config.poll_interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut reported_error = false;
@@ -209,7 +210,7 @@ async fn run(config: FileSourceConfig, tx: mpsc::Sender<SourceEvent>, synced: wa
             continue;
         }
         let text = String::from_utf8_lossy(&content);
-        let snapshot = snapshot_from_manifests(parse_manifests(&text), &config.hostname);
+        let snapshot = snapshot_from_manifests(cache.parse(&text), &config.hostname);
         tracing::info!(path = %config.path.display(), services = snapshot.services.len(),
             endpoint_slices = snapshot.endpoint_slices.len(), "source file loaded");
         if tx.send(SourceEvent::Snapshot(snapshot)).await.is_err() {

@@ -2,6 +2,7 @@
 //! documents separated by `---`, each an object or a `kind: List` with `items`. A document
 //! that cannot be read is reported and skipped; the others are kept.
 
+use std::collections::HashMap;
 use std::fmt;
 
 use k8s_openapi::api::core::v1::{Node, Service};
@@ -221,54 +222,116 @@ impl Manifests {
     }
 }
 
+impl ManifestProblem {
+    fn position_mut(&mut self) -> &mut ManifestPosition {
+        match self {
+            ManifestProblem::Syntax { at, .. }
+            | ManifestProblem::Invalid { at, .. }
+            | ManifestProblem::UnknownKind { at, .. } => at,
+        }
+    }
+}
+
+impl Manifests {
+    fn extend(&mut self, other: Manifests) {
+        self.services.extend(other.services);
+        self.endpoint_slices.extend(other.endpoint_slices);
+        self.nodes.extend(other.nodes);
+        self.problems.extend(other.problems);
+    }
+}
+
 /// Parses a multi-document YAML text. Never fails as a whole: bad documents are listed in
 /// [`Manifests::problems`].
 pub fn parse_manifests(text: &str) -> Manifests {
     let mut out = Manifests::default();
     for (document, doc_text) in split_documents(text).iter().enumerate() {
-        let at = ManifestPosition {
-            document,
-            item: None,
-        };
-        let value: Value = match serde_yaml::from_str(doc_text) {
-            Ok(v) => v,
-            Err(e) => {
-                out.problems.push(ManifestProblem::Syntax {
-                    at,
-                    message: e.to_string(),
-                });
-                continue;
+        out.extend(parse_document(doc_text, document));
+    }
+    out
+}
+
+/// Parses files that change a little at a time: documents whose text is the same as in the
+/// previous [`ManifestCache::parse`] are not parsed again. A file of 10,000 Services in which
+/// one EndpointSlice changed costs one YAML document, not 20,000 (YAML parsing is most of
+/// what re-reading a large file costs).
+#[derive(Debug, Default)]
+pub struct ManifestCache {
+    documents: HashMap<String, Manifests>,
+}
+
+impl ManifestCache {
+    /// An empty cache.
+    pub fn new() -> ManifestCache {
+        ManifestCache::default()
+    }
+
+    /// Like [`parse_manifests`]; keeps only this text's documents for the next call.
+    pub fn parse(&mut self, text: &str) -> Manifests {
+        let mut out = Manifests::default();
+        let mut seen = HashMap::with_capacity(self.documents.len());
+        for (document, doc_text) in split_documents(text).into_iter().enumerate() {
+            let parsed = match self.documents.remove(&doc_text) {
+                Some(parsed) => parsed,
+                None => parse_document(&doc_text, 0),
+            };
+            let mut placed = parsed.clone();
+            for problem in &mut placed.problems {
+                problem.position_mut().document = document;
             }
-        };
-        if value.is_null() {
-            continue;
+            out.extend(placed);
+            seen.insert(doc_text, parsed);
         }
-        let kind = str_field(&value, "kind").unwrap_or("");
-        let is_list = kind == "List" || (kind.ends_with("List") && value.get("items").is_some());
-        if is_list {
-            match value.get("items") {
-                Some(Value::Sequence(items)) => {
-                    for (item, obj) in items.iter().enumerate() {
-                        out.add_object(
-                            obj.clone(),
-                            ManifestPosition {
-                                document,
-                                item: Some(item),
-                            },
-                        );
-                    }
+        self.documents = seen;
+        out
+    }
+}
+
+/// Parses one YAML document of a file (the `document`-th, for problem positions).
+fn parse_document(doc_text: &str, document: usize) -> Manifests {
+    let mut out = Manifests::default();
+    let at = ManifestPosition {
+        document,
+        item: None,
+    };
+    let value: Value = match serde_yaml::from_str(doc_text) {
+        Ok(v) => v,
+        Err(e) => {
+            out.problems.push(ManifestProblem::Syntax {
+                at,
+                message: e.to_string(),
+            });
+            return out;
+        }
+    };
+    if value.is_null() {
+        return out;
+    }
+    let kind = str_field(&value, "kind").unwrap_or("");
+    let is_list = kind == "List" || (kind.ends_with("List") && value.get("items").is_some());
+    if is_list {
+        match value.get("items") {
+            Some(Value::Sequence(items)) => {
+                for (item, obj) in items.iter().enumerate() {
+                    out.add_object(
+                        obj.clone(),
+                        ManifestPosition {
+                            document,
+                            item: Some(item),
+                        },
+                    );
                 }
-                Some(Value::Null) | None => {}
-                Some(_) => out.problems.push(ManifestProblem::Invalid {
-                    at,
-                    kind: kind.to_owned(),
-                    name: object_name(&value),
-                    message: "items is not a list".to_owned(),
-                }),
             }
-        } else {
-            out.add_object(value, at);
+            Some(Value::Null) | None => {}
+            Some(_) => out.problems.push(ManifestProblem::Invalid {
+                at,
+                kind: kind.to_owned(),
+                name: object_name(&value),
+                message: "items is not a list".to_owned(),
+            }),
         }
+    } else {
+        out.add_object(value, at);
     }
     out
 }
@@ -279,6 +342,53 @@ mod tests {
 
     const SVC: &str = "apiVersion: v1\nkind: Service\nmetadata:\n  name: web\n  namespace: shop\nspec:\n  clusterIP: 10.96.0.20\n  ports:\n  - port: 80\n    protocol: TCP\n    targetPort: 8080\n";
     const SLICE: &str = "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\naddressType: IPv4\nmetadata:\n  name: web-abc12\n  namespace: shop\n  labels:\n    kubernetes.io/service-name: web\nendpoints:\n- addresses: [10.244.1.5]\n  conditions: {ready: true}\nports:\n- port: 8080\n  protocol: TCP\n";
+
+    /// Manifests compared through their parts (k8s objects, problems with positions).
+    fn parts(
+        m: &Manifests,
+    ) -> (
+        Vec<Service>,
+        Vec<EndpointSlice>,
+        Vec<Node>,
+        Vec<ManifestProblem>,
+    ) {
+        (
+            m.services.clone(),
+            m.endpoint_slices.clone(),
+            m.nodes.clone(),
+            m.problems.clone(),
+        )
+    }
+
+    #[test]
+    fn cached_parse_equals_a_fresh_parse_as_the_file_changes() {
+        let broken = "apiVersion: v1\nkind: Service\nmetadata: {name: [oops\n";
+        let other_svc = SVC
+            .replace("name: web", "name: api")
+            .replace("10.96.0.20", "10.96.0.21");
+        let versions = [
+            format!("{SVC}---\n{SLICE}---\n{broken}"),
+            // The broken document moves first: its position must follow.
+            format!("{broken}---\n{SVC}---\n{SLICE}"),
+            // One document changes, one is added.
+            format!("{broken}---\n{other_svc}---\n{SLICE}---\n{SVC}"),
+            String::new(),
+            format!("{SVC}"),
+        ];
+        let mut cache = ManifestCache::new();
+        for text in &versions {
+            assert_eq!(
+                parts(&cache.parse(text)),
+                parts(&parse_manifests(text)),
+                "{text}"
+            );
+        }
+        assert_eq!(
+            cache.documents.len(),
+            1,
+            "only the last text's documents are kept"
+        );
+    }
 
     #[test]
     fn multi_document_file() {
