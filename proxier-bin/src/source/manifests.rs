@@ -373,7 +373,7 @@ mod tests {
             // One document changes, one is added.
             format!("{broken}---\n{other_svc}---\n{SLICE}---\n{SVC}"),
             String::new(),
-            format!("{SVC}"),
+            SVC.to_string(),
         ];
         let mut cache = ManifestCache::new();
         for text in &versions {
