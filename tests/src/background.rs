@@ -58,3 +58,63 @@ pub fn load_modules(modules: &[&str]) {
         let _ = Command::new("modprobe").arg(module).output();
     }
 }
+
+/// A process a shell started in the background (so not our child: no `wait`), known by pid;
+/// SIGKILLed on drop while it still runs, so a failing test never leaves it behind.
+#[derive(Debug)]
+pub struct ShellProcess {
+    pid: u32,
+}
+
+impl ShellProcess {
+    /// Takes charge of the process `pid`.
+    pub fn new(pid: u32) -> ShellProcess {
+        ShellProcess { pid }
+    }
+
+    /// Its pid.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Whether it still runs (exists and is not a zombie).
+    pub fn running(&self) -> bool {
+        std::fs::read_to_string(format!("/proc/{}/stat", self.pid))
+            .is_ok_and(|stat| !stat.contains(") Z "))
+    }
+
+    /// Sends `signal` (as `kill` spells it: `-TERM`, `-KILL`, ...).
+    pub fn signal(&self, signal: &str) {
+        let _ = Command::new("kill")
+            .args([signal, &self.pid.to_string()])
+            .status();
+    }
+}
+
+impl Drop for ShellProcess {
+    fn drop(&mut self) {
+        if self.running() {
+            self.signal("-KILL");
+        }
+    }
+}
+
+/// Polls `check` every 200 ms until it holds and returns the time it took; after `limit`,
+/// panics with `what` and what `diagnostics` says about the state at that moment.
+pub fn wait_until(
+    limit: std::time::Duration,
+    what: &str,
+    mut check: impl FnMut() -> bool,
+    diagnostics: impl FnOnce() -> String,
+) -> std::time::Duration {
+    let started = std::time::Instant::now();
+    loop {
+        if check() {
+            return started.elapsed();
+        }
+        if started.elapsed() > limit {
+            panic!("{what}: not reached within {limit:?}\n{}", diagnostics());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}

@@ -13,7 +13,7 @@ mod background;
 mod kernel;
 mod netns;
 
-pub use background::{Background, load_modules};
+pub use background::{Background, ShellProcess, load_modules, wait_until};
 
 pub use kernel::{KERNEL_TESTS_ENV, PROXIER_BIN_ENV, kernel_tests_enabled, proxier_bin};
 pub use netns::Netns;

@@ -22,7 +22,7 @@ use std::path::PathBuf;
 use std::process::Output;
 use std::time::{Duration, Instant};
 
-use ipvs_proxier_tests::{Netns, PROXIER_BIN_ENV, require_kernel};
+use ipvs_proxier_tests::{Netns, PROXIER_BIN_ENV, ShellProcess, require_kernel};
 
 /// The example program's name (a binary of package ipvs-proxier-examples).
 const EXAMPLE: &str = "cni-proxier";
@@ -226,15 +226,13 @@ impl Node {
     }
 
     /// Starts `--watch` in the background, output to the log file.
-    fn spawn_watch(&self, flags: &str) -> Watcher {
+    fn spawn_watch(&self, flags: &str) -> ShellProcess {
         let pid = self.ns.sh_ok(&format!(
             "{} >{} 2>&1 </dev/null & echo $!",
             self.command(&format!("--watch {flags}")),
             self.log().display()
         ));
-        Watcher {
-            pid: pid.trim().parse().expect("pid"),
-        }
+        ShellProcess::new(pid.trim().parse().expect("pid"))
     }
 
     fn log_text(&self) -> String {
@@ -269,49 +267,25 @@ impl Node {
         what: &str,
         mut check: impl FnMut(&Node) -> bool,
     ) -> Duration {
-        let started = Instant::now();
-        loop {
-            if check(self) {
-                return started.elapsed();
-            }
-            if started.elapsed() > limit {
-                panic!(
-                    "{what}: not reached within {limit:?}\nipvsadm -Sn:\n{:?}\nvips: {:?}\n{EXAMPLE} log:\n{}",
+        ipvs_proxier_tests::wait_until(
+            limit,
+            what,
+            || check(self),
+            || {
+                format!(
+                    "ipvsadm -Sn:\n{:?}\nvips: {:?}\n{EXAMPLE} log:\n{}",
                     self.ipvs_lines(),
                     self.vips(),
                     self.log_text()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
+                )
+            },
+        )
     }
 }
 
 impl Drop for Node {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// `cni-proxier --watch` started by bash (not our child); SIGKILLed on drop if still running.
-struct Watcher {
-    pid: u32,
-}
-
-impl Watcher {
-    fn running(&self) -> bool {
-        std::fs::read_to_string(format!("/proc/{}/stat", self.pid))
-            .is_ok_and(|stat| !stat.contains(") Z "))
-    }
-}
-
-impl Drop for Watcher {
-    fn drop(&mut self) {
-        if self.running() {
-            let _ = std::process::Command::new("kill")
-                .args(["-KILL", &self.pid.to_string()])
-                .status();
-        }
     }
 }
 

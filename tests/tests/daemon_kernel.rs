@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use std::process::Output;
 use std::time::{Duration, Instant};
 
-use ipvs_proxier_tests::{Netns, PROXIER_BIN_ENV, require_kernel};
+use ipvs_proxier_tests::{Netns, PROXIER_BIN_ENV, ShellProcess, require_kernel};
 
 /// One ClusterIP Service with one port and the ready endpoints of its one slice.
 struct Svc {
@@ -297,16 +297,14 @@ impl Node {
     }
 
     /// Starts the daemon in the background. Logs go to a file.
-    fn spawn_daemon(&self) -> Daemon {
+    fn spawn_daemon(&self) -> ShellProcess {
         let log = self.dir.join("daemon.log");
         let pid = self.ns.sh_ok(&format!(
             "{} -v 2 >{} 2>&1 </dev/null & echo $!",
             self.daemon_command("--ipvs-min-sync-period=0s"),
             log.display()
         ));
-        Daemon {
-            pid: pid.trim().parse().expect("pid"),
-        }
+        ShellProcess::new(pid.trim().parse().expect("pid"))
     }
 
     fn daemon_log(&self) -> String {
@@ -345,50 +343,25 @@ impl Node {
         what: &str,
         mut check: impl FnMut(&Node) -> bool,
     ) -> Duration {
-        let started = Instant::now();
-        loop {
-            if check(self) {
-                return started.elapsed();
-            }
-            if started.elapsed() > limit {
-                panic!(
-                    "{what}: not reached within {limit:?}\nipvsadm -Sn:\n{}\nvips: {:?}\ndaemon log:\n{}",
+        ipvs_proxier_tests::wait_until(
+            limit,
+            what,
+            || check(self),
+            || {
+                format!(
+                    "ipvsadm -Sn:\n{}\nvips: {:?}\ndaemon log:\n{}",
                     self.ipvsadm_save(),
                     self.vips(),
                     self.daemon_log()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
+                )
+            },
+        )
     }
 }
 
 impl Drop for Node {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// A daemon started in the background (by bash, so not our child); SIGKILLed on drop if it
-/// still runs (a failing test must not leave it behind).
-struct Daemon {
-    pid: u32,
-}
-
-impl Daemon {
-    fn running(&self) -> bool {
-        std::fs::read_to_string(format!("/proc/{}/stat", self.pid))
-            .is_ok_and(|stat| !stat.contains(") Z "))
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if self.running() {
-            let _ = std::process::Command::new("kill")
-                .args(["-KILL", &self.pid.to_string()])
-                .status();
-        }
     }
 }
 
@@ -528,7 +501,7 @@ fn running_daemon_follows_file_edits() {
     note(&format!("service removal to converged: {removed:?}"));
 
     // SIGTERM stops it and leaves the data plane programmed.
-    kill(daemon.pid, "-TERM");
+    kill(daemon.pid(), "-TERM");
     node.wait_for(Duration::from_secs(10), "daemon exit", |_| {
         !daemon.running()
     });
@@ -576,7 +549,7 @@ fn kill_9_during_sync_then_restart_converges() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    kill(daemon.pid, "-KILL");
+    kill(daemon.pid(), "-KILL");
     let at_kill = node.ns.sh_ok("ipvsadm -Ln | grep -c '^TCP' || true");
     let vips_at_kill = node.vips().len();
     note(&format!(
@@ -635,15 +608,15 @@ fn client_reaches_the_backend_through_the_cluster_ip() {
     client.sh_ok(
         "ip addr add 10.100.0.2/24 dev eth0 && ip link set eth0 up && ip route add default via 10.100.0.1",
     );
-    let server = Daemon {
-        pid: backend
+    let server = ShellProcess::new(
+        backend
             .sh_ok(
                 "socat TCP-LISTEN:8080,fork,reuseaddr SYSTEM:'echo backend-a' >/dev/null 2>&1 </dev/null & echo $!",
             )
             .trim()
             .parse()
             .expect("socat pid"),
-    };
+    );
     node.write_source(&manifests(&[
         Svc::tcp("web", "10.96.0.10", 80, 8080).with(&["10.244.0.2"])
     ]));
