@@ -5,7 +5,6 @@
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use tokio::sync::{mpsc, watch};
@@ -46,7 +45,7 @@ pub fn snapshot_from_manifests(manifests: Manifests, hostname: &str) -> ClusterS
             tracing::debug!(service = %key, "source file: service handled by another proxy, skipped");
             continue;
         }
-        if snap.services.insert(key.clone(), Arc::new(svc)).is_some() {
+        if snap.services.insert(key.clone(), svc).is_some() {
             tracing::warn!(service = %key, "source file: service defined twice, using the later one");
         }
     }
@@ -56,11 +55,7 @@ pub fn snapshot_from_manifests(manifests: Manifests, hostname: &str) -> ClusterS
             tracing::debug!(slice = %key, "source file: slice of a headless or foreign service, skipped");
             continue;
         }
-        if snap
-            .endpoint_slices
-            .insert(key.clone(), Arc::new(slice))
-            .is_some()
-        {
+        if snap.endpoint_slices.insert(key.clone(), slice).is_some() {
             tracing::warn!(slice = %key, "source file: endpoint slice defined twice, using the later one");
         }
     }
@@ -68,8 +63,7 @@ pub fn snapshot_from_manifests(manifests: Manifests, hostname: &str) -> ClusterS
     snap.node = manifests
         .nodes
         .into_iter()
-        .rfind(|n| n.metadata.name.as_deref() == Some(hostname))
-        .map(Arc::new);
+        .rfind(|n| n.metadata.name.as_deref() == Some(hostname));
     if snap.node.is_none() && node_count > 0 {
         tracing::warn!(
             hostname,

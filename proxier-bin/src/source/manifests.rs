@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -92,15 +93,17 @@ impl fmt::Display for ManifestProblem {
     }
 }
 
-/// The objects found in a file, in file order, and the problems met.
+/// The objects found in a file, in file order, and the problems met. Objects are shared
+/// (`Arc`): a [`ManifestCache`] hands out the same object for an unchanged document, so the
+/// cache and the daemon's view hold one copy, and comparing them is a pointer check.
 #[derive(Debug, Clone, Default)]
 pub struct Manifests {
     /// Services.
-    pub services: Vec<Service>,
+    pub services: Vec<Arc<Service>>,
     /// EndpointSlices.
-    pub endpoint_slices: Vec<EndpointSlice>,
+    pub endpoint_slices: Vec<Arc<EndpointSlice>>,
     /// Nodes.
-    pub nodes: Vec<Node>,
+    pub nodes: Vec<Arc<Node>>,
     /// Documents or items that were skipped, and why.
     pub problems: Vec<ManifestProblem>,
 }
@@ -196,7 +199,7 @@ impl Manifests {
                     decode::<Service>(value, at, &kind, &name, &mut self.problems)
                 {
                     default_namespace(&mut svc.metadata);
-                    self.services.push(svc);
+                    self.services.push(Arc::new(svc));
                 }
             }
             ("discovery.k8s.io/v1", "EndpointSlice") => {
@@ -204,12 +207,12 @@ impl Manifests {
                     decode::<EndpointSlice>(value, at, &kind, &name, &mut self.problems)
                 {
                     default_namespace(&mut slice.metadata);
-                    self.endpoint_slices.push(slice);
+                    self.endpoint_slices.push(Arc::new(slice));
                 }
             }
             ("v1", "Node") => {
                 if let Some(node) = decode::<Node>(value, at, &kind, &name, &mut self.problems) {
-                    self.nodes.push(node);
+                    self.nodes.push(Arc::new(node));
                 }
             }
             _ => self.problems.push(ManifestProblem::UnknownKind {
@@ -267,14 +270,23 @@ impl ManifestCache {
     }
 
     /// Like [`parse_manifests`]; keeps only this text's documents for the next call.
+    /// Documents not seen before are parsed on all cores (the first read of a large file).
     pub fn parse(&mut self, text: &str) -> Manifests {
+        let documents = split_documents(text);
+        let mut known: Vec<Option<Manifests>> = documents
+            .iter()
+            .map(|doc_text| self.documents.remove(doc_text))
+            .collect();
+        let new: Vec<usize> = (0..documents.len())
+            .filter(|i| known[*i].is_none())
+            .collect();
+        for (i, parsed) in parse_in_parallel(&documents, &new) {
+            known[i] = Some(parsed);
+        }
         let mut out = Manifests::default();
-        let mut seen = HashMap::with_capacity(self.documents.len());
-        for (document, doc_text) in split_documents(text).into_iter().enumerate() {
-            let parsed = match self.documents.remove(&doc_text) {
-                Some(parsed) => parsed,
-                None => parse_document(&doc_text, 0),
-            };
+        let mut seen = HashMap::with_capacity(documents.len());
+        for (document, (doc_text, parsed)) in documents.into_iter().zip(known).enumerate() {
+            let parsed = parsed.unwrap_or_default();
             let mut placed = parsed.clone();
             for problem in &mut placed.problems {
                 problem.position_mut().document = document;
@@ -285,6 +297,39 @@ impl ManifestCache {
         self.documents = seen;
         out
     }
+}
+
+/// Parses the documents at `indices` (positions are fixed up by the caller), spread over the
+/// machine's cores.
+fn parse_in_parallel(documents: &[String], indices: &[usize]) -> Vec<(usize, Manifests)> {
+    let threads = std::thread::available_parallelism().map_or(1, usize::from);
+    if threads < 2 || indices.len() < 64 {
+        return indices
+            .iter()
+            .map(|&i| (i, parse_document(&documents[i], 0)))
+            .collect();
+    }
+    let chunk = indices.len().div_ceil(threads);
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = indices
+            .chunks(chunk)
+            .map(|part| {
+                scope.spawn(move || {
+                    part.iter()
+                        .map(|&i| (i, parse_document(&documents[i], 0)))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|worker| match worker.join() {
+                Ok(parsed) => parsed,
+                // A parser panic is a bug; surface it where it happened.
+                Err(panic) => std::panic::resume_unwind(panic),
+            })
+            .collect()
+    })
 }
 
 /// Parses one YAML document of a file (the `document`-th, for problem positions).
@@ -344,12 +389,13 @@ mod tests {
     const SLICE: &str = "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\naddressType: IPv4\nmetadata:\n  name: web-abc12\n  namespace: shop\n  labels:\n    kubernetes.io/service-name: web\nendpoints:\n- addresses: [10.244.1.5]\n  conditions: {ready: true}\nports:\n- port: 8080\n  protocol: TCP\n";
 
     /// Manifests compared through their parts (k8s objects, problems with positions).
+    #[allow(clippy::type_complexity)]
     fn parts(
         m: &Manifests,
     ) -> (
-        Vec<Service>,
-        Vec<EndpointSlice>,
-        Vec<Node>,
+        Vec<Arc<Service>>,
+        Vec<Arc<EndpointSlice>>,
+        Vec<Arc<Node>>,
         Vec<ManifestProblem>,
     ) {
         (
