@@ -17,23 +17,72 @@ fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
 
+/// Both tests make the kernel look for a scheduler module that does not exist (it runs
+/// `modprobe ip_vs_nosuch` while holding the IPVS mutex); they take turns.
+static MODPROBING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Kernel stacks of tasks in uninterruptible sleep, for a failure message.
+fn blocked_tasks() -> String {
+    let mut out = String::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for entry in entries.flatten() {
+        let dir = entry.path();
+        let Ok(stat) = std::fs::read_to_string(dir.join("stat")) else {
+            continue;
+        };
+        let state = stat
+            .rsplit(')')
+            .next()
+            .and_then(|rest| rest.split_whitespace().next());
+        if state == Some("D") {
+            let stack = std::fs::read_to_string(dir.join("stack")).unwrap_or_default();
+            out.push_str(&format!(
+                "--- {}\n{stack}",
+                stat.split(')').next().unwrap_or("")
+            ));
+        }
+    }
+    out
+}
+
+/// Awaits one kernel request; a reply that takes a minute fails the test, naming the request
+/// and showing what the kernel is blocked on (one run stalled here without telling where).
+async fn step<T>(what: &str, request: impl std::future::Future<Output = T>) -> T {
+    match tokio::time::timeout(std::time::Duration::from_secs(60), request).await {
+        Ok(value) => value,
+        Err(_) => panic!(
+            "{what}: no reply in 60 s; blocked tasks:\n{}",
+            blocked_tasks()
+        ),
+    }
+}
+
 #[test]
 fn ipvs_errors_are_typed_per_operation() {
     require_kernel!();
+    let _turn = MODPROBING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let ns = netns_with_routes();
     ns.sh_ok("ipvsadm -A -t 10.0.0.1:80 -s rr && ipvsadm -a -t 10.0.0.1:80 -r 10.1.0.5:8080 -m");
     let existing = ServiceKey::tcp(ip("10.0.0.1"), 80);
     let missing = ServiceKey::tcp(ip("10.0.0.2"), 80);
     with_handle(&ns, |h| async move {
-        let e = h
-            .add_service(&Service::new(existing, Scheduler::RoundRobin))
-            .await
-            .unwrap_err();
+        let e = step(
+            "add_service",
+            h.add_service(&Service::new(existing, Scheduler::RoundRobin)),
+        )
+        .await
+        .unwrap_err();
         assert!(
             matches!(e, Error::ServiceExists { op: Operation::AddService, service } if service == existing),
             "{e:?}"
         );
-        let e = h.delete_service(&missing).await.unwrap_err();
+        let e = step("delete_service", h.delete_service(&missing))
+            .await
+            .unwrap_err();
         assert!(
             matches!(
                 e,
@@ -44,10 +93,12 @@ fn ipvs_errors_are_typed_per_operation() {
             ),
             "{e:?}"
         );
-        let e = h
-            .update_service(&Service::new(missing, Scheduler::RoundRobin))
-            .await
-            .unwrap_err();
+        let e = step(
+            "update_service",
+            h.update_service(&Service::new(missing, Scheduler::RoundRobin)),
+        )
+        .await
+        .unwrap_err();
         assert!(
             matches!(
                 e,
@@ -58,7 +109,7 @@ fn ipvs_errors_are_typed_per_operation() {
             ),
             "{e:?}"
         );
-        let e = h.service(&missing).await.unwrap_err();
+        let e = step("service", h.service(&missing)).await.unwrap_err();
         assert!(
             matches!(
                 e,
@@ -69,7 +120,7 @@ fn ipvs_errors_are_typed_per_operation() {
             ),
             "{e:?}"
         );
-        let e = h.zero(Some(&missing)).await.unwrap_err();
+        let e = step("zero", h.zero(Some(&missing))).await.unwrap_err();
         assert!(
             matches!(
                 e,
@@ -80,18 +131,21 @@ fn ipvs_errors_are_typed_per_operation() {
             ),
             "{e:?}"
         );
-        let e = h
-            .add_service(&Service::new(missing, Scheduler::Other("nosuch".into())))
+        let nosuch = Service::new(missing, Scheduler::Other("nosuch".into()));
+        let e = step("add_service (unknown scheduler)", h.add_service(&nosuch))
             .await
             .unwrap_err();
         assert!(
             matches!(e, Error::SchedulerNotFound { ref scheduler, .. } if scheduler == "nosuch"),
             "{e:?}"
         );
-        let e = h
-            .update_service(&Service::new(existing, Scheduler::Other("nosuch".into())))
-            .await
-            .unwrap_err();
+        let nosuch = Service::new(existing, Scheduler::Other("nosuch".into()));
+        let e = step(
+            "update_service (unknown scheduler)",
+            h.update_service(&nosuch),
+        )
+        .await
+        .unwrap_err();
         assert!(
             matches!(
                 e,
@@ -103,11 +157,8 @@ fn ipvs_errors_are_typed_per_operation() {
             "{e:?}"
         );
         // Client-side: names over 15 bytes never reach the kernel.
-        let e = h
-            .add_service(&Service::new(
-                missing,
-                Scheduler::Other("a-name-of-16-byt".into()),
-            ))
+        let too_long = Service::new(missing, Scheduler::Other("a-name-of-16-byt".into()));
+        let e = step("add_service (long name)", h.add_service(&too_long))
             .await
             .unwrap_err();
         assert!(
@@ -122,7 +173,9 @@ fn ipvs_errors_are_typed_per_operation() {
         );
 
         let dest = Destination::new(ip("10.1.0.5"), 8080);
-        let e = h.add_destination(&missing, &dest).await.unwrap_err();
+        let e = step("add_destination", h.add_destination(&missing, &dest))
+            .await
+            .unwrap_err();
         assert!(
             matches!(
                 e,
@@ -133,7 +186,9 @@ fn ipvs_errors_are_typed_per_operation() {
             ),
             "{e:?}"
         );
-        let e = h.add_destination(&existing, &dest).await.unwrap_err();
+        let e = step("add_destination", h.add_destination(&existing, &dest))
+            .await
+            .unwrap_err();
         assert!(
             matches!(
                 e,
@@ -145,7 +200,9 @@ fn ipvs_errors_are_typed_per_operation() {
             "{e:?}"
         );
         let gone = Destination::new(ip("10.1.0.9"), 1);
-        let e = h.update_destination(&existing, &gone).await.unwrap_err();
+        let e = step("update_destination", h.update_destination(&existing, &gone))
+            .await
+            .unwrap_err();
         assert!(
             matches!(
                 e,
@@ -156,16 +213,18 @@ fn ipvs_errors_are_typed_per_operation() {
             ),
             "{e:?}"
         );
-        let e = h
-            .delete_destination(
+        let e = step(
+            "delete_destination",
+            h.delete_destination(
                 &existing,
                 &DestinationKey {
                     addr: ip("10.1.0.9"),
                     port: 1,
                 },
-            )
-            .await
-            .unwrap_err();
+            ),
+        )
+        .await
+        .unwrap_err();
         assert!(
             matches!(
                 e,
@@ -178,10 +237,12 @@ fn ipvs_errors_are_typed_per_operation() {
         );
 
         // Mixed family is only allowed with tunnelling: EINVAL names op and object.
-        let e = h
-            .add_destination(&existing, &Destination::new(ip("fd00:1::9"), 80))
-            .await
-            .unwrap_err();
+        let e = step(
+            "add_destination",
+            h.add_destination(&existing, &Destination::new(ip("fd00:1::9"), 80)),
+        )
+        .await
+        .unwrap_err();
         match &e {
             Error::InvalidArgument { op, object, .. } => {
                 assert_eq!(*op, Operation::AddDestination);
@@ -196,10 +257,12 @@ fn ipvs_errors_are_typed_per_operation() {
         let mut v6 = Service::new(ServiceKey::tcp(ip("fd00::1"), 80), Scheduler::RoundRobin);
         v6.netmask = 0;
         assert!(matches!(
-            h.add_service(&v6).await,
+            step("add_service", h.add_service(&v6)).await,
             Err(Error::InvalidArgument { .. })
         ));
-        let e = h.stop_sync_daemon(SyncState::Backup).await.unwrap_err();
+        let e = step("stop_sync_daemon", h.stop_sync_daemon(SyncState::Backup))
+            .await
+            .unwrap_err();
         assert!(
             matches!(
                 e,
@@ -210,13 +273,18 @@ fn ipvs_errors_are_typed_per_operation() {
             ),
             "{e:?}"
         );
-        h.start_sync_daemon(&SyncDaemon::new(SyncState::Master, "d0", 1))
-            .await
-            .unwrap();
-        let e = h
-            .start_sync_daemon(&SyncDaemon::new(SyncState::Master, "d0", 1))
-            .await
-            .unwrap_err();
+        step(
+            "start_sync_daemon",
+            h.start_sync_daemon(&SyncDaemon::new(SyncState::Master, "d0", 1)),
+        )
+        .await
+        .unwrap();
+        let e = step(
+            "start_sync_daemon",
+            h.start_sync_daemon(&SyncDaemon::new(SyncState::Master, "d0", 1)),
+        )
+        .await
+        .unwrap_err();
         assert!(
             matches!(
                 e,
@@ -227,10 +295,14 @@ fn ipvs_errors_are_typed_per_operation() {
             ),
             "{e:?}"
         );
-        h.stop_sync_daemon(SyncState::Master).await.unwrap();
+        step("stop_sync_daemon", h.stop_sync_daemon(SyncState::Master))
+            .await
+            .unwrap();
 
         // The dump of a missing service's destinations is empty, not an error.
-        let none: Vec<_> = h.destinations(&missing).try_collect().await.unwrap();
+        let none: Vec<_> = step("destinations", h.destinations(&missing).try_collect())
+            .await
+            .unwrap();
         assert!(none.is_empty());
     });
     // Nothing above changed the table.
@@ -246,6 +318,9 @@ fn ipvs_errors_are_typed_per_operation() {
 #[test]
 fn ipvs_batch_reports_each_failure_and_applies_the_rest() {
     require_kernel!();
+    let _turn = MODPROBING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let ns = netns_with_routes();
     let a = ServiceKey::tcp(ip("10.0.0.1"), 80);
     let b = ServiceKey::udp(ip("10.0.0.2"), 53);
@@ -272,7 +347,7 @@ fn ipvs_batch_reports_each_failure_and_applies_the_rest() {
                 Scheduler::Other("way-too-long-name".into()),
             )),
         ];
-        let r = h.batch(ops).await;
+        let r = step("batch", h.batch(ops)).await;
         assert_eq!(r.len(), 11);
         assert!(r[0].is_ok(), "{:?}", r[0]);
         assert!(
