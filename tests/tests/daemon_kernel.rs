@@ -526,10 +526,9 @@ fn kill_9_during_sync_then_restart_converges() {
     }
     let node = Node::new().with_pod_route();
     // Enough services that the first sync takes a while.
-    const N: usize = 300;
+    const N: usize = 120;
     let svc = |i: usize, endpoints: &[&str]| {
-        let ip = format!("10.96.{}.{}", 1 + i / 200, 1 + i % 200);
-        Svc::tcp(&format!("svc-{i}"), &ip, 80, 8080).with(endpoints)
+        Svc::tcp(&format!("svc-{i}"), &format!("10.96.1.{i}"), 80, 8080).with(endpoints)
     };
     let services: Vec<Svc> = (0..N)
         .map(|i| svc(i, &["10.244.0.2", "10.244.0.3"]))
@@ -538,11 +537,9 @@ fn kill_9_during_sync_then_restart_converges() {
 
     let daemon = node.spawn_daemon();
     let started = Instant::now();
-    // Kill it in the middle of its first sync: virtual servers go in first (batched), then
-    // the addresses are bound one by one; kill as soon as some virtual servers exist.
+    // Kill it as soon as its first sync starts writing (the link is made first).
     loop {
-        let programmed = node.ns.sh_ok("ipvsadm -Ln | grep -c '^TCP' || true");
-        if programmed.trim().parse::<usize>().unwrap_or(0) > 0 {
+        if node.daemon_log().contains("created dummy link") {
             break;
         }
         assert!(
@@ -550,6 +547,7 @@ fn kill_9_during_sync_then_restart_converges() {
             "the daemon programmed nothing in 120 s:\n{}",
             node.daemon_log()
         );
+        std::thread::sleep(Duration::from_millis(20));
     }
     kill(daemon.pid(), "-KILL");
     let at_kill = node.ns.sh_ok("ipvsadm -Ln | grep -c '^TCP' || true");
