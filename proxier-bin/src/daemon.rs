@@ -1,20 +1,24 @@
-//! Wiring: settings -> metrics and health servers, a source, the event pump and the sync
-//! runner; signals stop it. The data plane is never cleaned up on exit.
+//! Wiring: settings -> metrics and health servers, a source, the engine and its driver;
+//! signals stop it. The data plane is never cleaned up on exit.
 
 use std::net::{IpAddr, Ipv4Addr};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
-use tokio::sync::watch;
-use tokio::time::Instant;
+use proxier_core::backend::{AddressBackend, IpvsBackend, MemoryAddressBackend};
+use proxier_core::conntrack::ConntrackBackend;
+use proxier_core::engine::driver::{self, DriverConfig, ProxierHandle, SyncObserver};
+use proxier_core::netfilter::NetfilterBackend;
+use proxier_core::{Backends, EngineError, KernelProxier, Proxier, ProxierConfig, SyncKind};
+use tokio::sync::{mpsc, watch};
 
-use crate::cluster_view::{ClusterView, Touched};
-use crate::dry_run::DryRunTarget;
+use crate::dry_run::{DryRunObserver, render_report};
+use crate::feed;
 use crate::health::{ProxyHealth, ServiceHealthServers, serve_proxy_health};
 use crate::http_server::{BindError, HttpServer};
-use crate::runner::{self, RunnerConfig, RunnerHandle, SyncScheduler};
 use crate::settings::{RunMode, Settings, SourceSettings};
 use crate::source::{self, SourceEvent, SourceHandle};
+use crate::sync_observer::{DaemonObserver, PendingChanges};
 
 /// Why the daemon stopped with an error (exit code 1).
 #[derive(Debug, thiserror::Error)]
@@ -28,48 +32,37 @@ pub enum DaemonError {
     /// The source file could not be read (with --once).
     #[error(transparent)]
     File(#[from] source::file::FileSourceError),
-    /// Something this build cannot do yet.
+    /// Something this build cannot do.
     #[error("{0}")]
     Unsupported(String),
-    /// The last sync failed (with --once).
-    #[error("sync failed: {0}")]
-    Sync(#[from] runner::SyncError),
-    /// The kernel data plane failed (open, `--once` sync, `--cleanup`).
+    /// The engine could not be built or its sync failed (`--once`).
     #[error(transparent)]
-    DataPlane(#[from] crate::dataplane::DataPlaneError),
+    Engine(#[from] EngineError),
+    /// `--once`: some writes failed.
+    #[error("sync incomplete: {0}")]
+    Incomplete(String),
+    /// `--cleanup` could not remove something.
+    #[error("cleanup: {0}")]
+    Cleanup(String),
     /// The source ended before it synced.
     #[error("the {0} source stopped before it delivered Services and EndpointSlices")]
     SourceEnded(&'static str),
 }
 
-/// Changes counted since the last sync (for the `*_changes_pending` gauges).
-#[derive(Debug, Default)]
-struct PendingChanges {
-    services: AtomicUsize,
-    endpoints: AtomicUsize,
-}
-
 /// Resolves when SIGTERM or SIGINT arrives.
 async fn termination_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = term.recv() => tracing::info!("SIGTERM received"),
-                    _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
-                }
-            }
-            Err(error) => {
-                tracing::warn!(%error, "cannot listen for SIGTERM; only SIGINT stops the daemon");
-                let _ = tokio::signal::ctrl_c().await;
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => tracing::info!("SIGTERM received"),
+                _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
             }
         }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
+        Err(error) => {
+            tracing::warn!(%error, "cannot listen for SIGTERM; only SIGINT stops the daemon");
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }
 
@@ -99,81 +92,65 @@ fn source_name(settings: &Settings) -> &'static str {
     }
 }
 
-/// Applies source events to the view, the health state and the runner, until the source ends.
-/// `view_synced` turns true once a snapshot (a source's complete first picture) is in the
-/// view, so that no sync runs on a view the source has not filled yet.
-async fn pump_events(
-    mut events: tokio::sync::mpsc::Receiver<SourceEvent>,
-    view: Arc<Mutex<ClusterView>>,
-    health: ProxyHealth,
-    runner: RunnerHandle,
-    pending: Arc<PendingChanges>,
-    view_synced: watch::Sender<bool>,
-) {
-    while let Some(event) = events.recv().await {
-        tracing::debug!(event = %event.describe(), "source event");
-        match &event {
-            SourceEvent::NodeUpdate(Some(node))
-            | SourceEvent::Snapshot(source::ClusterSnapshot {
-                node: Some(node), ..
-            }) => health.sync_node(node),
-            SourceEvent::NodeUpdate(None) => health.node_deleted(),
-            _ => {}
-        }
-        let touched = view
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .apply(&event);
-        match touched {
-            Touched::Service => {
-                let n = pending.services.fetch_add(1, Ordering::Relaxed) + 1;
-                crate::metrics::record_service_change(n);
-                runner.request_sync();
-            }
-            Touched::EndpointSlice => {
-                let n = pending.endpoints.fetch_add(1, Ordering::Relaxed) + 1;
-                crate::metrics::record_endpoint_change(n);
-                runner.request_sync();
-            }
-            Touched::Everything => {
-                view_synced.send_replace(true);
-                runner.request_full();
-            }
-            // The data plane replans everything when the node's facts changed; the kernel
-            // side stays incremental.
-            Touched::Node => runner.request_sync(),
-            Touched::Nothing => {}
-        }
+/// Keeps the health state's view of this node current.
+fn note_node(health: &ProxyHealth, event: &SourceEvent) {
+    match event {
+        SourceEvent::NodeUpdate(Some(node))
+        | SourceEvent::Snapshot(source::ClusterSnapshot {
+            node: Some(node), ..
+        }) => health.sync_node(node),
+        SourceEvent::NodeUpdate(None) => health.node_deleted(),
+        _ => {}
     }
 }
 
-/// A target wrapper that resets the pending-change gauges when a sync starts.
-struct CountingTarget<T> {
-    inner: T,
+/// Converts source events into the engine's changes and sends them to the driver, until the
+/// source ends.
+async fn pump_events(
+    mut events: mpsc::Receiver<SourceEvent>,
+    engine: ProxierHandle,
+    health: ProxyHealth,
     pending: Arc<PendingChanges>,
-}
-
-impl<T: runner::SyncTarget> runner::SyncTarget for CountingTarget<T> {
-    fn sync(
-        &mut self,
-        kind: runner::SyncKind,
-    ) -> impl std::future::Future<Output = Result<(), runner::SyncError>> + Send {
-        self.pending.services.store(0, Ordering::Relaxed);
-        self.pending.endpoints.store(0, Ordering::Relaxed);
-        crate::metrics::set_pending_changes(0, 0);
-        self.inner.sync(kind)
+) {
+    while let Some(event) = events.recv().await {
+        tracing::debug!(event = %event.describe(), "source event");
+        note_node(&health, &event);
+        let counter = match &event {
+            SourceEvent::ServiceUpsert(_) | SourceEvent::ServiceDelete(_) => {
+                Some((&pending.services, true))
+            }
+            SourceEvent::SliceUpsert(_) | SourceEvent::SliceDelete(_) => {
+                Some((&pending.endpoints, false))
+            }
+            _ => None,
+        };
+        if let Some((count, service)) = counter {
+            let n = count.fetch_add(1, Ordering::Relaxed) + 1;
+            if service {
+                crate::metrics::record_service_change(n);
+            } else {
+                crate::metrics::record_endpoint_change(n);
+            }
+        }
+        let converted = feed::convert(&event);
+        for at in converted.trigger_times {
+            engine.record_trigger_time(at);
+        }
+        engine.apply(converted.changes);
     }
 }
 
 /// Runs the daemon until a signal (or, with `--once`, one sync).
 pub async fn run(settings: Settings) -> Result<(), DaemonError> {
+    let config = ProxierConfig::new(settings.hostname.clone(), settings.planner_config());
     if settings.run_mode == RunMode::Cleanup {
         if settings.dry_run {
             return Err(DaemonError::Unsupported(
                 "--cleanup cannot be combined with --dry-run".to_owned(),
             ));
         }
-        let report = crate::dataplane::cleanup(&settings).await?;
+        let mut proxier = Proxier::new(config, Backends::kernel(&settings.dummy_interface).await?)?;
+        let report = proxier.cleanup().await;
         println!(
             "cleanup: {} virtual servers deleted, link {} {}, nftables tables removed",
             report.virtual_servers,
@@ -184,6 +161,9 @@ pub async fn run(settings: Settings) -> Result<(), DaemonError> {
                 "absent"
             }
         );
+        if !report.errors.is_empty() {
+            return Err(DaemonError::Cleanup(report.errors.join("; ")));
+        }
         return Ok(());
     }
 
@@ -214,102 +194,149 @@ pub async fn run(settings: Settings) -> Result<(), DaemonError> {
             servers.push(server);
         }
     }
-
-    let view = Arc::new(Mutex::new(ClusterView::default()));
     let pending = Arc::new(PendingChanges::default());
-    let (runner_handle, triggers) = RunnerHandle::new();
+    let observer = DaemonObserver::new(health.clone(), Arc::clone(&pending));
 
+    let result = if settings.dry_run {
+        let backends = Backends {
+            addresses: MemoryAddressBackend::named(&settings.dummy_interface),
+            ..Backends::in_memory()
+        };
+        let proxier = Proxier::new(config, backends)?;
+        let observer = DryRunObserver::new(observer, std::io::stdout());
+        drive(&settings, proxier, observer, health, pending, shutdown_rx).await
+    } else {
+        let proxier = KernelProxier::open(config, &settings.dummy_interface).await?;
+        let mut observer = observer;
+        if !once {
+            // Health checks of `externalTrafficPolicy: Local` Services, on every address (as
+            // kube-proxy does without --nodeport-addresses).
+            observer.serve_health_checks(Arc::new(ServiceHealthServers::new(
+                vec![IpAddr::V4(Ipv4Addr::UNSPECIFIED)],
+                health.clone(),
+            )));
+        }
+        drive(&settings, proxier, observer, health, pending, shutdown_rx).await
+    };
+    drop(servers);
+    result
+}
+
+/// Fills `proxier` from the source, then syncs once (`--once`) or hands it to the driver.
+async fn drive<I, A, N, C, O>(
+    settings: &Settings,
+    mut proxier: Proxier<I, A, N, C>,
+    mut observer: O,
+    health: ProxyHealth,
+    pending: Arc<PendingChanges>,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<(), DaemonError>
+where
+    I: IpvsBackend,
+    A: AddressBackend,
+    N: NetfilterBackend,
+    C: ConntrackBackend + Send + 'static,
+    O: SyncObserver<Proxier<I, A, N, C>> + OncePrinter<Proxier<I, A, N, C>>,
+{
+    let once = settings.run_mode == RunMode::Once;
+    let mut rest = None;
     if once && let SourceSettings::File { path } = &settings.source {
         // One read; an unreadable file is an error rather than something to wait for.
         let snapshot = source::file::load_snapshot(path, &settings.hostname)?;
-        view.lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .apply(&SourceEvent::Snapshot(snapshot));
+        for change in feed::convert(&SourceEvent::Snapshot(snapshot)).changes {
+            proxier.apply(change);
+        }
     } else {
         let SourceHandle {
-            events,
+            mut events,
             synced: _,
             task: _task,
-        } = start_source(&settings).await?;
-        let (view_synced_tx, mut synced) = watch::channel(false);
-        tokio::spawn(pump_events(
-            events,
-            Arc::clone(&view),
-            health.clone(),
-            runner_handle.clone(),
-            Arc::clone(&pending),
-            view_synced_tx,
-        ));
+        } = start_source(settings).await?;
         tracing::info!(
-            source = source_name(&settings),
+            source = source_name(settings),
             "waiting for Services and EndpointSlices to sync"
         );
-        let mut shutdown = shutdown_rx.clone();
-        tokio::select! {
-            result = synced.wait_for(|s| *s) => {
-                if result.is_err() {
-                    return Err(DaemonError::SourceEnded(source_name(&settings)));
-                }
-            }
+        // A source's first event is its complete first picture.
+        let first = tokio::select! {
+            event = events.recv() => event,
             _ = shutdown.wait_for(|s| *s) => return Ok(()),
-        }
-    }
-
-    if !settings.dry_run {
-        let mut dataplane = crate::dataplane::DataPlane::open(&settings, Arc::clone(&view)).await?;
-        if once {
-            let outcome = dataplane.sync(runner::SyncKind::Full).await?;
-            println!("kernel full sync: {outcome}");
-            return Ok(());
-        }
-        dataplane.wake_runner_with(runner_handle.clone());
-        // Health checks of `externalTrafficPolicy: Local` Services, on every address (as
-        // kube-proxy does without --nodeport-addresses).
-        dataplane.serve_health_checks_with(Arc::new(ServiceHealthServers::new(
-            vec![IpAddr::V4(Ipv4Addr::UNSPECIFIED)],
-            health.clone(),
-        )));
-        let mut target = CountingTarget {
-            inner: dataplane,
-            pending,
         };
-        let scheduler =
-            SyncScheduler::new(RunnerConfig::from_settings(&settings.ipvs), Instant::now());
-        let result = runner::run(
-            scheduler,
-            triggers,
-            &mut target,
-            Some(health),
-            shutdown_rx,
-            false,
-        )
-        .await;
-        drop(runner_handle);
-        drop(servers);
-        return result.map_err(DaemonError::from);
+        let Some(first) = first else {
+            return Err(DaemonError::SourceEnded(source_name(settings)));
+        };
+        note_node(&health, &first);
+        for change in feed::convert(&first).changes {
+            proxier.apply(change);
+        }
+        rest = Some((events, _task));
     }
 
-    let mut target = CountingTarget {
-        inner: DryRunTarget::new(
-            Arc::clone(&view),
-            settings.planner_config(),
-            &settings.hostname,
-            &settings.dummy_interface,
-            std::io::stdout(),
-        ),
-        pending,
-    };
-    let scheduler = SyncScheduler::new(RunnerConfig::from_settings(&settings.ipvs), Instant::now());
-    let result = runner::run(
-        scheduler,
-        triggers,
-        &mut target,
-        Some(health),
-        shutdown_rx,
-        once,
+    if once {
+        let result = proxier.sync(SyncKind::Full).await;
+        observer.print_once(&proxier, &result);
+        let report = result?;
+        if !report.is_complete() {
+            return Err(DaemonError::Incomplete(report.to_string()));
+        }
+        return Ok(());
+    }
+
+    let (handle, commands) = ProxierHandle::new();
+    if let Some((events, _task)) = rest {
+        tokio::spawn(pump_events(events, handle.clone(), health, pending));
+    }
+    let driver_config = DriverConfig::new(
+        settings.ipvs.sync_period,
+        settings.ipvs.min_sync_period,
+        settings.ipvs.sync_burst,
+    );
+    driver::run(
+        &mut proxier,
+        driver_config,
+        commands,
+        &mut observer,
+        shutdown,
     )
     .await;
-    drop(runner_handle);
-    drop(servers);
-    result.map_err(DaemonError::from)
+    drop(handle);
+    Ok(())
+}
+
+/// How `--once` shows its single sync.
+pub trait OncePrinter<P> {
+    /// Prints the result of the one sync.
+    fn print_once(
+        &mut self,
+        proxier: &P,
+        result: &Result<proxier_core::engine::SyncReport, EngineError>,
+    );
+}
+
+impl<P> OncePrinter<P> for DaemonObserver {
+    fn print_once(
+        &mut self,
+        _: &P,
+        result: &Result<proxier_core::engine::SyncReport, EngineError>,
+    ) {
+        if let Ok(report) = result {
+            println!("kernel full sync: {report}");
+        }
+    }
+}
+
+impl<W: std::io::Write> OncePrinter<proxier_core::MemoryProxier> for DryRunObserver<W> {
+    fn print_once(
+        &mut self,
+        proxier: &proxier_core::MemoryProxier,
+        result: &Result<proxier_core::engine::SyncReport, EngineError>,
+    ) {
+        let outcome = proxier_core::engine::driver::SyncOutcome {
+            kind: SyncKind::Full,
+            took: result.as_ref().map(|r| r.timings.total).unwrap_or_default(),
+            result,
+            succeeded: result.is_ok(),
+            changes_pending: false,
+        };
+        print!("{}", render_report(proxier, &outcome));
+    }
 }

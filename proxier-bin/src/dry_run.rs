@@ -1,65 +1,16 @@
-//! `--dry-run`: a [`SyncTarget`] that plans with proxier-core and applies the plan to
-//! proxier-core's in-memory backends instead of the kernel, then prints what it would program:
-//! a summary, the writes a real sync would make, and a table of virtual servers, real servers
-//! and the addresses bound on the dummy link.
+//! `--dry-run`: the engine on proxier-core's in-memory backends instead of the kernel; after
+//! every sync this prints what it would program: a summary, the writes a real sync would
+//! make, and a table of virtual servers, real servers and the addresses bound on the dummy
+//! link.
 
 use std::fmt::Write as _;
 use std::io::Write;
-use std::sync::{Arc, Mutex};
 
-use proxier_core::backend::memory::{MemoryAddressBackend, MemoryIpvsBackend};
-use proxier_core::model::{Config, NodeContext};
-use proxier_core::{ClusterState, Desired, Reconciler, ReconcilerConfig, VirtualServerRole};
+use proxier_core::backend::AddressBackend;
+use proxier_core::engine::driver::{SyncObserver, SyncOutcome};
+use proxier_core::{Desired, MemoryProxier, SyncKind, VirtualServerRole};
 
-use crate::cluster_view::ClusterView;
-use crate::metrics::{DataPlaneSize, set_data_plane_size};
-use crate::runner::{SyncError, SyncKind, SyncTarget};
-
-/// Feeds proxier-core's [`ClusterState`] with every object of the view. Objects proxier-core
-/// rejects are logged and left out; the others are kept.
-pub fn cluster_state(view: &ClusterView) -> ClusterState {
-    let mut state = ClusterState::new();
-    for (key, service) in &view.services {
-        match proxier_core::k8s::service_change(service) {
-            Ok(change) => {
-                state.apply(change);
-            }
-            Err(error) => tracing::error!(service = %key, %error, "service rejected"),
-        }
-    }
-    for (key, slice) in &view.endpoint_slices {
-        match proxier_core::k8s::slice_change(slice) {
-            Ok(Some(change)) => {
-                state.apply(change);
-            }
-            Ok(None) => {}
-            Err(error) => tracing::error!(slice = %key, %error, "endpoint slice rejected"),
-        }
-    }
-    state
-}
-
-/// What the planner knows of this node: from its Node object when the source has it, else
-/// only its name. The dry run does not read interfaces: the node's primary IPs stand for its
-/// local addresses.
-pub fn node_context(view: &ClusterView, hostname: &str) -> NodeContext {
-    let from_node = view
-        .node
-        .as_ref()
-        .map(|n| proxier_core::k8s::node_context(n));
-    let mut node = match from_node {
-        Some(Ok(node)) => node,
-        Some(Err(error)) => {
-            tracing::error!(%error, "node object rejected; planning without its addresses");
-            NodeContext::new(hostname, Vec::new(), Vec::new())
-        }
-        None => NodeContext::new(hostname, Vec::new(), Vec::new()),
-    };
-    if node.local_addresses.is_empty() {
-        node.local_addresses = node.primary_ips.clone();
-    }
-    node
-}
+use crate::sync_observer::DaemonObserver;
 
 fn role_name(role: VirtualServerRole) -> &'static str {
     match role {
@@ -67,19 +18,6 @@ fn role_name(role: VirtualServerRole) -> &'static str {
         VirtualServerRole::NodePort => "NodePort",
         VirtualServerRole::ExternalIp => "ExternalIP",
         VirtualServerRole::LoadBalancer => "LoadBalancer",
-    }
-}
-
-/// Sizes of a plan.
-pub fn plan_size(desired: &Desired) -> DataPlaneSize {
-    DataPlaneSize {
-        virtual_servers: desired.virtual_servers().count(),
-        real_servers: desired
-            .virtual_servers()
-            .map(|(_, _, vs)| vs.real_servers.len())
-            .sum(),
-        bound_addresses: desired.bound_addresses().len(),
-        draining: 0,
     }
 }
 
@@ -160,122 +98,120 @@ pub fn render_plan(desired: &Desired, dummy_interface: &str) -> String {
     out
 }
 
-/// Plans at every sync, applies the plan to in-memory backends and prints the result.
-pub struct DryRunTarget<W> {
-    view: Arc<Mutex<ClusterView>>,
-    config: Config,
-    hostname: String,
-    dummy_interface: String,
-    reconciler: Reconciler<MemoryIpvsBackend, MemoryAddressBackend>,
+/// The summary and table of one dry-run sync.
+pub fn render_report(proxier: &MemoryProxier, outcome: &SyncOutcome<'_>) -> String {
+    let kind = match outcome.kind {
+        SyncKind::Full => "full",
+        SyncKind::Incremental => "incremental",
+    };
+    let state = proxier.state();
+    let ports: usize = state.services().map(|s| s.ports.len()).sum();
+    let slices: Vec<_> = state
+        .services()
+        .flat_map(|s| state.slices_of(&s.name))
+        .collect();
+    let endpoints: usize = slices.iter().map(|s| s.endpoints.len()).sum();
+    let node = if state.node().is_some() {
+        proxier.node().name.clone()
+    } else {
+        format!("{} (no Node object)", proxier.node().name)
+    };
+    let mut text = format!(
+        "dry-run {kind} sync: {} services ({ports} ports), {} endpoint slices ({endpoints} endpoints), node {node}\n",
+        state.service_count(),
+        state.slice_count(),
+    );
+    let link = proxier
+        .reconciler()
+        .address_backend()
+        .link_name()
+        .to_owned();
+    let size = proxier.plan_size();
+    match outcome.result {
+        Ok(report) => {
+            let _ = writeln!(
+                text,
+                "plan: {} virtual servers, {} real servers, {} addresses on {link}; a real sync would make {} writes ({} deletes)",
+                size.virtual_servers,
+                size.real_servers,
+                size.bound_addresses,
+                report.ipvs.writes,
+                report.ipvs.deletes
+            );
+        }
+        Err(error) => {
+            let _ = writeln!(text, "plan could not be applied in memory: {error}");
+        }
+    }
+    text.push_str(&render_plan(proxier.desired(), &link));
+    text
+}
+
+/// Prints every sync of an in-memory proxier (and reports it like the daemon does).
+#[derive(Debug)]
+pub struct DryRunObserver<W> {
+    daemon: DaemonObserver,
     out: W,
 }
 
-impl<W: Write + Send> DryRunTarget<W> {
-    /// A target reading `view`, planning for node `hostname` with `config`, printing to `out`.
-    pub fn new(
-        view: Arc<Mutex<ClusterView>>,
-        config: Config,
-        hostname: &str,
-        dummy_interface: &str,
-        out: W,
-    ) -> Self {
-        let reconciler_config = ReconcilerConfig {
-            exclude_cidrs: config.exclude_cidrs.clone(),
-            ..ReconcilerConfig::default()
-        };
-        DryRunTarget {
-            view,
-            config,
-            hostname: hostname.to_owned(),
-            dummy_interface: dummy_interface.to_owned(),
-            reconciler: Reconciler::new(
-                MemoryIpvsBackend::new(),
-                MemoryAddressBackend::new(),
-                reconciler_config,
-            ),
-            out,
-        }
+impl<W: Write> DryRunObserver<W> {
+    /// Prints to `out`; metrics and health go through `daemon`.
+    pub fn new(daemon: DaemonObserver, out: W) -> Self {
+        DryRunObserver { daemon, out }
     }
 
     /// The writer (tests read what was printed).
     pub fn into_inner(self) -> W {
         self.out
     }
-
-    async fn sync_once(&mut self, kind: SyncKind) -> Result<(), SyncError> {
-        let (state, node, counts) = {
-            let view = self
-                .view
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            (
-                cluster_state(&view),
-                node_context(&view, &self.hostname),
-                view.counts(),
-            )
-        };
-        let desired = proxier_core::plan(&state, &node, &self.config);
-        let report = self
-            .reconciler
-            .full_sync(&desired)
-            .await
-            .map_err(|e| SyncError(format!("in-memory reconcile: {e}")))?;
-        let size = plan_size(&desired);
-        set_data_plane_size(size);
-
-        let kind = match kind {
-            SyncKind::Full => "full",
-            SyncKind::Incremental => "incremental",
-        };
-        let node_name = if counts.node_known {
-            node.name.clone()
-        } else {
-            format!("{} (no Node object)", self.hostname)
-        };
-        let mut text = format!(
-            "dry-run {kind} sync: {} services ({} ports), {} endpoint slices ({} endpoints), node {node_name}\n",
-            counts.services, counts.service_ports, counts.endpoint_slices, counts.endpoints
-        );
-        let _ = writeln!(
-            text,
-            "plan: {} virtual servers, {} real servers, {} addresses on {}; a real sync would make {} writes ({} deletes)",
-            size.virtual_servers,
-            size.real_servers,
-            size.bound_addresses,
-            self.dummy_interface,
-            report.writes,
-            report.deletes
-        );
-        text.push_str(&render_plan(&desired, &self.dummy_interface));
-        self.out
-            .write_all(text.as_bytes())
-            .and_then(|()| self.out.flush())
-            .map_err(|e| SyncError(format!("writing the dry-run report: {e}")))
-    }
 }
 
-impl<W: Write + Send> SyncTarget for DryRunTarget<W> {
-    fn sync(
-        &mut self,
-        kind: SyncKind,
-    ) -> impl std::future::Future<Output = Result<(), SyncError>> + Send {
-        self.sync_once(kind)
+impl<W: Write> SyncObserver<MemoryProxier> for DryRunObserver<W> {
+    fn queued(&mut self) {
+        SyncObserver::<MemoryProxier>::queued(&mut self.daemon);
+    }
+
+    fn synced(&mut self, proxier: &MemoryProxier, outcome: &SyncOutcome<'_>) {
+        self.daemon.synced(proxier, outcome);
+        let text = render_report(proxier, outcome);
+        if let Err(error) = self
+            .out
+            .write_all(text.as_bytes())
+            .and_then(|()| self.out.flush())
+        {
+            tracing::error!(%error, "writing the dry-run report");
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-    use crate::source::manifests::parse_manifests;
-    use crate::source::{ObjectKey, SourceEvent};
+    use std::sync::Arc;
 
-    fn example_view() -> ClusterView {
+    use proxier_core::engine::driver::{self, DriverConfig, ProxierHandle};
+    use proxier_core::model::Config;
+    use proxier_core::{Backends, Change, Proxier, ProxierConfig};
+    use tokio::sync::watch;
+
+    use super::*;
+    use crate::health::ProxyHealth;
+    use crate::source::SourceEvent;
+    use crate::source::manifests::parse_manifests;
+
+    fn example_changes() -> Vec<Change> {
         let text = include_str!("../../examples/cluster.yaml");
         let snapshot =
             crate::source::file::snapshot_from_manifests(parse_manifests(text), "node-a");
-        let mut view = ClusterView::default();
-        view.apply(&SourceEvent::Snapshot(snapshot));
-        view
+        crate::feed::convert(&SourceEvent::Snapshot(snapshot)).changes
+    }
+
+    fn proxier() -> MemoryProxier {
+        let config = ProxierConfig::new("node-a", Config::default());
+        let mut proxier = Proxier::new(config, Backends::in_memory()).expect("proxier");
+        for change in example_changes() {
+            proxier.apply(change);
+        }
+        proxier
     }
 
     fn row<'a>(table: &'a str, service_port: &str, vip: &str) -> &'a str {
@@ -285,14 +221,16 @@ mod tests {
             .unwrap_or_else(|| panic!("no row for {service_port} {vip} in:\n{table}"))
     }
 
-    #[test]
-    fn example_cluster_plan_table() {
-        let view = example_view();
-        let state = cluster_state(&view);
-        let node = node_context(&view, "node-a");
-        assert_eq!(node.primary_ips.len(), 2, "IPv4 and IPv6 InternalIPs");
-        let desired = proxier_core::plan(&state, &node, &Config::default());
-        let table = render_plan(&desired, "kube-ipvs0");
+    #[tokio::test]
+    async fn example_cluster_plan_table() {
+        let mut proxier = proxier();
+        proxier.sync(SyncKind::Full).await.expect("sync");
+        assert_eq!(
+            proxier.node().primary_ips.len(),
+            2,
+            "IPv4 and IPv6 InternalIPs"
+        );
+        let table = render_plan(proxier.desired(), "kube-ipvs0");
 
         // ClusterIP with the API server behind it.
         assert!(
@@ -351,49 +289,52 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn second_sync_of_the_same_view_writes_nothing() {
-        let view = Arc::new(Mutex::new(example_view()));
-        let mut target = DryRunTarget::new(
-            Arc::clone(&view),
-            Config::default(),
-            "node-a",
-            "kube-ipvs0",
-            Vec::new(),
+    async fn the_driver_prints_each_sync_and_a_removed_service_deletes() {
+        let mut proxier = proxier();
+        let (handle, commands) = ProxierHandle::new();
+        let (stop, shutdown) = watch::channel(false);
+        let daemon = DaemonObserver::new(
+            ProxyHealth::new(std::time::Duration::from_secs(60)),
+            Arc::default(),
         );
-        target.sync(SyncKind::Full).await.expect("first sync");
-        target.sync(SyncKind::Full).await.expect("second sync");
-        // A Service goes away: the next sync deletes its virtual server.
-        view.lock().expect("lock").services.remove(&ObjectKey {
-            namespace: "shop".into(),
-            name: "cart".into(),
-        });
-        target
-            .sync(SyncKind::Incremental)
-            .await
-            .expect("third sync");
-        let printed = String::from_utf8(target.into_inner()).expect("utf8");
+        let mut observer = DryRunObserver::new(daemon, Vec::new());
+        let config = DriverConfig::new(
+            std::time::Duration::from_secs(3600),
+            std::time::Duration::ZERO,
+            2,
+        );
+        let feeder = async {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            handle.apply(vec![Change::DeleteService(
+                proxier_core::model::ServiceName::new("shop", "cart"),
+            )]);
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            stop.send_replace(true);
+        };
+        tokio::join!(
+            driver::run(&mut proxier, config, commands, &mut observer, shutdown),
+            feeder
+        );
+        let printed = String::from_utf8(observer.into_inner()).expect("utf8");
         let plans: Vec<&str> = printed
             .lines()
             .filter(|l| l.starts_with("plan: "))
             .collect();
-        assert_eq!(plans.len(), 3);
+        assert_eq!(plans.len(), 2, "{printed}");
         assert!(!plans[0].contains("would make 0 writes"), "{}", plans[0]);
         assert!(
-            plans[1].ends_with("would make 0 writes (0 deletes)"),
-            "{}",
+            !plans[1].ends_with("(0 deletes)"),
+            "removing a Service deletes: {}",
             plans[1]
         );
-        assert!(
-            !plans[2].ends_with("(0 deletes)"),
-            "removing a Service deletes: {}",
-            plans[2]
-        );
-        let third_table = printed.split("plan: ").nth(3).expect("third report");
-        assert!(!third_table.contains("shop/cart"), "{third_table}");
+        let second = printed.split("plan: ").nth(2).expect("second report");
+        assert!(!second.contains("shop/cart"), "{second}");
         let first = printed.lines().next().expect("summary");
+        // The example's 11 Services less the headless and the ExternalName one; the slice
+        // of the headless Service is filtered by the file source.
         assert_eq!(
             first,
-            "dry-run full sync: 11 services (12 ports), 10 endpoint slices (18 endpoints), node node-a"
+            "dry-run full sync: 9 services (10 ports), 10 endpoint slices (18 endpoints), node node-a"
         );
     }
 }

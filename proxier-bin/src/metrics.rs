@@ -261,21 +261,8 @@ pub fn set_no_local_endpoints(policy: TrafficPolicy, services: usize) {
     gauge!(NO_LOCAL_ENDPOINTS_TOTAL, "traffic_policy" => policy.label()).set(services as f64);
 }
 
-/// Sizes of what is programmed after a sync.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct DataPlaneSize {
-    /// IPVS virtual servers.
-    pub virtual_servers: usize,
-    /// IPVS real servers.
-    pub real_servers: usize,
-    /// Addresses bound on the dummy link.
-    pub bound_addresses: usize,
-    /// Real servers draining.
-    pub draining: usize,
-}
-
 /// Sets the data plane size gauges.
-pub fn set_data_plane_size(size: DataPlaneSize) {
+pub fn set_data_plane_size(size: proxier_core::engine::PlanSize) {
     gauge!(VIRTUAL_SERVERS).set(size.virtual_servers as f64);
     gauge!(REAL_SERVERS).set(size.real_servers as f64);
     gauge!(BOUND_ADDRESSES).set(size.bound_addresses as f64);
@@ -430,7 +417,7 @@ mod tests {
             set_pending_changes(0, 0);
             record_netlink_operations("add_service", OpResult::Success, 5);
             record_netlink_operations("add_service", OpResult::Error, 1);
-            set_data_plane_size(DataPlaneSize {
+            set_data_plane_size(proxier_core::engine::PlanSize {
                 virtual_servers: 7,
                 real_servers: 21,
                 bound_addresses: 4,
@@ -463,7 +450,7 @@ mod tests {
         let recorder = build_recorder();
         let handle = recorder.handle();
         metrics::with_local_recorder(&recorder, || {
-            set_data_plane_size(DataPlaneSize {
+            set_data_plane_size(proxier_core::engine::PlanSize {
                 virtual_servers: 2,
                 ..Default::default()
             });

@@ -173,8 +173,6 @@ impl Settings {
                 tcp_fin: non_zero(self.ipvs.tcp_fin_timeout),
                 udp: non_zero(self.ipvs.udp_timeout),
             },
-            sync_period: self.ipvs.sync_period,
-            min_sync_period: self.ipvs.min_sync_period,
             masquerade_all: self.masquerade_all,
             cluster_cidrs: self.cluster_cidrs.clone(),
             families: AddressFamily::ALL.into_iter().collect(),

@@ -8,31 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::IpAddr;
 
-pub use ipvs_netlink::{Protocol, Scheduler};
-
-/// Identifies one port of one Service: `namespace/name:port-name` plus protocol,
-/// the unit of planning, change tracking and error reporting.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ServicePortName {
-    /// Namespace of the Service.
-    pub namespace: String,
-    /// Name of the Service.
-    pub name: String,
-    /// Name of the port within the Service (may be empty for single-port Services).
-    pub port: String,
-    /// Transport protocol of the port.
-    pub protocol: Protocol,
-}
-
-impl fmt::Display for ServicePortName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.namespace, self.name)?;
-        if !self.port.is_empty() {
-            write!(f, ":{}", self.port)?;
-        }
-        write!(f, "/{}", self.protocol)
-    }
-}
+pub use crate::model::{Protocol, Scheduler, ServicePortName};
 
 /// Identifies an IPVS virtual server of a Service: address, port and protocol.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -12,7 +12,6 @@ use std::ops::RangeInclusive;
 use std::time::Duration;
 
 use ipnet::IpNet;
-use ipvs_netlink::ForwardMethod;
 use tokio::time::Instant;
 
 use crate::backend::IpvsOp;
@@ -21,7 +20,7 @@ use crate::desired::{
     VirtualServerKey,
 };
 use crate::drain::DrainQueue;
-use crate::observed::{Observed, ObservedVirtualServer, VirtualServerSettings};
+use crate::observed::{Forwarding, Observed, ObservedVirtualServer, VirtualServerSettings};
 
 /// What the proxier may change in the kernel besides what it plans.
 #[derive(Debug, Clone, Copy)]
@@ -185,7 +184,7 @@ pub fn diff_virtual_server(
                     None => push(IpvsOp::AddRealServer(*key, *rs, real.weight)),
                     Some(current)
                         if current.weight != real.weight
-                            || current.forward != ForwardMethod::Masquerade =>
+                            || current.forward != Forwarding::Masquerade =>
                     {
                         push(IpvsOp::UpdateRealServer(*key, *rs, real.weight))
                     }

@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
-use crate::model::{NodeContext, ServiceName, TrafficPolicy};
+use crate::model::{NodeContext, Service, ServiceName, TrafficPolicy};
 use crate::state::ClusterState;
 
 /// The health check of one Service on this node.
@@ -36,24 +36,32 @@ pub fn health_checks(
 ) -> BTreeMap<ServiceName, HealthCheck> {
     state
         .services()
-        .filter(|service| service.external_traffic_policy == TrafficPolicy::Local)
         .filter_map(|service| {
-            let node_port = service.health_check_node_port?;
-            let local: BTreeSet<IpAddr> = state
-                .slices_of(&service.name)
-                .flat_map(|slice| slice.endpoints.iter())
-                .filter(|endpoint| endpoint.ready && endpoint.is_local(&node.name))
-                .map(|endpoint| endpoint.address)
-                .collect();
-            Some((
-                service.name.clone(),
-                HealthCheck {
-                    node_port,
-                    local_endpoints: local.len(),
-                },
-            ))
+            health_check_of(state, service, node).map(|check| (service.name.clone(), check))
         })
         .collect()
+}
+
+/// The health check of one Service, when it needs one (see [`health_checks`]).
+pub fn health_check_of(
+    state: &ClusterState,
+    service: &Service,
+    node: &NodeContext,
+) -> Option<HealthCheck> {
+    if service.external_traffic_policy != TrafficPolicy::Local {
+        return None;
+    }
+    let node_port = service.health_check_node_port?;
+    let local: BTreeSet<IpAddr> = state
+        .slices_of(&service.name)
+        .flat_map(|slice| slice.endpoints.iter())
+        .filter(|endpoint| endpoint.ready && endpoint.is_local(&node.name))
+        .map(|endpoint| endpoint.address)
+        .collect();
+    Some(HealthCheck {
+        node_port,
+        local_endpoints: local.len(),
+    })
 }
 
 /// Counts of Services whose Local traffic policy leaves this node with nothing to send to.
@@ -65,6 +73,19 @@ pub struct NoLocalEndpoints {
     pub external: usize,
 }
 
+impl NoLocalEndpoints {
+    /// Adds (`up`) or takes away another count.
+    pub fn adjust(&mut self, other: NoLocalEndpoints, up: bool) {
+        if up {
+            self.internal += other.internal;
+            self.external += other.external;
+        } else {
+            self.internal = self.internal.saturating_sub(other.internal);
+            self.external = self.external.saturating_sub(other.external);
+        }
+    }
+}
+
 /// Services with a Local traffic policy whose ready endpoints are all on other nodes: their
 /// traffic of that kind is dropped on this node (kube-proxy's
 /// `sync_proxy_rules_no_local_endpoints_total`).
@@ -74,25 +95,38 @@ pub fn services_without_local_endpoints(
 ) -> NoLocalEndpoints {
     let mut out = NoLocalEndpoints::default();
     for service in state.services() {
-        let internal = service.internal_traffic_policy == TrafficPolicy::Local;
-        let external = service.external_traffic_policy == TrafficPolicy::Local;
-        if !internal && !external {
-            continue;
-        }
-        let ready = || {
-            state
-                .slices_of(&service.name)
-                .flat_map(|slice| slice.endpoints.iter())
-                .filter(|endpoint| endpoint.ready)
-        };
-        let has_ready = ready().next().is_some();
-        let has_local = ready().any(|endpoint| endpoint.is_local(&node.name));
-        if has_ready && !has_local {
-            out.internal += usize::from(internal);
-            out.external += usize::from(external);
-        }
+        out.adjust(no_local_endpoints_of(state, service, node), true);
     }
     out
+}
+
+/// What one Service adds to [`services_without_local_endpoints`] (each field 0 or 1).
+pub fn no_local_endpoints_of(
+    state: &ClusterState,
+    service: &Service,
+    node: &NodeContext,
+) -> NoLocalEndpoints {
+    let internal = service.internal_traffic_policy == TrafficPolicy::Local;
+    let external = service.external_traffic_policy == TrafficPolicy::Local;
+    if !internal && !external {
+        return NoLocalEndpoints::default();
+    }
+    let ready = || {
+        state
+            .slices_of(&service.name)
+            .flat_map(|slice| slice.endpoints.iter())
+            .filter(|endpoint| endpoint.ready)
+    };
+    let has_ready = ready().next().is_some();
+    let has_local = ready().any(|endpoint| endpoint.is_local(&node.name));
+    if has_ready && !has_local {
+        NoLocalEndpoints {
+            internal: usize::from(internal),
+            external: usize::from(external),
+        }
+    } else {
+        NoLocalEndpoints::default()
+    }
 }
 
 #[cfg(test)]

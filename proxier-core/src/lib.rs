@@ -67,6 +67,7 @@ pub mod conntrack;
 pub mod desired;
 pub mod diff;
 pub mod drain;
+pub mod engine;
 pub mod health_check;
 #[cfg(feature = "k8s")]
 pub mod k8s;
@@ -84,11 +85,15 @@ pub use desired::{
     Desired, RealServer, RealServerKey, ServicePortName, ServicePortPlan, VirtualServer,
     VirtualServerKey, VirtualServerRole,
 };
+pub use engine::{
+    Backends, EngineError, KernelProxier, MemoryProxier, Proxier, ProxierConfig, SyncKind,
+};
 pub use health_check::{
     HealthCheck, NoLocalEndpoints, health_checks, services_without_local_endpoints,
 };
 pub use planner::{Planner, plan, plan_service_port};
 pub use reconciler::{
-    ReconcileError, Reconciler, ReconcilerConfig, ReconcilerStats, ServiceSyncError, SyncReport,
+    CleanupReport, ReconcileError, ReconcileReport, Reconciler, ReconcilerConfig, ReconcilerStats,
+    ServiceSyncError,
 };
 pub use state::{Change, ClusterState, DirtyPorts};

@@ -4,9 +4,18 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
-use ipvs_netlink::ForwardMethod;
-
 use crate::desired::{RealServerKey, Scheduler, VirtualServer, VirtualServerKey};
+
+/// How a real server is reached, as far as the proxier cares: masquerade (NAT), the only
+/// method it creates, or some other method someone else set (which it repairs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Forwarding {
+    /// NAT (IPVS masquerade).
+    #[default]
+    Masquerade,
+    /// Direct routing, tunnelling or local delivery.
+    Other,
+}
 
 /// The settings of a virtual server that the proxier manages (everything but its real servers).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
@@ -35,8 +44,8 @@ impl VirtualServerSettings {
 pub struct ObservedRealServer {
     /// Current weight (0 while draining).
     pub weight: u32,
-    /// Forwarding method (the proxier only ever creates [`ForwardMethod::Masquerade`]).
-    pub forward: ForwardMethod,
+    /// Forwarding method (the proxier only ever creates [`Forwarding::Masquerade`]).
+    pub forward: Forwarding,
     /// Active (established) connections.
     pub active_connections: u32,
     /// Inactive connections (e.g. TIME_WAIT, UDP).
@@ -48,7 +57,7 @@ impl ObservedRealServer {
     pub fn new(weight: u32) -> Self {
         ObservedRealServer {
             weight,
-            forward: ForwardMethod::Masquerade,
+            forward: Forwarding::Masquerade,
             active_connections: 0,
             inactive_connections: 0,
         }

@@ -9,8 +9,8 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
-use crate::desired::ServicePortName;
-use crate::model::{EndpointSlice, ModelWarning, Service, ServiceName, SliceKey};
+use crate::model::ServicePortName;
+use crate::model::{EndpointSlice, ModelWarning, NodeContext, Service, ServiceName, SliceKey};
 
 /// One change to the cluster state.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,6 +23,10 @@ pub enum Change {
     UpsertSlice(EndpointSlice),
     /// An EndpointSlice was deleted.
     DeleteSlice(SliceKey),
+    /// The facts of the node the proxier runs on changed (its Node object, its addresses).
+    UpsertNode(NodeContext),
+    /// The node's Node object is gone: plan with its name only.
+    DeleteNode,
 }
 
 /// Service ports whose plan may have changed.
@@ -31,6 +35,7 @@ pub type DirtyPorts = BTreeSet<ServicePortName>;
 /// Services and EndpointSlices, indexed by Service.
 #[derive(Debug, Default)]
 pub struct ClusterState {
+    node: Option<NodeContext>,
     services: HashMap<ServiceName, Service>,
     /// Slices of each Service, sorted by slice name (a Service has few slices: a sorted
     /// vector is much smaller than a tree map and as fast at this size).
@@ -56,7 +61,28 @@ impl ClusterState {
             Change::DeleteService(name) => self.delete_service(&name),
             Change::UpsertSlice(slice) => self.upsert_slice(slice),
             Change::DeleteSlice(key) => self.delete_slice(&key),
+            Change::UpsertNode(node) => self.set_node(Some(node)),
+            Change::DeleteNode => self.set_node(None),
         }
+    }
+
+    /// The node's facts as last set (`None`: no Node object known).
+    pub fn node(&self) -> Option<&NodeContext> {
+        self.node.as_ref()
+    }
+
+    /// Every plan may depend on the node's addresses and labels: a change dirties every port.
+    fn set_node(&mut self, node: Option<NodeContext>) -> DirtyPorts {
+        if self.node == node {
+            return DirtyPorts::new();
+        }
+        self.node = node;
+        self.port_names()
+    }
+
+    /// Number of EndpointSlices.
+    pub fn slice_count(&self) -> usize {
+        self.slice_owner.len()
     }
 
     /// A Service by name.

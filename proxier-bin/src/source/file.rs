@@ -1,10 +1,12 @@
 //! The file source: Services, EndpointSlices and Nodes read from a YAML file (see
-//! [`super::manifests`]) and re-read whenever its content changes. Every change produces a
-//! full [`SourceEvent::Snapshot`].
+//! [`super::manifests`]) and re-read whenever its content changes. The first read produces a
+//! [`SourceEvent::Snapshot`]; later ones produce an event per object that differs.
 
+use std::collections::BTreeMap;
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use tokio::sync::{mpsc, watch};
@@ -155,6 +157,46 @@ fn stamp_of(path: &Path) -> std::io::Result<FileStamp> {
     })
 }
 
+/// Keys whose object differs between `old` and `new` (added, removed or changed).
+fn changed<'m, T: PartialEq>(
+    old: &'m BTreeMap<ObjectKey, Arc<T>>,
+    new: &'m BTreeMap<ObjectKey, Arc<T>>,
+) -> impl Iterator<Item = (Option<&'m Arc<T>>, Option<&'m Arc<T>>)> {
+    let same = |a: &Arc<T>, b: &Arc<T>| Arc::ptr_eq(a, b) || **a == **b;
+    let gone_or_changed = old.iter().filter_map(move |(key, a)| match new.get(key) {
+        Some(b) if same(a, b) => None,
+        b => Some((Some(a), b)),
+    });
+    let added = new
+        .iter()
+        .filter(move |(key, _)| !old.contains_key(*key))
+        .map(|(_, b)| (None, Some(b)));
+    gone_or_changed.chain(added)
+}
+
+/// The events that turn snapshot `old` into `new`: one per object that differs.
+pub fn changes_between(old: &ClusterSnapshot, new: &ClusterSnapshot) -> Vec<SourceEvent> {
+    let mut events = Vec::new();
+    if old.node != new.node {
+        events.push(SourceEvent::NodeUpdate(new.node.clone()));
+    }
+    for (before, after) in changed(&old.services, &new.services) {
+        match (before, after) {
+            (_, Some(service)) => events.push(SourceEvent::ServiceUpsert(Arc::clone(service))),
+            (Some(service), None) => events.push(SourceEvent::ServiceDelete(Arc::clone(service))),
+            (None, None) => {}
+        }
+    }
+    for (before, after) in changed(&old.endpoint_slices, &new.endpoint_slices) {
+        match (before, after) {
+            (_, Some(slice)) => events.push(SourceEvent::SliceUpsert(Arc::clone(slice))),
+            (Some(slice), None) => events.push(SourceEvent::SliceDelete(Arc::clone(slice))),
+            (None, None) => {}
+        }
+    }
+    events
+}
+
 /// Starts watching the file. A snapshot is sent at once (when the file is readable) and after
 /// every change of content; `synced` turns true after the first one. A file that disappears or
 /// cannot be read keeps the last snapshot in force (a warning is logged) until it is back.
@@ -175,6 +217,7 @@ async fn run(config: FileSourceConfig, tx: mpsc::Sender<SourceEvent>, synced: wa
     let mut ticker = tokio::time::interval(config.poll_interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut reported_error = false;
+    let mut last: Option<ClusterSnapshot> = None;
     loop {
         ticker.tick().await;
         let read = stamp_of(&config.path).and_then(|stamp| {
@@ -207,8 +250,15 @@ async fn run(config: FileSourceConfig, tx: mpsc::Sender<SourceEvent>, synced: wa
         let snapshot = snapshot_from_manifests(cache.parse(&text), &config.hostname);
         tracing::info!(path = %config.path.display(), services = snapshot.services.len(),
             endpoint_slices = snapshot.endpoint_slices.len(), "source file loaded");
-        if tx.send(SourceEvent::Snapshot(snapshot)).await.is_err() {
-            return; // the daemon is gone
+        let events = match &last {
+            None => vec![SourceEvent::Snapshot(snapshot.clone())],
+            Some(old) => changes_between(old, &snapshot),
+        };
+        last = Some(snapshot);
+        for event in events {
+            if tx.send(event).await.is_err() {
+                return; // the daemon is gone
+            }
         }
         synced.send_replace(true);
     }
@@ -264,6 +314,39 @@ mod tests {
         assert_eq!(spec.external_traffic_policy.as_deref(), Some("Local"));
         assert_eq!(spec.health_check_node_port, Some(32100));
         assert!(snap.node.is_some());
+    }
+
+    #[test]
+    fn changes_between_snapshots_name_only_what_differs() {
+        let old = snapshot_from_manifests(parse_manifests(CLUSTER), "node-a");
+        assert!(changes_between(&old, &old.clone()).is_empty());
+        let text = CLUSTER.replace("clusterIP: 10.96.0.20", "clusterIP: 10.96.0.21")
+            + "---\napiVersion: v1\nkind: Service\nmetadata: {name: db, namespace: shop}\n";
+        let new = snapshot_from_manifests(parse_manifests(&text), "node-c");
+        let described: Vec<String> = changes_between(&old, &new)
+            .iter()
+            .map(SourceEvent::describe)
+            .collect();
+        assert_eq!(
+            described,
+            [
+                "node deleted",
+                "service upsert shop/web",
+                "service upsert shop/db"
+            ]
+        );
+        let back: Vec<String> = changes_between(&new, &old)
+            .iter()
+            .map(SourceEvent::describe)
+            .collect();
+        assert_eq!(
+            back,
+            [
+                "node update node-a",
+                "service delete shop/db",
+                "service upsert shop/web"
+            ]
+        );
     }
 
     #[test]
@@ -357,8 +440,20 @@ mod tests {
             "{CLUSTER}---\napiVersion: v1\nkind: Service\nmetadata: {{name: db, namespace: shop}}\n---\nkind: [broken\n"
         );
         std::fs::write(&path, more).expect("write more");
-        let second = next_snapshot(&mut handle).await;
-        assert_eq!(second.services.len(), 2);
+        let event = tokio::time::timeout(Duration::from_secs(10), handle.events.recv())
+            .await
+            .expect("an event within 10 s")
+            .expect("channel open");
+        match event {
+            SourceEvent::ServiceUpsert(service) => {
+                assert_eq!(service.metadata.name.as_deref(), Some("db"));
+            }
+            other => panic!("expected the new service, got {}", other.describe()),
+        }
+        assert!(
+            handle.events.try_recv().is_err(),
+            "only the new service changed"
+        );
         handle.task.abort();
         let _ = std::fs::remove_file(&path);
     }

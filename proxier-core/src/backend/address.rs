@@ -86,9 +86,7 @@ impl KernelAddressBackend {
         }
     }
 
-    /// The node's own addresses: every address in the namespace except those on the dummy
-    /// link, loopback and link-local ones. These are where NodePorts live.
-    pub async fn node_addresses(&self) -> Result<BTreeSet<IpAddr>, BackendError> {
+    async fn read_node_addresses(&self) -> Result<BTreeSet<IpAddr>, BackendError> {
         let dummy = self.link_index().await?;
         let mut messages = self.handle.address().get().execute();
         let mut addresses = BTreeSet::new();
@@ -121,6 +119,29 @@ impl KernelAddressBackend {
 impl AddressBackend for KernelAddressBackend {
     fn link_name(&self) -> &str {
         &self.link
+    }
+
+    async fn node_addresses(&mut self) -> Result<BTreeSet<IpAddr>, BackendError> {
+        self.read_node_addresses().await
+    }
+
+    async fn delete_link(&mut self) -> Result<bool, BackendError> {
+        self.index = None;
+        let Some(index) = self.link_index().await? else {
+            return Ok(false);
+        };
+        match self
+            .handle
+            .link()
+            .del(index)
+            .execute()
+            .await
+            .map_err(map_error)
+        {
+            Ok(()) => Ok(true),
+            Err(BackendError::NotFound) => Ok(false),
+            Err(other) => Err(other),
+        }
     }
 
     async fn ensure_link(&mut self) -> Result<(), BackendError> {

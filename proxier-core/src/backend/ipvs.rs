@@ -13,7 +13,9 @@ use ipvs_netlink::{
 
 use super::{BackendError, IpvsBackend, IpvsOp};
 use crate::desired::{RealServerKey, VirtualServerKey};
-use crate::observed::{ObservedRealServer, ObservedVirtualServer, VirtualServerSettings};
+use crate::observed::{
+    Forwarding, ObservedRealServer, ObservedVirtualServer, VirtualServerSettings,
+};
 
 /// Maps an ipvs-netlink error to the variants the reconciler reacts to.
 fn map_error(error: ipvs_netlink::Error) -> BackendError {
@@ -84,7 +86,10 @@ fn real_server(entry: &DestinationEntry) -> (RealServerKey, ObservedRealServer) 
         },
         ObservedRealServer {
             weight: d.weight,
-            forward: d.forward,
+            forward: match d.forward {
+                ipvs_netlink::ForwardMethod::Masquerade => Forwarding::Masquerade,
+                _ => Forwarding::Other,
+            },
             active_connections: entry.active_conns,
             inactive_connections: entry.inactive_conns,
         },

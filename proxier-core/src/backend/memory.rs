@@ -12,11 +12,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use ipvs_netlink::ForwardMethod;
-
 use super::{AddressBackend, BackendError, DEFAULT_DUMMY_LINK, IpvsBackend, IpvsOp};
 use crate::desired::{RealServerKey, VirtualServerKey};
-use crate::observed::{ObservedRealServer, ObservedVirtualServer};
+use crate::observed::{Forwarding, ObservedRealServer, ObservedVirtualServer};
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic while holding the lock cannot leave the model half-updated in a way
@@ -162,7 +160,7 @@ impl MemoryIpvsBackend {
                     .and_then(|vs| vs.real_servers.get_mut(rs))
                     .ok_or(BackendError::NotFound)?;
                 real.weight = *weight;
-                real.forward = ForwardMethod::Masquerade;
+                real.forward = Forwarding::Masquerade;
             }
             IpvsOp::DeleteRealServer(key, rs) => {
                 table
@@ -216,12 +214,15 @@ pub enum AddressOp {
     Add(IpAddr),
     /// An address was removed.
     Remove(IpAddr),
+    /// The link was deleted.
+    DeleteLink,
 }
 
 #[derive(Debug, Default)]
 struct AddressState {
     link_exists: bool,
     addresses: BTreeSet<IpAddr>,
+    node_addresses: BTreeSet<IpAddr>,
     applied: Vec<AddressOp>,
     failures: BTreeMap<IpAddr, BackendError>,
 }
@@ -244,6 +245,14 @@ impl MemoryAddressBackend {
     pub fn new() -> Self {
         MemoryAddressBackend {
             link: DEFAULT_DUMMY_LINK.to_owned(),
+            state: Arc::default(),
+        }
+    }
+
+    /// No link yet; it is named `link`.
+    pub fn named(link: impl Into<String>) -> Self {
+        MemoryAddressBackend {
+            link: link.into(),
             state: Arc::default(),
         }
     }
@@ -300,6 +309,11 @@ impl MemoryAddressBackend {
     pub fn clear_failure(&self, address: &IpAddr) {
         lock(&self.state).failures.remove(address);
     }
+
+    /// Sets the node's own addresses (what [`AddressBackend::node_addresses`] reports).
+    pub fn set_node_addresses(&self, addresses: impl IntoIterator<Item = IpAddr>) {
+        lock(&self.state).node_addresses = addresses.into_iter().collect();
+    }
 }
 
 impl AddressBackend for MemoryAddressBackend {
@@ -333,6 +347,21 @@ impl AddressBackend for MemoryAddressBackend {
             return Err(BackendError::Exists);
         }
         Ok(())
+    }
+
+    async fn node_addresses(&mut self) -> Result<BTreeSet<IpAddr>, BackendError> {
+        Ok(lock(&self.state).node_addresses.clone())
+    }
+
+    async fn delete_link(&mut self) -> Result<bool, BackendError> {
+        let mut state = lock(&self.state);
+        if !state.link_exists {
+            return Ok(false);
+        }
+        state.link_exists = false;
+        state.addresses.clear();
+        state.applied.push(AddressOp::DeleteLink);
+        Ok(true)
     }
 
     async fn remove_address(&mut self, address: IpAddr) -> Result<(), BackendError> {

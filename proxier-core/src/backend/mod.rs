@@ -209,4 +209,13 @@ pub trait AddressBackend: Send {
         &mut self,
         address: IpAddr,
     ) -> impl Future<Output = Result<(), BackendError>> + Send;
+
+    /// The node's own addresses: every address on the node's interfaces except those on the
+    /// dummy link, loopback and IPv6 link-local ones (where NodePorts live).
+    fn node_addresses(
+        &mut self,
+    ) -> impl Future<Output = Result<BTreeSet<IpAddr>, BackendError>> + Send;
+
+    /// Deletes the link with its addresses; `Ok(false)` when it did not exist.
+    fn delete_link(&mut self) -> impl Future<Output = Result<bool, BackendError>> + Send;
 }

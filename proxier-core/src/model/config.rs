@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use ipnet::IpNet;
 
-use super::endpoint::AddressFamily;
-use crate::desired::Scheduler;
+use ipvs_netlink::Scheduler;
+
+use super::family::AddressFamily;
 
 /// Which node addresses NodePorts are served on (`--nodeport-addresses`).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -46,10 +47,6 @@ pub struct Config {
     pub strict_arp: bool,
     /// IPVS timeouts.
     pub timeouts: IpvsTimeouts,
-    /// Full resync period (`--ipvs-sync-period`).
-    pub sync_period: Duration,
-    /// Minimum time between syncs (`--ipvs-min-sync-period`).
-    pub min_sync_period: Duration,
     /// Masquerade all traffic to Service addresses (`--masquerade-all`).
     pub masquerade_all: bool,
     /// Pod network CIDRs (`--cluster-cidr`), to tell off-cluster traffic that needs masquerade.
@@ -66,8 +63,6 @@ impl Default for Config {
             node_port_addresses: NodePortAddresses::All,
             strict_arp: false,
             timeouts: IpvsTimeouts::default(),
-            sync_period: Duration::from_secs(30),
-            min_sync_period: Duration::ZERO,
             masquerade_all: false,
             cluster_cidrs: Vec::new(),
             families: AddressFamily::ALL.into_iter().collect(),

@@ -18,16 +18,19 @@
 pub mod config;
 pub mod endpoint;
 pub mod error;
+pub mod family;
 pub mod node;
 pub mod service;
 
 pub use config::{Config, IpvsTimeouts, NodePortAddresses};
-pub use endpoint::{AddressFamily, Endpoint, EndpointPort, EndpointSlice, SliceKey};
+pub use endpoint::{Endpoint, EndpointPort, EndpointSlice, SliceKey};
 pub use error::{ConversionError, ModelWarning, ObjectKind, ObjectRef};
+pub use family::AddressFamily;
+pub use ipvs_netlink::{Protocol, Scheduler};
 pub use node::NodeContext;
 pub use service::{
     DEFAULT_CLIENT_IP_TIMEOUT_SECONDS, IpMode, LoadBalancerIngress, Service, ServiceName,
-    ServicePortSpec, SessionAffinity, TrafficPolicy,
+    ServicePortName, ServicePortSpec, SessionAffinity, TrafficPolicy,
 };
 
 /// Service annotation choosing the IPVS scheduler of that Service (see the module docs).

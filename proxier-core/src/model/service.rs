@@ -5,9 +5,10 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 
-use super::endpoint::AddressFamily;
+use ipvs_netlink::{Protocol, Scheduler};
+
 use super::error::ModelWarning;
-use crate::desired::{Protocol, Scheduler, ServicePortName};
+use super::family::AddressFamily;
 
 /// kube-proxy's default ClientIP affinity timeout (3 hours) when a Service does not set one.
 pub const DEFAULT_CLIENT_IP_TIMEOUT_SECONDS: u32 = 10_800;
@@ -44,6 +45,30 @@ impl ServiceName {
 impl fmt::Display for ServiceName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// Identifies one port of one Service: `namespace/name:port-name` plus protocol,
+/// the unit of planning, change tracking and error reporting.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ServicePortName {
+    /// Namespace of the Service.
+    pub namespace: String,
+    /// Name of the Service.
+    pub name: String,
+    /// Name of the port within the Service (may be empty for single-port Services).
+    pub port: String,
+    /// Transport protocol of the port.
+    pub protocol: Protocol,
+}
+
+impl fmt::Display for ServicePortName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)?;
+        if !self.port.is_empty() {
+            write!(f, ":{}", self.port)?;
+        }
+        write!(f, "/{}", self.protocol)
     }
 }
 

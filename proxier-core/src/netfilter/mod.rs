@@ -97,15 +97,18 @@
 pub mod apply;
 pub mod plan;
 pub mod render;
+pub mod tracker;
 
 pub use apply::{MemoryNetfilterBackend, NetfilterBackend, NetfilterError, NftBackend};
 pub use plan::{
-    AddrPort, ClusterIpMasquerade, FamilyPlan, NetfilterPlan, ProtoPort, SourceRange, plan,
+    AddrPort, ClusterIpMasquerade, FamilyPlan, NetfilterPlan, ProtoPort, SourceRange, empty_plan,
+    plan, plan_of_service,
 };
 pub use render::{
     DEFAULT_MASQUERADE_MARK, DEFAULT_TABLE_NAME, RenderError, RenderOptions, render_cleanup,
     render_replace, render_update,
 };
+pub use tracker::{NetfilterTracker, PlanChanges};
 
 /// Keeps the node's nftables tables equal to the latest plan.
 #[derive(Debug)]
@@ -113,6 +116,8 @@ pub struct Netfilter<B> {
     backend: B,
     options: RenderOptions,
     last_applied: Option<NetfilterPlan>,
+    /// The tables hold what [`Netfilter::sync_changes`] was last given.
+    tracked_in_sync: bool,
 }
 
 impl<B: NetfilterBackend> Netfilter<B> {
@@ -123,6 +128,7 @@ impl<B: NetfilterBackend> Netfilter<B> {
             backend,
             options,
             last_applied: None,
+            tracked_in_sync: false,
         })
     }
 
@@ -144,6 +150,7 @@ impl<B: NetfilterBackend> Netfilter<B> {
     /// Returns `false` without touching the kernel when `plan` equals the last plan applied
     /// (call [`Netfilter::invalidate`] to force a full replace, e.g. on the periodic resync).
     pub async fn sync(&mut self, plan: &NetfilterPlan) -> Result<bool, NetfilterError> {
+        self.tracked_in_sync = false;
         if self.last_applied.as_ref() == Some(plan) {
             return Ok(false);
         }
@@ -166,6 +173,46 @@ impl<B: NetfilterBackend> Netfilter<B> {
         Ok(true)
     }
 
+    /// Makes the tables hold `plan` given only what changed since the last call
+    /// (`changes`, from a [`NetfilterTracker`]): one transaction adding and deleting those
+    /// elements, so the cost follows the size of the change. The first call, a call after
+    /// [`Netfilter::invalidate`], or a failed update replaces the whole tables with `plan`.
+    /// Returns whether the kernel was written.
+    pub async fn sync_changes(
+        &mut self,
+        plan: &NetfilterPlan,
+        changes: &PlanChanges,
+    ) -> Result<bool, NetfilterError> {
+        self.last_applied = None;
+        if self.tracked_in_sync {
+            if changes.is_empty() {
+                return Ok(false);
+            }
+            let script = render_update(&changes.removed, &changes.added, &self.options)?;
+            match self.backend.apply(&script).await {
+                Ok(()) => {
+                    tracing::debug!(table = %self.options.table_name, "nftables set elements updated");
+                    return Ok(true);
+                }
+                Err(err) => tracing::warn!(
+                    table = %self.options.table_name,
+                    "incremental nftables update failed, replacing the tables: {err}"
+                ),
+            }
+        }
+        self.tracked_in_sync = false;
+        let script = render_replace(plan, &self.options)?;
+        self.backend.apply(&script).await?;
+        self.tracked_in_sync = true;
+        tracing::debug!(
+            table = %self.options.table_name,
+            v4_elements = plan.v4.as_ref().map_or(0, FamilyPlan::element_count),
+            v6_elements = plan.v6.as_ref().map_or(0, FamilyPlan::element_count),
+            "nftables tables replaced"
+        );
+        Ok(true)
+    }
+
     fn applied(&mut self, plan: &NetfilterPlan, how: &'static str) {
         tracing::debug!(
             table = %self.options.table_name,
@@ -180,12 +227,14 @@ impl<B: NetfilterBackend> Netfilter<B> {
     /// (repairs drift: someone deleting or editing them).
     pub fn invalidate(&mut self) {
         self.last_applied = None;
+        self.tracked_in_sync = false;
     }
 
     /// Removes the proxier's tables of both families completely (`--cleanup`).
     pub async fn cleanup(&mut self) -> Result<(), NetfilterError> {
         let script = render_cleanup(&self.options.table_name)?;
         self.last_applied = None;
+        self.tracked_in_sync = false;
         self.backend.apply(&script).await
     }
 }

@@ -162,7 +162,7 @@ impl NetfilterPlan {
         }
     }
 
-    fn family_mut(&mut self, family: AddressFamily) -> Option<&mut FamilyPlan> {
+    pub(crate) fn family_mut(&mut self, family: AddressFamily) -> Option<&mut FamilyPlan> {
         match family {
             AddressFamily::V4 => self.v4.as_mut(),
             AddressFamily::V6 => self.v6.as_mut(),
@@ -172,6 +172,20 @@ impl NetfilterPlan {
 
 /// Plans the netfilter tables of the node.
 pub fn plan(state: &ClusterState, node: &NodeContext, config: &Config) -> NetfilterPlan {
+    let mut out = empty_plan(config);
+    for service in state.services() {
+        for family in AddressFamily::ALL {
+            if let Some(family_plan) = out.family_mut(family) {
+                plan_service(state, service, node, config, family_plan);
+            }
+        }
+    }
+    out
+}
+
+/// The tables of `config`'s families with their rules and no set element: what the node
+/// holds with no Service.
+pub fn empty_plan(config: &Config) -> NetfilterPlan {
     let mut out = NetfilterPlan::default();
     for family in AddressFamily::ALL {
         if !config.families.contains(&family) {
@@ -183,15 +197,22 @@ pub fn plan(state: &ClusterState, node: &NodeContext, config: &Config) -> Netfil
             AddressFamily::V6 => out.v6 = Some(family_plan),
         }
     }
-    // Services in a stable order, so that two plans of the same state compare equal
-    // whatever the hash order of the state (sets are ordered anyway; this keeps it obvious).
-    let mut services: Vec<&Service> = state.services().collect();
-    services.sort_by(|a, b| a.name.cmp(&b.name));
-    for service in services {
-        for family in AddressFamily::ALL {
-            if let Some(family_plan) = out.family_mut(family) {
-                plan_service(state, service, node, config, family_plan);
-            }
+    out
+}
+
+/// The set elements one Service contributes (an [`empty_plan`] holding only them): the
+/// incremental path re-plans only the Services that changed and merges the results
+/// ([`super::NetfilterTracker`]).
+pub fn plan_of_service(
+    state: &ClusterState,
+    service: &Service,
+    node: &NodeContext,
+    config: &Config,
+) -> NetfilterPlan {
+    let mut out = empty_plan(config);
+    for family in AddressFamily::ALL {
+        if let Some(family_plan) = out.family_mut(family) {
+            plan_service(state, service, node, config, family_plan);
         }
     }
     out

@@ -44,7 +44,6 @@ use std::ops::RangeInclusive;
 use std::time::Duration;
 
 use ipnet::IpNet;
-use ipvs_netlink::ForwardMethod;
 use tokio::time::Instant;
 
 use crate::backend::{AddressBackend, BackendError, IpvsBackend, IpvsOp, OpKind};
@@ -53,7 +52,7 @@ use crate::desired::{
 };
 use crate::diff::{self, Changes, DrainPolicy, OwnedOp, Rejection, Scope};
 use crate::drain::{DEFAULT_DRAIN_TIMEOUT, DrainQueue};
-use crate::observed::{Observed, ObservedRealServer, ObservedVirtualServer};
+use crate::observed::{Forwarding, Observed, ObservedRealServer, ObservedVirtualServer};
 
 /// Settings of a [`Reconciler`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -195,7 +194,7 @@ pub struct ReconcilerStats {
 
 /// What one sync did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct SyncReport {
+pub struct ReconcileReport {
     /// Writes attempted (IPVS ops, address binds and unbinds).
     pub writes: usize,
     /// Of those, deletions (virtual servers, real servers, addresses).
@@ -206,6 +205,17 @@ pub struct SyncReport {
     pub drift: Option<usize>,
     /// Errors of this sync, by service port (`None`: cleanup).
     pub errors: Vec<(Option<ServicePortName>, ServiceSyncError)>,
+}
+
+/// What [`Reconciler::remove_owned`] removed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CleanupReport {
+    /// Virtual servers deleted.
+    pub virtual_servers: usize,
+    /// Whether the dummy link existed and was deleted.
+    pub link_deleted: bool,
+    /// What could not be listed or removed.
+    pub errors: Vec<String>,
 }
 
 /// A failed write or read: the service port it was for, the virtual server, the error.
@@ -318,7 +328,10 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
     /// differences: creates the dummy link if missing, binds and unbinds addresses,
     /// deletes owned virtual servers nobody plans, drains removed real servers.
     /// Service ports waiting for a retry are left as they are until it is due.
-    pub async fn full_sync(&mut self, desired: &Desired) -> Result<SyncReport, ReconcileError> {
+    pub async fn full_sync(
+        &mut self,
+        desired: &Desired,
+    ) -> Result<ReconcileReport, ReconcileError> {
         let now = Instant::now();
         self.drains_checked_at = now;
         let link = self.addresses.link_name().to_owned();
@@ -428,7 +441,7 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
         &mut self,
         desired: &Desired,
         dirty: &BTreeSet<ServicePortName>,
-    ) -> Result<SyncReport, ReconcileError> {
+    ) -> Result<ReconcileReport, ReconcileError> {
         if !self.synced {
             return self.full_sync(desired).await;
         }
@@ -479,7 +492,7 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
     /// Periodic work between syncs: deletes draining real servers whose connections
     /// ended or whose bound passed (reading only the virtual servers that drain), and
     /// retries service ports whose backoff is over.
-    pub async fn tick(&mut self, desired: &Desired) -> Result<SyncReport, ReconcileError> {
+    pub async fn tick(&mut self, desired: &Desired) -> Result<ReconcileReport, ReconcileError> {
         if !self.synced {
             return self.full_sync(desired).await;
         }
@@ -496,6 +509,63 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
         self.stats.incremental_syncs += 1;
         self.refresh_stats();
         Ok(report)
+    }
+
+    /// Removes everything the proxier owns, by the same ownership rule every sync uses
+    /// ([`Scope::owns`]): virtual servers on the dummy link's addresses, NodePort virtual
+    /// servers on the node's own addresses within [`ReconcilerConfig::node_port_range`],
+    /// virtual servers planned in this process; then the dummy link itself. Nothing in
+    /// [`ReconcilerConfig::exclude_cidrs`] and nothing else is touched (`--cleanup`).
+    pub async fn remove_owned(&mut self) -> CleanupReport {
+        let mut report = CleanupReport::default();
+        let link = self.addresses.link_name().to_owned();
+        let link_addresses = match self.addresses.list_addresses().await {
+            Ok(addresses) => addresses,
+            Err(source) => {
+                report
+                    .errors
+                    .push(ReconcileError::ListAddresses { link, source }.to_string());
+                return report;
+            }
+        };
+        match self.addresses.node_addresses().await {
+            Ok(addresses) => self.node_port_addresses.extend(addresses),
+            Err(error) => report
+                .errors
+                .push(format!("listing the node's addresses: {error}")),
+        }
+        match self.ipvs.list_virtual_servers().await {
+            Ok(table) => {
+                let planned: HashSet<VirtualServerKey> = self.claimants.keys().copied().collect();
+                let scope = self.scope(&link_addresses, &planned);
+                let ops: Vec<IpvsOp> = table
+                    .keys()
+                    .filter(|key| scope.owns(key))
+                    .map(|key| IpvsOp::DeleteVirtualServer(*key))
+                    .collect();
+                let results = self.ipvs.apply(&ops).await;
+                for (op, result) in ops.iter().zip(results) {
+                    match result {
+                        Ok(()) | Err(BackendError::NotFound) => report.virtual_servers += 1,
+                        Err(error) => report.errors.push(format!("{op}: {error}")),
+                    }
+                }
+            }
+            Err(source) => report
+                .errors
+                .push(ReconcileError::ListVirtualServers { source }.to_string()),
+        }
+        match self.addresses.delete_link().await {
+            Ok(deleted) => report.link_deleted = deleted,
+            Err(error) => report.errors.push(format!("deleting link {link}: {error}")),
+        }
+        self.kernel = Observed::default();
+        self.synced = false;
+        self.claims.clear();
+        self.claimants.clear();
+        self.binders.clear();
+        self.drains = DrainQueue::new();
+        report
     }
 
     fn add_due_retries(
@@ -593,7 +663,7 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
         keys: BTreeMap<VirtualServerKey, Option<ServicePortName>>,
         attempted: &BTreeSet<ServicePortName>,
         now: Instant,
-    ) -> SyncReport {
+    ) -> ReconcileReport {
         let mut read_errors: Vec<Failed> = Vec::new();
         let mut unreadable = HashSet::new();
         // Re-read what the cache cannot answer: virtual servers whose last write failed,
@@ -763,8 +833,8 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
         attempted: &BTreeSet<ServicePortName>,
         now: Instant,
         mut failed: Vec<Failed>,
-    ) -> SyncReport {
-        let mut report = SyncReport::default();
+    ) -> ReconcileReport {
+        let mut report = ReconcileReport::default();
         let link = self.addresses.link_name().to_owned();
 
         for address in bind {
@@ -926,7 +996,7 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
                     .and_then(|vs| vs.real_servers.get_mut(rs))
                 {
                     real.weight = *weight;
-                    real.forward = ForwardMethod::Masquerade;
+                    real.forward = Forwarding::Masquerade;
                 }
             }
             IpvsOp::DeleteRealServer(key, rs) => {

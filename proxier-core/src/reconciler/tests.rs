@@ -6,13 +6,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::time::Duration;
 
-use ipvs_netlink::ForwardMethod;
-
 use super::*;
 use crate::backend::memory::AddressOp;
 use crate::backend::{MemoryAddressBackend, MemoryIpvsBackend};
 use crate::desired::{Protocol, RealServer, RealServerKey, Scheduler};
-use crate::observed::VirtualServerSettings;
+use crate::observed::{Forwarding, VirtualServerSettings};
 
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
@@ -790,7 +788,7 @@ async fn settings_and_forwarding_changes_are_updates_not_recreations() {
     web.real_servers
         .get_mut(&rkey("10.1.0.2", 8080))
         .unwrap()
-        .forward = ForwardMethod::DirectRoute;
+        .forward = Forwarding::Other;
     let ipvs = MemoryIpvsBackend::with_table(table);
     let addresses = MemoryAddressBackend::with_addresses([ip("10.96.0.10"), ip("10.96.0.53")]);
     let mut want = two_services();
@@ -821,7 +819,7 @@ async fn settings_and_forwarding_changes_are_updates_not_recreations() {
     assert_eq!(ipvs.table()[&key].settings, settings);
     assert_eq!(
         ipvs.table()[&key].real_servers[&rkey("10.1.0.2", 8080)].forward,
-        ForwardMethod::Masquerade
+        Forwarding::Masquerade
     );
 }
 

@@ -1,28 +1,23 @@
-//! The sync runner: decides when to sync and whether incrementally or fully, and drives a
-//! [`SyncTarget`].
+//! The driver: decides when a [`Proxier`] syncs, and whether incrementally or fully, as
+//! kube-proxy's bounded-frequency runner does; the daemon and embedders reuse it.
 //!
 //! [`SyncScheduler`] is pure (time is passed in): changes are synced as soon as a token is
-//! available (a bucket of `burst` tokens refilled one per `min_sync_period`, as kube-proxy's
-//! bounded-frequency runner); a full resync runs every `sync_period`; a failed sync is retried
-//! as a full one after a backoff that doubles up to `sync_period`. [`run`] is the async loop.
+//! available (a bucket of `burst` tokens refilled one per `min_sync_period`); a full resync
+//! runs every `sync_period`; a failed sync is retried as a full one after a backoff that
+//! doubles up to `sync_period`. [`run`] is the async loop: it owns the proxier, applies the
+//! changes sent through a [`ProxierHandle`] between syncs, wakes for drains and retries
+//! ([`Proxier::next_deadline`]) and tells a [`SyncObserver`] about every sync.
 
-use std::future::Future;
 use std::time::{Duration, SystemTime};
 
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use crate::health::ProxyHealth;
-use crate::metrics::{SyncScope, record_sync};
-
-/// What a sync covers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SyncKind {
-    /// Re-plan and apply only what changed since the last sync.
-    Incremental,
-    /// Re-read the kernel, re-plan everything and repair drift.
-    Full,
-}
+use super::{EngineError, Proxier, SyncKind, SyncReport};
+use crate::backend::{AddressBackend, IpvsBackend};
+use crate::conntrack::ConntrackBackend;
+use crate::netfilter::NetfilterBackend;
+use crate::state::Change;
 
 /// What the runner should do now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,7 +32,7 @@ pub enum Decision {
 
 /// Timing parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RunnerConfig {
+pub struct DriverConfig {
     /// Minimum time between syncs once the burst is spent (0: no limit).
     pub min_sync_period: Duration,
     /// Time between full resyncs.
@@ -48,14 +43,15 @@ pub struct RunnerConfig {
     pub retry_initial: Duration,
 }
 
-impl RunnerConfig {
-    /// From the daemon's settings; the first retry comes after 1 s (at most the sync period).
-    pub fn from_settings(ipvs: &crate::settings::IpvsSettings) -> RunnerConfig {
-        RunnerConfig {
-            min_sync_period: ipvs.min_sync_period,
-            sync_period: ipvs.sync_period,
-            burst: ipvs.sync_burst,
-            retry_initial: Duration::from_secs(1).min(ipvs.sync_period),
+impl DriverConfig {
+    /// kube-proxy's timing: a full resync every `sync_period`, at most `burst` syncs back to
+    /// back then one per `min_sync_period`; the first retry after 1 s (at most the period).
+    pub fn new(sync_period: Duration, min_sync_period: Duration, burst: u32) -> DriverConfig {
+        DriverConfig {
+            min_sync_period,
+            sync_period,
+            burst,
+            retry_initial: Duration::from_secs(1).min(sync_period),
         }
     }
 }
@@ -63,7 +59,7 @@ impl RunnerConfig {
 /// The pure scheduling state.
 #[derive(Debug, Clone)]
 pub struct SyncScheduler {
-    config: RunnerConfig,
+    config: DriverConfig,
     tokens: f64,
     refilled_at: Instant,
     changes_pending: bool,
@@ -75,10 +71,10 @@ pub struct SyncScheduler {
 
 impl SyncScheduler {
     /// A scheduler whose first sync is a full one, due at once.
-    pub fn new(config: RunnerConfig, now: Instant) -> SyncScheduler {
+    pub fn new(config: DriverConfig, now: Instant) -> SyncScheduler {
         let burst = config.burst.max(1);
         SyncScheduler {
-            config: RunnerConfig { burst, ..config },
+            config: DriverConfig { burst, ..config },
             tokens: f64::from(burst),
             refilled_at: now,
             changes_pending: false,
@@ -174,122 +170,179 @@ impl SyncScheduler {
     }
 }
 
-/// A sync failed.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct SyncError(pub String);
-
-/// What the runner drives: proxier-core's reconciler (or, until it is wired, the dry run).
-pub trait SyncTarget: Send {
-    /// Performs one sync.
-    fn sync(&mut self, kind: SyncKind) -> impl Future<Output = Result<(), SyncError>> + Send;
-}
-
-/// A request to the runner.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Trigger {
-    /// Something changed.
-    Changes,
-    /// Resync everything.
+/// What a [`ProxierHandle`] sends to [`run`].
+#[derive(Debug)]
+enum Command {
+    Apply(Vec<Change>),
+    TriggerTime(SystemTime),
     Full,
 }
 
-/// How to reach a running runner.
+/// How to feed a running [`run`] loop; cheap to clone. Sends never block; after the loop
+/// ended they are dropped.
 #[derive(Debug, Clone)]
-pub struct RunnerHandle {
-    tx: mpsc::UnboundedSender<Trigger>,
+pub struct ProxierHandle {
+    tx: mpsc::UnboundedSender<Command>,
 }
 
-impl RunnerHandle {
-    /// A new handle and the receiving end for [`run`].
-    pub fn new() -> (RunnerHandle, mpsc::UnboundedReceiver<Trigger>) {
+/// The receiving end of a [`ProxierHandle`], for [`run`].
+#[derive(Debug)]
+pub struct Commands {
+    rx: mpsc::UnboundedReceiver<Command>,
+}
+
+impl ProxierHandle {
+    /// A handle and the receiving end to give [`run`].
+    pub fn new() -> (ProxierHandle, Commands) {
         let (tx, rx) = mpsc::unbounded_channel();
-        (RunnerHandle { tx }, rx)
+        (ProxierHandle { tx }, Commands { rx })
     }
 
-    /// Asks for a sync of changes (ignored once the runner stopped).
-    pub fn request_sync(&self) {
-        let _ = self.tx.send(Trigger::Changes);
+    /// Applies changes (in order) before the next sync, and asks for one if they change
+    /// anything.
+    pub fn apply(&self, changes: Vec<Change>) {
+        if !changes.is_empty() {
+            let _ = self.tx.send(Command::Apply(changes));
+        }
     }
 
-    /// Asks for a full resync.
+    /// See [`Proxier::record_trigger_time`].
+    pub fn record_trigger_time(&self, at: SystemTime) {
+        let _ = self.tx.send(Command::TriggerTime(at));
+    }
+
+    /// Asks for a full resync as soon as allowed.
     pub fn request_full(&self) {
-        let _ = self.tx.send(Trigger::Full);
+        let _ = self.tx.send(Command::Full);
     }
 }
 
-/// Runs syncs on `target` as `scheduler` decides, until `shutdown` turns true or every
-/// [`RunnerHandle`] is dropped. Reports queued changes and finished syncs to `health` and to
-/// the metrics. With `once`, returns after the first successful sync.
-pub async fn run<T: SyncTarget>(
-    mut scheduler: SyncScheduler,
-    mut triggers: mpsc::UnboundedReceiver<Trigger>,
-    target: &mut T,
-    health: Option<ProxyHealth>,
+/// One finished sync, as [`run`] reports it.
+#[derive(Debug)]
+pub struct SyncOutcome<'a> {
+    /// What ran.
+    pub kind: SyncKind,
+    /// How long it took.
+    pub took: Duration,
+    /// Its report, or why it could not run.
+    pub result: &'a Result<SyncReport, EngineError>,
+    /// Whether it counts as a success (no nftables failure, kernel readable); failures are
+    /// retried as full syncs.
+    pub succeeded: bool,
+    /// Whether more changes arrived meanwhile (another sync follows).
+    pub changes_pending: bool,
+}
+
+/// Told about what [`run`] does: metrics, health, printing.
+pub trait SyncObserver<P> {
+    /// A change was queued for a sync.
+    fn queued(&mut self) {}
+
+    /// A sync finished; `proxier` is as it left it.
+    fn synced(&mut self, proxier: &P, outcome: &SyncOutcome<'_>);
+}
+
+/// Drives `proxier` until `shutdown` turns true or every [`ProxierHandle`] is dropped: the
+/// first sync (full) runs at once, then as `config` and the changes decide.
+pub async fn run<I, A, N, C, O>(
+    proxier: &mut Proxier<I, A, N, C>,
+    config: DriverConfig,
+    mut commands: Commands,
+    observer: &mut O,
     mut shutdown: watch::Receiver<bool>,
-    once: bool,
-) -> Result<(), SyncError> {
-    let mut last_error = None;
+) where
+    I: IpvsBackend,
+    A: AddressBackend,
+    N: NetfilterBackend,
+    C: ConntrackBackend + Send + 'static,
+    O: SyncObserver<Proxier<I, A, N, C>>,
+{
+    let mut scheduler = SyncScheduler::new(config, Instant::now());
+    let mut open = true;
     loop {
+        while let Ok(command) = commands.rx.try_recv() {
+            handle(command, proxier, &mut scheduler, observer);
+        }
         if *shutdown.borrow() {
-            return Ok(());
+            return;
+        }
+        if proxier
+            .next_deadline()
+            .is_some_and(|at| at <= Instant::now())
+        {
+            scheduler.request_sync();
         }
         match scheduler.poll(Instant::now()) {
             Decision::Run(kind) => {
                 let started = Instant::now();
-                tracing::debug!(?kind, "sync starting");
-                let result = target.sync(kind).await;
-                let took = started.elapsed();
-                let ok = result.is_ok();
-                scheduler.finished(Instant::now(), kind, ok);
-                let scope = match kind {
-                    SyncKind::Full => SyncScope::Full,
-                    SyncKind::Incremental => SyncScope::Partial,
-                };
-                record_sync(scope, took, ok, SystemTime::now());
-                match result {
-                    Ok(()) => {
-                        tracing::debug!(?kind, ?took, "sync done");
-                        if let Some(h) = &health
-                            && !scheduler.changes_pending()
-                        {
-                            h.updated(SystemTime::now());
-                        }
-                        if once {
-                            return Ok(());
-                        }
-                    }
-                    Err(error) => {
-                        tracing::error!(?kind, %error, "sync failed; will retry with a full sync");
-                        last_error = Some(error);
-                    }
+                let result = proxier.sync(kind).await;
+                let succeeded = result
+                    .as_ref()
+                    .is_ok_and(|report| report.netfilter_error.is_none());
+                let kind = result.as_ref().map_or(kind, |report| report.kind);
+                if let Err(error) = &result {
+                    tracing::error!(?kind, %error, "sync failed; will retry with a full sync");
                 }
+                scheduler.finished(Instant::now(), kind, succeeded);
+                let outcome = SyncOutcome {
+                    kind,
+                    took: started.elapsed(),
+                    result: &result,
+                    succeeded,
+                    changes_pending: scheduler.changes_pending() || !commands.rx.is_empty(),
+                };
+                observer.synced(proxier, &outcome);
             }
-            Decision::Busy => {
-                // Unreachable in this loop (syncs are awaited inline); be safe.
-                tokio::task::yield_now().await;
-            }
+            Decision::Busy => tokio::task::yield_now().await,
             Decision::WaitUntil(at) => {
+                let at = proxier
+                    .next_deadline()
+                    .map_or(at, |deadline| deadline.min(at));
+                if !open {
+                    // Every handle is gone: nothing can change any more.
+                    return;
+                }
                 tokio::select! {
                     _ = tokio::time::sleep_until(at) => {}
-                    trigger = triggers.recv() => match trigger {
-                        Some(Trigger::Changes) => {
-                            scheduler.request_sync();
-                            if let Some(h) = &health {
-                                h.queued_update(SystemTime::now());
-                            }
-                        }
-                        Some(Trigger::Full) => scheduler.request_full(Instant::now()),
-                        None => return last_error.map_or(Ok(()), Err),
+                    command = commands.rx.recv() => match command {
+                        Some(command) => handle(command, proxier, &mut scheduler, observer),
+                        None => open = false,
                     },
                     changed = shutdown.changed() => {
                         if changed.is_err() || *shutdown.borrow() {
-                            return Ok(());
+                            return;
                         }
                     }
                 }
             }
         }
+    }
+}
+
+fn handle<P, O: SyncObserver<P>, I, A, N, C>(
+    command: Command,
+    proxier: &mut Proxier<I, A, N, C>,
+    scheduler: &mut SyncScheduler,
+    observer: &mut O,
+) where
+    I: IpvsBackend,
+    A: AddressBackend,
+    N: NetfilterBackend,
+    C: ConntrackBackend + Send + 'static,
+{
+    match command {
+        Command::Apply(changes) => {
+            let mut changed = false;
+            for change in changes {
+                changed |= proxier.apply(change);
+            }
+            if changed {
+                scheduler.request_sync();
+                observer.queued();
+            }
+        }
+        Command::TriggerTime(at) => proxier.record_trigger_time(at),
+        Command::Full => scheduler.request_full(Instant::now()),
     }
 }
 
@@ -297,8 +350,8 @@ pub async fn run<T: SyncTarget>(
 mod tests {
     use super::*;
 
-    fn cfg(min_ms: u64, period_s: u64, burst: u32) -> RunnerConfig {
-        RunnerConfig {
+    fn cfg(min_ms: u64, period_s: u64, burst: u32) -> DriverConfig {
+        DriverConfig {
             min_sync_period: Duration::from_millis(min_ms),
             sync_period: Duration::from_secs(period_s),
             burst,
@@ -456,109 +509,5 @@ mod tests {
             s.poll(t + Duration::from_secs(1)),
             Decision::Run(SyncKind::Full)
         );
-    }
-
-    struct Recorder {
-        calls: Vec<(Duration, SyncKind)>,
-        start: Instant,
-        fail_first: bool,
-    }
-
-    impl SyncTarget for Recorder {
-        fn sync(&mut self, kind: SyncKind) -> impl Future<Output = Result<(), SyncError>> + Send {
-            self.calls.push((self.start.elapsed(), kind));
-            let fail = std::mem::take(&mut self.fail_first);
-            async move {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-                if fail {
-                    Err(SyncError("boom".into()))
-                } else {
-                    Ok(())
-                }
-            }
-        }
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn runner_drives_the_target_on_schedule() {
-        let start = Instant::now();
-        let (handle, triggers) = RunnerHandle::new();
-        let (stop_tx, stop_rx) = watch::channel(false);
-        let health = ProxyHealth::new(Duration::from_secs(60));
-        let scheduler = SyncScheduler::new(cfg(1000, 30, 1), start);
-        let mut target = Recorder {
-            calls: Vec::new(),
-            start,
-            fail_first: true,
-        };
-        let driver = {
-            let health = health.clone();
-            async move {
-                run(
-                    scheduler,
-                    triggers,
-                    &mut target,
-                    Some(health),
-                    stop_rx,
-                    false,
-                )
-                .await
-                .expect("runner ends cleanly");
-                target
-            }
-        };
-        let feeder = async move {
-            tokio::time::sleep(Duration::from_millis(1500)).await;
-            handle.request_sync();
-            handle.request_sync();
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            handle.request_sync();
-            tokio::time::sleep(Duration::from_secs(40)).await;
-            stop_tx.send_replace(true);
-            handle
-        };
-        let (target, _handle) = tokio::join!(driver, feeder);
-        let calls: Vec<(u128, SyncKind)> = target
-            .calls
-            .iter()
-            .map(|(d, k)| (d.as_millis(), *k))
-            .collect();
-        // t=0 full fails; retry at 1.01 s (1 s backoff after the 10 ms sync) succeeds; changes
-        // at 1.5 s wait for the next token (1 per second after the one taken at 1.01 s) ->
-        // 2.01 s; then the full resync 30 s after the successful one (finished at 1.02 s).
-        assert_eq!(
-            calls,
-            vec![
-                (0, SyncKind::Full),
-                (1010, SyncKind::Full),
-                (2010, SyncKind::Incremental),
-                (31020, SyncKind::Full),
-            ]
-        );
-        let (healthy, last) = health.is_healthy(SystemTime::now());
-        assert!(healthy && last.is_some());
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn once_returns_after_the_first_successful_sync() {
-        let start = Instant::now();
-        let (_handle, triggers) = RunnerHandle::new();
-        let (_stop_tx, stop_rx) = watch::channel(false);
-        let mut target = Recorder {
-            calls: Vec::new(),
-            start,
-            fail_first: false,
-        };
-        run(
-            SyncScheduler::new(cfg(1000, 30, 1), start),
-            triggers,
-            &mut target,
-            None,
-            stop_rx,
-            true,
-        )
-        .await
-        .expect("ok");
-        assert_eq!(target.calls.len(), 1);
     }
 }

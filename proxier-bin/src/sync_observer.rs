@@ -1,0 +1,155 @@
+//! What the daemon does after each sync the engine's driver runs: metrics, the health state,
+//! the health-check servers of `externalTrafficPolicy: Local` Services.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::SystemTime;
+
+use proxier_core::backend::{AddressBackend, IpvsBackend, OpKind};
+use proxier_core::conntrack::ConntrackBackend;
+use proxier_core::engine::driver::{SyncObserver, SyncOutcome};
+use proxier_core::model::ServiceName;
+use proxier_core::netfilter::NetfilterBackend;
+use proxier_core::reconciler::OpCounts;
+use proxier_core::{HealthCheck, Proxier, SyncKind};
+use tokio::sync::watch;
+
+use crate::health::{ProxyHealth, ServiceHealthServers};
+use crate::metrics::{self, OpResult, SyncScope, TrafficPolicy};
+use crate::source::ObjectKey;
+
+/// Changes counted since the last sync (for the `*_changes_pending` gauges).
+#[derive(Debug, Default)]
+pub struct PendingChanges {
+    /// Service changes.
+    pub services: AtomicUsize,
+    /// EndpointSlice changes.
+    pub endpoints: AtomicUsize,
+}
+
+/// Records each sync in the metrics and the health state, and hands the health checks to
+/// their servers.
+#[derive(Debug)]
+pub struct DaemonObserver {
+    health: ProxyHealth,
+    pending: Arc<PendingChanges>,
+    exported_ops: BTreeMap<OpKind, OpCounts>,
+    health_checks: Option<watch::Sender<BTreeMap<ServiceName, HealthCheck>>>,
+}
+
+impl DaemonObserver {
+    /// An observer reporting to `health` and resetting `pending` after each sync.
+    pub fn new(health: ProxyHealth, pending: Arc<PendingChanges>) -> Self {
+        DaemonObserver {
+            health,
+            pending,
+            exported_ops: BTreeMap::new(),
+            health_checks: None,
+        }
+    }
+
+    /// Serves the health checks through `servers`: a task opens and closes their ports and
+    /// updates their counts after every sync that changed them.
+    pub fn serve_health_checks(&mut self, servers: Arc<ServiceHealthServers>) {
+        let (tx, mut rx) = watch::channel(BTreeMap::<ServiceName, HealthCheck>::new());
+        tokio::spawn(async move {
+            while rx.changed().await.is_ok() {
+                let checks = rx.borrow_and_update().clone();
+                let key = |name: &ServiceName| ObjectKey {
+                    namespace: name.namespace.clone(),
+                    name: name.name.clone(),
+                };
+                let ports: HashMap<ObjectKey, u16> = checks
+                    .iter()
+                    .map(|(name, check)| (key(name), check.node_port))
+                    .collect();
+                let counts: HashMap<ObjectKey, usize> = checks
+                    .iter()
+                    .map(|(name, check)| (key(name), check.local_endpoints))
+                    .collect();
+                servers.sync_services(&ports).await;
+                servers.sync_endpoints(&counts).await;
+            }
+        });
+        self.health_checks = Some(tx);
+    }
+}
+
+/// The label of an op kind for `ipvs_proxier_netlink_operations_total`.
+fn op_label(kind: OpKind) -> &'static str {
+    match kind {
+        OpKind::AddVirtualServer => "add_virtual_server",
+        OpKind::UpdateVirtualServer => "update_virtual_server",
+        OpKind::DeleteVirtualServer => "delete_virtual_server",
+        OpKind::AddRealServer => "add_real_server",
+        OpKind::UpdateRealServer => "update_real_server",
+        OpKind::DeleteRealServer => "delete_real_server",
+        OpKind::BindAddress => "bind_address",
+        OpKind::UnbindAddress => "unbind_address",
+    }
+}
+
+impl<I, A, N, C> SyncObserver<Proxier<I, A, N, C>> for DaemonObserver
+where
+    I: IpvsBackend,
+    A: AddressBackend,
+    N: NetfilterBackend,
+    C: ConntrackBackend + Send + 'static,
+{
+    fn queued(&mut self) {
+        self.health.queued_update(SystemTime::now());
+    }
+
+    fn synced(&mut self, proxier: &Proxier<I, A, N, C>, outcome: &SyncOutcome<'_>) {
+        let scope = match outcome.kind {
+            SyncKind::Full => SyncScope::Full,
+            SyncKind::Incremental => SyncScope::Partial,
+        };
+        metrics::record_sync(scope, outcome.took, outcome.succeeded, SystemTime::now());
+        if !outcome.changes_pending {
+            self.pending.services.store(0, Ordering::Relaxed);
+            self.pending.endpoints.store(0, Ordering::Relaxed);
+            metrics::set_pending_changes(0, 0);
+            if outcome.succeeded {
+                self.health.updated(SystemTime::now());
+            }
+        }
+        let stats = proxier.reconciler_stats();
+        for (kind, counts) in &stats.ops {
+            let before = self.exported_ops.get(kind).copied().unwrap_or_default();
+            let ok = counts.succeeded.saturating_sub(before.succeeded);
+            let failed = counts.failed.saturating_sub(before.failed);
+            if ok > 0 {
+                metrics::record_netlink_operations(op_label(*kind), OpResult::Success, ok);
+            }
+            if failed > 0 {
+                metrics::record_netlink_operations(op_label(*kind), OpResult::Error, failed);
+            }
+        }
+        self.exported_ops = stats.ops.clone();
+        metrics::set_data_plane_size(proxier.plan_size());
+        let no_local = proxier.no_local_endpoints();
+        metrics::set_no_local_endpoints(TrafficPolicy::Internal, no_local.internal);
+        metrics::set_no_local_endpoints(TrafficPolicy::External, no_local.external);
+        let Ok(report) = outcome.result else {
+            return;
+        };
+        if let Some(drift) = report.ipvs.drift {
+            metrics::set_full_resync_drift_repaired(drift);
+        }
+        for latency in &report.programming_latencies {
+            metrics::record_network_programming(*latency);
+        }
+        if let Some(tx) = &self.health_checks
+            && (report.health_checks_changed || report.kind == SyncKind::Full)
+        {
+            tx.send_replace(proxier.health_checks().clone());
+        }
+        if report.is_complete() {
+            tracing::info!(kind = ?report.kind, %report, "sync done");
+        } else {
+            tracing::warn!(kind = ?report.kind, %report, "sync finished with errors; failed service ports are retried");
+        }
+    }
+}

@@ -1,0 +1,641 @@
+//! The engine: one [`Proxier`] that owns everything between "something changed" and "the
+//! kernel matches", for the daemon, its dry run and any embedder alike.
+//!
+//! Feed it [`Change`]s ([`Proxier::apply`]); call [`Proxier::sync`] (or let the [`driver`]
+//! decide when). A sync re-plans only the Service ports the changes dirtied, converges IPVS
+//! and the dummy link through the [`Reconciler`], adds and deletes only the nftables set
+//! elements of the Services that changed, forgets stale UDP conntrack entries, and updates
+//! the health-check decisions, all in time proportional to the change. A
+//! [`SyncKind::Full`] sync re-reads the kernel and rewrites the nftables tables: the repair
+//! path.
+//!
+//! ```
+//! use proxier_core::engine::{Backends, Proxier, ProxierConfig, SyncKind};
+//! use proxier_core::model::{Config, Service, ServiceName, ServicePortSpec, Protocol};
+//! use proxier_core::Change;
+//!
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! let backends = Backends::in_memory();
+//! let ipvs = backends.ipvs.clone();
+//! let mut proxier = Proxier::new(ProxierConfig::new("node-a", Config::default()), backends)?;
+//! let port = ServicePortSpec { name: "http".into(), port: 80, protocol: Protocol::Tcp, node_port: None };
+//! let web = Service::new(ServiceName::new("default", "web"), vec!["10.96.0.10".parse()?], vec![port]);
+//! proxier.apply(Change::UpsertService(web));
+//! let report = proxier.sync(SyncKind::Full).await?;
+//! assert_eq!(ipvs.table().len(), 1);
+//! assert!(report.ipvs.writes > 0);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # }).unwrap();
+//! ```
+
+pub mod driver;
+mod report;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
+use std::time::{Duration, SystemTime};
+
+use tokio::time::Instant;
+
+pub use driver::{DriverConfig, ProxierHandle, SyncScheduler};
+pub use report::{PlanSize, SyncKind, SyncReport, SyncTimings};
+
+use crate::backend::memory::{MemoryAddressBackend, MemoryIpvsBackend};
+use crate::backend::{AddressBackend, BackendError, IpvsBackend};
+use crate::backend::{KernelAddressBackend, KernelIpvsBackend};
+use crate::conntrack::{
+    ConntrackBackend, FlowFilter, KernelConntrack, MemoryConntrack, stale_udp_flows_of_port,
+};
+use crate::desired::{Desired, ServicePortPlan};
+use crate::health_check::{HealthCheck, NoLocalEndpoints, health_check_of, no_local_endpoints_of};
+use crate::model::{Config, NodeContext, ServiceName, ServicePortName};
+use crate::netfilter::{
+    MemoryNetfilterBackend, Netfilter, NetfilterBackend, NetfilterPlan, NetfilterTracker,
+    NftBackend, RenderError, RenderOptions, empty_plan, plan_of_service,
+};
+use crate::planner::Planner;
+use crate::reconciler::{
+    CleanupReport, ReconcileError, ReconcileReport, Reconciler, ReconcilerConfig, ReconcilerStats,
+};
+use crate::state::{Change, ClusterState, DirtyPorts};
+use crate::sysctl::{ProcSysctl, SysctlOptions, ensure_sysctls};
+
+/// Settings of a [`Proxier`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProxierConfig {
+    /// This node's name: endpoints on it are local; used until a Node object is applied.
+    pub hostname: String,
+    /// How Services are planned.
+    pub planner: Config,
+    /// How the kernel is converged (ownership, drains, retries).
+    pub reconciler: ReconcilerConfig,
+    /// The nftables tables' name and mark.
+    pub netfilter: RenderOptions,
+}
+
+impl ProxierConfig {
+    /// Defaults for node `hostname` planned with `planner`: its excluded CIDRs are never
+    /// touched by the reconciler either.
+    pub fn new(hostname: impl Into<String>, planner: Config) -> Self {
+        let reconciler = ReconcilerConfig {
+            exclude_cidrs: planner.exclude_cidrs.clone(),
+            ..ReconcilerConfig::default()
+        };
+        ProxierConfig {
+            hostname: hostname.into(),
+            planner,
+            reconciler,
+            netfilter: RenderOptions::default(),
+        }
+    }
+}
+
+/// The four edges a [`Proxier`] writes through.
+#[derive(Debug)]
+pub struct Backends<I, A, N, C> {
+    /// IPVS virtual and real servers.
+    pub ipvs: I,
+    /// The dummy link and its addresses.
+    pub addresses: A,
+    /// nftables.
+    pub netfilter: N,
+    /// UDP conntrack cleanup (blocking calls, run on a worker thread).
+    pub conntrack: C,
+}
+
+/// A [`Proxier`] on in-memory backends: tests, `--dry-run`, embedders' own checks.
+pub type MemoryProxier =
+    Proxier<MemoryIpvsBackend, MemoryAddressBackend, MemoryNetfilterBackend, MemoryConntrack>;
+
+/// A [`Proxier`] on the kernel of its network namespace.
+pub type KernelProxier =
+    Proxier<KernelIpvsBackend, KernelAddressBackend, NftBackend, KernelConntrack>;
+
+impl Backends<MemoryIpvsBackend, MemoryAddressBackend, MemoryNetfilterBackend, MemoryConntrack> {
+    /// Empty in-memory backends (the IPVS and address ones are shared handles: clone them
+    /// before building the proxier to look at what it programmed).
+    pub fn in_memory() -> Self {
+        Backends {
+            ipvs: MemoryIpvsBackend::new(),
+            addresses: MemoryAddressBackend::new(),
+            netfilter: MemoryNetfilterBackend::default(),
+            conntrack: MemoryConntrack::default(),
+        }
+    }
+}
+
+impl Backends<KernelIpvsBackend, KernelAddressBackend, NftBackend, KernelConntrack> {
+    /// Opens the kernel's IPVS, rtnetlink (dummy link `link`) and conntrack sockets in the
+    /// calling thread's network namespace (within a tokio runtime); nftables runs `nft`.
+    pub async fn kernel(link: &str) -> Result<Self, EngineError> {
+        let ipvs = KernelIpvsBackend::connect()
+            .await
+            .map_err(EngineError::OpenIpvs)?;
+        let addresses =
+            KernelAddressBackend::connect(link).map_err(|source| EngineError::OpenLink {
+                link: link.to_owned(),
+                source,
+            })?;
+        let conntrack =
+            KernelConntrack::new().map_err(|e| EngineError::OpenConntrack(e.to_string()))?;
+        Ok(Backends {
+            ipvs,
+            addresses,
+            netfilter: NftBackend::default(),
+            conntrack,
+        })
+    }
+}
+
+/// Why a proxier could not be built or a sync could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// The IPVS netlink family could not be opened.
+    #[error("opening IPVS (generic netlink): {0}")]
+    OpenIpvs(BackendError),
+    /// The rtnetlink connection could not be opened.
+    #[error("opening rtnetlink for link {link}: {source}")]
+    OpenLink {
+        /// The dummy link.
+        link: String,
+        /// The error.
+        source: BackendError,
+    },
+    /// The conntrack netlink socket could not be opened.
+    #[error("opening conntrack netlink: {0}")]
+    OpenConntrack(String),
+    /// The nftables settings are invalid.
+    #[error("nftables settings: {0}")]
+    Netfilter(#[from] RenderError),
+    /// The kernel could not be read or prepared; nothing was applied.
+    #[error("reconciling IPVS: {0}")]
+    Reconcile(#[from] ReconcileError),
+}
+
+/// Keeps the kernel converged on the cluster state it is fed.
+#[derive(Debug)]
+pub struct Proxier<I, A, N, C> {
+    config: ProxierConfig,
+    started: SystemTime,
+    state: ClusterState,
+    node: NodeContext,
+    desired: Desired,
+    size: PlanSize,
+    bound: HashMap<IpAddr, u32>,
+    reconciler: Reconciler<I, A>,
+    netfilter: Netfilter<N>,
+    netfilter_plan: NetfilterTracker,
+    conntrack: Option<C>,
+    health_checks: BTreeMap<ServiceName, HealthCheck>,
+    no_local: HashMap<ServiceName, NoLocalEndpoints>,
+    no_local_total: NoLocalEndpoints,
+    /// Ports dirtied by changes since the last sync.
+    dirty: DirtyPorts,
+    /// Whether every port must be re-planned at the next sync (the node's facts changed).
+    replan_all: bool,
+    trigger_times: Vec<SystemTime>,
+    synced_once: bool,
+}
+
+impl<I, A, N, C> Proxier<I, A, N, C>
+where
+    I: IpvsBackend,
+    A: AddressBackend,
+    N: NetfilterBackend,
+    C: ConntrackBackend + Send + 'static,
+{
+    /// A proxier with an empty state over `backends`. It reads the kernel on its first sync.
+    pub fn new(config: ProxierConfig, backends: Backends<I, A, N, C>) -> Result<Self, EngineError> {
+        let netfilter = Netfilter::new(backends.netfilter, config.netfilter.clone())?;
+        let node = NodeContext::new(config.hostname.clone(), Vec::new(), Vec::new());
+        Ok(Proxier {
+            reconciler: Reconciler::new(
+                backends.ipvs,
+                backends.addresses,
+                config.reconciler.clone(),
+            ),
+            netfilter,
+            netfilter_plan: NetfilterTracker::new(empty_plan(&config.planner)),
+            conntrack: Some(backends.conntrack),
+            started: SystemTime::now(),
+            state: ClusterState::new(),
+            node,
+            desired: Desired::default(),
+            size: PlanSize::default(),
+            bound: HashMap::new(),
+            health_checks: BTreeMap::new(),
+            no_local: HashMap::new(),
+            no_local_total: NoLocalEndpoints::default(),
+            dirty: DirtyPorts::new(),
+            replan_all: true,
+            trigger_times: Vec::new(),
+            synced_once: false,
+            config,
+        })
+    }
+
+    /// Applies one change to the cluster state; returns whether it changed anything. The
+    /// kernel follows at the next [`Proxier::sync`].
+    pub fn apply(&mut self, change: Change) -> bool {
+        let node_change = matches!(change, Change::UpsertNode(_) | Change::DeleteNode);
+        let dirty = self.state.apply(change);
+        if node_change {
+            let node = self.node_facts();
+            if node != self.node {
+                self.node = node;
+                self.replan_all = true;
+                return true;
+            }
+            return false;
+        }
+        let changed = !dirty.is_empty();
+        self.dirty.extend(dirty);
+        changed
+    }
+
+    /// Notes when a change that is being applied was made (an EndpointSlice's
+    /// `endpoints.kubernetes.io/last-change-trigger-time`): the next sync reports the
+    /// time from it to the kernel being programmed. Times before this proxier was built are
+    /// ignored (they would measure the downtime, not the programming).
+    pub fn record_trigger_time(&mut self, at: SystemTime) {
+        if at >= self.started {
+            self.trigger_times.push(at);
+        }
+    }
+
+    /// Whether changes wait for a sync.
+    pub fn has_pending_changes(&self) -> bool {
+        self.replan_all || !self.dirty.is_empty()
+    }
+
+    /// The node as the planner sees it: its Node object's facts, or only its name; with no
+    /// local addresses known, its primary IPs stand for them.
+    fn node_facts(&self) -> NodeContext {
+        let mut node = self.state.node().cloned().unwrap_or_else(|| {
+            NodeContext::new(self.config.hostname.clone(), Vec::new(), Vec::new())
+        });
+        if node.local_addresses.is_empty() {
+            node.local_addresses = node.primary_ips.clone();
+        }
+        node
+    }
+
+    /// Converges the kernel. `Incremental` applies the Service ports changed since the last
+    /// sync and runs due drain checks and retries; `Full` (and the first sync) re-reads the
+    /// kernel, adopting what matches and repairing drift, and rewrites the nftables tables.
+    /// Per-Service failures do not fail the sync: they are in the report and retried.
+    pub async fn sync(&mut self, kind: SyncKind) -> Result<SyncReport, EngineError> {
+        let started = Instant::now();
+        let kind = if self.synced_once {
+            kind
+        } else {
+            SyncKind::Full
+        };
+        let mut report = SyncReport {
+            kind,
+            ..SyncReport::default()
+        };
+
+        let (changed, before) = self.replan(&mut report);
+        report.changed_ports = changed.len();
+        report.timings.plan = started.elapsed();
+
+        let ipvs_started = Instant::now();
+        report.ipvs = match kind {
+            SyncKind::Full => {
+                self.netfilter.invalidate();
+                self.reconciler.full_sync(&self.desired).await?
+            }
+            SyncKind::Incremental => {
+                let mut ipvs = if changed.is_empty() {
+                    ReconcileReport::default()
+                } else {
+                    self.reconciler
+                        .sync_services(&self.desired, &changed)
+                        .await?
+                };
+                if self
+                    .reconciler
+                    .next_deadline()
+                    .is_some_and(|at| at <= Instant::now())
+                    || !self.reconciler.drain_queue().is_empty()
+                {
+                    merge(&mut ipvs, self.reconciler.tick(&self.desired).await?);
+                }
+                ipvs
+            }
+        };
+        report.timings.ipvs = ipvs_started.elapsed();
+        for (service, error) in &report.ipvs.errors {
+            match service {
+                Some(service) => {
+                    tracing::error!(service = %service, %error, "service port not programmed")
+                }
+                None => tracing::error!(%error, "cleanup of unplanned kernel objects failed"),
+            }
+        }
+
+        let netfilter_started = Instant::now();
+        let changes = self.netfilter_plan.take_changes();
+        match self
+            .netfilter
+            .sync_changes(self.netfilter_plan.plan(), &changes)
+            .await
+        {
+            Ok(written) => report.netfilter_written = written,
+            Err(error) => {
+                tracing::error!(%error, "nftables tables not updated");
+                report.netfilter_error = Some(error.to_string());
+            }
+        }
+        report.timings.netfilter = netfilter_started.elapsed();
+
+        let conntrack_started = Instant::now();
+        let filters: BTreeSet<FlowFilter> = before
+            .iter()
+            .flat_map(|(name, old)| {
+                stale_udp_flows_of_port(old.as_ref(), self.desired.services.get(name))
+            })
+            .collect();
+        report.conntrack_deleted = self.clear_flows(filters).await;
+        report.timings.conntrack = conntrack_started.elapsed();
+
+        self.synced_once = true;
+        let programmed = SystemTime::now();
+        report.programming_latencies = self
+            .trigger_times
+            .drain(..)
+            .filter_map(|at| programmed.duration_since(at).ok())
+            .collect();
+        report.size = self.plan_size();
+        report.timings.total = started.elapsed();
+        tracing::debug!(kind = ?kind, %report, "sync done");
+        Ok(report)
+    }
+
+    /// Re-plans what changed: returns the ports whose plan differs and the plans they had.
+    fn replan(
+        &mut self,
+        report: &mut SyncReport,
+    ) -> (
+        DirtyPorts,
+        BTreeMap<ServicePortName, Option<ServicePortPlan>>,
+    ) {
+        let names: DirtyPorts = if std::mem::take(&mut self.replan_all) {
+            report.replanned_all = true;
+            self.dirty.clear();
+            self.desired
+                .services
+                .keys()
+                .cloned()
+                .chain(self.state.port_names())
+                .collect()
+        } else {
+            std::mem::take(&mut self.dirty)
+        };
+        let plans = Planner::new(&self.node, &self.config.planner).plan_ports(&self.state, &names);
+        let mut changed = DirtyPorts::new();
+        let mut before = BTreeMap::new();
+        for (name, plan) in plans {
+            if self.desired.services.get(&name) == plan.as_ref() {
+                continue;
+            }
+            if let Some(plan) = &plan {
+                self.account(plan, true);
+            }
+            let old = self.desired.set_plan(&name, plan);
+            if let Some(old) = &old {
+                self.account(old, false);
+            }
+            changed.insert(name.clone());
+            before.insert(name, old);
+        }
+        let services: BTreeSet<ServiceName> = names
+            .iter()
+            .map(|port| ServiceName::new(&port.namespace, &port.name))
+            .collect();
+        report.health_checks_changed = self.refresh_services(&services);
+        (changed, before)
+    }
+
+    /// Re-derives the netfilter elements, health check and local-endpoint counts of
+    /// `services`; returns whether a health check changed.
+    fn refresh_services(&mut self, services: &BTreeSet<ServiceName>) -> bool {
+        let mut health_changed = false;
+        for name in services {
+            let service = self.state.service(name);
+            let fragment =
+                service.map(|s| plan_of_service(&self.state, s, &self.node, &self.config.planner));
+            self.netfilter_plan.set_service(name, fragment);
+
+            let check = service.and_then(|s| health_check_of(&self.state, s, &self.node));
+            let old = match check {
+                Some(check) => self.health_checks.insert(name.clone(), check),
+                None => self.health_checks.remove(name),
+            };
+            health_changed |= old != check;
+
+            let gaps = service
+                .map(|s| no_local_endpoints_of(&self.state, s, &self.node))
+                .unwrap_or_default();
+            if let Some(old) = self.no_local.remove(name) {
+                self.no_local_total.adjust(old, false);
+            }
+            if gaps != NoLocalEndpoints::default() {
+                self.no_local_total.adjust(gaps, true);
+                self.no_local.insert(name.clone(), gaps);
+            }
+        }
+        health_changed
+    }
+
+    /// Keeps the plan's sizes current as one port's plan comes (`up`) or goes.
+    fn account(&mut self, plan: &ServicePortPlan, up: bool) {
+        let servers = plan.virtual_servers.len();
+        let reals: usize = plan
+            .virtual_servers
+            .values()
+            .map(|vs| vs.real_servers.len())
+            .sum();
+        if up {
+            self.size.virtual_servers += servers;
+            self.size.real_servers += reals;
+        } else {
+            self.size.virtual_servers -= servers;
+            self.size.real_servers -= reals;
+        }
+        for address in plan.bound_addresses() {
+            let entry = self.bound.entry(address).or_insert(0);
+            if up {
+                *entry += 1;
+            } else {
+                *entry -= 1;
+                if *entry == 0 {
+                    self.bound.remove(&address);
+                }
+            }
+        }
+    }
+
+    /// Deletes conntrack entries matching `filters` on a worker thread (ctnetlink calls
+    /// block). Failures are logged, never fatal.
+    async fn clear_flows(&mut self, filters: BTreeSet<FlowFilter>) -> usize {
+        if filters.is_empty() {
+            return 0;
+        }
+        let Some(mut conntrack) = self.conntrack.take() else {
+            return 0;
+        };
+        let filters: Vec<FlowFilter> = filters.into_iter().collect();
+        let task = tokio::task::spawn_blocking(move || {
+            let result = conntrack.delete_flows(&filters);
+            (conntrack, result)
+        });
+        match task.await {
+            Ok((conntrack, result)) => {
+                self.conntrack = Some(conntrack);
+                match result {
+                    Ok(deleted) => deleted,
+                    Err(error) => {
+                        tracing::warn!(%error, "stale UDP conntrack entries not deleted");
+                        0
+                    }
+                }
+            }
+            Err(error) => {
+                tracing::error!(%error, "conntrack cleanup task failed; UDP flows are no longer cleaned up");
+                0
+            }
+        }
+    }
+
+    /// When drains or retries need a sync next (compare with [`tokio::time::Instant`]).
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.reconciler.next_deadline()
+    }
+
+    /// Removes everything this proxier owns from the kernel (by the reconciler's one
+    /// ownership rule), the dummy link and the nftables tables (`--cleanup`).
+    pub async fn cleanup(&mut self) -> CleanupReport {
+        let mut report = self.reconciler.remove_owned().await;
+        if let Err(error) = self.netfilter.cleanup().await {
+            report
+                .errors
+                .push(format!("removing nftables tables: {error}"));
+        }
+        self.synced_once = false;
+        report
+    }
+
+    /// The cluster state as applied.
+    pub fn state(&self) -> &ClusterState {
+        &self.state
+    }
+
+    /// The node as the planner sees it.
+    pub fn node(&self) -> &NodeContext {
+        &self.node
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &ProxierConfig {
+        &self.config
+    }
+
+    /// The plan as of the last sync.
+    pub fn desired(&self) -> &Desired {
+        &self.desired
+    }
+
+    /// The nftables contents as of the last sync.
+    pub fn netfilter_plan(&self) -> &NetfilterPlan {
+        self.netfilter_plan.plan()
+    }
+
+    /// The health checks this node serves, as of the last sync.
+    pub fn health_checks(&self) -> &BTreeMap<ServiceName, HealthCheck> {
+        &self.health_checks
+    }
+
+    /// Services with a Local policy and no local endpoint, as of the last sync.
+    pub fn no_local_endpoints(&self) -> NoLocalEndpoints {
+        self.no_local_total
+    }
+
+    /// The plan's size as of the last sync (and the real servers draining now).
+    pub fn plan_size(&self) -> PlanSize {
+        PlanSize {
+            bound_addresses: self.bound.len(),
+            draining: self.reconciler.drain_queue().len(),
+            ..self.size
+        }
+    }
+
+    /// The reconciler's counters (writes by kind and result, drift, retries).
+    pub fn reconciler_stats(&self) -> &ReconcilerStats {
+        self.reconciler.stats()
+    }
+
+    /// The reconciler (its backends, its cached view of the kernel).
+    pub fn reconciler(&self) -> &Reconciler<I, A> {
+        &self.reconciler
+    }
+}
+
+impl KernelProxier {
+    /// Opens the kernel backends in the calling thread's network namespace, sets the
+    /// sysctls IPVS mode needs and the configured IPVS timeouts (failures are logged: the
+    /// proxier goes on), and builds a proxier. Touches no virtual server, address or table.
+    pub async fn open(config: ProxierConfig, link: &str) -> Result<Self, EngineError> {
+        let backends = Backends::kernel(link).await?;
+        // Only once IPVS is known to be there: a machine without it keeps its sysctls.
+        let sysctls = ensure_sysctls(
+            &ProcSysctl::default(),
+            SysctlOptions {
+                strict_arp: config.planner.strict_arp,
+            },
+        );
+        if !sysctls.failures.is_empty() {
+            tracing::warn!(
+                failed = sysctls.failures.len(),
+                essential = sysctls.essential_failures().count(),
+                "some sysctls could not be set; continuing (traffic may not flow as planned)"
+            );
+        }
+        set_ipvs_timeouts(&backends.ipvs, &config.planner).await;
+        Proxier::new(config, backends)
+    }
+}
+
+/// Sets the configured IPVS connection timeouts (unset ones keep the kernel's value).
+async fn set_ipvs_timeouts(ipvs: &KernelIpvsBackend, config: &Config) {
+    let secs =
+        |d: Option<Duration>| d.map_or(0, |d| u32::try_from(d.as_secs()).unwrap_or(u32::MAX));
+    let timeouts = ipvs_netlink::Timeouts {
+        tcp: secs(config.timeouts.tcp),
+        tcp_fin: secs(config.timeouts.tcp_fin),
+        udp: secs(config.timeouts.udp),
+    };
+    if timeouts.tcp == 0 && timeouts.tcp_fin == 0 && timeouts.udp == 0 {
+        return;
+    }
+    match ipvs.handle().set_timeouts(&timeouts).await {
+        Ok(()) => tracing::info!(
+            tcp = timeouts.tcp,
+            tcp_fin = timeouts.tcp_fin,
+            udp = timeouts.udp,
+            "IPVS connection timeouts set"
+        ),
+        Err(error) => tracing::warn!(%error, "cannot set IPVS connection timeouts; continuing"),
+    }
+}
+
+fn merge(into: &mut ReconcileReport, more: ReconcileReport) {
+    into.writes += more.writes;
+    into.deletes += more.deletes;
+    into.failed += more.failed;
+    into.errors.extend(more.errors);
+}
+
+#[cfg(test)]
+mod tests;

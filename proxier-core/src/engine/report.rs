@@ -1,0 +1,100 @@
+//! What a sync did: the figures logs, `--once` and metrics are made of.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::reconciler::ReconcileReport;
+
+/// What a sync covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SyncKind {
+    /// Apply only what changed since the last sync, and due drains and retries.
+    #[default]
+    Incremental,
+    /// Re-read the kernel, repair drift, rewrite the nftables tables.
+    Full,
+}
+
+/// Sizes of the plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PlanSize {
+    /// Planned virtual servers.
+    pub virtual_servers: usize,
+    /// Planned real servers over all virtual servers.
+    pub real_servers: usize,
+    /// Addresses to bind on the dummy link.
+    pub bound_addresses: usize,
+    /// Real servers draining now.
+    pub draining: usize,
+}
+
+/// How long each phase of a sync took.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SyncTimings {
+    /// Re-planning the changed Service ports (IPVS, nftables elements, health checks).
+    pub plan: Duration,
+    /// IPVS and dummy-link reads and writes.
+    pub ipvs: Duration,
+    /// The nftables transaction.
+    pub netfilter: Duration,
+    /// UDP conntrack cleanup.
+    pub conntrack: Duration,
+    /// The whole sync.
+    pub total: Duration,
+}
+
+/// What one [`super::Proxier::sync`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SyncReport {
+    /// The kind of sync that ran (the first is always full).
+    pub kind: SyncKind,
+    /// IPVS and dummy-link writes, failures and drift.
+    pub ipvs: ReconcileReport,
+    /// Service ports whose plan changed.
+    pub changed_ports: usize,
+    /// Whether every port was re-planned (the node's facts changed, or the first sync).
+    pub replanned_all: bool,
+    /// Whether the nftables tables were written.
+    pub netfilter_written: bool,
+    /// Why the nftables tables could not be written (the next sync replaces them).
+    pub netfilter_error: Option<String>,
+    /// UDP conntrack entries deleted.
+    pub conntrack_deleted: usize,
+    /// Whether a health check appeared, went or changed its count.
+    pub health_checks_changed: bool,
+    /// For each change with a recorded trigger time, the time until it was programmed.
+    pub programming_latencies: Vec<Duration>,
+    /// The plan's size after the sync.
+    pub size: PlanSize,
+    /// Phase durations.
+    pub timings: SyncTimings,
+}
+
+impl SyncReport {
+    /// Whether everything was applied (no write failed, the nftables tables are current).
+    pub fn is_complete(&self) -> bool {
+        self.ipvs.failed == 0 && self.ipvs.errors.is_empty() && self.netfilter_error.is_none()
+    }
+}
+
+impl fmt::Display for SyncReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} writes ({} deletes, {} failed), nftables table {}, {} UDP conntrack entries deleted",
+            self.ipvs.writes,
+            self.ipvs.deletes,
+            self.ipvs.failed,
+            match (&self.netfilter_error, self.netfilter_written) {
+                (Some(_), _) => "failed",
+                (None, true) => "written",
+                (None, false) => "unchanged",
+            },
+            self.conntrack_deleted
+        )?;
+        if let Some(drift) = self.ipvs.drift {
+            write!(f, ", drift repaired {drift}")?;
+        }
+        Ok(())
+    }
+}

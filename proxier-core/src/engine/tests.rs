@@ -1,0 +1,386 @@
+#![allow(clippy::unwrap_used)]
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::backend::memory::AddressOp;
+use crate::health_check::{health_checks, services_without_local_endpoints};
+use crate::model::{
+    Endpoint, EndpointPort, EndpointSlice, Protocol, Service, ServicePortSpec, SliceKey,
+    TrafficPolicy,
+};
+use crate::netfilter;
+
+const NODE: &str = "node-a";
+
+fn ip(last: u8) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(10, 96, 0, last))
+}
+
+fn memory_proxier() -> (MemoryProxier, MemoryIpvsBackend, MemoryAddressBackend) {
+    let backends = Backends::in_memory();
+    let ipvs = backends.ipvs.clone();
+    let addresses = backends.addresses.clone();
+    let config = ProxierConfig::new(NODE, Config::default());
+    (Proxier::new(config, backends).unwrap(), ipvs, addresses)
+}
+
+/// One generated Service: which ClusterIP (from a pool small enough to collide), ports,
+/// policy, an ExternalIP, a health-check port.
+#[derive(Debug, Clone)]
+struct ServiceSpec {
+    id: u8,
+    vip: u8,
+    udp: bool,
+    node_port: Option<u16>,
+    local: bool,
+    external_ip: Option<u8>,
+}
+
+/// One generated slice of a Service: endpoints as (address, ready, on this node).
+#[derive(Debug, Clone)]
+struct SliceSpec {
+    service: u8,
+    slice: u8,
+    endpoints: Vec<(u8, bool, bool)>,
+}
+
+#[derive(Debug, Clone)]
+enum Step {
+    UpsertService(ServiceSpec),
+    DeleteService(u8),
+    UpsertSlice(SliceSpec),
+    DeleteSlice(u8, u8),
+    Node(Option<u8>),
+    Sync,
+}
+
+fn service_name(id: u8) -> ServiceName {
+    ServiceName::new("prop", format!("svc-{id}"))
+}
+
+impl ServiceSpec {
+    fn model(&self) -> Service {
+        let protocol = if self.udp {
+            Protocol::Udp
+        } else {
+            Protocol::Tcp
+        };
+        let mut service = Service::new(
+            service_name(self.id),
+            vec![ip(self.vip)],
+            vec![ServicePortSpec {
+                name: "p".into(),
+                port: 80,
+                protocol,
+                node_port: self.node_port,
+            }],
+        );
+        if self.local && self.node_port.is_some() {
+            service.external_traffic_policy = TrafficPolicy::Local;
+            service.health_check_node_port = Some(32_000 + u16::from(self.id));
+        }
+        if let Some(last) = self.external_ip {
+            service.external_ips = vec![IpAddr::V4(Ipv4Addr::new(203, 0, 113, last))];
+        }
+        service
+    }
+}
+
+impl SliceSpec {
+    fn model(&self, udp: bool) -> EndpointSlice {
+        let protocol = if udp { Protocol::Udp } else { Protocol::Tcp };
+        EndpointSlice {
+            key: SliceKey::new("prop", format!("svc-{}-{}", self.service, self.slice)),
+            service: service_name(self.service),
+            ports: vec![EndpointPort {
+                name: "p".into(),
+                port: 8080,
+                protocol,
+            }],
+            endpoints: self
+                .endpoints
+                .iter()
+                .map(|&(last, ready, here)| {
+                    let mut endpoint = Endpoint::ready(IpAddr::V4(Ipv4Addr::new(10, 244, 0, last)));
+                    endpoint.ready = ready;
+                    endpoint.serving = ready;
+                    endpoint.node_name = Some(Arc::from(if here { NODE } else { "node-b" }));
+                    endpoint
+                })
+                .collect(),
+            warnings: Vec::new(),
+        }
+    }
+}
+
+fn node_change(address: Option<u8>) -> Change {
+    match address {
+        Some(last) => {
+            let address = IpAddr::V4(Ipv4Addr::new(192, 168, 0, last));
+            Change::UpsertNode(NodeContext::new(NODE, vec![address], vec![address]))
+        }
+        None => Change::DeleteNode,
+    }
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    let service = (
+        0u8..4,
+        1u8..5,
+        any::<bool>(),
+        prop::option::of(30_000u16..30_004),
+        any::<bool>(),
+        prop::option::of(1u8..3),
+    )
+        .prop_map(|(id, vip, udp, node_port, local, external_ip)| {
+            Step::UpsertService(ServiceSpec {
+                id,
+                vip,
+                udp,
+                node_port,
+                local,
+                external_ip,
+            })
+        });
+    let slice = (
+        0u8..4,
+        0u8..2,
+        prop::collection::vec((1u8..8, any::<bool>(), any::<bool>()), 0..4),
+    )
+        .prop_map(|(service, slice, endpoints)| {
+            Step::UpsertSlice(SliceSpec {
+                service,
+                slice,
+                endpoints,
+            })
+        });
+    prop_oneof![
+        4 => service,
+        1 => (0u8..4).prop_map(Step::DeleteService),
+        5 => slice,
+        1 => (0u8..4, 0u8..2).prop_map(|(s, n)| Step::DeleteSlice(s, n)),
+        1 => prop::option::of(10u8..12).prop_map(Step::Node),
+        3 => Just(Step::Sync),
+    ]
+}
+
+/// The protocol each Service was last given, so its slices speak the same one.
+fn apply_step(proxier: &mut MemoryProxier, udp: &mut [bool; 4], step: &Step) -> Option<Change> {
+    Some(match step {
+        Step::UpsertService(spec) => {
+            udp[usize::from(spec.id)] = spec.udp;
+            Change::UpsertService(spec.model())
+        }
+        Step::DeleteService(id) => Change::DeleteService(service_name(*id)),
+        Step::UpsertSlice(spec) => Change::UpsertSlice(spec.model(udp[usize::from(spec.service)])),
+        Step::DeleteSlice(service, slice) => {
+            Change::DeleteSlice(SliceKey::new("prop", format!("svc-{service}-{slice}")))
+        }
+        Step::Node(address) => node_change(*address),
+        Step::Sync => {
+            let _ = proxier;
+            return None;
+        }
+    })
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Incremental syncs after any sequence of changes leave the kernel as one full sync of
+    /// the final state does, and a full sync after them writes nothing.
+    #[test]
+    fn incremental_syncs_converge_like_a_fresh_full_sync(steps in prop::collection::vec(step(), 1..40)) {
+        let rt = runtime();
+        let (mut incremental, ipvs, addresses) = memory_proxier();
+        let mut udp = [false; 4];
+        let mut changes = Vec::new();
+        rt.block_on(incremental.sync(SyncKind::Full)).unwrap();
+        for step in &steps {
+            match apply_step(&mut incremental, &mut udp, step) {
+                Some(change) => {
+                    incremental.apply(change.clone());
+                    changes.push(change);
+                }
+                None => {
+                    rt.block_on(incremental.sync(SyncKind::Incremental)).unwrap();
+                }
+            }
+        }
+        let last = rt.block_on(incremental.sync(SyncKind::Incremental)).unwrap();
+        prop_assert!(last.is_complete(), "{:?}", last.ipvs.errors);
+
+        let (mut fresh, fresh_ipvs, fresh_addresses) = memory_proxier();
+        for change in changes {
+            fresh.apply(change);
+        }
+        rt.block_on(fresh.sync(SyncKind::Full)).unwrap();
+
+        prop_assert_eq!(ipvs.table(), fresh_ipvs.table());
+        prop_assert_eq!(addresses.addresses(), fresh_addresses.addresses());
+        prop_assert_eq!(incremental.desired(), fresh.desired());
+        prop_assert_eq!(incremental.plan_size(), fresh.plan_size());
+        // The per-Service bookkeeping equals the whole-state functions.
+        let (state, node, config) = (incremental.state(), incremental.node(), &incremental.config().planner);
+        prop_assert_eq!(incremental.netfilter_plan(), &netfilter::plan(state, node, config));
+        prop_assert_eq!(incremental.health_checks(), &health_checks(state, node));
+        prop_assert_eq!(incremental.no_local_endpoints(), services_without_local_endpoints(state, node));
+
+        ipvs.take_applied_ops();
+        addresses.take_applied_ops();
+        let full = rt.block_on(incremental.sync(SyncKind::Full)).unwrap();
+        prop_assert_eq!(full.ipvs.writes, 0);
+        prop_assert!(ipvs.applied_ops().is_empty());
+        prop_assert!(addresses.applied_ops().is_empty());
+    }
+}
+
+fn web(vip: u8) -> Service {
+    ServiceSpec {
+        id: 0,
+        vip,
+        udp: false,
+        node_port: None,
+        local: false,
+        external_ip: None,
+    }
+    .model()
+}
+
+#[test]
+fn an_unchanged_change_asks_for_no_sync() {
+    let (mut proxier, _, _) = memory_proxier();
+    assert!(proxier.apply(Change::UpsertService(web(1))));
+    runtime().block_on(proxier.sync(SyncKind::Full)).unwrap();
+    assert!(!proxier.has_pending_changes());
+    assert!(!proxier.apply(Change::UpsertService(web(1))));
+    assert!(!proxier.has_pending_changes());
+    assert!(proxier.apply(Change::UpsertService(web(2))));
+}
+
+#[test]
+fn an_incremental_sync_touches_only_the_changed_service() {
+    let rt = runtime();
+    let backends = Backends::in_memory();
+    let ipvs = backends.ipvs.clone();
+    let mut proxier = Proxier::new(ProxierConfig::new(NODE, Config::default()), backends).unwrap();
+    for id in 0..50u8 {
+        let spec = ServiceSpec {
+            id,
+            vip: id + 1,
+            udp: false,
+            node_port: None,
+            local: false,
+            external_ip: None,
+        };
+        proxier.apply(Change::UpsertService(spec.model()));
+    }
+    rt.block_on(proxier.sync(SyncKind::Full)).unwrap();
+    ipvs.take_applied_ops();
+    let spec = SliceSpec {
+        service: 7,
+        slice: 0,
+        endpoints: vec![(1, true, true)],
+    };
+    proxier.apply(Change::UpsertSlice(spec.model(false)));
+    let report = rt.block_on(proxier.sync(SyncKind::Incremental)).unwrap();
+    assert_eq!(report.changed_ports, 1);
+    assert_eq!(report.ipvs.writes, 1, "one real server added");
+    assert_eq!(ipvs.applied_ops().len(), 1);
+    assert!(
+        report.netfilter_written,
+        "the endpoint's hairpin element is new"
+    );
+    let script = proxier.netfilter.backend().scripts.last().unwrap();
+    assert!(
+        script.starts_with("add element") && !script.contains("table ip"),
+        "only elements change: {script}"
+    );
+}
+
+#[test]
+fn a_node_change_replans_every_port() {
+    let rt = runtime();
+    let (mut proxier, _, _) = memory_proxier();
+    let mut spec = ServiceSpec {
+        id: 0,
+        vip: 1,
+        udp: false,
+        node_port: Some(30_001),
+        local: false,
+        external_ip: None,
+    };
+    proxier.apply(Change::UpsertService(spec.model()));
+    spec.id = 1;
+    spec.vip = 2;
+    proxier.apply(Change::UpsertService(spec.model()));
+    proxier.apply(node_change(Some(10)));
+    rt.block_on(proxier.sync(SyncKind::Full)).unwrap();
+    proxier.apply(node_change(Some(11)));
+    let report = rt.block_on(proxier.sync(SyncKind::Incremental)).unwrap();
+    assert!(report.replanned_all);
+    assert_eq!(
+        report.changed_ports, 2,
+        "both NodePorts move to the new address"
+    );
+    let node_port_addresses: BTreeSet<IpAddr> = proxier
+        .desired()
+        .virtual_servers()
+        .filter(|(_, key, _)| key.port == 30_001)
+        .map(|(_, key, _)| key.address)
+        .collect();
+    assert_eq!(
+        node_port_addresses,
+        BTreeSet::from([IpAddr::V4(Ipv4Addr::new(192, 168, 0, 11))])
+    );
+}
+
+#[test]
+fn trigger_times_after_start_are_reported_once() {
+    let rt = runtime();
+    let (mut proxier, _, _) = memory_proxier();
+    proxier.record_trigger_time(SystemTime::UNIX_EPOCH);
+    proxier.record_trigger_time(SystemTime::now());
+    proxier.apply(Change::UpsertService(web(1)));
+    let report = rt.block_on(proxier.sync(SyncKind::Full)).unwrap();
+    assert_eq!(report.programming_latencies.len(), 1);
+    let report = rt.block_on(proxier.sync(SyncKind::Incremental)).unwrap();
+    assert!(report.programming_latencies.is_empty());
+}
+
+#[test]
+fn cleanup_removes_what_the_proxier_owns_and_nothing_else() {
+    let rt = runtime();
+    let (mut proxier, ipvs, addresses) = memory_proxier();
+    let foreign = crate::desired::VirtualServerKey {
+        address: IpAddr::V4(Ipv4Addr::new(192, 0, 2, 99)),
+        port: 80,
+        protocol: Protocol::Tcp,
+    };
+    ipvs.insert_virtual_server(foreign, crate::observed::ObservedVirtualServer::default());
+    proxier.apply(Change::UpsertService(web(1)));
+    rt.block_on(proxier.sync(SyncKind::Full)).unwrap();
+    assert_eq!(ipvs.table().len(), 2);
+    let report = rt.block_on(proxier.cleanup());
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    assert_eq!(report.virtual_servers, 1);
+    assert!(report.link_deleted);
+    assert_eq!(
+        ipvs.table().keys().copied().collect::<Vec<_>>(),
+        vec![foreign]
+    );
+    assert!(addresses.applied_ops().contains(&AddressOp::DeleteLink));
+    let cleanup_script = proxier.netfilter.backend().scripts.last().unwrap();
+    assert!(cleanup_script.contains("delete table"), "{cleanup_script}");
+}
