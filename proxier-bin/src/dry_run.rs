@@ -334,7 +334,7 @@ mod tests {
         // of the headless Service is filtered by the file source.
         assert_eq!(
             first,
-            "dry-run full sync: 9 services (10 ports), 10 endpoint slices (18 endpoints), node node-a"
+            "dry-run full sync: 9 services (11 ports), 10 endpoint slices (18 endpoints), node node-a"
         );
     }
 }
