@@ -1,4 +1,5 @@
-//! `cargo xtask test`: every check CI runs, in order, stopping at the first failure.
+//! `cargo xtask test`: every check CI runs, in order, stopping at the first failure:
+//! fmt, clippy, public API, host tests, cargo-deny, kernel tests in a VM.
 
 use std::process::{Command, ExitCode};
 use std::time::Instant;
@@ -7,6 +8,7 @@ use anyhow::{Context, Result};
 
 use crate::artifacts::TestSelection;
 use crate::deps;
+use crate::public_api;
 use crate::vm::{self, VmConfig};
 use crate::workspace::Workspace;
 
@@ -15,6 +17,10 @@ struct Step {
     name: &'static str,
     args: &'static [&'static str],
 }
+
+/// Between clippy and the host tests: `cargo xtask public-api` (reads sources only, so it
+/// runs in-process and compiles nothing).
+const PUBLIC_API_AFTER: &str = "clippy";
 
 const HOST_STEPS: &[Step] = &[
     Step {
@@ -68,7 +74,7 @@ fn ensure_cargo_deny(workspace: &Workspace) -> Result<()> {
     Ok(())
 }
 
-/// Runs fmt, clippy, host tests, cargo-deny and then the VM tests.
+/// Runs fmt, clippy, the public API check, host tests, cargo-deny and then the VM tests.
 pub fn full_test(config: &VmConfig) -> Result<ExitCode> {
     let started = Instant::now();
     let workspace = Workspace::locate()?;
@@ -92,6 +98,9 @@ pub fn full_test(config: &VmConfig) -> Result<ExitCode> {
             step.name,
             step_started.elapsed().as_secs_f64()
         );
+        if step.name == PUBLIC_API_AFTER && !public_api_step(&workspace)? {
+            return Ok(ExitCode::FAILURE);
+        }
     }
     println!("xtask: == kernel tests: cargo xtask vm-test");
     let code = vm::vm_test(None, &TestSelection::default(), &[], config)?;
@@ -104,6 +113,25 @@ pub fn full_test(config: &VmConfig) -> Result<ExitCode> {
         println!("xtask: FAILED at step 'kernel tests' (cargo xtask vm-test)");
     }
     Ok(code)
+}
+
+/// The "public API" step: the snapshots in `xtask/public-api/` must match the sources.
+fn public_api_step(workspace: &Workspace) -> Result<bool> {
+    println!("xtask: == public API: cargo xtask public-api");
+    let started = Instant::now();
+    if !public_api::check(workspace, false)? {
+        println!(
+            "xtask: FAILED at step 'public API' (cargo xtask public-api); if the change is \
+             intended, run `cargo xtask public-api --bless`, commit the snapshots and run \
+             `cargo xtask test` again"
+        );
+        return Ok(false);
+    }
+    println!(
+        "xtask: == public API passed in {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(true)
 }
 
 fn run(command: &mut Command) -> Result<bool> {

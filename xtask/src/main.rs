@@ -1,6 +1,7 @@
 //! Build and test automation for the workspace: the VM test runner
 //! (`cargo xtask vm-test`), one-off VM programs and benchmarks
-//! (`vm-run`, `vm-bench`) and the CI entry (`cargo xtask test`).
+//! (`vm-run`, `vm-bench`), the public API guard (`public-api`) and the CI entry
+//! (`cargo xtask test`).
 
 mod artifacts;
 mod ci;
@@ -11,6 +12,7 @@ mod guest_kernel;
 mod guest_modules;
 mod guest_scripts;
 mod initramfs;
+mod public_api;
 mod qemu;
 mod vm;
 mod workspace;
@@ -95,7 +97,14 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
-    /// The full check, as CI runs it: fmt, clippy, host tests, cargo-deny, vm-test.
+    /// Compare the public API of ipvs-netlink and proxier-core (read from their sources)
+    /// with the snapshots in `xtask/public-api/`; print the differences.
+    PublicApi {
+        /// Rewrite the snapshots from the current sources instead of comparing.
+        #[arg(long)]
+        bless: bool,
+    },
+    /// The full check, as CI runs it: fmt, clippy, public API, host tests, cargo-deny, vm-test.
     Test {
         #[command(flatten)]
         vm: VmOptions,
@@ -124,6 +133,7 @@ fn main() -> ExitCode {
             command,
         } => vm::vm_run(release, &command, &vm.to_config()),
         Command::VmBench { vm, name, args } => vm::vm_bench(&name, &args, &vm.to_config()),
+        Command::PublicApi { bless } => public_api::run(bless),
         Command::Test { vm } => ci::full_test(&vm.to_config()),
     };
     match result {
