@@ -1,65 +1,54 @@
 //! Turns Kubernetes Service state into IPVS virtual servers and keeps the kernel converged.
 //!
-//! The flow is the same whether the state comes from an API server (the `ipvs-proxier`
-//! daemon) or from a CNI that knows its Services by other means:
+//! The [`Proxier`] ([`engine`]) owns everything between "something changed" and "the kernel
+//! matches", whether the changes come from an API server (the `ipvs-proxier` daemon) or from
+//! a CNI that knows its Services by other means:
 //!
-//! 1. [`ClusterState`] holds Services and EndpointSlices ([`model`] types; the `k8s` feature
-//!    converts k8s-openapi objects) and reports which Service ports each [`Change`] dirtied.
-//! 2. The pure [`planner`] turns it, with the node's facts ([`model::NodeContext`]) and
-//!    [`model::Config`], into a [`Desired`] table: virtual servers, real servers, addresses
-//!    to bind on the dummy link.
-//! 3. The [`Reconciler`] diffs that against what the kernel holds ([`observed`]) and applies
-//!    the minimal changes through its backends ([`backend`]: ipvs-netlink and rtnetlink in
-//!    production, in-memory for tests), draining removed real servers gracefully ([`drain`]).
+//! 1. Feed it [`Change`]s: Services, EndpointSlices and the node's facts in this crate's
+//!    [`model`] (the `k8s` feature converts k8s-openapi objects, see `k8s`).
+//! 2. [`Proxier::sync`] re-plans only the Service ports the changes touched ([`planner`],
+//!    pure), converges IPVS and the dummy link ([`Reconciler`], with drains and retries),
+//!    updates only the changed nftables set elements ([`netfilter`]), forgets stale UDP
+//!    flows ([`conntrack`]) and decides the health checks ([`health_check`]).
+//! 3. Or hand it to the [`engine::driver`], which syncs as kube-proxy does (min/max sync
+//!    period, burst, full resyncs, drains and retries when due).
 //!
-//! [`netfilter`], [`sysctl`], [`conntrack`] and [`health_check`] cover the rest of the data
-//! plane a Service proxy needs.
-//!
-//! A CNI that does not read Kubernetes objects can depend on this crate with
-//! `default-features = false`: the `k8s` feature (on by default) only adds the k8s-openapi
-//! conversions. `examples/src/bin/cni-proxier.rs` in the repository is a complete embedder.
+//! Backends are traits ([`backend`]): the kernel ones (ipvs-netlink, rtnetlink, `nft`,
+//! ctnetlink) or in-memory ones for tests and dry runs. A CNI that does not read Kubernetes
+//! objects can depend on this crate with `default-features = false`.
 //!
 //! ```
-//! use std::net::IpAddr;
-//! use proxier_core::backend::memory::{MemoryAddressBackend, MemoryIpvsBackend};
-//! use proxier_core::desired::Protocol;
-//! use proxier_core::model::{
-//!     Config, Endpoint, EndpointPort, EndpointSlice, NodeContext, Service, ServiceName,
-//!     ServicePortSpec, SliceKey,
-//! };
-//! use proxier_core::{Change, ClusterState, Reconciler, ReconcilerConfig};
+//! use proxier_core::model::{Config, Endpoint, EndpointPort, EndpointSlice, Protocol};
+//! use proxier_core::model::{Service, ServiceName, ServicePortSpec, SliceKey};
+//! use proxier_core::{Backends, Change, Proxier, ProxierConfig, SyncKind};
 //!
-//! # fn ip(s: &str) -> IpAddr { s.parse().expect("address") }
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
+//! let backends = Backends::in_memory(); // in production: Backends::kernel("kube-ipvs0")
+//! let ipvs = backends.ipvs.clone();
+//! let mut proxier = Proxier::new(ProxierConfig::new("node-a", Config::default()), backends)?;
+//!
 //! let web = ServiceName::new("default", "web");
-//! let mut state = ClusterState::new();
-//! state.apply(Change::UpsertService(Service::new(
-//!     web.clone(),
-//!     vec![ip("10.96.0.10")],
-//!     vec![ServicePortSpec { name: "http".into(), port: 80, protocol: Protocol::Tcp, node_port: None }],
-//! )));
-//! state.apply(Change::UpsertSlice(EndpointSlice {
+//! let port = ServicePortSpec { name: "http".into(), port: 80, protocol: Protocol::Tcp, node_port: None };
+//! proxier.apply(Change::UpsertService(Service::new(web.clone(), vec!["10.96.0.10".parse()?], vec![port])));
+//! let mut slice = EndpointSlice {
 //!     key: SliceKey::new("default", "web-abc"),
 //!     service: web,
 //!     ports: vec![EndpointPort { name: "http".into(), port: 8080, protocol: Protocol::Tcp }],
-//!     endpoints: vec![Endpoint::ready(ip("10.244.1.2")), Endpoint::ready(ip("10.244.2.3"))],
+//!     endpoints: vec![Endpoint::ready("10.244.1.2".parse()?), Endpoint::ready("10.244.2.3".parse()?)],
 //!     warnings: Vec::new(),
-//! }));
+//! };
+//! proxier.apply(Change::UpsertSlice(slice.clone()));
+//! let first = proxier.sync(SyncKind::Full).await?; // reads the kernel, adopts, programs
+//! assert_eq!(first.ipvs.writes, 4); // virtual server, two real servers, the VIP
 //!
-//! let node = NodeContext::new("node-a", vec![ip("192.168.0.10")], vec![ip("192.168.0.10")]);
-//! let desired = proxier_core::plan(&state, &node, &Config::default());
-//!
-//! // In production: KernelIpvsBackend and KernelAddressBackend.
-//! let ipvs = MemoryIpvsBackend::new();
-//! let mut reconciler = Reconciler::new(
-//!     ipvs.clone(),
-//!     MemoryAddressBackend::new(),
-//!     ReconcilerConfig::default(),
-//! );
-//! let runtime = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
-//! runtime.block_on(reconciler.full_sync(&desired)).expect("converged");
-//! let table = ipvs.table();
-//! assert_eq!(table.len(), 1);
-//! assert_eq!(table.values().next().map(|vs| vs.real_servers.len()), Some(2));
+//! slice.endpoints.pop(); // one endpoint goes away
+//! proxier.apply(Change::UpsertSlice(slice));
+//! let second = proxier.sync(SyncKind::Incremental).await?; // only that Service port
+//! assert_eq!((second.changed_ports, second.ipvs.deletes), (1, 1));
+//! assert_eq!(ipvs.table().values().next().map(|vs| vs.real_servers.len()), Some(1));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # })?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
 pub mod backend;
