@@ -30,6 +30,7 @@ struct IpvsState {
     applied: Vec<IpvsOp>,
     not_recording: bool,
     failures: BTreeMap<VirtualServerKey, BackendError>,
+    hidden_from_next_list: BTreeSet<VirtualServerKey>,
     list_calls: usize,
     get_calls: usize,
 }
@@ -117,6 +118,12 @@ impl MemoryIpvsBackend {
         lock(&self.state).failures.insert(key, error);
     }
 
+    /// Leaves `key` out of the next listing only, as the kernel's dump does when another
+    /// network namespace changes its IPVS table meanwhile.
+    pub fn hide_from_next_list(&self, key: VirtualServerKey) {
+        lock(&self.state).hidden_from_next_list.insert(key);
+    }
+
     /// Stops failing ops on `key`.
     pub fn clear_failure(&self, key: &VirtualServerKey) {
         lock(&self.state).failures.remove(key);
@@ -179,7 +186,10 @@ impl IpvsBackend for MemoryIpvsBackend {
     ) -> Result<BTreeMap<VirtualServerKey, ObservedVirtualServer>, BackendError> {
         let mut state = lock(&self.state);
         state.list_calls += 1;
-        Ok(state.table.clone())
+        let hidden = std::mem::take(&mut state.hidden_from_next_list);
+        let mut table = state.table.clone();
+        table.retain(|key, _| !hidden.contains(key));
+        Ok(table)
     }
 
     async fn get_virtual_server(

@@ -190,6 +190,10 @@ pub struct ReconcilerStats {
     /// The last error cleaning up something no service port owns (stale virtual
     /// servers, unused addresses), if the last attempt failed.
     pub cleanup_error: Option<ServiceSyncError>,
+    /// Writes the kernel refused because the cached picture was wrong (an add of something
+    /// that exists, e.g. after a dump skipped it), each followed by a re-read and a fresh
+    /// diff of that virtual server.
+    pub contradictions: u64,
 }
 
 /// What one sync did.
@@ -206,6 +210,10 @@ pub struct ReconcileReport {
     /// Errors of this sync, by service port (`None`: cleanup).
     pub errors: Vec<(Option<ServicePortName>, ServiceSyncError)>,
 }
+
+/// Full-sync listings in a row that must miss a retired virtual server before it is
+/// forgotten.
+const RETIRED_LISTINGS: u8 = 3;
 
 /// What [`Reconciler::remove_owned`] removed.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -255,6 +263,10 @@ pub struct Reconciler<I, A> {
     rejections: BTreeMap<VirtualServerKey, Vec<Rejection>>,
     /// Virtual servers whose cached state may be wrong (a write on them failed).
     suspect: HashSet<VirtualServerKey>,
+    /// Virtual servers planned earlier and planned no more, until they are seen deleted (a
+    /// dump that skipped one must not make it foreign), with the full-sync listings in a
+    /// row that did not show them.
+    retired: HashMap<VirtualServerKey, u8>,
     stats: ReconcilerStats,
 }
 
@@ -277,6 +289,7 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
             failures: BTreeMap::new(),
             rejections: BTreeMap::new(),
             suspect: HashSet::new(),
+            retired: HashMap::new(),
             stats: ReconcilerStats::default(),
         }
     }
@@ -363,8 +376,23 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
             }
         }
 
-        let previously_planned: HashSet<VirtualServerKey> =
-            self.claimants.keys().copied().collect();
+        // Planned before, or retired and not yet seen deleted: still the proxier's.
+        let previously_planned: HashSet<VirtualServerKey> = self
+            .claimants
+            .keys()
+            .chain(self.retired.keys())
+            .copied()
+            .collect();
+        // A retired virtual server missing from several listings in a row is gone for good
+        // (one missing listing may be a dump that skipped it).
+        self.retired.retain(|key, misses| {
+            if fresh.virtual_servers.contains_key(key) {
+                *misses = 0;
+            } else {
+                *misses += 1;
+            }
+            *misses < RETIRED_LISTINGS
+        });
         let drift = if self.synced {
             let link_addresses: BTreeSet<IpAddr> = self
                 .kernel
@@ -388,6 +416,11 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
         });
 
         self.rebuild_claims(desired);
+        for key in &previously_planned {
+            if !self.claimants.contains_key(key) {
+                self.retired.entry(*key).or_insert(0);
+            }
+        }
         self.failures
             .retain(|service, _| desired.services.contains_key(service));
         let held: HashSet<ServicePortName> = self
@@ -417,6 +450,7 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
         }
         let mut report = self
             .apply(
+                desired,
                 plan.changes,
                 plan.bind,
                 plan.unbind,
@@ -455,6 +489,7 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
                     set.remove(service);
                     if set.is_empty() {
                         self.claimants.remove(key);
+                        self.retired.entry(*key).or_insert(0);
                     }
                 }
                 keys.entry(*key).or_insert_with(|| Some(service.clone()));
@@ -536,7 +571,12 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
         }
         match self.ipvs.list_virtual_servers().await {
             Ok(table) => {
-                let planned: HashSet<VirtualServerKey> = self.claimants.keys().copied().collect();
+                let planned: HashSet<VirtualServerKey> = self
+                    .claimants
+                    .keys()
+                    .chain(self.retired.keys())
+                    .copied()
+                    .collect();
                 let scope = self.scope(&link_addresses, &planned);
                 let ops: Vec<IpvsOp> = table
                     .keys()
@@ -564,6 +604,7 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
         self.claims.clear();
         self.claimants.clear();
         self.binders.clear();
+        self.retired.clear();
         self.drains = DrainQueue::new();
         report
     }
@@ -777,7 +818,7 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
                 unbind.push(address);
             }
         }
-        self.apply(changes, bind, unbind, attempted, now, read_errors)
+        self.apply(desired, changes, bind, unbind, attempted, now, read_errors)
             .await
     }
 
@@ -825,8 +866,10 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
         );
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn apply(
         &mut self,
+        desired: &Desired,
         changes: Changes,
         bind: Vec<IpAddr>,
         unbind: Vec<IpAddr>,
@@ -867,40 +910,53 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
             }
         }
 
-        let (owners, ops): (Vec<Option<ServicePortName>>, Vec<IpvsOp>) = changes
-            .ops
-            .into_iter()
-            .map(|OwnedOp { owner, op }| (owner, op))
-            .unzip();
-        if !ops.is_empty() {
-            let mut results = self.ipvs.apply(&ops).await;
-            results.resize(
-                ops.len(),
-                Err(BackendError::Other(
-                    "the backend returned no result for this op".into(),
-                )),
-            );
-            for ((owner, op), result) in owners.into_iter().zip(ops).zip(results) {
-                report.writes += 1;
-                if op.kind().is_delete() {
-                    report.deletes += 1;
-                }
-                self.count(op.kind(), result.is_ok());
-                match result {
-                    Ok(()) => self.record_write(&op),
+        let mut contradicted = BTreeMap::new();
+        self.apply_ops(
+            changes,
+            now,
+            &mut report,
+            &mut failed,
+            Some(&mut contradicted),
+        )
+        .await;
+        if !contradicted.is_empty() {
+            // The kernel contradicted our picture ("exists" on an add, "not found" on an
+            // update): a dump skipped it, or someone changed it. Re-read those virtual
+            // servers, diff them again and converge; only a second refusal is a failure.
+            self.stats.contradictions += contradicted.len() as u64;
+            let policy = self.drain_policy(now);
+            let mut again = Changes::default();
+            for (key, owner) in contradicted {
+                tracing::info!(virtual_server = %key, "kernel differs from the cached picture; re-reading it");
+                match self.ipvs.get_virtual_server(&key).await {
+                    Ok(Some(fresh)) => {
+                        self.kernel.virtual_servers.insert(key, fresh);
+                    }
+                    Ok(None) => {
+                        self.kernel.virtual_servers.remove(&key);
+                        self.drains.stop_virtual_server(&key);
+                    }
                     Err(source) => {
-                        let key = *op.virtual_server();
-                        self.suspect.insert(key);
-                        failed.push((owner, key, ServiceSyncError::Op { op, source }));
+                        failed.push((owner, key, ServiceSyncError::Read { key, source }));
+                        continue;
                     }
                 }
+                self.suspect.remove(&key);
+                let planned = self.planned(desired, &key);
+                let owner = self.winner(&key).cloned().or(owner);
+                diff::diff_virtual_server(
+                    &key,
+                    planned,
+                    self.kernel.virtual_servers.get(&key),
+                    owner.as_ref(),
+                    &self.drains,
+                    &policy,
+                    &mut again,
+                );
             }
-        }
-        for (vs, rs) in changes.drain_started {
-            self.drains.start(vs, rs, now);
-        }
-        for (vs, rs) in changes.drain_stopped {
-            self.drains.stop(&vs, &rs);
+            again.order();
+            self.apply_ops(again, now, &mut report, &mut failed, None)
+                .await;
         }
 
         let mut cleanup_failed = false;
@@ -962,6 +1018,67 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
         report
     }
 
+    /// Applies IPVS writes as one batch, updating the cache with the accepted ones. With
+    /// `contradicted`, a write the kernel refuses because our picture was wrong (an add
+    /// that exists, an update of something gone) is collected there instead of failing; a
+    /// delete of something already gone counts as done.
+    async fn apply_ops(
+        &mut self,
+        changes: Changes,
+        now: Instant,
+        report: &mut ReconcileReport,
+        failed: &mut Vec<Failed>,
+        mut contradicted: Option<&mut BTreeMap<VirtualServerKey, Option<ServicePortName>>>,
+    ) {
+        let (owners, ops): (Vec<Option<ServicePortName>>, Vec<IpvsOp>) = changes
+            .ops
+            .into_iter()
+            .map(|OwnedOp { owner, op }| (owner, op))
+            .unzip();
+        if !ops.is_empty() {
+            let mut results = self.ipvs.apply(&ops).await;
+            results.resize(
+                ops.len(),
+                Err(BackendError::Other(
+                    "the backend returned no result for this op".into(),
+                )),
+            );
+            for ((owner, op), result) in owners.into_iter().zip(ops).zip(results) {
+                let key = *op.virtual_server();
+                let result = match result {
+                    Err(BackendError::NotFound) if op.kind().is_delete() => Ok(()),
+                    Err(BackendError::Exists | BackendError::NotFound)
+                        if contradicted.is_some() =>
+                    {
+                        if let Some(contradicted) = contradicted.as_deref_mut() {
+                            contradicted.entry(key).or_insert(owner);
+                        }
+                        continue;
+                    }
+                    other => other,
+                };
+                report.writes += 1;
+                if op.kind().is_delete() {
+                    report.deletes += 1;
+                }
+                self.count(op.kind(), result.is_ok());
+                match result {
+                    Ok(()) => self.record_write(&op),
+                    Err(source) => {
+                        self.suspect.insert(key);
+                        failed.push((owner, key, ServiceSyncError::Op { op, source }));
+                    }
+                }
+            }
+        }
+        for (vs, rs) in changes.drain_started {
+            self.drains.start(vs, rs, now);
+        }
+        for (vs, rs) in changes.drain_stopped {
+            self.drains.stop(&vs, &rs);
+        }
+    }
+
     /// Updates the cache after the kernel accepted `op`.
     fn record_write(&mut self, op: &IpvsOp) {
         let table = &mut self.kernel.virtual_servers;
@@ -982,6 +1099,7 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
             }
             IpvsOp::DeleteVirtualServer(key) => {
                 table.remove(key);
+                self.retired.remove(key);
                 self.drains.stop_virtual_server(key);
             }
             IpvsOp::AddRealServer(key, rs, weight) => {

@@ -853,3 +853,50 @@ async fn a_listing_failure_fails_the_whole_sync() {
     assert!(error.to_string().contains("no ip_vs"), "{error}");
     let _ = AddressOp::CreateLink;
 }
+
+#[tokio::test]
+async fn a_virtual_server_the_dump_skipped_is_re_read_not_failed() {
+    let ipvs = MemoryIpvsBackend::new();
+    let addresses = MemoryAddressBackend::new();
+    let plan = two_services();
+    reconciler(&ipvs, &addresses)
+        .full_sync(&plan)
+        .await
+        .unwrap();
+
+    // A restart whose dump misses one virtual server that holds one real server too few.
+    let web = vkey("10.96.0.10", 80, Protocol::Tcp);
+    ipvs.clone()
+        .apply(&[IpvsOp::DeleteRealServer(web, rkey("10.1.0.3", 8080))])
+        .await;
+    ipvs.hide_from_next_list(web);
+    ipvs.take_applied_ops();
+    let mut restarted = reconciler(&ipvs, &addresses);
+    let report = restarted.full_sync(&plan).await.unwrap();
+    assert_eq!(report.failed, 0, "{:?}", report.errors);
+    assert!(report.errors.is_empty());
+    assert_eq!(restarted.stats().contradictions, 1);
+    assert_eq!(ipvs.table(), two_services_table());
+    // The adds the missing picture asked for, and nothing after the re-read.
+    let ops = ipvs.take_applied_ops();
+    assert_eq!(ops.len(), 3, "{ops:?}");
+    assert!(ops.iter().all(|op| *op.virtual_server() == web), "{ops:?}");
+    assert_eq!(restarted.full_sync(&plan).await.unwrap().writes, 0);
+}
+
+#[tokio::test]
+async fn a_stale_virtual_server_the_dump_skipped_goes_at_the_next_full_sync() {
+    let ipvs = MemoryIpvsBackend::new();
+    let addresses = MemoryAddressBackend::new();
+    let mut reconciler = reconciler(&ipvs, &addresses);
+    reconciler.full_sync(&two_services()).await.unwrap();
+    let mut smaller = two_services();
+    smaller.services.remove(&spn("dns", Protocol::Udp));
+    let dns = vkey("10.96.0.53", 53, Protocol::Udp);
+    ipvs.hide_from_next_list(dns);
+    let report = reconciler.full_sync(&smaller).await.unwrap();
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    let report = reconciler.full_sync(&smaller).await.unwrap();
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    assert!(!ipvs.table().contains_key(&dns));
+}
