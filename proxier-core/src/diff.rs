@@ -1,6 +1,7 @@
 //! Pure comparison of the plan ([`Desired`]) with the kernel ([`Observed`]):
 //! which IPVS writes and address changes converge the kernel, touching only
-//! what the proxier owns (Decision 1).
+//! what the proxier owns ([`Scope::owns`], the one ownership rule every sync and `--cleanup`
+//! use).
 //!
 //! Removed real servers are drained rather than deleted when they still carry TCP
 //! connections: their weight goes to 0 and they join the [`DrainQueue`] until their

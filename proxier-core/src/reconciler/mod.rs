@@ -3,14 +3,16 @@
 //! the kernel, graceful draining of removed real servers, and per-service retries
 //! with exponential backoff.
 //!
-//! # What it owns (Decision 1)
+//! # What it owns: the one ownership rule
 //! It creates, changes and deletes only: virtual servers it plans; unplanned virtual
 //! servers whose address is bound on its dummy link; unplanned NodePort virtual servers
 //! on node addresses ([`ReconcilerConfig::node_port_addresses`] plus every address it
 //! planned a NodePort on) within [`ReconcilerConfig::node_port_range`]; virtual servers
-//! it planned earlier in this process. Nothing in [`ReconcilerConfig::exclude_cidrs`] is
-//! ever touched, and no address in them is unbound. Virtual servers on other addresses
-//! (keepalived, another proxier) and firewall-mark services are left alone.
+//! it planned earlier in this process, until it has seen them deleted. Nothing in
+//! [`ReconcilerConfig::exclude_cidrs`] is ever touched, and no address in them is unbound.
+//! Virtual servers on other addresses (keepalived, another proxier) and firewall-mark
+//! services are left alone. Full syncs, incremental syncs and [`Reconciler::remove_owned`]
+//! (`--cleanup`) all decide by this one rule ([`crate::diff::Scope::owns`]).
 //!
 //! # Driving it
 //! Run [`Reconciler::full_sync`] at start and periodically, [`Reconciler::sync_services`]
