@@ -56,6 +56,8 @@ pub const GRACEFUL_DRAIN_QUEUE_LENGTH: &str = "ipvs_proxier_graceful_drain_queue
 pub const FULL_RESYNC_DRIFT_REPAIRED: &str = "ipvs_proxier_full_resync_drift_repaired";
 /// Watch failures by kind.
 pub const WATCH_ERRORS_TOTAL: &str = "ipvs_proxier_watch_errors_total";
+/// Reads of the source file refused whole (malformed document, unreadable file).
+pub const SOURCE_FILE_REJECTED_TOTAL: &str = "ipvs_proxier_source_file_rejected_total";
 
 /// kube-proxy's buckets for sync durations: 1 ms doubling 15 times (~16 s).
 fn sync_duration_buckets() -> Vec<f64> {
@@ -173,6 +175,11 @@ pub fn register() {
         "Differences from the desired state repaired by the last full resync"
     );
     describe_counter!(WATCH_ERRORS_TOTAL, "API watch failures by kind");
+    describe_counter!(
+        SOURCE_FILE_REJECTED_TOTAL,
+        "Reads of the source file refused whole (the last good state stayed in force)"
+    );
+    counter!(SOURCE_FILE_REJECTED_TOTAL).absolute(0);
 
     gauge!(ENDPOINT_CHANGES_PENDING).set(0.0);
     counter!(ENDPOINT_CHANGES_TOTAL).absolute(0);
@@ -295,6 +302,11 @@ pub fn set_full_resync_drift_repaired(differences: usize) {
 /// Counts a watch failure of one kind of object.
 pub fn record_watch_error(kind: &'static str) {
     counter!(WATCH_ERRORS_TOTAL, "kind" => kind).increment(1);
+}
+
+/// Counts a read of the source file that was refused whole.
+pub fn record_rejected_source_file() {
+    counter!(SOURCE_FILE_REJECTED_TOTAL).increment(1);
 }
 
 /// Counts a /healthz or /livez answer.

@@ -718,3 +718,57 @@ fn cleanup_removes_virtual_servers_link_and_table() {
         String::from_utf8_lossy(&again.stderr)
     );
 }
+
+#[test]
+fn torn_source_files_keep_every_virtual_server() {
+    require_kernel!();
+    if !daemon_available("torn_source_files_keep_every_virtual_server") {
+        return;
+    }
+    let node = Node::new().with_pod_route();
+    let services: Vec<Svc> = (0..50)
+        .map(|i| {
+            Svc::tcp(&format!("s{i}"), &format!("10.96.1.{}", i + 1), 80, 8080)
+                .with(&[&format!("10.244.0.{}", i + 2)])
+        })
+        .collect();
+    let whole = manifests(&services);
+    let expected: BTreeSet<String> = services.iter().flat_map(Svc::ipvsadm_lines).collect();
+    node.write_source(&whole);
+    let daemon = node.spawn_daemon();
+    node.wait_for(Duration::from_secs(120), "50 services programmed", |n| {
+        n.ipvs_lines() == expected
+    });
+
+    // `kubectl get -o yaml > file`: truncated in place, empty for 3 s.
+    std::fs::write(node.source(), "").unwrap();
+    for _ in 0..15 {
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(node.ipvs_lines(), expected, "an empty file removed services");
+    }
+    // Cut in the middle of a document (an interrupted write), for 3 s.
+    let cut = whole.len() / 8;
+    let torn = &whole[..whole[..cut].rfind("  name: ").unwrap() + 9];
+    std::fs::write(node.source(), torn).unwrap();
+    for _ in 0..15 {
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(node.ipvs_lines(), expected, "a torn file removed services");
+    }
+    assert!(
+        node.daemon_log().contains("refused whole"),
+        "the refusal is logged:\n{}",
+        node.daemon_log()
+    );
+
+    // An intended change still converges: the last Service goes.
+    let fewer = manifests(&services[..49]);
+    node.write_source(&fewer);
+    let mut smaller = expected.clone();
+    for line in services[49].ipvsadm_lines() {
+        smaller.remove(&line);
+    }
+    node.wait_for(Duration::from_secs(60), "intended change", |n| {
+        n.ipvs_lines() == smaller
+    });
+    kill(daemon.pid(), "-TERM");
+}

@@ -11,22 +11,88 @@ use std::time::{Duration, SystemTime};
 
 use tokio::sync::{mpsc, watch};
 
-use super::manifests::{ManifestCache, Manifests, parse_manifests};
+use super::manifests::{ManifestCache, Manifests};
+#[cfg(test)]
+use super::manifests::parse_manifests;
 use super::{
     ClusterSnapshot, EVENT_CHANNEL_CAPACITY, ObjectKey, SourceEvent, SourceHandle, is_proxied,
 };
 
-/// How often the file is checked for changes by default.
-pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
+/// How often the file is looked at even without a change notification (a file system
+/// without inotify, a missed event).
+pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(5);
 
-/// The file could not be read.
+/// How long the file must stay quiet after a change notification before it is read: a
+/// writer usually writes in several calls.
+pub const SETTLE_DELAY: Duration = Duration::from_millis(100);
+
+/// Why a read of the file is not used. Whatever the reason, the last good state stays.
 #[derive(Debug, thiserror::Error)]
-#[error("reading source file {path}: {source}")]
-pub struct FileSourceError {
-    /// The file.
-    pub path: PathBuf,
-    /// What the OS said.
-    pub source: std::io::Error,
+pub enum FileSourceError {
+    /// The file could not be read.
+    #[error("reading source file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// What the OS said.
+        source: std::io::Error,
+    },
+    /// The file has no bytes: a write in progress (`kubectl get -o yaml > file` truncates
+    /// before it writes), not "no services".
+    #[error("source file {path} is empty (a write in progress?); the last good state stays")]
+    Empty {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The file does not end with a newline: it stops mid-line, a write in progress.
+    #[error("source file {path} ends mid-line (a write in progress?); the last good state stays")]
+    Unfinished {
+        /// The file.
+        path: PathBuf,
+    },
+    /// Some document is not valid YAML or not a valid object: the file is refused whole
+    /// (a half-written file must not remove what the rest no longer lists).
+    #[error("source file {path} refused whole, the last good state stays: {first} ({count} malformed documents in all)")]
+    Malformed {
+        /// The file.
+        path: PathBuf,
+        /// The first problem, with its position.
+        first: String,
+        /// How many problems.
+        count: usize,
+    },
+}
+
+/// The snapshot of a file's text, or why the text is refused whole: no bytes, or any
+/// malformed document. Objects of kinds ipvs-proxier does not use are only skipped.
+pub fn snapshot_from_text(
+    path: &Path,
+    text: &str,
+    cache: &mut ManifestCache,
+    hostname: &str,
+) -> Result<ClusterSnapshot, FileSourceError> {
+    if text.is_empty() {
+        return Err(FileSourceError::Empty {
+            path: path.to_owned(),
+        });
+    }
+    if !text.ends_with('\n') {
+        // YAML writers (kubectl, editors, templating tools) end files with a newline; a file
+        // that stops mid-line is still being written.
+        return Err(FileSourceError::Unfinished {
+            path: path.to_owned(),
+        });
+    }
+    let manifests = cache.parse(text);
+    let mut malformed = manifests.problems.iter().filter(|p| !p.is_unknown_kind());
+    if let Some(first) = malformed.next() {
+        return Err(FileSourceError::Malformed {
+            path: path.to_owned(),
+            first: first.to_string(),
+            count: 1 + malformed.count(),
+        });
+    }
+    Ok(snapshot_from_manifests(manifests, hostname))
 }
 
 /// Builds the snapshot a file's manifests describe for node `hostname`. Objects that another
@@ -75,13 +141,14 @@ pub fn snapshot_from_manifests(manifests: Manifests, hostname: &str) -> ClusterS
     snap
 }
 
-/// Reads and parses the file once.
+/// Reads and parses the file once; a file that is empty or has a malformed document is an
+/// error.
 pub fn load_snapshot(path: &Path, hostname: &str) -> Result<ClusterSnapshot, FileSourceError> {
-    let text = std::fs::read_to_string(path).map_err(|source| FileSourceError {
+    let text = std::fs::read_to_string(path).map_err(|source| FileSourceError::Read {
         path: path.to_owned(),
         source,
     })?;
-    Ok(snapshot_from_manifests(parse_manifests(&text), hostname))
+    snapshot_from_text(path, &text, &mut ManifestCache::new(), hostname)
 }
 
 /// Cheap identity of the file on disk: when it is unchanged, the content need not be read.
@@ -211,15 +278,65 @@ pub fn spawn(config: FileSourceConfig) -> SourceHandle {
     }
 }
 
+/// Wakes the source when the file's directory changes (rename-into-place replaces the file's
+/// inode, so the directory is watched). `None` when inotify is unavailable: polling only.
+fn watch_directory(path: &Path) -> Option<(notify::RecommendedWatcher, mpsc::UnboundedReceiver<()>)> {
+    use notify::Watcher;
+    let (tx, rx) = mpsc::unbounded_channel();
+    let name = path.file_name()?.to_owned();
+    let directory = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir.to_owned(),
+        _ => PathBuf::from("."),
+    };
+    let handler = move |event: notify::Result<notify::Event>| {
+        if let Ok(event) = event
+            && event.paths.iter().any(|p| p.file_name() == Some(name.as_os_str()))
+        {
+            let _ = tx.send(());
+        }
+    };
+    let mut watcher = match notify::recommended_watcher(handler) {
+        Ok(watcher) => watcher,
+        Err(error) => {
+            tracing::warn!(%error, "cannot watch the source file; polling it");
+            return None;
+        }
+    };
+    if let Err(error) = watcher.watch(&directory, notify::RecursiveMode::NonRecursive) {
+        tracing::warn!(directory = %directory.display(), %error, "cannot watch the source file's directory; polling it");
+        return None;
+    }
+    Some((watcher, rx))
+}
+
 async fn run(config: FileSourceConfig, tx: mpsc::Sender<SourceEvent>, synced: watch::Sender<bool>) {
     let mut detector = ChangeDetector::new(10);
     let mut cache = ManifestCache::new();
     let mut ticker = tokio::time::interval(config.poll_interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut reported_error = false;
+    let (_watcher, mut notified) = match watch_directory(&config.path) {
+        Some((watcher, rx)) => (Some(watcher), Some(rx)),
+        None => (None, None),
+    };
+    let mut reported: Option<String> = None;
     let mut last: Option<ClusterSnapshot> = None;
     loop {
-        ticker.tick().await;
+        match notified.as_mut() {
+            Some(rx) => tokio::select! {
+                _ = ticker.tick() => {}
+                woke = rx.recv() => {
+                    if woke.is_none() {
+                        notified = None;
+                        continue;
+                    }
+                    // Let the writer finish: read once the file has been quiet a moment.
+                    while let Ok(Some(())) = tokio::time::timeout(SETTLE_DELAY, rx.recv()).await {}
+                }
+            },
+            None => {
+                ticker.tick().await;
+            }
+        }
         let read = stamp_of(&config.path).and_then(|stamp| {
             if detector.needs_read(stamp) {
                 std::fs::read(&config.path).map(|content| Some((stamp, content)))
@@ -227,27 +344,43 @@ async fn run(config: FileSourceConfig, tx: mpsc::Sender<SourceEvent>, synced: wa
                 Ok(None)
             }
         });
-        let (stamp, content) = match read {
-            Ok(Some(pair)) => pair,
+        let result = match read {
             Ok(None) => continue,
-            Err(error) => {
-                if !reported_error {
-                    tracing::warn!(path = %config.path.display(), %error,
-                        "source file unreadable; keeping the last state");
-                    reported_error = true;
+            Ok(Some((stamp, content))) => {
+                if !detector.content_changed(stamp, &content) {
+                    continue;
                 }
+                let text = String::from_utf8_lossy(&content);
+                snapshot_from_text(&config.path, &text, &mut cache, &config.hostname)
+            }
+            Err(source) => Err(FileSourceError::Read {
+                path: config.path.clone(),
+                source,
+            }),
+        };
+        let snapshot = match result {
+            Ok(snapshot) => snapshot,
+            Err(error) => {
+                let message = error.to_string();
+                if !matches!(error, FileSourceError::Empty { .. }) {
+                    crate::metrics::record_rejected_source_file();
+                }
+                // Logged once per distinct problem, not on every poll.
+                if reported.as_deref() != Some(message.as_str()) {
+                    match error {
+                        FileSourceError::Empty { .. } => tracing::info!("{message}"),
+                        _ => tracing::error!("{message}"),
+                    }
+                    reported = Some(message);
+                }
+                // Read again at the next look even if the bytes stay the same.
+                detector = ChangeDetector::new(10);
                 continue;
             }
         };
-        if reported_error {
-            tracing::info!(path = %config.path.display(), "source file readable again");
-            reported_error = false;
+        if reported.take().is_some() {
+            tracing::info!(path = %config.path.display(), "source file readable and well-formed again");
         }
-        if !detector.content_changed(stamp, &content) {
-            continue;
-        }
-        let text = String::from_utf8_lossy(&content);
-        let snapshot = snapshot_from_manifests(cache.parse(&text), &config.hostname);
         tracing::info!(path = %config.path.display(), services = snapshot.services.len(),
             endpoint_slices = snapshot.endpoint_slices.len(), "source file loaded");
         let events = match &last {
@@ -314,6 +447,36 @@ mod tests {
         assert_eq!(spec.external_traffic_policy.as_deref(), Some("Local"));
         assert_eq!(spec.health_check_node_port, Some(32100));
         assert!(snap.node.is_some());
+    }
+
+    #[test]
+    fn empty_and_malformed_texts_are_refused_whole() {
+        let path = Path::new("/x/cluster.yaml");
+        let mut cache = ManifestCache::new();
+        assert!(matches!(
+            snapshot_from_text(path, "", &mut cache, "node-a"),
+            Err(FileSourceError::Empty { .. })
+        ));
+        let torn = format!("{CLUSTER}---\napiVersion: v1\nkind: Service\nmetadata: {{name: d");
+        assert!(matches!(
+            snapshot_from_text(path, &torn, &mut cache, "node-a"),
+            Err(FileSourceError::Unfinished { .. })
+        ));
+        match snapshot_from_text(path, &format!("{torn}\n"), &mut cache, "node-a") {
+            Err(FileSourceError::Malformed { first, count, .. }) => {
+                assert_eq!(count, 1);
+                assert!(first.starts_with("document 5"), "{first}");
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        // A kind ipvs-proxier does not use is skipped, not an error.
+        let with_deployment =
+            format!("{CLUSTER}---\napiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: x}}\n");
+        let snapshot = snapshot_from_text(path, &with_deployment, &mut cache, "node-a").expect("used");
+        assert_eq!(snapshot.services.len(), 1);
+        // A file with no object at all is a real empty state.
+        let empty = snapshot_from_text(path, "# nothing\n", &mut cache, "node-a").expect("used");
+        assert!(empty.services.is_empty());
     }
 
     #[test]
@@ -435,25 +598,23 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert!(handle.events.try_recv().is_err());
 
-        // New content with one more service (and a broken document that is skipped).
-        let more = format!(
-            "{CLUSTER}---\napiVersion: v1\nkind: Service\nmetadata: {{name: db, namespace: shop}}\n---\nkind: [broken\n"
-        );
-        std::fs::write(&path, more).expect("write more");
-        let event = tokio::time::timeout(Duration::from_secs(10), handle.events.recv())
-            .await
-            .expect("an event within 10 s")
-            .expect("channel open");
-        match event {
-            SourceEvent::ServiceUpsert(service) => {
-                assert_eq!(service.metadata.name.as_deref(), Some("db"));
-            }
-            other => panic!("expected the new service, got {}", other.describe()),
-        }
+        // Torn writes: truncated to nothing, then cut inside a document. Neither is used.
+        std::fs::write(&path, "").expect("truncate");
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        assert!(handle.events.try_recv().is_err(), "an empty file is a write in progress");
+        let torn = format!("{CLUSTER}---\napiVersion: v1\nkind: Service\nmetadata: {{name: db, namespace: shop}}\n---\nkind: [broken\n");
+        std::fs::write(&path, torn).expect("write torn");
+        tokio::time::sleep(Duration::from_millis(150)).await;
         assert!(
             handle.events.try_recv().is_err(),
-            "only the new service changed"
+            "a file with a malformed document is refused whole"
         );
+
+        // The complete file: only the new service is an event.
+        let more = format!(
+            "{CLUSTER}---\napiVersion: v1\nkind: Service\nmetadata: {{name: db, namespace: shop}}\n"
+        );
+        std::fs::write(&path, more).expect("write more");
         handle.task.abort();
         let _ = std::fs::remove_file(&path);
     }
