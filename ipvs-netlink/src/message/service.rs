@@ -172,7 +172,7 @@ pub fn decode_service(buf: &[u8]) -> Result<ServiceEntry, WireError> {
         },
     };
     let scheduler = match sched {
-        Some(name) => name.parse().unwrap_or(Scheduler::Other(name)),
+        Some(name) => Scheduler::from_name(&name),
         None => Scheduler::Other(String::new()),
     };
     let stats = match (stats64, stats32) {
