@@ -293,7 +293,8 @@ impl IpvsHandle {
         let op = Operation::GetService;
         let object = Object::Service(*key);
         let mut msg = IpvsMessage::new(IPVS_CMD_GET_SERVICE);
-        message::encode_service_key(&mut msg, key).map_err(|e| Error::invalid(op, &object, e.0))?;
+        message::encode_service_key(&mut msg, key)
+            .map_err(|e| Error::from_encode(op, &object, e))?;
         let reply = self.query(op, &object, msg).await?;
         message::decode_service_message(&reply).map_err(|source| Error::Decode { op, source })
     }
@@ -303,7 +304,7 @@ impl IpvsHandle {
         let object = op.object();
         let msg = op
             .encode()
-            .map_err(|e| Error::invalid(operation, &object, e.0))?;
+            .map_err(|e| Error::from_encode(operation, &object, e))?;
         self.ack(operation, &object, msg).await
     }
 
@@ -331,7 +332,7 @@ impl IpvsHandle {
         let object = Object::Service(*key);
         let mut msg = IpvsMessage::new(IPVS_CMD_GET_DEST);
         if let Err(e) = message::encode_service_key(&mut msg, key) {
-            return stream::iter([Err(Error::invalid(op, &object, e.0))]).boxed();
+            return stream::iter([Err(Error::from_encode(op, &object, e))]).boxed();
         }
         let key = *key;
         self.dump(op, object, msg, move |m| {
@@ -379,12 +380,10 @@ impl IpvsHandle {
 
     /// Sets connection timeouts; a 0 keeps the current value.
     pub async fn set_timeouts(&self, timeouts: &Timeouts) -> Result<(), Error> {
-        self.ack(
-            Operation::SetTimeouts,
-            &Object::Table,
-            message::encode_set_timeouts(timeouts),
-        )
-        .await
+        let op = Operation::SetTimeouts;
+        let msg = message::encode_set_timeouts(timeouts)
+            .map_err(|e| Error::from_encode(op, &Object::Table, e))?;
+        self.ack(op, &Object::Table, msg).await
     }
 
     /// Zeroes the counters of one service, or of every service with `None`.
@@ -395,7 +394,7 @@ impl IpvsHandle {
             Some(key) => {
                 let object = Object::Service(*key);
                 message::encode_service_key(&mut msg, key)
-                    .map_err(|e| Error::invalid(op, &object, e.0))?;
+                    .map_err(|e| Error::from_encode(op, &object, e))?;
                 object
             }
             None => Object::Table,
@@ -414,7 +413,7 @@ impl IpvsHandle {
         let op = Operation::StartSyncDaemon;
         let object = Object::SyncDaemon(daemon.state);
         let mut msg = IpvsMessage::new(IPVS_CMD_NEW_DAEMON);
-        message::encode_daemon(&mut msg, daemon).map_err(|e| Error::invalid(op, &object, e.0))?;
+        message::encode_daemon(&mut msg, daemon).map_err(|e| Error::from_encode(op, &object, e))?;
         self.ack(op, &object, msg).await
     }
 
@@ -595,7 +594,7 @@ fn dump_table(
                         let object = Object::Service(key);
                         let mut msg = IpvsMessage::new(IPVS_CMD_GET_DEST);
                         message::encode_service_key(&mut msg, &key)
-                            .map_err(|e| Error::invalid(op, &object, e.0))?;
+                            .map_err(|e| Error::from_encode(op, &object, e))?;
                         let mut dests = Vec::new();
                         let mut bad = None;
                         match socket.dump(family, &msg, |m| {

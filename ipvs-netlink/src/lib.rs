@@ -54,7 +54,7 @@ pub use batch::Op;
 pub use destination::{
     Destination, DestinationEntry, DestinationKey, Tunnel, TunnelFlags, TunnelType,
 };
-pub use error::{Error, Object, Operation};
+pub use error::{Error, Object, Operation, RangeError};
 pub use forward::ForwardMethod;
 pub use handle::IpvsHandle;
 pub use info::Info;

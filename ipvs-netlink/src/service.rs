@@ -230,6 +230,11 @@ impl Hash for ServiceFlags {
     }
 }
 
+/// Longest persistence timeout in seconds the kernel holds on every configuration: it keeps
+/// `timeout × HZ` in 32 bits, and HZ is at most 1000 (a larger value wraps silently;
+/// `ipvsadm` refuses it).
+pub const MAX_PERSISTENCE_TIMEOUT: u32 = u32::MAX / 1000;
+
 /// The configuration of a virtual service (what `add_service`/`update_service` send).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Service {
@@ -239,7 +244,8 @@ pub struct Service {
     pub scheduler: Scheduler,
     /// Flags (persistence, one-packet, scheduler flags).
     pub flags: ServiceFlags,
-    /// Persistence timeout in seconds (meaningful with [`ServiceFlags::PERSISTENT`]).
+    /// Persistence timeout in seconds (meaningful with [`ServiceFlags::PERSISTENT`]), at most
+    /// [`MAX_PERSISTENCE_TIMEOUT`].
     pub timeout: u32,
     /// Persistence granularity as a prefix length: 0..=32 for IPv4 (sent as a big-endian
     /// mask), 1..=128 for IPv6 (sent as the length). Defaults to a host (32 / 128).
@@ -261,7 +267,8 @@ impl Service {
         }
     }
 
-    /// Makes the service persistent for `timeout` seconds.
+    /// Makes the service persistent for `timeout` seconds (at most
+    /// [`MAX_PERSISTENCE_TIMEOUT`]; a larger value is refused when the service is sent).
     pub fn persistent(mut self, timeout: u32) -> Self {
         self.flags |= ServiceFlags::PERSISTENT;
         self.timeout = timeout;

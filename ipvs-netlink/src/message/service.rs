@@ -4,7 +4,10 @@ use super::attr::{AttrIter, AttrWriter, get_addr, get_be16, get_string, get_u16,
 use super::consts::*;
 use super::stats::decode_stats;
 use super::{EncodeError, IpvsMessage, WireError};
-use crate::service::{AddressFamily, Service, ServiceEntry, ServiceFlags, ServiceKey};
+use crate::error::RangeError;
+use crate::service::{
+    AddressFamily, MAX_PERSISTENCE_TIMEOUT, Service, ServiceEntry, ServiceFlags, ServiceKey,
+};
 use crate::{Protocol, Scheduler, Stats};
 
 fn key_attrs(w: &mut AttrWriter, key: &ServiceKey) {
@@ -28,7 +31,7 @@ fn key_attrs(w: &mut AttrWriter, key: &ServiceKey) {
 /// Appends `IPVS_CMD_ATTR_SERVICE` holding only what identifies the service.
 pub fn encode_service_key(msg: &mut IpvsMessage, key: &ServiceKey) -> Result<(), EncodeError> {
     if let ServiceKey::Fwmark { mark: 0, .. } = key {
-        return Err(EncodeError("fwmark 0 does not identify a service".into()));
+        return Err(EncodeError::invalid("fwmark 0 does not identify a service"));
     }
     let mut w = AttrWriter::new();
     w.nested(IPVS_CMD_ATTR_SERVICE, |w| key_attrs(w, key));
@@ -42,7 +45,7 @@ fn netmask_value(service: &Service) -> Result<[u8; 4], EncodeError> {
     match service.key.family() {
         AddressFamily::Inet => {
             if plen > 32 {
-                return Err(EncodeError(format!(
+                return Err(EncodeError::invalid(format!(
                     "IPv4 netmask /{plen} is longer than /32"
                 )));
             }
@@ -55,7 +58,7 @@ fn netmask_value(service: &Service) -> Result<[u8; 4], EncodeError> {
         }
         AddressFamily::Inet6 => {
             if !(1..=128).contains(&plen) {
-                return Err(EncodeError(format!(
+                return Err(EncodeError::invalid(format!(
                     "IPv6 netmask /{plen} is not in 1..=128"
                 )));
             }
@@ -67,19 +70,24 @@ fn netmask_value(service: &Service) -> Result<[u8; 4], EncodeError> {
 /// Appends `IPVS_CMD_ATTR_SERVICE` with the full configuration (for NEW/SET_SERVICE).
 pub fn encode_service_full(msg: &mut IpvsMessage, service: &Service) -> Result<(), EncodeError> {
     if let ServiceKey::Fwmark { mark: 0, .. } = service.key {
-        return Err(EncodeError("fwmark 0 does not identify a service".into()));
+        return Err(EncodeError::invalid("fwmark 0 does not identify a service"));
     }
     service
         .scheduler
         .validate()
-        .map_err(|e| EncodeError(e.to_string()))?;
+        .map_err(|e| EncodeError::invalid(e.to_string()))?;
     if let Some(pe) = &service.pe_name
         && (pe.is_empty() || pe.len() > PE_NAME_MAX || pe.contains('\0'))
     {
-        return Err(EncodeError(format!(
+        return Err(EncodeError::invalid(format!(
             "persistence engine name {pe:?} must be 1..={PE_NAME_MAX} bytes without NUL"
         )));
     }
+    RangeError::check(
+        "persistence timeout",
+        service.timeout,
+        0..=u64::from(MAX_PERSISTENCE_TIMEOUT),
+    )?;
     let netmask = netmask_value(service)?;
     let mut flags = [0u8; 8];
     let settable = service.flags.bits() & ServiceFlags::SETTABLE.bits();

@@ -181,7 +181,8 @@ fn encode_timeouts_and_daemon() {
         tcp: 900,
         tcp_fin: 0,
         udp: 300,
-    });
+    })
+    .expect("valid");
     assert_eq!(msg.cmd, IPVS_CMD_SET_CONFIG);
     assert_eq!(
         msg.attrs,
@@ -232,6 +233,108 @@ fn client_side_validation() {
             .encode()
             .is_err()
     );
+}
+
+/// The range error `encode` gives, with its field, value and range.
+fn range_error(result: Result<IpvsMessage, EncodeError>) -> (&'static str, u64, u64, u64) {
+    match result {
+        Err(EncodeError::OutOfRange(e)) => (e.field, e.value, *e.range.start(), *e.range.end()),
+        other => panic!("expected an out-of-range error, got {other:?}"),
+    }
+}
+
+#[test]
+fn values_the_kernel_cannot_hold_are_refused() {
+    // Persistence: the kernel keeps timeout x HZ in 32 bits; 20,000,000 s would read back
+    // as 2,820,130 s (HZ 250).
+    let svc = Service::new(tcp_10_0_0_1_80(), Scheduler::RoundRobin).persistent(20_000_000);
+    assert_eq!(
+        range_error(Op::AddService(svc.clone()).encode()),
+        ("persistence timeout", 20_000_000, 0, 4_294_967)
+    );
+    assert_eq!(
+        range_error(Op::UpdateService(svc).encode()).0,
+        "persistence timeout"
+    );
+    let longest = Service::new(tcp_10_0_0_1_80(), Scheduler::RoundRobin).persistent(4_294_967);
+    assert!(Op::AddService(longest).encode().is_ok());
+
+    let key = tcp_10_0_0_1_80();
+    let d = Destination::new(v4(10, 1, 0, 5), 80);
+    let heavy = d.clone().with_weight(i32::MAX as u32 + 1);
+    assert_eq!(
+        range_error(Op::AddDestination(key, heavy).encode()),
+        ("weight", 1 << 31, 0, i32::MAX as u64)
+    );
+    assert!(
+        Op::AddDestination(key, d.clone().with_weight(i32::MAX as u32))
+            .encode()
+            .is_ok()
+    );
+    let mut upper = d.clone();
+    upper.upper_threshold = u32::MAX;
+    assert_eq!(
+        range_error(Op::UpdateDestination(key, upper).encode()).0,
+        "upper threshold"
+    );
+    let mut lower = d.clone();
+    lower.upper_threshold = 10;
+    lower.lower_threshold = 11;
+    assert_eq!(
+        range_error(Op::AddDestination(key, lower).encode()),
+        ("lower threshold", 11, 0, 10)
+    );
+    let mut gue = d.clone().with_forward(ForwardMethod::Tunnel);
+    gue.tunnel.kind = TunnelType::Gue;
+    assert_eq!(
+        range_error(Op::AddDestination(key, gue.clone()).encode()),
+        ("GUE tunnel port", 0, 1, 65535)
+    );
+    gue.tunnel.port = 1;
+    assert!(Op::AddDestination(key, gue).encode().is_ok());
+
+    let mut m = IpvsMessage::new(IPVS_CMD_NEW_DAEMON);
+    let daemon = |r: Result<(), EncodeError>| range_error(r.map(|()| IpvsMessage::default()));
+    assert_eq!(
+        daemon(encode_daemon(
+            &mut m,
+            &SyncDaemon::new(SyncState::Master, "eth0", 300)
+        )),
+        ("sync ID", 300, 0, 255)
+    );
+    assert!(encode_daemon(&mut m, &SyncDaemon::new(SyncState::Master, "eth0", 255)).is_ok());
+    let mut d0 = SyncDaemon::new(SyncState::Backup, "eth0", 1);
+    d0.port = Some(0);
+    assert_eq!(daemon(encode_daemon(&mut m, &d0)).0, "multicast port");
+    d0.port = None;
+    d0.ttl = Some(0);
+    assert_eq!(daemon(encode_daemon(&mut m, &d0)).0, "multicast TTL");
+    d0.ttl = None;
+    d0.max_len = Some(1000);
+    assert_eq!(
+        daemon(encode_daemon(&mut m, &d0)),
+        ("sync message maximum length", 1000, 1024, 65507)
+    );
+    d0.group = Some("ff02::1".parse().expect("addr"));
+    d0.max_len = Some(65500);
+    assert_eq!(
+        daemon(encode_daemon(&mut m, &d0)),
+        ("sync message maximum length", 65500, 1024, 65487)
+    );
+
+    let t = Timeouts {
+        tcp: 2_147_484,
+        ..Timeouts::default()
+    };
+    assert_eq!(
+        range_error(encode_set_timeouts(&t)),
+        ("TCP timeout", 2_147_484, 0, 2_147_483)
+    );
+    let t = Timeouts {
+        udp: u32::MAX,
+        ..Timeouts::default()
+    };
+    assert_eq!(range_error(encode_set_timeouts(&t)).0, "UDP timeout");
 }
 
 /// A NEW_SERVICE dump part laid out like the kernel's `ip_vs_genl_fill_service`: AF,
@@ -383,7 +486,8 @@ mod prop {
         #[test]
         fn service_round_trips(
             a in any::<[u8; 4]>(), port in any::<u16>(), plen in 0u8..=32,
-            persistent in any::<bool>(), timeout in any::<u32>(), proto in 0usize..3,
+            persistent in any::<bool>(), timeout in 0u32..=crate::service::MAX_PERSISTENCE_TIMEOUT,
+            proto in 0usize..3,
         ) {
             let protocol = [Protocol::Tcp, Protocol::Udp, Protocol::Sctp][proto];
             let key = ServiceKey::Tuple { addr: IpAddr::V4(a.into()), port, protocol };
@@ -398,7 +502,8 @@ mod prop {
         #[test]
         fn destination_round_trips(
             a in any::<[u8; 16]>(), port in any::<u16>(), weight in 0u32..=i32::MAX as u32,
-            u in any::<u32>(), l in any::<u32>(), fwd in 0usize..4,
+            (u, l) in (0u32..=i32::MAX as u32).prop_flat_map(|u| (Just(u), 0..=u)),
+            fwd in 0usize..4,
         ) {
             let forward = [ForwardMethod::Masquerade, ForwardMethod::Local,
                 ForwardMethod::Tunnel, ForwardMethod::DirectRoute][fwd];
