@@ -61,7 +61,7 @@ pub use info::Info;
 pub use netns::NetnsTarget;
 pub use protocol::Protocol;
 pub use scheduler::{Scheduler, SchedulerNameError};
-pub use service::{AddressFamily, Service, ServiceEntry, ServiceFlags, ServiceKey};
+pub use service::{AddressFamily, Netmask, Service, ServiceEntry, ServiceFlags, ServiceKey};
 pub use stats::Stats;
 pub use sync_daemon::{SyncDaemon, SyncState};
 pub use timeouts::Timeouts;

@@ -255,10 +255,10 @@ fn ipvs_errors_are_typed_per_operation() {
         }
         // An IPv6 service with a /0 prefix is refused before it is sent.
         let mut v6 = Service::new(ServiceKey::tcp(ip("fd00::1"), 80), Scheduler::RoundRobin);
-        v6.netmask = 0;
+        v6.netmask = ipvs_netlink::Netmask::V6Prefix(0);
         assert!(matches!(
             step("add_service", h.add_service(&v6)).await,
-            Err(Error::InvalidArgument { .. })
+            Err(Error::OutOfRange { .. })
         ));
         let e = step("stop_sync_daemon", h.stop_sync_daemon(SyncState::Backup))
             .await

@@ -44,7 +44,9 @@ pub fn encode_dest_full(msg: &mut IpvsMessage, dest: &Destination) -> Result<(),
         dest.lower_threshold,
         0..=u64::from(dest.upper_threshold),
     )?;
-    let sends_tunnel = dest.forward == ForwardMethod::Tunnel;
+    // Tunnel parameters go with tunnelling, and whenever they are not the defaults, so
+    // that a destination read back is written back unchanged.
+    let sends_tunnel = dest.forward == ForwardMethod::Tunnel || dest.tunnel != Tunnel::default();
     if sends_tunnel && dest.tunnel.kind == TunnelType::Gue {
         RangeError::check("GUE tunnel port", dest.tunnel.port, 1..=u64::from(u16::MAX))?;
     }

@@ -1,12 +1,15 @@
 //! Service attributes (`IPVS_CMD_ATTR_SERVICE`).
 
+use std::net::Ipv4Addr;
+
 use super::attr::{AttrIter, AttrWriter, get_addr, get_be16, get_string, get_u16, get_u32};
 use super::consts::*;
 use super::stats::decode_stats;
 use super::{EncodeError, IpvsMessage, WireError};
 use crate::error::RangeError;
 use crate::service::{
-    AddressFamily, MAX_PERSISTENCE_TIMEOUT, Service, ServiceEntry, ServiceFlags, ServiceKey,
+    AddressFamily, MAX_PERSISTENCE_TIMEOUT, Netmask, Service, ServiceEntry, ServiceFlags,
+    ServiceKey,
 };
 use crate::{Protocol, Scheduler, Stats};
 
@@ -39,31 +42,18 @@ pub fn encode_service_key(msg: &mut IpvsMessage, key: &ServiceKey) -> Result<(),
     Ok(())
 }
 
-/// The netmask attribute value: IPv4 as a big-endian mask, IPv6 as a host-order length.
+/// The netmask attribute value: IPv4 as the mask in network order, IPv6 as a host-order
+/// prefix length.
 fn netmask_value(service: &Service) -> Result<[u8; 4], EncodeError> {
-    let plen = service.netmask;
-    match service.key.family() {
-        AddressFamily::Inet => {
-            if plen > 32 {
-                return Err(EncodeError::invalid(format!(
-                    "IPv4 netmask /{plen} is longer than /32"
-                )));
-            }
-            let mask = if plen == 0 {
-                0
-            } else {
-                u32::MAX << (32 - u32::from(plen))
-            };
-            Ok(mask.to_be_bytes())
+    match (service.key.family(), service.netmask) {
+        (AddressFamily::Inet, Netmask::V4(mask)) => Ok(mask.octets()),
+        (AddressFamily::Inet6, Netmask::V6Prefix(len)) => {
+            RangeError::check("IPv6 netmask prefix length", len, 1..=128)?;
+            Ok(u32::from(len).to_ne_bytes())
         }
-        AddressFamily::Inet6 => {
-            if !(1..=128).contains(&plen) {
-                return Err(EncodeError::invalid(format!(
-                    "IPv6 netmask /{plen} is not in 1..=128"
-                )));
-            }
-            Ok(u32::from(plen).to_ne_bytes())
-        }
+        (family, netmask) => Err(EncodeError::Invalid(format!(
+            "netmask {netmask} is not of the service's family {family:?}"
+        ))),
     }
 }
 
@@ -163,19 +153,17 @@ pub fn decode_service(buf: &[u8]) -> Result<ServiceEntry, WireError> {
         }
     };
     let netmask = match netmask {
-        None => family.max_prefix(),
+        None => Netmask::host(family),
         Some(v) => match family {
-            AddressFamily::Inet => {
-                let mask = u32::from_be_bytes(
-                    v.get(..4)
-                        .and_then(|s| <[u8; 4]>::try_from(s).ok())
-                        .ok_or_else(|| WireError::new("service netmask: need 4 bytes"))?,
-                );
-                // Non-contiguous masks are reduced to their leading run of ones.
-                u8::try_from(mask.leading_ones()).unwrap_or(32)
-            }
+            AddressFamily::Inet => Netmask::V4(Ipv4Addr::from(
+                v.get(..4)
+                    .and_then(|s| <[u8; 4]>::try_from(s).ok())
+                    .ok_or_else(|| WireError::new("service netmask: need 4 bytes"))?,
+            )),
             AddressFamily::Inet6 => {
-                u8::try_from(get_u32("service netmask", v)?.min(128)).unwrap_or(128)
+                // The kernel only holds 1..=128 here.
+                let len = get_u32("service netmask", v)?;
+                Netmask::V6Prefix(u8::try_from(len).unwrap_or(u8::MAX))
             }
         },
     };
