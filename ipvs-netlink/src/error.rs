@@ -249,6 +249,17 @@ pub enum Error {
         /// The values the kernel accepts.
         range: RangeInclusive<u64>,
     },
+    /// No dump agreed with the earlier ones: IPVS kept changing in this or another network
+    /// namespace while it was read (see [`IpvsHandle::table_verified`](crate::IpvsHandle::table_verified)).
+    #[error(
+        "{op}: {attempts} dumps in a row all differed (IPVS changing in this or another network namespace)"
+    )]
+    DumpUnstable {
+        /// Operation.
+        op: Operation,
+        /// How many dumps were made.
+        attempts: u32,
+    },
     /// Any other errno from the kernel.
     #[error("{op} on {object}: kernel error {errno} ({})", io::Error::from_raw_os_error(*errno))]
     Kernel {

@@ -56,7 +56,7 @@ pub use destination::{
 };
 pub use error::{Error, Object, Operation, RangeError};
 pub use forward::ForwardMethod;
-pub use handle::IpvsHandle;
+pub use handle::{IpvsHandle, MAX_TABLE_ATTEMPTS, Table, VerifiedTable};
 pub use info::Info;
 pub use netns::NetnsTarget;
 pub use protocol::Protocol;
