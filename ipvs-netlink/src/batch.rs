@@ -113,7 +113,7 @@ pub(crate) fn run(socket: &mut SyncSocket, family: u16, ops: &[Op]) -> Vec<Resul
         let msg = match op.encode() {
             Ok(m) => m,
             Err(e) => {
-                results[i] = Some(Err(Error::invalid(op.operation(), &op.object(), e.0)));
+                results[i] = Some(Err(Error::from_encode(op.operation(), &op.object(), e)));
                 continue;
             }
         };

@@ -5,6 +5,10 @@ use std::net::IpAddr;
 
 use crate::{ForwardMethod, Stats};
 
+/// Largest weight and largest upper threshold the kernel accepts (`INT_MAX`: it keeps the
+/// weight in an `int`, and newer kernels refuse larger upper thresholds).
+pub const MAX_WEIGHT: u32 = i32::MAX as u32;
+
 /// Encapsulation of tunnel-forwarded packets (`IP_VS_CONN_F_TUNNEL_TYPE_*`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub enum TunnelType {
@@ -57,7 +61,7 @@ impl TunnelFlags {
 pub struct Tunnel {
     /// Encapsulation.
     pub kind: TunnelType,
-    /// Destination UDP port (GUE).
+    /// Destination UDP port (GUE; must not be 0 with [`TunnelType::Gue`]).
     pub port: u16,
     /// Encapsulation flags.
     pub flags: TunnelFlags,
@@ -73,11 +77,11 @@ pub struct Destination {
     pub port: u16,
     /// Forwarding method.
     pub forward: ForwardMethod,
-    /// Weight (0 stops new connections).
+    /// Weight (0 stops new connections), at most [`MAX_WEIGHT`].
     pub weight: u32,
-    /// Upper connection threshold (0 = none).
+    /// Upper connection threshold (0 = none), at most [`MAX_WEIGHT`].
     pub upper_threshold: u32,
-    /// Lower connection threshold (0 = none).
+    /// Lower connection threshold (0 = none); never above the upper threshold.
     pub lower_threshold: u32,
     /// Tunnel parameters.
     pub tunnel: Tunnel,

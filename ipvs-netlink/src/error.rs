@@ -2,14 +2,16 @@
 
 use std::fmt;
 use std::io;
+use std::ops::RangeInclusive;
 
 use crate::destination::DestinationKey;
-use crate::message::WireError;
+use crate::message::{EncodeError, WireError};
 use crate::service::ServiceKey;
 use crate::sync_daemon::SyncState;
 
 /// The operation that failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Operation {
     /// Opening the netlink socket and resolving the IPVS family.
     Connect,
@@ -76,6 +78,7 @@ impl fmt::Display for Operation {
 
 /// The object an operation was about, for error messages and errno mapping.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Object {
     /// The whole IPVS table / global settings.
     Table,
@@ -107,8 +110,42 @@ impl fmt::Display for Object {
     }
 }
 
+/// A numeric field whose value the kernel cannot hold (it would refuse it, or store a
+/// different value). Found before anything is sent.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field} {value} is outside the range the kernel accepts ({}..={})", range.start(), range.end())]
+pub struct RangeError {
+    /// The field, e.g. `"persistence timeout"`.
+    pub field: &'static str,
+    /// The value that was given.
+    pub value: u64,
+    /// The values the kernel accepts.
+    pub range: RangeInclusive<u64>,
+}
+
+impl RangeError {
+    /// `Ok` when `value` lies in `range`, else the error naming `field`.
+    pub fn check(
+        field: &'static str,
+        value: impl Into<u64>,
+        range: RangeInclusive<u64>,
+    ) -> Result<(), RangeError> {
+        let value = value.into();
+        if range.contains(&value) {
+            Ok(())
+        } else {
+            Err(RangeError {
+                field,
+                value,
+                range,
+            })
+        }
+    }
+}
+
 /// Everything an IPVS operation can fail with.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// The service already exists (`EEXIST`).
     #[error("{op}: service {service} already exists")]
@@ -196,6 +233,32 @@ pub enum Error {
         object: String,
         /// Why.
         reason: String,
+    },
+    /// A numeric field lies outside the range the kernel can hold; refused by this library
+    /// before anything was sent (the kernel would refuse it or silently store another value).
+    #[error("{op}: {object}: {field} {value} is outside the range the kernel accepts ({}..={})", range.start(), range.end())]
+    OutOfRange {
+        /// Operation.
+        op: Operation,
+        /// The object, as text.
+        object: String,
+        /// The field, e.g. `"persistence timeout"`.
+        field: &'static str,
+        /// The value that was given.
+        value: u64,
+        /// The values the kernel accepts.
+        range: RangeInclusive<u64>,
+    },
+    /// No dump agreed with the earlier ones: IPVS kept changing in this or another network
+    /// namespace while it was read (see [`IpvsHandle::table_verified`](crate::IpvsHandle::table_verified)).
+    #[error(
+        "{op}: {attempts} dumps in a row all differed (IPVS changing in this or another network namespace)"
+    )]
+    DumpUnstable {
+        /// Operation.
+        op: Operation,
+        /// How many dumps were made.
+        attempts: u32,
     },
     /// Any other errno from the kernel.
     #[error("{op} on {object}: kernel error {errno} ({})", io::Error::from_raw_os_error(*errno))]
@@ -308,6 +371,24 @@ impl Error {
 
     pub(crate) fn io(op: Operation, source: io::Error) -> Error {
         Error::Io { op, source }
+    }
+
+    /// The error for a request this library refused to encode.
+    pub(crate) fn from_encode(op: Operation, object: &Object, error: EncodeError) -> Error {
+        match error {
+            EncodeError::OutOfRange(RangeError {
+                field,
+                value,
+                range,
+            }) => Error::OutOfRange {
+                op,
+                object: object.to_string(),
+                field,
+                value,
+                range,
+            },
+            EncodeError::Invalid(reason) => Error::invalid(op, object, reason),
+        }
     }
 
     pub(crate) fn invalid(op: Operation, object: &Object, reason: impl Into<String>) -> Error {

@@ -1,5 +1,6 @@
 //! The async handle.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -26,6 +27,26 @@ type Msg = GenlMessage<IpvsMessage>;
 
 /// Most worker threads (each with its own socket) used by [`IpvsHandle::table`].
 const MAX_DUMP_WORKERS: usize = 4;
+
+/// Most service dumps [`IpvsHandle::table_verified`] makes before giving up.
+pub const MAX_TABLE_ATTEMPTS: u32 = 8;
+
+/// Every service with its destinations, as [`IpvsHandle::table`] returns it.
+pub type Table = Vec<(ServiceEntry, Vec<DestinationEntry>)>;
+
+/// A table read by [`IpvsHandle::table_verified`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct VerifiedTable {
+    /// Every service with its destinations, sorted by service key.
+    pub table: Table,
+    /// How many service dumps were made.
+    pub attempts: u32,
+    /// Whether a service dump agreed with the earlier ones (brought no key and no
+    /// configuration they had not shown). `false` when [`MAX_TABLE_ATTEMPTS`] dumps each
+    /// brought something new, and for a single dump ([`IpvsHandle::table_best_effort`]).
+    pub verified: bool,
+}
 
 /// An async client of the kernel's IPVS family. Cheap to clone (an `Arc`); every clone
 /// shares one netlink connection and may be used from many tasks at once.
@@ -264,12 +285,15 @@ impl IpvsHandle {
         message::decode_info(&reply).map_err(|source| Error::Decode { op, source })
     }
 
-    /// All services, as a stream.
+    /// All services, as a stream: one dump, **best-effort**.
     ///
-    /// The kernel resumes a multi-part service dump by position in a hash table shared by
-    /// every network namespace, so services added elsewhere during the dump can make it
-    /// repeat entries: repeats are dropped here. (A concurrent delete elsewhere can still
-    /// make the kernel skip an entry; there is no way to detect that from userspace.)
+    /// The kernel resumes a multi-part service dump by a position that counts the services
+    /// of every network namespace, so IPVS changes in another namespace during the dump can
+    /// make it repeat entries (dropped here) or skip them (undetectable in one dump). For a
+    /// complete list use [`table`](IpvsHandle::table) or
+    /// [`table_verified`](IpvsHandle::table_verified), which repeat the dump until one
+    /// agrees with the earlier ones. Destination dumps ([`destinations`](IpvsHandle::destinations)) are per service
+    /// and not affected.
     pub fn services(&self) -> BoxStream<'static, Result<ServiceEntry, Error>> {
         let mut seen = std::collections::HashSet::new();
         self.dump(
@@ -293,7 +317,8 @@ impl IpvsHandle {
         let op = Operation::GetService;
         let object = Object::Service(*key);
         let mut msg = IpvsMessage::new(IPVS_CMD_GET_SERVICE);
-        message::encode_service_key(&mut msg, key).map_err(|e| Error::invalid(op, &object, e.0))?;
+        message::encode_service_key(&mut msg, key)
+            .map_err(|e| Error::from_encode(op, &object, e))?;
         let reply = self.query(op, &object, msg).await?;
         message::decode_service_message(&reply).map_err(|source| Error::Decode { op, source })
     }
@@ -303,7 +328,7 @@ impl IpvsHandle {
         let object = op.object();
         let msg = op
             .encode()
-            .map_err(|e| Error::invalid(operation, &object, e.0))?;
+            .map_err(|e| Error::from_encode(operation, &object, e))?;
         self.ack(operation, &object, msg).await
     }
 
@@ -331,7 +356,7 @@ impl IpvsHandle {
         let object = Object::Service(*key);
         let mut msg = IpvsMessage::new(IPVS_CMD_GET_DEST);
         if let Err(e) = message::encode_service_key(&mut msg, key) {
-            return stream::iter([Err(Error::invalid(op, &object, e.0))]).boxed();
+            return stream::iter([Err(Error::from_encode(op, &object, e))]).boxed();
         }
         let key = *key;
         self.dump(op, object, msg, move |m| {
@@ -379,12 +404,10 @@ impl IpvsHandle {
 
     /// Sets connection timeouts; a 0 keeps the current value.
     pub async fn set_timeouts(&self, timeouts: &Timeouts) -> Result<(), Error> {
-        self.ack(
-            Operation::SetTimeouts,
-            &Object::Table,
-            message::encode_set_timeouts(timeouts),
-        )
-        .await
+        let op = Operation::SetTimeouts;
+        let msg = message::encode_set_timeouts(timeouts)
+            .map_err(|e| Error::from_encode(op, &Object::Table, e))?;
+        self.ack(op, &Object::Table, msg).await
     }
 
     /// Zeroes the counters of one service, or of every service with `None`.
@@ -395,7 +418,7 @@ impl IpvsHandle {
             Some(key) => {
                 let object = Object::Service(*key);
                 message::encode_service_key(&mut msg, key)
-                    .map_err(|e| Error::invalid(op, &object, e.0))?;
+                    .map_err(|e| Error::from_encode(op, &object, e))?;
                 object
             }
             None => Object::Table,
@@ -414,7 +437,7 @@ impl IpvsHandle {
         let op = Operation::StartSyncDaemon;
         let object = Object::SyncDaemon(daemon.state);
         let mut msg = IpvsMessage::new(IPVS_CMD_NEW_DAEMON);
-        message::encode_daemon(&mut msg, daemon).map_err(|e| Error::invalid(op, &object, e.0))?;
+        message::encode_daemon(&mut msg, daemon).map_err(|e| Error::from_encode(op, &object, e))?;
         self.ack(op, &object, msg).await
     }
 
@@ -512,9 +535,55 @@ impl IpvsHandle {
         }
     }
 
-    /// The whole table: every service with its destinations, read with a few parallel
-    /// sockets (one destination dump per service is what the kernel offers).
-    pub async fn table(&self) -> Result<Vec<(ServiceEntry, Vec<DestinationEntry>)>, Error> {
+    /// The whole table: every service with its destinations, **verified** against the
+    /// kernel's cross-namespace dump flaw (see [`table_verified`](IpvsHandle::table_verified)).
+    ///
+    /// Fails with [`Error::DumpUnstable`] when no dump agreed within [`MAX_TABLE_ATTEMPTS`];
+    /// [`table_verified`](IpvsHandle::table_verified) returns the merged table instead.
+    pub async fn table(&self) -> Result<Table, Error> {
+        let read = self.read_table(MAX_TABLE_ATTEMPTS).await?;
+        if read.verified {
+            Ok(read.table)
+        } else {
+            Err(Error::DumpUnstable {
+                op: Operation::ListServices,
+                attempts: read.attempts,
+            })
+        }
+    }
+
+    /// The whole table, with the service list dumped until a dump agrees with the earlier
+    /// ones.
+    ///
+    /// The kernel resumes a multi-part service dump by a position that counts the services
+    /// of every network namespace: while IPVS changes in another namespace, one dump can
+    /// repeat and skip services of ours, and a skip cannot be seen in one dump. (Measured in
+    /// the VM: one add or delete every 10 ms elsewhere made every single dump of 3,000
+    /// services miss some, so no two dumps were ever identical.) A disturbed dump never
+    /// shows a service that does not exist, so the dumps are merged, by key, until one
+    /// brings no key and no configuration (statistics aside) that the earlier ones had not
+    /// shown, at most [`MAX_TABLE_ATTEMPTS`] dumps; services the last dump lacked (skipped,
+    /// or deleted meanwhile) are then read one by one with an exact `GET_SERVICE`. Every
+    /// service's destinations are dumped once, with a few parallel sockets (destination
+    /// dumps are per service and not disturbed by other namespaces).
+    ///
+    /// Without disturbance this costs one service dump more than
+    /// [`table_best_effort`](IpvsHandle::table_best_effort). A service skipped by every
+    /// dump made stays unseen; each further dump makes that less likely. Changes in this
+    /// namespace during the read are not excluded (no IPVS dump is atomic).
+    pub async fn table_verified(&self) -> Result<VerifiedTable, Error> {
+        self.read_table(MAX_TABLE_ATTEMPTS).await
+    }
+
+    /// The whole table from a single service dump: **best-effort**, may miss or (before
+    /// de-duplication) repeat services while IPVS changes in another network namespace
+    /// (see [`table_verified`](IpvsHandle::table_verified)). Half the cost of a verified
+    /// read when nothing changes.
+    pub async fn table_best_effort(&self) -> Result<Table, Error> {
+        Ok(self.read_table(1).await?.table)
+    }
+
+    async fn read_table(&self, max_attempts: u32) -> Result<VerifiedTable, Error> {
         let workers = std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(2)
@@ -524,7 +593,7 @@ impl IpvsHandle {
             .await
             .map_err(|e| Error::io(Operation::ListServices, e))?;
         let family = self.inner.family;
-        let joined = tokio::task::spawn_blocking(move || dump_table(sockets, family))
+        let joined = tokio::task::spawn_blocking(move || dump_table(sockets, family, max_attempts))
             .await
             .map_err(|e| Error::io(Operation::ListServices, io::Error::other(e.to_string())))?;
         let (result, sockets) = joined;
@@ -542,24 +611,16 @@ fn connection_lost(op: Operation) -> Error {
     )
 }
 
-type Table = Vec<(ServiceEntry, Vec<DestinationEntry>)>;
 type WorkerResult = Result<Vec<(usize, Vec<DestinationEntry>)>, Error>;
 
-fn dump_table(
-    mut sockets: Vec<SyncSocket>,
-    family: u16,
-) -> (Result<Table, Error>, Vec<SyncSocket>) {
-    let Some(first) = sockets.first_mut() else {
-        return (Ok(Vec::new()), sockets);
-    };
+/// One service dump, repeats dropped.
+fn dump_services(socket: &mut SyncSocket, family: u16) -> Result<Vec<ServiceEntry>, Error> {
     let op = Operation::ListServices;
     let mut services = Vec::new();
     let mut decode_err = None;
     let mut seen = std::collections::HashSet::new();
-    match first.dump(
-        family,
-        &IpvsMessage::get_services(),
-        |m| match message::decode_service_message(m) {
+    match socket.dump(family, &IpvsMessage::get_services(), |m| {
+        match message::decode_service_message(m) {
             // Repeats can come from concurrent changes in other namespaces (see `services`).
             Ok(s) => {
                 if seen.insert(s.service.key) {
@@ -567,17 +628,149 @@ fn dump_table(
                 }
             }
             Err(e) => decode_err = Some(e),
-        },
-    ) {
-        Err(e) => return (Err(Error::io(op, e)), sockets),
-        Ok(Err(errno)) => return (Err(Error::from_errno(op, &Object::Table, errno)), sockets),
+        }
+    }) {
+        Err(e) => return Err(Error::io(op, e)),
+        Ok(Err(errno)) => return Err(Error::from_errno(op, &Object::Table, errno)),
         Ok(Ok(())) => {}
     }
     if let Some(source) = decode_err {
-        return (Err(Error::Decode { op, source }), sockets);
+        return Err(Error::Decode { op, source });
     }
+    Ok(services)
+}
+
+/// One service read with `GET_SERVICE` (exact, unaffected by the dump flaw); `None` when
+/// it does not exist.
+fn get_service(
+    socket: &mut SyncSocket,
+    family: u16,
+    key: &ServiceKey,
+) -> Result<Option<ServiceEntry>, Error> {
+    let op = Operation::GetService;
+    let object = Object::Service(*key);
+    let mut msg = IpvsMessage::new(IPVS_CMD_GET_SERVICE);
+    message::encode_service_key(&mut msg, key).map_err(|e| Error::from_encode(op, &object, e))?;
+    let mut found = None;
+    match socket.query(family, &msg, |m| {
+        if found.is_none() {
+            found = Some(message::decode_service_message(m));
+        }
+    }) {
+        Err(e) => Err(Error::io(op, e)),
+        Ok(Err(errno)) => match Error::from_errno(op, &object, errno) {
+            e if e.is_not_found() => Ok(None),
+            e => Err(e),
+        },
+        Ok(Ok(())) => match found {
+            Some(Ok(entry)) => Ok(Some(entry)),
+            Some(Err(source)) => Err(Error::Decode { op, source }),
+            None => Ok(None),
+        },
+    }
+}
+
+/// The verified service list: service dumps merged until a dump brings nothing new.
+///
+/// A dump disturbed by another namespace only repeats or skips services; it never shows one
+/// that did not exist. So the dumps are merged (the latest configuration of each key wins)
+/// until one brings no key and no configuration that the earlier ones had not shown, at
+/// most `max_attempts` dumps. Services merged from earlier dumps but absent from the last
+/// one (skipped by it, or deleted meanwhile) are then read one by one with `get`, which is
+/// exact. Returns the services, the number of dumps, and whether a dump agreed.
+fn merge_dumps(
+    max_attempts: u32,
+    mut dump: impl FnMut() -> Result<Vec<ServiceEntry>, Error>,
+    mut get: impl FnMut(&ServiceKey) -> Result<Option<ServiceEntry>, Error>,
+) -> Result<(Vec<ServiceEntry>, u32, bool), Error> {
+    let mut merged: BTreeMap<ServiceKey, ServiceEntry> = BTreeMap::new();
+    let mut attempts = 0;
+    let (latest, verified) = loop {
+        let latest = dump()?;
+        attempts += 1;
+        let nothing_new = attempts > 1
+            && latest.iter().all(|e| {
+                merged
+                    .get(&e.service.key)
+                    .is_some_and(|m| m.service == e.service)
+            });
+        let keys: BTreeSet<ServiceKey> = latest.iter().map(|e| e.service.key).collect();
+        for e in latest {
+            merged.insert(e.service.key, e);
+        }
+        if nothing_new || attempts >= max_attempts.max(1) {
+            break (keys, nothing_new);
+        }
+    };
+    if attempts > 1 {
+        let unconfirmed: Vec<ServiceKey> = merged
+            .keys()
+            .filter(|k| !latest.contains(k))
+            .copied()
+            .collect();
+        for key in unconfirmed {
+            match get(&key)? {
+                Some(entry) => {
+                    merged.insert(key, entry);
+                }
+                None => {
+                    merged.remove(&key);
+                }
+            }
+        }
+    }
+    Ok((merged.into_values().collect(), attempts, verified))
+}
+
+/// Reads the service list with [`merge_dumps`] (a single dump when `max_attempts` is 1),
+/// then every service's destinations.
+fn dump_table(
+    mut sockets: Vec<SyncSocket>,
+    family: u16,
+    max_attempts: u32,
+) -> (Result<VerifiedTable, Error>, Vec<SyncSocket>) {
+    let Some(first) = sockets.first_mut() else {
+        return (
+            Ok(VerifiedTable {
+                table: Vec::new(),
+                attempts: 0,
+                verified: false,
+            }),
+            sockets,
+        );
+    };
+    // Both closures need the socket, never at the same time.
+    let first = std::cell::RefCell::new(first);
+    let read = merge_dumps(
+        max_attempts,
+        || dump_services(&mut first.borrow_mut(), family),
+        |key| get_service(&mut first.borrow_mut(), family, key),
+    );
+    let (services, attempts, verified) = match read {
+        Ok(read) => read,
+        Err(e) => return (Err(e), sockets),
+    };
+    match dump_destinations(&mut sockets, family, &services) {
+        Ok(dests) => (
+            Ok(VerifiedTable {
+                table: services.into_iter().zip(dests).collect(),
+                attempts,
+                verified,
+            }),
+            sockets,
+        ),
+        Err(e) => (Err(e), sockets),
+    }
+}
+
+/// Every service's destinations, in the order of `services`, with one thread per socket.
+fn dump_destinations(
+    sockets: &mut [SyncSocket],
+    family: u16,
+    services: &[ServiceEntry],
+) -> Result<Vec<Vec<DestinationEntry>>, Error> {
     let next = AtomicUsize::new(0);
-    let services_ref = &services;
+    let services_ref = services;
     let parts: Vec<WorkerResult> = std::thread::scope(|scope| {
         let handles: Vec<_> = sockets
             .iter_mut()
@@ -595,7 +788,7 @@ fn dump_table(
                         let object = Object::Service(key);
                         let mut msg = IpvsMessage::new(IPVS_CMD_GET_DEST);
                         message::encode_service_key(&mut msg, &key)
-                            .map_err(|e| Error::invalid(op, &object, e.0))?;
+                            .map_err(|e| Error::from_encode(op, &object, e))?;
                         let mut dests = Vec::new();
                         let mut bad = None;
                         match socket.dump(family, &msg, |m| {
@@ -632,16 +825,126 @@ fn dump_table(
     });
     let mut dests: Vec<Vec<DestinationEntry>> = services.iter().map(|_| Vec::new()).collect();
     for part in parts {
-        match part {
-            Ok(items) => {
-                for (i, d) in items {
-                    if let Some(slot) = dests.get_mut(i) {
-                        *slot = d;
-                    }
-                }
+        for (i, d) in part? {
+            if let Some(slot) = dests.get_mut(i) {
+                *slot = d;
             }
-            Err(e) => return (Err(e), sockets),
         }
     }
-    (Ok(services.into_iter().zip(dests).collect()), sockets)
+    Ok(dests)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Scheduler, Stats};
+    use std::net::{IpAddr, Ipv4Addr};
+
+    fn entry(i: u8, scheduler: Scheduler, packets: u64) -> ServiceEntry {
+        let key = ServiceKey::tcp(IpAddr::V4(Ipv4Addr::new(10, 0, 0, i)), 80);
+        ServiceEntry {
+            service: Service::new(key, scheduler),
+            stats: Stats {
+                in_packets: packets,
+                ..Stats::default()
+            },
+        }
+    }
+
+    /// Runs `merge_dumps` over a fixed sequence of dumps (the last one repeated), with
+    /// `exists` answering the exact reads; also returns the keys read exactly.
+    fn run(
+        dumps: Vec<Vec<ServiceEntry>>,
+        exists: &[ServiceEntry],
+        max: u32,
+    ) -> (Vec<ServiceEntry>, u32, bool, Vec<ServiceKey>) {
+        let mut i = 0;
+        let mut asked = Vec::new();
+        let (got, attempts, verified) = merge_dumps(
+            max,
+            || {
+                let d = dumps[i.min(dumps.len() - 1)].clone();
+                i += 1;
+                Ok(d)
+            },
+            |key| {
+                asked.push(*key);
+                Ok(exists.iter().find(|e| e.service.key == *key).cloned())
+            },
+        )
+        .expect("no error");
+        (got, attempts, verified, asked)
+    }
+
+    fn keys(entries: &[ServiceEntry]) -> Vec<ServiceKey> {
+        let mut k: Vec<ServiceKey> = entries.iter().map(|e| e.service.key).collect();
+        k.sort();
+        k
+    }
+
+    #[test]
+    fn skipped_services_are_found_by_merging_dumps() {
+        let rr = Scheduler::RoundRobin;
+        let all: Vec<ServiceEntry> = (1..=5).map(|i| entry(i, rr.clone(), 0)).collect();
+        let without = |skip: &[u8]| -> Vec<ServiceEntry> {
+            all.iter()
+                .filter(|e| {
+                    !skip
+                        .iter()
+                        .any(|&i| e.service.key == entry(i, rr.clone(), 0).service.key)
+                })
+                .cloned()
+                .collect()
+        };
+        // Nothing disturbed: two dumps agree, nothing is read one by one.
+        let (got, attempts, verified, asked) = run(vec![all.clone()], &all, 8);
+        assert_eq!((attempts, verified), (2, true));
+        assert_eq!(got, all);
+        assert!(asked.is_empty());
+
+        // Every dump skips something, never the same service twice: the third dump
+        // brings nothing new; what it skipped is read exactly.
+        let (got, attempts, verified, asked) = run(
+            vec![without(&[2]), without(&[4]), without(&[1, 5])],
+            &all,
+            8,
+        );
+        assert_eq!((attempts, verified), (3, true));
+        assert_eq!(keys(&got), keys(&all));
+        assert_eq!(asked.len(), 2);
+
+        // Counters differ between dumps: not a disagreement.
+        let mut busier = all.clone();
+        busier[0].stats.in_packets = 7;
+        let (_, attempts, verified, _) = run(vec![all.clone(), busier], &all, 8);
+        assert_eq!((attempts, verified), (2, true));
+
+        // A configuration change is new information: one more dump.
+        let mut changed = all.clone();
+        changed[1].service.scheduler = Scheduler::WeightedLeastConnection;
+        let (got, attempts, verified, _) = run(vec![all.clone(), changed.clone()], &changed, 8);
+        assert_eq!((attempts, verified), (3, true));
+        assert_eq!(got, changed);
+
+        // A service deleted meanwhile (in an earlier dump, not in the last ones, and gone
+        // when read) is dropped.
+        let gone = without(&[3]);
+        let (got, _, verified, asked) = run(vec![all.clone(), gone.clone()], &gone, 8);
+        assert!(verified);
+        assert_eq!(keys(&got), keys(&gone));
+        assert_eq!(asked, vec![all[2].service.key]);
+
+        // New services in every dump: bounded, unverified.
+        let growing: Vec<Vec<ServiceEntry>> = (1..=10)
+            .map(|n| (1..=n).map(|i| entry(i, rr.clone(), 0)).collect())
+            .collect();
+        let (got, attempts, verified, _) = run(growing, &all, 8);
+        assert_eq!((attempts, verified), (8, false));
+        assert_eq!(got.len(), 8);
+
+        // A single dump is taken as it is.
+        let (got, attempts, verified, asked) = run(vec![without(&[2])], &all, 1);
+        assert_eq!((attempts, verified, got.len()), (1, false, 4));
+        assert!(asked.is_empty());
+    }
 }

@@ -54,14 +54,14 @@ pub use batch::Op;
 pub use destination::{
     Destination, DestinationEntry, DestinationKey, Tunnel, TunnelFlags, TunnelType,
 };
-pub use error::{Error, Object, Operation};
+pub use error::{Error, Object, Operation, RangeError};
 pub use forward::ForwardMethod;
-pub use handle::IpvsHandle;
+pub use handle::{IpvsHandle, MAX_TABLE_ATTEMPTS, Table, VerifiedTable};
 pub use info::Info;
 pub use netns::NetnsTarget;
 pub use protocol::Protocol;
 pub use scheduler::{Scheduler, SchedulerNameError};
-pub use service::{AddressFamily, Service, ServiceEntry, ServiceFlags, ServiceKey};
+pub use service::{AddressFamily, Netmask, Service, ServiceEntry, ServiceFlags, ServiceKey};
 pub use stats::Stats;
 pub use sync_daemon::{SyncDaemon, SyncState};
 pub use timeouts::Timeouts;

@@ -1,13 +1,19 @@
 //! IPVS scheduling algorithms.
 
+use std::cmp::Ordering;
 use std::fmt;
+use std::hash::{Hash, Hasher};
 use std::str::FromStr;
 
 /// Longest scheduler name the kernel accepts (`IP_VS_SCHEDNAME_MAXLEN` is 16, including the NUL).
 pub const SCHEDULER_NAME_MAX: usize = 15;
 
 /// A scheduler, named as the kernel names its `ip_vs_*` modules.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+///
+/// Equality, hashing and ordering go by the kernel name, so `Other("rr")` equals
+/// [`Scheduler::RoundRobin`] (the kernel reports both as `rr`). Build schedulers from names
+/// with [`Scheduler::from_name`] or [`str::parse`], which map known names to their variants.
+#[derive(Debug, Clone, Default)]
 pub enum Scheduler {
     /// Round robin (`rr`), the kernel's and kube-proxy's default.
     #[default]
@@ -36,9 +42,28 @@ pub enum Scheduler {
     WeightedFailover,
     /// Weighted overflow (`ovf`).
     WeightedOverflow,
-    /// Any other scheduler module, by name.
+    /// Any other scheduler module, by name. Prefer [`Scheduler::from_name`], which never
+    /// wraps a known name here; a known name wrapped by hand still compares equal to its
+    /// variant.
     Other(String),
 }
+
+/// The schedulers with a variant of their own, with their kernel names, in variant order.
+const KNOWN: [(Scheduler, &str); 13] = [
+    (Scheduler::RoundRobin, "rr"),
+    (Scheduler::WeightedRoundRobin, "wrr"),
+    (Scheduler::LeastConnection, "lc"),
+    (Scheduler::WeightedLeastConnection, "wlc"),
+    (Scheduler::LocalityLeastConnection, "lblc"),
+    (Scheduler::LocalityLeastConnectionReplication, "lblcr"),
+    (Scheduler::DestinationHashing, "dh"),
+    (Scheduler::SourceHashing, "sh"),
+    (Scheduler::ShortestExpectedDelay, "sed"),
+    (Scheduler::NeverQueue, "nq"),
+    (Scheduler::MaglevHashing, "mh"),
+    (Scheduler::WeightedFailover, "fo"),
+    (Scheduler::WeightedOverflow, "ovf"),
+];
 
 /// A scheduler name that the kernel would refuse before looking it up.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -58,21 +83,40 @@ impl Scheduler {
     /// The kernel's name for this scheduler.
     pub fn name(&self) -> &str {
         match self {
-            Scheduler::RoundRobin => "rr",
-            Scheduler::WeightedRoundRobin => "wrr",
-            Scheduler::LeastConnection => "lc",
-            Scheduler::WeightedLeastConnection => "wlc",
-            Scheduler::LocalityLeastConnection => "lblc",
-            Scheduler::LocalityLeastConnectionReplication => "lblcr",
-            Scheduler::DestinationHashing => "dh",
-            Scheduler::SourceHashing => "sh",
-            Scheduler::ShortestExpectedDelay => "sed",
-            Scheduler::NeverQueue => "nq",
-            Scheduler::MaglevHashing => "mh",
-            Scheduler::WeightedFailover => "fo",
-            Scheduler::WeightedOverflow => "ovf",
             Scheduler::Other(name) => name,
+            known => KNOWN
+                .iter()
+                .find(|(s, _)| std::mem::discriminant(s) == std::mem::discriminant(known))
+                .map_or("", |(_, n)| n),
         }
+    }
+
+    /// The scheduler with this kernel name: a known name gives its variant, any other
+    /// name [`Scheduler::Other`]. Does not check the name (see [`Scheduler::validate`];
+    /// [`str::parse`] does both).
+    pub fn from_name(name: &str) -> Scheduler {
+        KNOWN
+            .iter()
+            .find(|(_, n)| *n == name)
+            .map_or_else(|| Scheduler::Other(name.to_owned()), |(s, _)| s.clone())
+    }
+
+    /// The same scheduler in its canonical form: `Other` holding a known name becomes that
+    /// name's variant.
+    pub fn normalized(self) -> Scheduler {
+        match self {
+            Scheduler::Other(name) => Scheduler::from_name(&name),
+            known => known,
+        }
+    }
+
+    /// Position for ordering: known schedulers in variant order, then the others.
+    fn rank(&self) -> usize {
+        let name = self.name();
+        KNOWN
+            .iter()
+            .position(|(_, n)| *n == name)
+            .unwrap_or(KNOWN.len())
     }
 
     /// Checks the name against the kernel's limits (non-empty, at most 15 bytes, no NUL).
@@ -101,24 +145,36 @@ impl FromStr for Scheduler {
 
     /// Parses a kernel scheduler name; unknown names become [`Scheduler::Other`].
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let sched = match s {
-            "rr" => Scheduler::RoundRobin,
-            "wrr" => Scheduler::WeightedRoundRobin,
-            "lc" => Scheduler::LeastConnection,
-            "wlc" => Scheduler::WeightedLeastConnection,
-            "lblc" => Scheduler::LocalityLeastConnection,
-            "lblcr" => Scheduler::LocalityLeastConnectionReplication,
-            "dh" => Scheduler::DestinationHashing,
-            "sh" => Scheduler::SourceHashing,
-            "sed" => Scheduler::ShortestExpectedDelay,
-            "nq" => Scheduler::NeverQueue,
-            "mh" => Scheduler::MaglevHashing,
-            "fo" => Scheduler::WeightedFailover,
-            "ovf" => Scheduler::WeightedOverflow,
-            other => Scheduler::Other(other.to_owned()),
-        };
+        let sched = Scheduler::from_name(s);
         sched.validate()?;
         Ok(sched)
+    }
+}
+
+impl PartialEq for Scheduler {
+    fn eq(&self, other: &Self) -> bool {
+        self.name() == other.name()
+    }
+}
+
+impl Eq for Scheduler {}
+
+impl Hash for Scheduler {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.name().hash(state);
+    }
+}
+
+impl PartialOrd for Scheduler {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Scheduler {
+    /// Known schedulers in variant order, then other names alphabetically.
+    fn cmp(&self, other: &Self) -> Ordering {
+        (self.rank(), self.name()).cmp(&(other.rank(), other.name()))
     }
 }
 
@@ -155,5 +211,52 @@ mod tests {
             "r\0r".parse::<Scheduler>(),
             Err(SchedulerNameError::Nul(_))
         ));
+    }
+
+    fn hash_of(s: &Scheduler) -> u64 {
+        use std::collections::hash_map::DefaultHasher;
+        let mut h = DefaultHasher::new();
+        s.hash(&mut h);
+        h.finish()
+    }
+
+    #[test]
+    fn other_with_a_known_name_equals_its_variant() {
+        let by_hand = Scheduler::Other("rr".into());
+        assert_eq!(by_hand, Scheduler::RoundRobin);
+        assert_eq!(Scheduler::RoundRobin, by_hand);
+        assert_eq!(hash_of(&by_hand), hash_of(&Scheduler::RoundRobin));
+        assert_eq!(by_hand.cmp(&Scheduler::RoundRobin), Ordering::Equal);
+        assert_eq!(by_hand.clone().normalized(), Scheduler::RoundRobin);
+        assert!(matches!(by_hand.normalized(), Scheduler::RoundRobin));
+        assert!(matches!(
+            Scheduler::from_name("mh"),
+            Scheduler::MaglevHashing
+        ));
+        assert_ne!(Scheduler::Other("rr".into()), Scheduler::WeightedRoundRobin);
+        assert_ne!(
+            Scheduler::Other("foo".into()),
+            Scheduler::Other("bar".into())
+        );
+        assert_eq!(Scheduler::Other("foo".into()), Scheduler::from_name("foo"));
+    }
+
+    #[test]
+    fn ordering_keeps_variant_order_then_other_names() {
+        let mut v = [
+            Scheduler::Other("zz".into()),
+            Scheduler::WeightedOverflow,
+            Scheduler::Other("aa".into()),
+            Scheduler::Other("wrr".into()),
+            Scheduler::RoundRobin,
+        ];
+        v.sort();
+        assert_eq!(
+            v.iter().map(Scheduler::name).collect::<Vec<_>>(),
+            ["rr", "wrr", "ovf", "aa", "zz"]
+        );
+        let set: std::collections::BTreeSet<_> =
+            [Scheduler::Other("lc".into()), Scheduler::LeastConnection].into();
+        assert_eq!(set.len(), 1);
     }
 }

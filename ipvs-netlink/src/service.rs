@@ -2,8 +2,9 @@
 
 use std::fmt;
 use std::hash::{Hash, Hasher};
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr};
 
+use crate::error::RangeError;
 use crate::message::consts::*;
 use crate::{Protocol, Scheduler, Stats};
 
@@ -230,6 +231,89 @@ impl Hash for ServiceFlags {
     }
 }
 
+/// Persistence granularity of a service: which client addresses share a persistence
+/// template. Holds every value the kernel accepts, so a service read back and written
+/// unchanged leaves the kernel as it was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Netmask {
+    /// An IPv4 mask, sent as given: any 32 bits (the kernel keeps non-contiguous masks
+    /// such as 255.0.255.0 as they are).
+    V4(Ipv4Addr),
+    /// An IPv6 prefix length; the kernel accepts 1..=128.
+    V6Prefix(u8),
+}
+
+impl Netmask {
+    /// The host netmask of a family: 255.255.255.255 or /128 (the default).
+    pub fn host(family: AddressFamily) -> Netmask {
+        match family {
+            AddressFamily::Inet => Netmask::V4(Ipv4Addr::BROADCAST),
+            AddressFamily::Inet6 => Netmask::V6Prefix(128),
+        }
+    }
+
+    /// The netmask of a prefix length: 0..=32 for IPv4 (as a contiguous mask), 1..=128
+    /// for IPv6.
+    pub fn from_prefix(family: AddressFamily, len: u8) -> Result<Netmask, RangeError> {
+        match family {
+            AddressFamily::Inet => {
+                RangeError::check("IPv4 netmask prefix length", len, 0..=32)?;
+                let mask = u32::MAX.checked_shl(32 - u32::from(len)).unwrap_or(0);
+                Ok(Netmask::V4(Ipv4Addr::from(mask)))
+            }
+            AddressFamily::Inet6 => {
+                RangeError::check("IPv6 netmask prefix length", len, 1..=128)?;
+                Ok(Netmask::V6Prefix(len))
+            }
+        }
+    }
+
+    /// An IPv4 netmask of prefix length `len` (0..=32).
+    pub fn v4_prefix(len: u8) -> Result<Netmask, RangeError> {
+        Netmask::from_prefix(AddressFamily::Inet, len)
+    }
+
+    /// An IPv6 netmask of prefix length `len` (1..=128).
+    pub fn v6_prefix(len: u8) -> Result<Netmask, RangeError> {
+        Netmask::from_prefix(AddressFamily::Inet6, len)
+    }
+
+    /// The family this netmask is for.
+    pub fn family(&self) -> AddressFamily {
+        match self {
+            Netmask::V4(_) => AddressFamily::Inet,
+            Netmask::V6Prefix(_) => AddressFamily::Inet6,
+        }
+    }
+
+    /// The prefix length, or `None` for a non-contiguous IPv4 mask.
+    pub fn prefix_len(&self) -> Option<u8> {
+        match *self {
+            Netmask::V4(mask) => {
+                let bits = u32::from(mask);
+                let ones = bits.leading_ones();
+                (bits.checked_shl(ones).unwrap_or(0) == 0).then_some(ones as u8)
+            }
+            Netmask::V6Prefix(len) => Some(len),
+        }
+    }
+}
+
+impl fmt::Display for Netmask {
+    /// Formats like ipvsadm's `-M`: a dotted mask for IPv4, a prefix length for IPv6.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Netmask::V4(mask) => write!(f, "{mask}"),
+            Netmask::V6Prefix(len) => write!(f, "{len}"),
+        }
+    }
+}
+
+/// Longest persistence timeout in seconds the kernel holds on every configuration: it keeps
+/// `timeout × HZ` in 32 bits, and HZ is at most 1000 (a larger value wraps silently;
+/// `ipvsadm` refuses it).
+pub const MAX_PERSISTENCE_TIMEOUT: u32 = u32::MAX / 1000;
+
 /// The configuration of a virtual service (what `add_service`/`update_service` send).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Service {
@@ -239,11 +323,12 @@ pub struct Service {
     pub scheduler: Scheduler,
     /// Flags (persistence, one-packet, scheduler flags).
     pub flags: ServiceFlags,
-    /// Persistence timeout in seconds (meaningful with [`ServiceFlags::PERSISTENT`]).
+    /// Persistence timeout in seconds (meaningful with [`ServiceFlags::PERSISTENT`]), at most
+    /// [`MAX_PERSISTENCE_TIMEOUT`].
     pub timeout: u32,
-    /// Persistence granularity as a prefix length: 0..=32 for IPv4 (sent as a big-endian
-    /// mask), 1..=128 for IPv6 (sent as the length). Defaults to a host (32 / 128).
-    pub netmask: u8,
+    /// Persistence granularity, of the service's family. Defaults to a host
+    /// ([`Netmask::host`]).
+    pub netmask: Netmask,
     /// Persistence engine (e.g. `sip`), if any.
     pub pe_name: Option<String>,
 }
@@ -252,7 +337,7 @@ impl Service {
     /// A service with the given key and scheduler, no flags, no persistence, host netmask.
     pub fn new(key: ServiceKey, scheduler: Scheduler) -> Self {
         Service {
-            netmask: key.family().max_prefix(),
+            netmask: Netmask::host(key.family()),
             key,
             scheduler,
             flags: ServiceFlags::empty(),
@@ -261,10 +346,17 @@ impl Service {
         }
     }
 
-    /// Makes the service persistent for `timeout` seconds.
+    /// Makes the service persistent for `timeout` seconds (at most
+    /// [`MAX_PERSISTENCE_TIMEOUT`]; a larger value is refused when the service is sent).
     pub fn persistent(mut self, timeout: u32) -> Self {
         self.flags |= ServiceFlags::PERSISTENT;
         self.timeout = timeout;
+        self
+    }
+
+    /// The same service with another persistence netmask.
+    pub fn with_netmask(mut self, netmask: Netmask) -> Self {
+        self.netmask = netmask;
         self
     }
 }
@@ -276,4 +368,32 @@ pub struct ServiceEntry {
     pub service: Service,
     /// Traffic statistics (64-bit when the kernel sends them).
     pub stats: Stats,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn netmask_prefixes() {
+        let v4 = |len| Netmask::v4_prefix(len).map(|m| m.to_string());
+        assert_eq!(v4(0).as_deref(), Ok("0.0.0.0"));
+        assert_eq!(v4(8).as_deref(), Ok("255.0.0.0"));
+        assert_eq!(v4(24).as_deref(), Ok("255.255.255.0"));
+        assert_eq!(v4(32).as_deref(), Ok("255.255.255.255"));
+        assert!(Netmask::v4_prefix(33).is_err());
+        assert!(Netmask::v6_prefix(0).is_err());
+        assert!(Netmask::v6_prefix(129).is_err());
+        assert_eq!(Netmask::v6_prefix(64), Ok(Netmask::V6Prefix(64)));
+        for len in 0..=32 {
+            assert_eq!(
+                Netmask::v4_prefix(len).map(|m| m.prefix_len()),
+                Ok(Some(len))
+            );
+        }
+        let odd = Netmask::V4(Ipv4Addr::new(255, 0, 255, 0));
+        assert_eq!(odd.prefix_len(), None);
+        assert_ne!(odd, Netmask::v4_prefix(8).expect("valid"));
+        assert_eq!(Netmask::host(AddressFamily::Inet6), Netmask::V6Prefix(128));
+    }
 }

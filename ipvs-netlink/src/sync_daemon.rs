@@ -1,6 +1,7 @@
 //! Connection synchronisation daemons (`ipvsadm --start-daemon`).
 
 use std::net::IpAddr;
+use std::ops::RangeInclusive;
 
 /// Which side of connection synchronisation a daemon runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -38,15 +39,15 @@ pub struct SyncDaemon {
     pub state: SyncState,
     /// Multicast interface name (at most 15 bytes).
     pub interface: String,
-    /// Sync ID (0..=255 on the wire as u32).
+    /// Sync ID, 0..=255 (sent as a u32, kept by the kernel in one byte).
     pub sync_id: u32,
-    /// Maximum sync message length.
+    /// Maximum sync message length (see [`SyncDaemon::max_len_range`]).
     pub max_len: Option<u16>,
     /// Multicast group (IPv4 or IPv6).
     pub group: Option<IpAddr>,
-    /// Multicast UDP port.
+    /// Multicast UDP port (not 0).
     pub port: Option<u16>,
-    /// Multicast TTL.
+    /// Multicast TTL (not 0).
     pub ttl: Option<u8>,
 }
 
@@ -62,5 +63,21 @@ impl SyncDaemon {
             port: None,
             ttl: None,
         }
+    }
+}
+
+impl SyncDaemon {
+    /// The maximum message lengths the kernel keeps as given: from 1 (master) or 1024
+    /// (backup) to 65535 less the IP and UDP headers of the group's family.
+    pub fn max_len_range(&self) -> RangeInclusive<u64> {
+        let headers = match self.group {
+            Some(IpAddr::V6(_)) => 40 + 8,
+            _ => 20 + 8,
+        };
+        let min = match self.state {
+            SyncState::Master => 1,
+            SyncState::Backup => 1024,
+        };
+        min..=u64::from(u16::MAX) - headers
     }
 }

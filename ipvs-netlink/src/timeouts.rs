@@ -1,6 +1,11 @@
 //! Connection timeouts of the IPVS connection table (`ipvsadm --set`).
 
-/// Timeouts in seconds. When setting, 0 keeps the kernel's current value.
+/// Longest timeout in seconds the kernel accepts on every configuration: it keeps
+/// `timeout × HZ` in an `int` and refuses larger values (`INT_MAX / HZ`, HZ at most 1000).
+pub const MAX_TIMEOUT: u32 = i32::MAX as u32 / 1000;
+
+/// Timeouts in seconds, each at most [`MAX_TIMEOUT`]. When setting, 0 keeps the kernel's
+/// current value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Timeouts {
     /// Established TCP sessions.

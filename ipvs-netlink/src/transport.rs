@@ -255,11 +255,32 @@ impl SyncSocket {
         &mut self,
         family: u16,
         msg: &IpvsMessage,
+        f: impl FnMut(&IpvsMessage),
+    ) -> io::Result<Result<(), i32>> {
+        self.exchange(family, msg, NLM_F_REQUEST | NLM_F_DUMP, f)
+    }
+
+    /// Runs a request answered by messages and an ack (`GET` of one object), calling `f`
+    /// for every reply message. Returns the kernel's errno (positive) if it failed.
+    pub(crate) fn query(
+        &mut self,
+        family: u16,
+        msg: &IpvsMessage,
+        f: impl FnMut(&IpvsMessage),
+    ) -> io::Result<Result<(), i32>> {
+        self.exchange(family, msg, NLM_F_REQUEST | NLM_F_ACK, f)
+    }
+
+    fn exchange(
+        &mut self,
+        family: u16,
+        msg: &IpvsMessage,
+        flags: u16,
         mut f: impl FnMut(&IpvsMessage),
     ) -> io::Result<Result<(), i32>> {
         let seq = self.next_seq();
         let mut req = Vec::with_capacity(64 + msg.attrs.len());
-        encode_ipvs(&mut req, family, NLM_F_REQUEST | NLM_F_DUMP, seq, msg);
+        encode_ipvs(&mut req, family, flags, seq, msg);
         self.send(&req)?;
         loop {
             let data = self.recv()?;

@@ -255,10 +255,10 @@ fn ipvs_errors_are_typed_per_operation() {
         }
         // An IPv6 service with a /0 prefix is refused before it is sent.
         let mut v6 = Service::new(ServiceKey::tcp(ip("fd00::1"), 80), Scheduler::RoundRobin);
-        v6.netmask = 0;
+        v6.netmask = ipvs_netlink::Netmask::V6Prefix(0);
         assert!(matches!(
             step("add_service", h.add_service(&v6)).await,
-            Err(Error::InvalidArgument { .. })
+            Err(Error::OutOfRange { .. })
         ));
         let e = step("stop_sync_daemon", h.stop_sync_daemon(SyncState::Backup))
             .await
@@ -404,6 +404,104 @@ fn ipvs_batch_reports_each_failure_and_applies_the_rest() {
             "-a -t 10.0.0.1:80 -r 10.1.0.5:8080 -m -w 7",
             "-A -u 10.0.0.2:53 -s wrr",
             "-a -u 10.0.0.2:53 -r 10.1.0.6:53 -m -w 3",
+        ])
+    );
+}
+
+/// The range error of a result, as (field, value, last accepted value).
+fn out_of_range(r: &Result<(), Error>) -> (&'static str, u64, u64) {
+    match r {
+        Err(Error::OutOfRange {
+            field,
+            value,
+            range,
+            ..
+        }) => (field, *value, *range.end()),
+        other => panic!("expected OutOfRange, got {other:?}"),
+    }
+}
+
+#[test]
+fn ipvs_values_the_kernel_cannot_hold_are_refused_before_sending() {
+    require_kernel!();
+    let ns = netns_with_routes();
+    let a = ServiceKey::tcp(ip("10.0.0.1"), 80);
+    with_handle(&ns, |h| async move {
+        // The kernel would store timeout x HZ in 32 bits: 20,000,000 s reads back changed.
+        let wrapping = Service::new(a, Scheduler::RoundRobin).persistent(20_000_000);
+        let r = step("add_service", h.add_service(&wrapping)).await;
+        assert_eq!(
+            out_of_range(&r),
+            ("persistence timeout", 20_000_000, 4_294_967)
+        );
+        // The longest accepted timeout is stored as given.
+        let longest = Service::new(a, Scheduler::RoundRobin).persistent(4_294_967);
+        step("add_service", h.add_service(&longest)).await.unwrap();
+        let got = step("service", h.service(&a)).await.unwrap();
+        assert_eq!(got.service, longest);
+        let r = step("update_service", h.update_service(&wrapping)).await;
+        assert_eq!(out_of_range(&r).0, "persistence timeout");
+
+        // The sync ID is one byte in the kernel: 300 would become 44.
+        let r = step(
+            "start_sync_daemon",
+            h.start_sync_daemon(&SyncDaemon::new(SyncState::Backup, "d0", 300)),
+        )
+        .await;
+        assert_eq!(out_of_range(&r), ("sync ID", 300, 255));
+        assert!(
+            step("sync_daemons", h.sync_daemons())
+                .await
+                .unwrap()
+                .is_empty()
+        );
+
+        let before = step("timeouts", h.timeouts()).await.unwrap();
+        let r = step(
+            "set_timeouts",
+            h.set_timeouts(&ipvs_netlink::Timeouts {
+                tcp: 3_000_000,
+                tcp_fin: 0,
+                udp: 0,
+            }),
+        )
+        .await;
+        assert_eq!(out_of_range(&r), ("TCP timeout", 3_000_000, 2_147_483));
+        assert_eq!(step("timeouts", h.timeouts()).await.unwrap(), before);
+
+        // In a batch, each invalid op gets its own error and the others still go.
+        let mut low_above_high = Destination::new(ip("10.1.0.7"), 80);
+        low_above_high.upper_threshold = 5;
+        low_above_high.lower_threshold = 6;
+        let mut gue_port_0 =
+            Destination::new(ip("10.1.0.8"), 80).with_forward(ForwardMethod::Tunnel);
+        gue_port_0.tunnel.kind = ipvs_netlink::TunnelType::Gue;
+        let r = step(
+            "batch",
+            h.batch(vec![
+                Op::AddDestination(a, Destination::new(ip("10.1.0.5"), 80)),
+                Op::AddDestination(a, Destination::new(ip("10.1.0.6"), 80).with_weight(1 << 31)),
+                Op::AddDestination(a, low_above_high),
+                Op::AddDestination(a, gue_port_0),
+                Op::UpdateService(wrapping),
+                Op::AddDestination(a, Destination::new(ip("10.1.0.9"), 80).with_weight(0)),
+            ]),
+        )
+        .await;
+        assert_eq!(r.len(), 6);
+        assert!(r[0].is_ok(), "{:?}", r[0]);
+        assert_eq!(out_of_range(&r[1]), ("weight", 1 << 31, i32::MAX as u64));
+        assert_eq!(out_of_range(&r[2]), ("lower threshold", 6, 5));
+        assert_eq!(out_of_range(&r[3]), ("GUE tunnel port", 0, 65535));
+        assert_eq!(out_of_range(&r[4]).0, "persistence timeout");
+        assert!(r[5].is_ok(), "{:?}", r[5]);
+    });
+    assert_eq!(
+        saved_rules(&ns),
+        lines(&[
+            "-A -t 10.0.0.1:80 -s rr -p 4294967",
+            "-a -t 10.0.0.1:80 -r 10.1.0.5:80 -m -w 1",
+            "-a -t 10.0.0.1:80 -r 10.1.0.9:80 -m -w 0",
         ])
     );
 }

@@ -7,8 +7,8 @@ use std::net::IpAddr;
 
 use futures::TryStreamExt;
 use ipvs_netlink::{
-    AddressFamily, Destination, DestinationKey, ForwardMethod, Scheduler, Service, ServiceFlags,
-    ServiceKey, SyncDaemon, SyncState, Timeouts, TunnelFlags, TunnelType,
+    AddressFamily, Destination, DestinationKey, ForwardMethod, Netmask, Scheduler, Service,
+    ServiceFlags, ServiceKey, SyncDaemon, SyncState, Timeouts, TunnelFlags, TunnelType,
 };
 use ipvs_proxier_tests::{Netns, require_kernel};
 use ipvs_support::*;
@@ -23,14 +23,14 @@ fn services_under_test() -> Vec<Service> {
         Scheduler::SourceHashing,
     )
     .persistent(300);
-    udp.netmask = 24;
+    udp.netmask = Netmask::v4_prefix(24).unwrap();
     udp.flags |= ServiceFlags::ONE_PACKET | ServiceFlags::SH_FALLBACK | ServiceFlags::SH_PORT;
     let mut fwm6 = Service::new(
         ServiceKey::fwmark(7, AddressFamily::Inet6),
         Scheduler::WeightedLeastConnection,
     )
     .persistent(60);
-    fwm6.netmask = 64;
+    fwm6.netmask = Netmask::V6Prefix(64);
     vec![
         Service::new(ServiceKey::tcp(ip("10.0.0.1"), 80), Scheduler::RoundRobin),
         udp,
@@ -90,7 +90,7 @@ fn ipvs_services_add_get_dump_update_delete() {
         let mut udp = wanted[1].clone();
         udp.flags = ServiceFlags::empty();
         udp.timeout = 0;
-        udp.netmask = 32;
+        udp.netmask = Netmask::v4_prefix(32).unwrap();
         h.update_service(&udp).await.unwrap();
         h.delete_service(&ServiceKey::fwmark(3, AddressFamily::Inet))
             .await

@@ -6,7 +6,7 @@ use std::net::IpAddr;
 
 use anyhow::Context;
 use ipvs_netlink::{
-    AddressFamily, DestinationEntry, IpvsHandle, ServiceEntry, ServiceFlags, ServiceKey,
+    AddressFamily, DestinationEntry, IpvsHandle, Netmask, ServiceEntry, ServiceFlags, ServiceKey,
 };
 
 /// `ipvsadm -Ln` style address: `10.0.0.1:80` or `[fd00::1]:80`.
@@ -54,19 +54,8 @@ fn service_line(entry: &ServiceEntry) -> String {
     }
     if svc.flags.contains(ServiceFlags::PERSISTENT) {
         line.push_str(&format!(" persistent {}", svc.timeout));
-        let host = svc.key.family().max_prefix();
-        if svc.netmask != host {
-            match svc.key.family() {
-                AddressFamily::Inet => {
-                    let mask = if svc.netmask == 0 {
-                        0
-                    } else {
-                        u32::MAX << (32 - u32::from(svc.netmask))
-                    };
-                    line.push_str(&format!(" mask {}", std::net::Ipv4Addr::from(mask)));
-                }
-                AddressFamily::Inet6 => line.push_str(&format!(" mask {}", svc.netmask)),
-            }
+        if svc.netmask != Netmask::host(svc.key.family()) {
+            line.push_str(&format!(" mask {}", svc.netmask));
         }
     }
     if let Some(pe) = &svc.pe_name {

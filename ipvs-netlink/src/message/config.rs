@@ -2,19 +2,25 @@
 
 use super::attr::{AttrIter, AttrWriter, get_u32};
 use super::consts::*;
-use super::{IpvsMessage, WireError};
+use super::{EncodeError, IpvsMessage, WireError};
+use crate::error::RangeError;
 use crate::{Info, Timeouts};
 
 /// A `SET_CONFIG` message; zero values are sent too (the kernel keeps the current value).
-pub fn encode_set_timeouts(t: &Timeouts) -> IpvsMessage {
+/// Each timeout must be at most [`MAX_TIMEOUT`](crate::timeouts::MAX_TIMEOUT).
+pub fn encode_set_timeouts(t: &Timeouts) -> Result<IpvsMessage, EncodeError> {
+    let max = u64::from(crate::timeouts::MAX_TIMEOUT);
+    RangeError::check("TCP timeout", t.tcp, 0..=max)?;
+    RangeError::check("TCP FIN timeout", t.tcp_fin, 0..=max)?;
+    RangeError::check("UDP timeout", t.udp, 0..=max)?;
     let mut w = AttrWriter::new();
     w.u32(IPVS_CMD_ATTR_TIMEOUT_TCP, t.tcp);
     w.u32(IPVS_CMD_ATTR_TIMEOUT_TCP_FIN, t.tcp_fin);
     w.u32(IPVS_CMD_ATTR_TIMEOUT_UDP, t.udp);
-    IpvsMessage {
+    Ok(IpvsMessage {
         cmd: IPVS_CMD_SET_CONFIG,
         attrs: w.buf,
-    }
+    })
 }
 
 /// Decodes the reply to `GET_CONFIG`.

@@ -5,15 +5,28 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use super::attr::{AttrIter, AttrWriter, get_string, get_u8, get_u16, get_u32};
 use super::consts::*;
 use super::{EncodeError, IpvsMessage, WireError};
+use crate::error::RangeError;
 use crate::sync_daemon::{SyncDaemon, SyncState};
 
 /// Appends `IPVS_CMD_ATTR_DAEMON` with a daemon's configuration (NEW_DAEMON).
 pub fn encode_daemon(msg: &mut IpvsMessage, d: &SyncDaemon) -> Result<(), EncodeError> {
     if d.interface.is_empty() || d.interface.len() > IFNAME_MAX || d.interface.contains('\0') {
-        return Err(EncodeError(format!(
+        return Err(EncodeError::invalid(format!(
             "interface name {:?} must be 1..={IFNAME_MAX} bytes without NUL",
             d.interface
         )));
+    }
+    // The kernel keeps the sync ID in one byte, and replaces a 0 port, TTL or maximum
+    // length by its default and clamps the maximum length: refuse what would be changed.
+    RangeError::check("sync ID", d.sync_id, 0..=u64::from(u8::MAX))?;
+    if let Some(port) = d.port {
+        RangeError::check("multicast port", port, 1..=u64::from(u16::MAX))?;
+    }
+    if let Some(ttl) = d.ttl {
+        RangeError::check("multicast TTL", ttl, 1..=u64::from(u8::MAX))?;
+    }
+    if let Some(len) = d.max_len {
+        RangeError::check("sync message maximum length", len, d.max_len_range())?;
     }
     let mut w = AttrWriter::new();
     w.nested(IPVS_CMD_ATTR_DAEMON, |w| {

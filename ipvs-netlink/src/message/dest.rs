@@ -4,9 +4,11 @@ use super::attr::{AttrIter, AttrWriter, get_addr, get_be16, get_u8, get_u16, get
 use super::consts::*;
 use super::stats::decode_stats;
 use super::{EncodeError, IpvsMessage, WireError};
+use crate::destination::MAX_WEIGHT;
 use crate::destination::{
     Destination, DestinationEntry, DestinationKey, Tunnel, TunnelFlags, TunnelType,
 };
+use crate::error::RangeError;
 use crate::service::{AddressFamily, ServiceKey};
 use crate::{ForwardMethod, Stats};
 
@@ -28,14 +30,25 @@ pub fn encode_dest_key(msg: &mut IpvsMessage, key: &DestinationKey) -> Result<()
 /// Appends `IPVS_CMD_ATTR_DEST` with the full configuration (NEW/SET_DEST).
 pub fn encode_dest_full(msg: &mut IpvsMessage, dest: &Destination) -> Result<(), EncodeError> {
     if dest.forward == ForwardMethod::Bypass {
-        return Err(EncodeError("the bypass method cannot be configured".into()));
+        return Err(EncodeError::invalid(
+            "the bypass method cannot be configured",
+        ));
     }
-    if dest.weight > i32::MAX as u32 {
-        return Err(EncodeError(format!(
-            "weight {} exceeds {}",
-            dest.weight,
-            i32::MAX
-        )));
+    let max = u64::from(MAX_WEIGHT);
+    RangeError::check("weight", dest.weight, 0..=max)?;
+    RangeError::check("upper threshold", dest.upper_threshold, 0..=max)?;
+    // The kernel refuses a lower threshold above the upper one (ERANGE), even when the
+    // upper one is 0 (no limit).
+    RangeError::check(
+        "lower threshold",
+        dest.lower_threshold,
+        0..=u64::from(dest.upper_threshold),
+    )?;
+    // Tunnel parameters go with tunnelling, and whenever they are not the defaults, so
+    // that a destination read back is written back unchanged.
+    let sends_tunnel = dest.forward == ForwardMethod::Tunnel || dest.tunnel != Tunnel::default();
+    if sends_tunnel && dest.tunnel.kind == TunnelType::Gue {
+        RangeError::check("GUE tunnel port", dest.tunnel.port, 1..=u64::from(u16::MAX))?;
     }
     let mut w = AttrWriter::new();
     w.nested(IPVS_CMD_ATTR_DEST, |w| {
@@ -49,7 +62,7 @@ pub fn encode_dest_full(msg: &mut IpvsMessage, dest: &Destination) -> Result<(),
             IPVS_DEST_ATTR_ADDR_FAMILY,
             AddressFamily::of(&dest.addr).number(),
         );
-        if dest.forward == ForwardMethod::Tunnel {
+        if sends_tunnel {
             w.u8(IPVS_DEST_ATTR_TUN_TYPE, dest.tunnel.kind.number());
             w.be16(IPVS_DEST_ATTR_TUN_PORT, dest.tunnel.port);
             w.u16(IPVS_DEST_ATTR_TUN_FLAGS, dest.tunnel.flags.0);

@@ -138,8 +138,21 @@ impl ParseableParametrized<[u8], GenlHeader> for IpvsMessage {
 
 /// A client-side validation failure while encoding a request.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct EncodeError(pub String);
+#[non_exhaustive]
+pub enum EncodeError {
+    /// The request makes no sense to the kernel (e.g. fwmark 0, a name too long).
+    #[error("{0}")]
+    Invalid(String),
+    /// A numeric field the kernel cannot hold.
+    #[error(transparent)]
+    OutOfRange(#[from] crate::error::RangeError),
+}
+
+impl EncodeError {
+    pub(crate) fn invalid(reason: impl Into<String>) -> Self {
+        EncodeError::Invalid(reason.into())
+    }
+}
 
 #[cfg(test)]
 mod kernel_captures;

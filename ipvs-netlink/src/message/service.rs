@@ -1,10 +1,16 @@
 //! Service attributes (`IPVS_CMD_ATTR_SERVICE`).
 
+use std::net::Ipv4Addr;
+
 use super::attr::{AttrIter, AttrWriter, get_addr, get_be16, get_string, get_u16, get_u32};
 use super::consts::*;
 use super::stats::decode_stats;
 use super::{EncodeError, IpvsMessage, WireError};
-use crate::service::{AddressFamily, Service, ServiceEntry, ServiceFlags, ServiceKey};
+use crate::error::RangeError;
+use crate::service::{
+    AddressFamily, MAX_PERSISTENCE_TIMEOUT, Netmask, Service, ServiceEntry, ServiceFlags,
+    ServiceKey,
+};
 use crate::{Protocol, Scheduler, Stats};
 
 fn key_attrs(w: &mut AttrWriter, key: &ServiceKey) {
@@ -28,7 +34,7 @@ fn key_attrs(w: &mut AttrWriter, key: &ServiceKey) {
 /// Appends `IPVS_CMD_ATTR_SERVICE` holding only what identifies the service.
 pub fn encode_service_key(msg: &mut IpvsMessage, key: &ServiceKey) -> Result<(), EncodeError> {
     if let ServiceKey::Fwmark { mark: 0, .. } = key {
-        return Err(EncodeError("fwmark 0 does not identify a service".into()));
+        return Err(EncodeError::invalid("fwmark 0 does not identify a service"));
     }
     let mut w = AttrWriter::new();
     w.nested(IPVS_CMD_ATTR_SERVICE, |w| key_attrs(w, key));
@@ -36,50 +42,42 @@ pub fn encode_service_key(msg: &mut IpvsMessage, key: &ServiceKey) -> Result<(),
     Ok(())
 }
 
-/// The netmask attribute value: IPv4 as a big-endian mask, IPv6 as a host-order length.
+/// The netmask attribute value: IPv4 as the mask in network order, IPv6 as a host-order
+/// prefix length.
 fn netmask_value(service: &Service) -> Result<[u8; 4], EncodeError> {
-    let plen = service.netmask;
-    match service.key.family() {
-        AddressFamily::Inet => {
-            if plen > 32 {
-                return Err(EncodeError(format!(
-                    "IPv4 netmask /{plen} is longer than /32"
-                )));
-            }
-            let mask = if plen == 0 {
-                0
-            } else {
-                u32::MAX << (32 - u32::from(plen))
-            };
-            Ok(mask.to_be_bytes())
+    match (service.key.family(), service.netmask) {
+        (AddressFamily::Inet, Netmask::V4(mask)) => Ok(mask.octets()),
+        (AddressFamily::Inet6, Netmask::V6Prefix(len)) => {
+            RangeError::check("IPv6 netmask prefix length", len, 1..=128)?;
+            Ok(u32::from(len).to_ne_bytes())
         }
-        AddressFamily::Inet6 => {
-            if !(1..=128).contains(&plen) {
-                return Err(EncodeError(format!(
-                    "IPv6 netmask /{plen} is not in 1..=128"
-                )));
-            }
-            Ok(u32::from(plen).to_ne_bytes())
-        }
+        (family, netmask) => Err(EncodeError::Invalid(format!(
+            "netmask {netmask} is not of the service's family {family:?}"
+        ))),
     }
 }
 
 /// Appends `IPVS_CMD_ATTR_SERVICE` with the full configuration (for NEW/SET_SERVICE).
 pub fn encode_service_full(msg: &mut IpvsMessage, service: &Service) -> Result<(), EncodeError> {
     if let ServiceKey::Fwmark { mark: 0, .. } = service.key {
-        return Err(EncodeError("fwmark 0 does not identify a service".into()));
+        return Err(EncodeError::invalid("fwmark 0 does not identify a service"));
     }
     service
         .scheduler
         .validate()
-        .map_err(|e| EncodeError(e.to_string()))?;
+        .map_err(|e| EncodeError::invalid(e.to_string()))?;
     if let Some(pe) = &service.pe_name
         && (pe.is_empty() || pe.len() > PE_NAME_MAX || pe.contains('\0'))
     {
-        return Err(EncodeError(format!(
+        return Err(EncodeError::invalid(format!(
             "persistence engine name {pe:?} must be 1..={PE_NAME_MAX} bytes without NUL"
         )));
     }
+    RangeError::check(
+        "persistence timeout",
+        service.timeout,
+        0..=u64::from(MAX_PERSISTENCE_TIMEOUT),
+    )?;
     let netmask = netmask_value(service)?;
     let mut flags = [0u8; 8];
     let settable = service.flags.bits() & ServiceFlags::SETTABLE.bits();
@@ -155,24 +153,22 @@ pub fn decode_service(buf: &[u8]) -> Result<ServiceEntry, WireError> {
         }
     };
     let netmask = match netmask {
-        None => family.max_prefix(),
+        None => Netmask::host(family),
         Some(v) => match family {
-            AddressFamily::Inet => {
-                let mask = u32::from_be_bytes(
-                    v.get(..4)
-                        .and_then(|s| <[u8; 4]>::try_from(s).ok())
-                        .ok_or_else(|| WireError::new("service netmask: need 4 bytes"))?,
-                );
-                // Non-contiguous masks are reduced to their leading run of ones.
-                u8::try_from(mask.leading_ones()).unwrap_or(32)
-            }
+            AddressFamily::Inet => Netmask::V4(Ipv4Addr::from(
+                v.get(..4)
+                    .and_then(|s| <[u8; 4]>::try_from(s).ok())
+                    .ok_or_else(|| WireError::new("service netmask: need 4 bytes"))?,
+            )),
             AddressFamily::Inet6 => {
-                u8::try_from(get_u32("service netmask", v)?.min(128)).unwrap_or(128)
+                // The kernel only holds 1..=128 here.
+                let len = get_u32("service netmask", v)?;
+                Netmask::V6Prefix(u8::try_from(len).unwrap_or(u8::MAX))
             }
         },
     };
     let scheduler = match sched {
-        Some(name) => name.parse().unwrap_or(Scheduler::Other(name)),
+        Some(name) => Scheduler::from_name(&name),
         None => Scheduler::Other(String::new()),
     };
     let stats = match (stats64, stats32) {

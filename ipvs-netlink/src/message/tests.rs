@@ -8,7 +8,7 @@ use super::consts::*;
 use super::*;
 use crate::batch::Op;
 use crate::destination::{Destination, DestinationKey, TunnelFlags, TunnelType};
-use crate::service::{AddressFamily, Service, ServiceFlags, ServiceKey};
+use crate::service::{AddressFamily, Netmask, Service, ServiceFlags, ServiceKey};
 use crate::sync_daemon::{SyncDaemon, SyncState};
 use crate::{ForwardMethod, Protocol, Scheduler, Timeouts};
 
@@ -54,7 +54,7 @@ fn encode_persistent_udp_v4_with_netmask_and_pe() {
     )
     .persistent(300);
     svc.flags |= ServiceFlags::SH_PORT | ServiceFlags::HASHED;
-    svc.netmask = 24;
+    svc.netmask = Netmask::v4_prefix(24).expect("valid");
     svc.pe_name = Some("sip".into());
     let msg = Op::UpdateService(svc).encode().expect("valid");
     assert_eq!(msg.cmd, IPVS_CMD_SET_SERVICE);
@@ -79,7 +79,7 @@ fn encode_fwmark_v6_service_sends_prefix_length() {
         ServiceKey::fwmark(7, AddressFamily::Inet6),
         Scheduler::WeightedLeastConnection,
     );
-    svc.netmask = 64;
+    svc.netmask = Netmask::V6Prefix(64);
     let msg = Op::AddService(svc).encode().expect("valid");
     let expected = hex("38 00 01 00
          06 00 01 00 0a 00 00 00
@@ -181,7 +181,8 @@ fn encode_timeouts_and_daemon() {
         tcp: 900,
         tcp_fin: 0,
         udp: 300,
-    });
+    })
+    .expect("valid");
     assert_eq!(msg.cmd, IPVS_CMD_SET_CONFIG);
     assert_eq!(
         msg.attrs,
@@ -216,10 +217,10 @@ fn client_side_validation() {
         ServiceKey::tcp("fd00::1".parse().expect("addr"), 80),
         Scheduler::RoundRobin,
     );
-    bad_v6.netmask = 0;
+    bad_v6.netmask = Netmask::V6Prefix(0);
     assert!(Op::AddService(bad_v6).encode().is_err());
     let mut bad_v4 = Service::new(tcp_10_0_0_1_80(), Scheduler::RoundRobin);
-    bad_v4.netmask = 33;
+    bad_v4.netmask = Netmask::V6Prefix(24);
     assert!(Op::AddService(bad_v4).encode().is_err());
     let zero_mark = Service::new(
         ServiceKey::fwmark(0, AddressFamily::Inet),
@@ -232,6 +233,108 @@ fn client_side_validation() {
             .encode()
             .is_err()
     );
+}
+
+/// The range error `encode` gives, with its field, value and range.
+fn range_error(result: Result<IpvsMessage, EncodeError>) -> (&'static str, u64, u64, u64) {
+    match result {
+        Err(EncodeError::OutOfRange(e)) => (e.field, e.value, *e.range.start(), *e.range.end()),
+        other => panic!("expected an out-of-range error, got {other:?}"),
+    }
+}
+
+#[test]
+fn values_the_kernel_cannot_hold_are_refused() {
+    // Persistence: the kernel keeps timeout x HZ in 32 bits; 20,000,000 s would read back
+    // as 2,820,130 s (HZ 250).
+    let svc = Service::new(tcp_10_0_0_1_80(), Scheduler::RoundRobin).persistent(20_000_000);
+    assert_eq!(
+        range_error(Op::AddService(svc.clone()).encode()),
+        ("persistence timeout", 20_000_000, 0, 4_294_967)
+    );
+    assert_eq!(
+        range_error(Op::UpdateService(svc).encode()).0,
+        "persistence timeout"
+    );
+    let longest = Service::new(tcp_10_0_0_1_80(), Scheduler::RoundRobin).persistent(4_294_967);
+    assert!(Op::AddService(longest).encode().is_ok());
+
+    let key = tcp_10_0_0_1_80();
+    let d = Destination::new(v4(10, 1, 0, 5), 80);
+    let heavy = d.clone().with_weight(i32::MAX as u32 + 1);
+    assert_eq!(
+        range_error(Op::AddDestination(key, heavy).encode()),
+        ("weight", 1 << 31, 0, i32::MAX as u64)
+    );
+    assert!(
+        Op::AddDestination(key, d.clone().with_weight(i32::MAX as u32))
+            .encode()
+            .is_ok()
+    );
+    let mut upper = d.clone();
+    upper.upper_threshold = u32::MAX;
+    assert_eq!(
+        range_error(Op::UpdateDestination(key, upper).encode()).0,
+        "upper threshold"
+    );
+    let mut lower = d.clone();
+    lower.upper_threshold = 10;
+    lower.lower_threshold = 11;
+    assert_eq!(
+        range_error(Op::AddDestination(key, lower).encode()),
+        ("lower threshold", 11, 0, 10)
+    );
+    let mut gue = d.clone().with_forward(ForwardMethod::Tunnel);
+    gue.tunnel.kind = TunnelType::Gue;
+    assert_eq!(
+        range_error(Op::AddDestination(key, gue.clone()).encode()),
+        ("GUE tunnel port", 0, 1, 65535)
+    );
+    gue.tunnel.port = 1;
+    assert!(Op::AddDestination(key, gue).encode().is_ok());
+
+    let mut m = IpvsMessage::new(IPVS_CMD_NEW_DAEMON);
+    let daemon = |r: Result<(), EncodeError>| range_error(r.map(|()| IpvsMessage::default()));
+    assert_eq!(
+        daemon(encode_daemon(
+            &mut m,
+            &SyncDaemon::new(SyncState::Master, "eth0", 300)
+        )),
+        ("sync ID", 300, 0, 255)
+    );
+    assert!(encode_daemon(&mut m, &SyncDaemon::new(SyncState::Master, "eth0", 255)).is_ok());
+    let mut d0 = SyncDaemon::new(SyncState::Backup, "eth0", 1);
+    d0.port = Some(0);
+    assert_eq!(daemon(encode_daemon(&mut m, &d0)).0, "multicast port");
+    d0.port = None;
+    d0.ttl = Some(0);
+    assert_eq!(daemon(encode_daemon(&mut m, &d0)).0, "multicast TTL");
+    d0.ttl = None;
+    d0.max_len = Some(1000);
+    assert_eq!(
+        daemon(encode_daemon(&mut m, &d0)),
+        ("sync message maximum length", 1000, 1024, 65507)
+    );
+    d0.group = Some("ff02::1".parse().expect("addr"));
+    d0.max_len = Some(65500);
+    assert_eq!(
+        daemon(encode_daemon(&mut m, &d0)),
+        ("sync message maximum length", 65500, 1024, 65487)
+    );
+
+    let t = Timeouts {
+        tcp: 2_147_484,
+        ..Timeouts::default()
+    };
+    assert_eq!(
+        range_error(encode_set_timeouts(&t)),
+        ("TCP timeout", 2_147_484, 0, 2_147_483)
+    );
+    let t = Timeouts {
+        udp: u32::MAX,
+        ..Timeouts::default()
+    };
+    assert_eq!(range_error(encode_set_timeouts(&t)).0, "UDP timeout");
 }
 
 /// A NEW_SERVICE dump part laid out like the kernel's `ip_vs_genl_fill_service`: AF,
@@ -293,7 +396,7 @@ fn decode_fwmark_v6_service() {
         entry.service.key,
         ServiceKey::fwmark(7, AddressFamily::Inet6)
     );
-    assert_eq!(entry.service.netmask, 64);
+    assert_eq!(entry.service.netmask, Netmask::V6Prefix(64));
     assert_eq!(entry.service.scheduler, Scheduler::WeightedLeastConnection);
 }
 
@@ -381,35 +484,188 @@ mod prop {
         }
 
         #[test]
-        fn service_round_trips(
-            a in any::<[u8; 4]>(), port in any::<u16>(), plen in 0u8..=32,
-            persistent in any::<bool>(), timeout in any::<u32>(), proto in 0usize..3,
-        ) {
-            let protocol = [Protocol::Tcp, Protocol::Udp, Protocol::Sctp][proto];
-            let key = ServiceKey::Tuple { addr: IpAddr::V4(a.into()), port, protocol };
-            let mut svc = Service::new(key, Scheduler::MaglevHashing);
-            if persistent { svc = svc.persistent(timeout); }
-            svc.netmask = plen;
-            let msg = Op::AddService(svc.clone()).encode().expect("valid");
-            let decoded = decode_service_message(&msg).expect("decodes");
-            prop_assert_eq!(decoded.service, svc);
+        fn service_round_trips(svc in service()) {
+            for op in [Op::AddService(svc.clone()), Op::UpdateService(svc.clone())] {
+                let msg = op.encode().expect("valid");
+                let decoded = decode_service_message(&msg).expect("decodes");
+                prop_assert_eq!(&decoded.service, &svc);
+                // `==` on flags ignores HASHED only, which is never sent.
+                prop_assert_eq!(
+                    decoded.service.flags.bits(),
+                    svc.flags.bits() & !ServiceFlags::HASHED.bits()
+                );
+                prop_assert_eq!(decoded.service.scheduler.name(), svc.scheduler.name());
+                // Writing the decoded service back sends the same bytes.
+                prop_assert_eq!(&Op::AddService(decoded.service).encode().expect("valid"),
+                    &Op::AddService(svc.clone()).encode().expect("valid"));
+            }
         }
 
         #[test]
-        fn destination_round_trips(
-            a in any::<[u8; 16]>(), port in any::<u16>(), weight in 0u32..=i32::MAX as u32,
-            u in any::<u32>(), l in any::<u32>(), fwd in 0usize..4,
-        ) {
-            let forward = [ForwardMethod::Masquerade, ForwardMethod::Local,
-                ForwardMethod::Tunnel, ForwardMethod::DirectRoute][fwd];
-            let mut d = Destination::new(IpAddr::V6(a.into()), port).with_forward(forward).with_weight(weight);
-            d.upper_threshold = u;
-            d.lower_threshold = l;
-            let key = ServiceKey::tcp("fd00::1".parse().expect("addr"), 80);
-            let msg = Op::AddDestination(key, d.clone()).encode().expect("valid");
-            let decoded = decode_dest_message(&msg, &key).expect("decodes");
-            prop_assert_eq!(decoded.destination, d);
+        fn destination_round_trips(d in destination(), v6 in any::<bool>()) {
+            let key = if v6 {
+                ServiceKey::tcp("fd00::1".parse().expect("addr"), 80)
+            } else {
+                tcp_10_0_0_1_80()
+            };
+            for op in [Op::AddDestination(key, d.clone()), Op::UpdateDestination(key, d.clone())] {
+                let msg = op.encode().expect("valid");
+                let decoded = decode_dest_message(&msg, &key).expect("decodes");
+                prop_assert_eq!(&decoded.destination, &d);
+                prop_assert_eq!(&Op::UpdateDestination(key, decoded.destination).encode().expect("valid"),
+                    &Op::UpdateDestination(key, d.clone()).encode().expect("valid"));
+            }
         }
+
+        #[test]
+        fn sync_daemon_round_trips(d in sync_daemon()) {
+            let mut msg = IpvsMessage::new(IPVS_CMD_NEW_DAEMON);
+            encode_daemon(&mut msg, &d).expect("valid");
+            prop_assert_eq!(decode_daemon_message(&msg).expect("decodes"), d);
+        }
+
+        #[test]
+        fn timeouts_round_trip(
+            tcp in 0..=crate::timeouts::MAX_TIMEOUT,
+            tcp_fin in 0..=crate::timeouts::MAX_TIMEOUT,
+            udp in 0..=crate::timeouts::MAX_TIMEOUT,
+        ) {
+            let t = Timeouts { tcp, tcp_fin, udp };
+            let msg = encode_set_timeouts(&t).expect("valid");
+            prop_assert_eq!(decode_timeouts(&msg).expect("decodes"), t);
+        }
+    }
+
+    fn addr() -> impl Strategy<Value = IpAddr> {
+        prop_oneof![
+            any::<[u8; 4]>().prop_map(|a| IpAddr::V4(a.into())),
+            any::<[u8; 16]>().prop_map(|a| IpAddr::V6(a.into())),
+        ]
+    }
+
+    fn family() -> impl Strategy<Value = AddressFamily> {
+        prop_oneof![Just(AddressFamily::Inet), Just(AddressFamily::Inet6)]
+    }
+
+    fn scheduler() -> impl Strategy<Value = Scheduler> {
+        prop_oneof![
+            "(rr|wrr|lc|wlc|lblc|lblcr|dh|sh|sed|nq|mh|fo|ovf)"
+                .prop_map(|n| Scheduler::from_name(&n)),
+            // Other names, and known names wrapped in Other by hand.
+            "[a-z0-9_]{1,15}".prop_map(Scheduler::Other),
+        ]
+    }
+
+    /// Every service configuration the kernel accepts.
+    fn service() -> impl Strategy<Value = Service> {
+        let key = prop_oneof![
+            (addr(), any::<u16>(), 0usize..3).prop_map(|(addr, port, p)| ServiceKey::Tuple {
+                addr,
+                port,
+                protocol: [Protocol::Tcp, Protocol::Udp, Protocol::Sctp][p],
+            }),
+            (1..=u32::MAX, family()).prop_map(|(mark, family)| ServiceKey::fwmark(mark, family)),
+        ];
+        (
+            key,
+            scheduler(),
+            any::<u32>(),
+            any::<bool>(),
+            0..=crate::service::MAX_PERSISTENCE_TIMEOUT,
+            any::<u32>(),
+            1u8..=128,
+            proptest::option::of("[a-z0-9_]{1,15}"),
+        )
+            .prop_map(
+                |(key, scheduler, flags, hashed, timeout, mask4, plen6, pe_name)| {
+                    let mut flags = ServiceFlags::from_bits(flags & ServiceFlags::SETTABLE.bits());
+                    if hashed {
+                        flags |= ServiceFlags::HASHED;
+                    }
+                    let netmask = match key.family() {
+                        AddressFamily::Inet => Netmask::V4(mask4.into()),
+                        AddressFamily::Inet6 => Netmask::V6Prefix(plen6),
+                    };
+                    Service {
+                        key,
+                        scheduler,
+                        flags,
+                        timeout,
+                        netmask,
+                        pe_name,
+                    }
+                },
+            )
+    }
+
+    /// Every destination configuration the kernel accepts.
+    fn destination() -> impl Strategy<Value = Destination> {
+        let tunnel = (0u8..3, any::<u16>(), any::<u16>()).prop_map(|(kind, port, flags)| {
+            let kind = TunnelType::from_number(kind).expect("known");
+            // A GUE tunnel needs a port.
+            let port = if kind == TunnelType::Gue {
+                port.max(1)
+            } else {
+                port
+            };
+            crate::destination::Tunnel {
+                kind,
+                port,
+                flags: TunnelFlags(flags),
+            }
+        });
+        (
+            addr(),
+            any::<u16>(),
+            0usize..4,
+            0..=crate::destination::MAX_WEIGHT,
+            (0..=crate::destination::MAX_WEIGHT).prop_flat_map(|u| (Just(u), 0..=u)),
+            prop_oneof![Just(Default::default()), tunnel],
+        )
+            .prop_map(
+                |(addr, port, fwd, weight, (upper, lower), tunnel)| Destination {
+                    addr,
+                    port,
+                    forward: [
+                        ForwardMethod::Masquerade,
+                        ForwardMethod::Local,
+                        ForwardMethod::Tunnel,
+                        ForwardMethod::DirectRoute,
+                    ][fwd],
+                    weight,
+                    upper_threshold: upper,
+                    lower_threshold: lower,
+                    tunnel,
+                },
+            )
+    }
+
+    /// Every sync daemon configuration the kernel keeps as given.
+    fn sync_daemon() -> impl Strategy<Value = SyncDaemon> {
+        (
+            any::<bool>(),
+            "[a-z0-9]{1,15}",
+            0u32..=255,
+            proptest::option::of(addr()),
+            proptest::option::of(1024u16..=65487),
+            proptest::option::of(1u16..),
+            proptest::option::of(1u8..),
+        )
+            .prop_map(|(master, interface, sync_id, group, max_len, port, ttl)| {
+                SyncDaemon {
+                    state: if master {
+                        SyncState::Master
+                    } else {
+                        SyncState::Backup
+                    },
+                    interface,
+                    sync_id,
+                    max_len,
+                    group,
+                    port,
+                    ttl,
+                }
+            })
     }
 }
 
@@ -441,10 +697,60 @@ mod real_kernel {
             Scheduler::SourceHashing,
         )
         .persistent(300);
-        expected.netmask = 24;
+        expected.netmask = Netmask::v4_prefix(24).expect("valid");
         expected.flags |=
             ServiceFlags::ONE_PACKET | ServiceFlags::SH_FALLBACK | ServiceFlags::SH_PORT;
         assert_eq!(e.service, expected);
+    }
+
+    /// `ipvsadm -A -u 192.168.1.2:53 -s sh -p 300 -M 255.0.255.0 ...`: the capture above
+    /// with the netmask the kernel keeps for `-M 255.0.255.0`.
+    #[test]
+    fn non_contiguous_netmask_survives_read_modify_write() {
+        let kernel = KERNEL_SVC_UDP_SH_PERSISTENT.replacen(
+            "08 00 09 00 ff ff ff 00",
+            "08 00 09 00 ff 00 ff 00",
+            1,
+        );
+        assert_ne!(kernel, KERNEL_SVC_UDP_SH_PERSISTENT);
+        let mut svc = decode_service_message(&msg(IPVS_CMD_NEW_SERVICE, &kernel))
+            .expect("decodes")
+            .service;
+        assert_eq!(svc.netmask, Netmask::V4(Ipv4Addr::new(255, 0, 255, 0)));
+        assert_eq!(svc.netmask.prefix_len(), None);
+        // Change only the scheduler and write it back: the mask goes out as it came in.
+        svc.scheduler = Scheduler::MaglevHashing;
+        let sent = Op::UpdateService(svc).encode().expect("valid");
+        let netmask_attr = hex("08 00 09 00 ff 00 ff 00");
+        assert!(
+            sent.attrs
+                .windows(netmask_attr.len())
+                .any(|w| w == netmask_attr.as_slice()),
+            "netmask changed: {:02x?}",
+            sent.attrs
+        );
+    }
+
+    /// A masquerading destination whose tunnel fields another client set is written back
+    /// with them.
+    #[test]
+    fn tunnel_fields_of_a_non_tunnel_destination_survive_a_rewrite() {
+        let tcp = tcp_10_0_0_1_80();
+        let mut d = Destination::new(v4(10, 1, 0, 5), 8080);
+        d.tunnel.kind = TunnelType::Gue;
+        d.tunnel.port = 6080;
+        let sent = Op::UpdateDestination(tcp, d.clone())
+            .encode()
+            .expect("valid");
+        let back = decode_dest_message(
+            &IpvsMessage {
+                cmd: IPVS_CMD_NEW_DEST,
+                attrs: sent.attrs[0x30..].to_vec(),
+            },
+            &tcp,
+        )
+        .expect("decodes");
+        assert_eq!(back.destination, d);
     }
 
     #[test]
@@ -456,7 +762,7 @@ mod real_kernel {
             Scheduler::WeightedLeastConnection,
         )
         .persistent(60);
-        expected.netmask = 64;
+        expected.netmask = Netmask::V6Prefix(64);
         assert_eq!(e.service, expected);
     }
 

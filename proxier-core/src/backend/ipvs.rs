@@ -225,7 +225,7 @@ mod tests {
             },
         ] {
             let kernel = service(&key, &wanted);
-            assert_eq!(kernel.netmask, 128);
+            assert_eq!(kernel.netmask, ipvs_netlink::Netmask::V6Prefix(128));
             assert_eq!(settings(&kernel), wanted);
             assert_eq!(virtual_server_key(&kernel.key), Some(key));
         }
