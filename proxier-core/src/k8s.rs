@@ -337,8 +337,15 @@ pub fn convert_service(service: &core::Service) -> Result<ServiceConversion, Con
         "internalTrafficPolicy",
         spec.internal_traffic_policy.as_deref(),
     )?;
-    let externally_typed = matches!(service_type, "NodePort" | "LoadBalancer");
-    let external_traffic_policy = if externally_typed {
+    // kube-proxy's ExternallyAccessible: the external policy applies to NodePort and
+    // LoadBalancer Services, and to ClusterIP Services with externalIPs.
+    let has_external_ips = spec
+        .external_ips
+        .as_ref()
+        .is_some_and(|ips| !ips.is_empty());
+    let externally_accessible =
+        matches!(service_type, "NodePort" | "LoadBalancer") || has_external_ips;
+    let external_traffic_policy = if externally_accessible {
         requested_external
     } else {
         TrafficPolicy::Cluster

@@ -142,13 +142,21 @@ fn client_ip_affinity_without_timeout_defaults_to_three_hours() {
 }
 
 #[test]
-fn external_traffic_policy_counts_only_for_node_port_and_load_balancer() {
+fn external_traffic_policy_counts_for_externally_accessible_services() {
+    // As kube-proxy's ExternallyAccessible: NodePort, LoadBalancer, or ClusterIP with
+    // externalIPs.
     let mut spec = basic_spec();
     spec["externalTrafficPolicy"] = json!("Local");
+    assert_eq!(
+        proxied(&service("internal", spec.clone())).external_traffic_policy,
+        TrafficPolicy::Cluster,
+        "a ClusterIP Service without externalIPs is not reachable from outside"
+    );
     spec["externalIPs"] = json!(["50.60.70.81"]);
     assert_eq!(
         proxied(&service("c", spec.clone())).external_traffic_policy,
-        TrafficPolicy::Cluster
+        TrafficPolicy::Local,
+        "a ClusterIP Service with externalIPs is"
     );
     spec["type"] = json!("NodePort");
     let s = proxied(&service("n", spec));

@@ -499,3 +499,38 @@ fn hairpin_pod_reaches_itself_through_its_service() {
     let answers = all_answer(4, "hairpin", || tcp_request(pod, "10.96.0.20:80", None));
     assert_eq!(name_set(&answers), pods(&[0]), "{answers:?}");
 }
+
+#[test]
+fn cluster_ip_external_ips_with_local_policy_keep_the_client_address() {
+    require_kernel!();
+    let mut t = Topology::new(2);
+    for i in 0..2 {
+        t.serve_tcp(i, 8080);
+    }
+    // A ClusterIP Service with externalIPs is externally accessible (kube-proxy's
+    // ExternallyAccessible): externalTrafficPolicy Local applies to its external IPs.
+    let mut svc = Svc::cluster_ip(
+        "extlocal",
+        &["10.96.0.19"],
+        vec![Port::tcp("http", 80, 8080)],
+    );
+    svc.external_ips = vec!["192.168.60.11".into()];
+    svc.external_traffic_local = true;
+    let eps = vec![
+        Ep::ready(&pod_ip(0), NODE_NAME),
+        Ep::ready(&pod_ip(1), OTHER_NODE),
+    ];
+    t.write_one(&svc, &[Slice::of(&svc, false, eps)]);
+    t.start_daemon(&[]);
+    t.wait_backends("TCP  192.168.60.11:80", &backends(&[0], 8080));
+    let answers = all_answer(REQUESTS, "externalIP eTP=Local", || {
+        t.client_tcp("192.168.60.11:80", None)
+    });
+    assert_eq!(name_set(&answers), pods(&[0]), "{answers:?}");
+    assert!(
+        answers.iter().all(|a| a.contains(CLIENT_IP)),
+        "the backend must see the client's address: {answers:?}"
+    );
+    // The ClusterIP still uses every endpoint.
+    t.wait_backends("TCP  10.96.0.19:80", &backends(&[0, 1], 8080));
+}

@@ -148,8 +148,9 @@ pub struct Service {
     pub load_balancer_source_ranges: Vec<IpNet>,
     /// Session affinity.
     pub session_affinity: SessionAffinity,
-    /// Effective external traffic policy: `Local` only for NodePort and LoadBalancer Services
-    /// that ask for it (as kube-proxy reads it).
+    /// Effective external traffic policy: `Local` only for externally accessible Services
+    /// (NodePort, LoadBalancer, or ClusterIP with externalIPs) that ask for it, as kube-proxy
+    /// reads it.
     pub external_traffic_policy: TrafficPolicy,
     /// Internal traffic policy.
     pub internal_traffic_policy: TrafficPolicy,
