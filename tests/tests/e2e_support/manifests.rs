@@ -133,7 +133,7 @@ impl Svc {
                 let _ = writeln!(y, "    nodePort: {np}");
             }
         }
-        if self.kind == "NodePort" || self.kind == "LoadBalancer" {
+        if self.kind == "NodePort" || self.kind == "LoadBalancer" || !self.external_ips.is_empty() {
             let etp = if self.external_traffic_local {
                 "Local"
             } else {
