@@ -744,7 +744,11 @@ fn torn_source_files_keep_every_virtual_server() {
     std::fs::write(node.source(), "").unwrap();
     for _ in 0..15 {
         std::thread::sleep(Duration::from_millis(200));
-        assert_eq!(node.ipvs_lines(), expected, "an empty file removed services");
+        assert_eq!(
+            node.ipvs_lines(),
+            expected,
+            "an empty file removed services"
+        );
     }
     // Cut in the middle of a document (an interrupted write), for 3 s.
     let cut = whole.len() / 8;

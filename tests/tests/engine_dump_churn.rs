@@ -12,8 +12,8 @@ use std::sync::Arc;
 
 use ipvs_proxier_tests::{Background, Netns, require_kernel};
 use proxier_core::model::{
-    Config, Endpoint, EndpointPort, EndpointSlice, Protocol, Service, ServiceName,
-    ServicePortSpec, SliceKey,
+    Config, Endpoint, EndpointPort, EndpointSlice, Protocol, Service, ServiceName, ServicePortSpec,
+    SliceKey,
 };
 use proxier_core::{Backends, Change, Proxier, ProxierConfig, SyncKind};
 

@@ -11,9 +11,9 @@ use std::time::{Duration, SystemTime};
 
 use tokio::sync::{mpsc, watch};
 
-use super::manifests::{ManifestCache, Manifests};
 #[cfg(test)]
 use super::manifests::parse_manifests;
+use super::manifests::{ManifestCache, Manifests};
 use super::{
     ClusterSnapshot, EVENT_CHANNEL_CAPACITY, ObjectKey, SourceEvent, SourceHandle, is_proxied,
 };
@@ -52,7 +52,9 @@ pub enum FileSourceError {
     },
     /// Some document is not valid YAML or not a valid object: the file is refused whole
     /// (a half-written file must not remove what the rest no longer lists).
-    #[error("source file {path} refused whole, the last good state stays: {first} ({count} malformed documents in all)")]
+    #[error(
+        "source file {path} refused whole, the last good state stays: {first} ({count} malformed documents in all)"
+    )]
     Malformed {
         /// The file.
         path: PathBuf,
@@ -280,7 +282,9 @@ pub fn spawn(config: FileSourceConfig) -> SourceHandle {
 
 /// Wakes the source when the file's directory changes (rename-into-place replaces the file's
 /// inode, so the directory is watched). `None` when inotify is unavailable: polling only.
-fn watch_directory(path: &Path) -> Option<(notify::RecommendedWatcher, mpsc::UnboundedReceiver<()>)> {
+fn watch_directory(
+    path: &Path,
+) -> Option<(notify::RecommendedWatcher, mpsc::UnboundedReceiver<()>)> {
     use notify::Watcher;
     let (tx, rx) = mpsc::unbounded_channel();
     let name = path.file_name()?.to_owned();
@@ -290,7 +294,10 @@ fn watch_directory(path: &Path) -> Option<(notify::RecommendedWatcher, mpsc::Unb
     };
     let handler = move |event: notify::Result<notify::Event>| {
         if let Ok(event) = event
-            && event.paths.iter().any(|p| p.file_name() == Some(name.as_os_str()))
+            && event
+                .paths
+                .iter()
+                .any(|p| p.file_name() == Some(name.as_os_str()))
         {
             let _ = tx.send(());
         }
@@ -472,7 +479,8 @@ mod tests {
         // A kind ipvs-proxier does not use is skipped, not an error.
         let with_deployment =
             format!("{CLUSTER}---\napiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: x}}\n");
-        let snapshot = snapshot_from_text(path, &with_deployment, &mut cache, "node-a").expect("used");
+        let snapshot =
+            snapshot_from_text(path, &with_deployment, &mut cache, "node-a").expect("used");
         assert_eq!(snapshot.services.len(), 1);
         // A file with no object at all is a real empty state.
         let empty = snapshot_from_text(path, "# nothing\n", &mut cache, "node-a").expect("used");
@@ -601,8 +609,13 @@ mod tests {
         // Torn writes: truncated to nothing, then cut inside a document. Neither is used.
         std::fs::write(&path, "").expect("truncate");
         tokio::time::sleep(Duration::from_millis(150)).await;
-        assert!(handle.events.try_recv().is_err(), "an empty file is a write in progress");
-        let torn = format!("{CLUSTER}---\napiVersion: v1\nkind: Service\nmetadata: {{name: db, namespace: shop}}\n---\nkind: [broken\n");
+        assert!(
+            handle.events.try_recv().is_err(),
+            "an empty file is a write in progress"
+        );
+        let torn = format!(
+            "{CLUSTER}---\napiVersion: v1\nkind: Service\nmetadata: {{name: db, namespace: shop}}\n---\nkind: [broken\n"
+        );
         std::fs::write(&path, torn).expect("write torn");
         tokio::time::sleep(Duration::from_millis(150)).await;
         assert!(
