@@ -1,1 +1,4 @@
-//! Example programs live in `src/bin/`; this library is empty.
+//! Example programs live in `src/bin/`; this library holds what they share that is not about
+//! embedding proxier-core.
+
+pub mod cni_input;
