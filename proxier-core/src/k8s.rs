@@ -534,9 +534,11 @@ pub fn convert_endpoint_slice(
     }))
 }
 
-/// Reads what the planner needs from this node's Node object: name, labels, zone and primary
-/// IPs (the first InternalIP of each family, else the first ExternalIP).
-/// `local_addresses` stays empty: the caller fills it from the node's interfaces.
+/// Reads what the planner needs from this node's Node object: name, labels, zone, primary
+/// IPs (the first InternalIP of each family, else the first ExternalIP) and, as
+/// `local_addresses`, every InternalIP and ExternalIP it lists. A proxier that reads the
+/// node's interfaces ([`crate::ProxierConfig::node_addresses_from_kernel`]) uses those
+/// instead.
 pub fn node_context(node: &core::Node) -> Result<NodeContext, ConversionError> {
     let name = node.metadata.name.clone().unwrap_or_default();
     let object = ObjectRef::new(ObjectKind::Node, "", &name);
@@ -548,11 +550,15 @@ pub fn node_context(node: &core::Node) -> Result<NodeContext, ConversionError> {
         .map(Vec::as_slice)
         .unwrap_or_default();
     let mut primary_ips: Vec<IpAddr> = Vec::new();
+    let mut local_addresses: Vec<IpAddr> = Vec::new();
     for wanted in ["InternalIP", "ExternalIP"] {
         for address in addresses.iter().filter(|a| a.type_ == wanted) {
             let ip = parse_ip(&object, "status.addresses", &address.address)?;
             if !primary_ips.iter().any(|p| p.is_ipv4() == ip.is_ipv4()) {
                 primary_ips.push(ip);
+            }
+            if !local_addresses.contains(&ip) {
+                local_addresses.push(ip);
             }
         }
     }
@@ -560,7 +566,7 @@ pub fn node_context(node: &core::Node) -> Result<NodeContext, ConversionError> {
         zone: labels.get(ZONE_LABEL).cloned(),
         name,
         primary_ips,
-        local_addresses: Vec::new(),
+        local_addresses,
         labels,
     })
 }

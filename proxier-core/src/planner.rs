@@ -445,8 +445,8 @@ pub fn categorize_endpoints<'e>(
 }
 
 /// Node addresses that serve NodePorts for one family: chosen by
-/// [`Config::node_port_addresses`], never loopback, link-local, unspecified or multicast,
-/// never excluded.
+/// [`Config::node_port_addresses`], never loopback, IPv6 link-local, unspecified or
+/// multicast, never excluded.
 pub fn node_port_addresses(
     node: &NodeContext,
     config: &Config,
@@ -489,12 +489,14 @@ pub fn node_port_addresses(
         .collect()
 }
 
+/// kube-proxy's rule for NodePort addresses: never loopback, unspecified or multicast, nor
+/// IPv6 link-local; IPv4 link-local addresses are allowed.
 fn usable_node_port_address(ip: IpAddr) -> bool {
     if ip.is_loopback() || ip.is_unspecified() || ip.is_multicast() {
         return false;
     }
     match ip {
-        IpAddr::V4(v4) => !v4.is_link_local() && !v4.is_broadcast(),
+        IpAddr::V4(v4) => !v4.is_broadcast(),
         IpAddr::V6(v6) => !v6.is_unicast_link_local(),
     }
 }

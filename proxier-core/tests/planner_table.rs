@@ -221,7 +221,8 @@ fn node_port_case(protocol: Protocol) {
             vec![ep("10.180.0.1"), ep("1002:ab8::2:1")],
         )],
     );
-    // Loopback, link-local and the other family's addresses never carry this NodePort.
+    // Loopback, IPv6 link-local and the other family's addresses never carry this NodePort;
+    // IPv4 link-local does (kube-proxy's isValidForSet allows it).
     let n = node(&[
         "100.101.102.103",
         "127.0.0.1",
@@ -234,6 +235,7 @@ fn node_port_case(protocol: Protocol) {
     let expected: BTreeSet<_> = [
         vs("10.20.30.41", 80, protocol),
         vs("100.101.102.103", 3001, protocol),
+        vs("169.254.1.1", 3001, protocol),
     ]
     .into();
     assert_eq!(keys(&desired), expected, "{protocol}");

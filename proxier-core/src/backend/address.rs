@@ -95,8 +95,10 @@ impl KernelAddressBackend {
                 continue;
             }
             for attribute in &message.attributes {
+                // As kube-proxy: IPv4 link-local addresses can serve NodePorts, IPv6
+                // link-local ones cannot.
                 if let AddressAttribute::Address(address) = attribute
-                    && !is_link_local(address)
+                    && !matches!(address, IpAddr::V6(v6) if v6.is_unicast_link_local())
                     && !address.is_loopback()
                 {
                     addresses.insert(*address);

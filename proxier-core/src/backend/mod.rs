@@ -211,7 +211,8 @@ pub trait AddressBackend: Send {
     ) -> impl Future<Output = Result<(), BackendError>> + Send;
 
     /// The node's own addresses: every address on the node's interfaces except those on the
-    /// dummy link, loopback and IPv6 link-local ones (where NodePorts live).
+    /// dummy link, loopback and IPv6 link-local ones (where NodePorts live; IPv4 link-local
+    /// addresses are kept, as kube-proxy keeps them).
     fn node_addresses(
         &mut self,
     ) -> impl Future<Output = Result<BTreeSet<IpAddr>, BackendError>> + Send;

@@ -175,6 +175,7 @@ impl SyncScheduler {
 enum Command {
     Apply(Vec<Change>),
     TriggerTime(SystemTime),
+    NodeAddresses,
     Full,
 }
 
@@ -209,6 +210,12 @@ impl ProxierHandle {
     /// See [`Proxier::record_trigger_time`].
     pub fn record_trigger_time(&self, at: SystemTime) {
         let _ = self.tx.send(Command::TriggerTime(at));
+    }
+
+    /// The node's addresses may have changed (an rtnetlink address event): the driver
+    /// re-reads them ([`Proxier::refresh_node_addresses`]) and syncs if they did.
+    pub fn node_addresses_changed(&self) {
+        let _ = self.tx.send(Command::NodeAddresses);
     }
 
     /// Asks for a full resync as soon as allowed.
@@ -261,7 +268,7 @@ pub async fn run<I, A, N, C, O>(
     let mut open = true;
     loop {
         while let Ok(command) = commands.rx.try_recv() {
-            handle(command, proxier, &mut scheduler, observer);
+            handle(command, proxier, &mut scheduler, observer).await;
         }
         if *shutdown.borrow() {
             return;
@@ -305,7 +312,7 @@ pub async fn run<I, A, N, C, O>(
                 tokio::select! {
                     _ = tokio::time::sleep_until(at) => {}
                     command = commands.rx.recv() => match command {
-                        Some(command) => handle(command, proxier, &mut scheduler, observer),
+                        Some(command) => handle(command, proxier, &mut scheduler, observer).await,
                         None => open = false,
                     },
                     changed = shutdown.changed() => {
@@ -319,7 +326,7 @@ pub async fn run<I, A, N, C, O>(
     }
 }
 
-fn handle<P, O: SyncObserver<P>, I, A, N, C>(
+async fn handle<P, O: SyncObserver<P>, I, A, N, C>(
     command: Command,
     proxier: &mut Proxier<I, A, N, C>,
     scheduler: &mut SyncScheduler,
@@ -342,6 +349,12 @@ fn handle<P, O: SyncObserver<P>, I, A, N, C>(
             }
         }
         Command::TriggerTime(at) => proxier.record_trigger_time(at),
+        Command::NodeAddresses => {
+            if proxier.refresh_node_addresses().await {
+                scheduler.request_sync();
+                observer.queued();
+            }
+        }
         Command::Full => scheduler.request_full(Instant::now()),
     }
 }

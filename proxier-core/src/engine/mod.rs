@@ -71,6 +71,10 @@ pub struct ProxierConfig {
     pub reconciler: ReconcilerConfig,
     /// The nftables tables' name and mark.
     pub netfilter: RenderOptions,
+    /// Take the node's local addresses (where NodePorts live) from the address backend,
+    /// re-read at every full sync and on [`Proxier::refresh_node_addresses`], instead of from
+    /// the Node object (kube-proxy reads the interfaces; a dry run cannot).
+    pub node_addresses_from_kernel: bool,
 }
 
 impl ProxierConfig {
@@ -86,6 +90,7 @@ impl ProxierConfig {
             planner,
             reconciler,
             netfilter: RenderOptions::default(),
+            node_addresses_from_kernel: false,
         }
     }
 }
@@ -195,6 +200,8 @@ pub struct Proxier<I, A, N, C> {
     replan_all: bool,
     trigger_times: Vec<SystemTime>,
     synced_once: bool,
+    /// The node's addresses as last read from the kernel (with `node_addresses_from_kernel`).
+    kernel_addresses: Option<Vec<IpAddr>>,
 }
 
 impl<I, A, N, C> Proxier<I, A, N, C>
@@ -230,6 +237,7 @@ where
             replan_all: true,
             trigger_times: Vec::new(),
             synced_once: false,
+            kernel_addresses: None,
             config,
         })
     }
@@ -274,10 +282,40 @@ where
         let mut node = self.state.node().cloned().unwrap_or_else(|| {
             NodeContext::new(self.config.hostname.clone(), Vec::new(), Vec::new())
         });
-        if node.local_addresses.is_empty() {
+        if let Some(addresses) = &self.kernel_addresses {
+            node.local_addresses = addresses.clone();
+        } else if node.local_addresses.is_empty() {
             node.local_addresses = node.primary_ips.clone();
         }
         node
+    }
+
+    /// Re-reads the node's addresses from the address backend (with
+    /// [`ProxierConfig::node_addresses_from_kernel`]); returns whether they changed, in which
+    /// case the next sync re-plans every port (NodePorts follow the addresses).
+    pub async fn refresh_node_addresses(&mut self) -> bool {
+        if !self.config.node_addresses_from_kernel {
+            return false;
+        }
+        let addresses: Vec<IpAddr> = match self.reconciler.node_addresses().await {
+            Ok(addresses) => addresses.into_iter().collect(),
+            Err(error) => {
+                tracing::warn!(%error, "cannot read the node's addresses; keeping the last ones");
+                return false;
+            }
+        };
+        if self.kernel_addresses.as_ref() == Some(&addresses) {
+            return false;
+        }
+        tracing::info!(addresses = ?addresses, "node addresses");
+        self.kernel_addresses = Some(addresses);
+        let node = self.node_facts();
+        if node != self.node {
+            self.node = node;
+            self.replan_all = true;
+            return true;
+        }
+        false
     }
 
     /// Converges the kernel. `Incremental` applies the Service ports changed since the last
@@ -295,6 +333,9 @@ where
             kind,
             ..SyncReport::default()
         };
+        if kind == SyncKind::Full {
+            self.refresh_node_addresses().await;
+        }
 
         let (changed, before) = self.replan(&mut report);
         report.changed_ports = changed.len();

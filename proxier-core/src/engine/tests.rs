@@ -384,3 +384,54 @@ fn cleanup_removes_what_the_proxier_owns_and_nothing_else() {
     let cleanup_script = proxier.netfilter.backend().scripts.last().unwrap();
     assert!(cleanup_script.contains("delete table"), "{cleanup_script}");
 }
+
+#[test]
+fn node_ports_follow_the_kernels_addresses() {
+    let rt = runtime();
+    let backends = Backends::in_memory();
+    let addresses = backends.addresses.clone();
+    let node_a = IpAddr::V4(Ipv4Addr::new(192, 168, 0, 10));
+    let second = IpAddr::V4(Ipv4Addr::new(172, 20, 0, 10));
+    let link_local = IpAddr::V4(Ipv4Addr::new(169, 254, 3, 3));
+    addresses.set_node_addresses([node_a, second]);
+    let mut config = ProxierConfig::new(NODE, Config::default());
+    config.node_addresses_from_kernel = true;
+    let mut proxier = Proxier::new(config, backends).unwrap();
+    // The Node object names only one address: the kernel's list wins.
+    proxier.apply(Change::UpsertNode(NodeContext::new(
+        NODE,
+        vec![node_a],
+        vec![node_a],
+    )));
+    let spec = ServiceSpec {
+        id: 0,
+        vip: 1,
+        udp: false,
+        node_port: Some(30_002),
+        local: false,
+        external_ip: None,
+    };
+    proxier.apply(Change::UpsertService(spec.model()));
+    rt.block_on(proxier.sync(SyncKind::Full)).unwrap();
+    let node_ports = |proxier: &MemoryProxier| -> BTreeSet<IpAddr> {
+        proxier
+            .desired()
+            .virtual_servers()
+            .filter(|(_, key, _)| key.port == 30_002)
+            .map(|(_, key, _)| key.address)
+            .collect()
+    };
+    assert_eq!(node_ports(&proxier), BTreeSet::from([node_a, second]));
+
+    // An address added, one removed: only an address event's refresh is needed.
+    addresses.set_node_addresses([node_a, link_local]);
+    assert!(rt.block_on(proxier.refresh_node_addresses()));
+    assert!(!rt.block_on(proxier.refresh_node_addresses()), "unchanged");
+    let report = rt.block_on(proxier.sync(SyncKind::Incremental)).unwrap();
+    assert!(report.replanned_all);
+    assert_eq!(node_ports(&proxier), BTreeSet::from([node_a, link_local]));
+    assert_eq!(
+        report.ipvs.deletes, 1,
+        "the NodePort on the removed address goes"
+    );
+}

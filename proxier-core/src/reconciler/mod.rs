@@ -316,6 +316,12 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
         &self.drains
     }
 
+    /// The node's own addresses as the address backend reads them (see
+    /// [`AddressBackend::node_addresses`]).
+    pub async fn node_addresses(&mut self) -> Result<BTreeSet<IpAddr>, BackendError> {
+        self.addresses.node_addresses().await
+    }
+
     /// The IPVS backend.
     pub fn ipvs_backend(&self) -> &I {
         &self.ipvs
