@@ -534,3 +534,46 @@ fn cluster_ip_external_ips_with_local_policy_keep_the_client_address() {
     // The ClusterIP still uses every endpoint.
     t.wait_backends("TCP  10.96.0.19:80", &backends(&[0, 1], 8080));
 }
+
+#[test]
+fn node_ports_follow_the_nodes_interface_addresses() {
+    require_kernel!();
+    let mut t = Topology::new(1);
+    t.serve_tcp(0, 8080);
+    // A second address on the node's interface before the daemon starts.
+    t.node.sh_ok("ip addr add 192.168.50.9/24 dev vc");
+    let mut svc = Svc::cluster_ip(
+        "npaddr",
+        &["10.96.0.21"],
+        vec![Port::tcp("http", 80, 8080).node_port(30085)],
+    );
+    svc.kind = "NodePort";
+    let eps = vec![Ep::ready(&pod_ip(0), NODE_NAME)];
+    t.write_one(&svc, &[Slice::of(&svc, false, eps)]);
+    t.start_daemon(&[]);
+    let ep = backends(&[0], 8080);
+    t.wait_backends(&format!("TCP  {NODE_IP}:30085"), &ep);
+    t.wait_backends("TCP  192.168.50.9:30085", &ep);
+    let reached = all_answer(REQUESTS, "NodePort on the second address", || {
+        t.client_tcp("192.168.50.9:30085", None)
+    });
+    assert_eq!(name_set(&reached), pods(&[0]), "{reached:?}");
+
+    // An address added after start gets the NodePort (through an rtnetlink event; the
+    // periodic full resync would also find it, later).
+    let added = std::time::Instant::now();
+    t.node.sh_ok("ip addr add 192.168.50.10/24 dev vc");
+    t.wait_backends("TCP  192.168.50.10:30085", &ep);
+    eprintln!("NodePort on a new address after {:?}", added.elapsed());
+    let reached = all_answer(REQUESTS, "NodePort on an address added later", || {
+        t.client_tcp("192.168.50.10:30085", None)
+    });
+    assert_eq!(name_set(&reached), pods(&[0]), "{reached:?}");
+
+    // An address removed loses its virtual server.
+    t.node.sh_ok("ip addr del 192.168.50.9/24 dev vc");
+    t.wait_ipvs("no NodePort on the removed address", |table| {
+        !table.text.contains("192.168.50.9:30085")
+    });
+    assert!(t.ipvs().text.contains(&format!("{NODE_IP}:30085")));
+}

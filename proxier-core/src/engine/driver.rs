@@ -282,6 +282,7 @@ pub async fn run<I, A, N, C, O>(
         match scheduler.poll(Instant::now()) {
             Decision::Run(kind) => {
                 let started = Instant::now();
+                tracing::debug!(?kind, "sync starting");
                 let result = proxier.sync(kind).await;
                 let succeeded = result
                     .as_ref()
@@ -291,6 +292,7 @@ pub async fn run<I, A, N, C, O>(
                     tracing::error!(?kind, %error, "sync failed; will retry with a full sync");
                 }
                 scheduler.finished(Instant::now(), kind, succeeded);
+                tracing::debug!(?kind, took = ?started.elapsed(), succeeded, "sync done");
                 let outcome = SyncOutcome {
                     kind,
                     took: started.elapsed(),

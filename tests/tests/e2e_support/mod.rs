@@ -354,15 +354,15 @@ impl Topology {
     }
 
     /// Waits until the daemon has no sync running and started none for a second (from its
-    /// runner's `sync starting` / `sync done` log lines), so traffic checks see the applied
+    /// driver's `sync starting` / `sync done` log lines), so traffic checks see the applied
     /// state rather than a sync in progress.
     pub fn wait_settled(&mut self) {
         let deadline = Instant::now() + CONVERGE;
         let mut quiet_since: Option<(Instant, usize)> = None;
         while Instant::now() < deadline {
             let log = self.daemon_log();
-            let started = log.matches("runner: sync starting").count();
-            let done = log.matches("runner: sync done").count();
+            let started = log.matches("driver: sync starting").count();
+            let done = log.matches("driver: sync done").count();
             if started == done {
                 match quiet_since {
                     Some((at, n)) if n == started => {
