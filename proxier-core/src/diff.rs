@@ -44,12 +44,18 @@ impl Scope<'_> {
         self.exclude_cidrs.iter().any(|net| net.contains(&address))
     }
 
-    /// Whether an unplanned virtual server is the proxier's to delete.
+    /// Whether an unplanned virtual server is the proxier's to delete: one it planned in
+    /// this process, or, outside the excluded CIDRs, one on its dummy link's addresses or a
+    /// NodePort on the node's addresses. Within the excluded CIDRs only what it planned itself
+    /// (kube-proxy's `--ipvs-exclude-cidrs`).
     pub fn owns(&self, key: &VirtualServerKey) -> bool {
+        if self.previously_planned.contains(key) {
+            return true;
+        }
         if self.is_excluded(key.address) {
             return false;
         }
-        if self.link_addresses.contains(&key.address) || self.previously_planned.contains(key) {
+        if self.link_addresses.contains(&key.address) {
             return true;
         }
         self.node_port_addresses.contains(&key.address)
@@ -81,21 +87,13 @@ pub enum Rejection {
         /// The service port that owns it.
         winner: ServicePortName,
     },
-    /// The virtual server's address is in an excluded CIDR.
-    #[error("virtual server {key} of {service} is in an excluded CIDR; not applied")]
-    Excluded {
-        /// The service port that plans it.
-        service: ServicePortName,
-        /// The virtual server.
-        key: VirtualServerKey,
-    },
 }
 
 impl Rejection {
     /// The service port whose plan is rejected.
     pub fn service(&self) -> &ServicePortName {
         match self {
-            Rejection::Conflict { service, .. } | Rejection::Excluded { service, .. } => service,
+            Rejection::Conflict { service, .. } => service,
         }
     }
 }
@@ -249,23 +247,15 @@ pub struct Winner<'d> {
 }
 
 /// Which service port owns each planned virtual server: the first by
-/// [`ServicePortName`] order among those planning it. Excluded and losing
-/// claims are returned as rejections.
+/// [`ServicePortName`] order among those planning it. Losing claims are returned as
+/// rejections.
 pub fn winners<'d>(
     desired: &'d Desired,
-    scope: &Scope<'_>,
 ) -> (BTreeMap<VirtualServerKey, Winner<'d>>, Vec<Rejection>) {
     let mut won: BTreeMap<VirtualServerKey, Winner<'d>> = BTreeMap::new();
     let mut rejected = Vec::new();
     for (service, plan) in &desired.services {
         for (key, vs) in &plan.virtual_servers {
-            if scope.is_excluded(key.address) {
-                rejected.push(Rejection::Excluded {
-                    service: service.clone(),
-                    key: *key,
-                });
-                continue;
-            }
             match won.entry(*key) {
                 std::collections::btree_map::Entry::Vacant(slot) => {
                     slot.insert(Winner { service, plan, vs });
@@ -296,7 +286,7 @@ pub fn diff(
     policy: &DrainPolicy,
     held: impl Fn(&ServicePortName) -> bool,
 ) -> Diff {
-    let (won, rejected) = winners(desired, scope);
+    let (won, rejected) = winners(desired);
     let mut changes = Changes::default();
     let mut wanted_addresses = BTreeSet::new();
     for (key, winner) in &won {

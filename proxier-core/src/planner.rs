@@ -11,7 +11,9 @@
 //!   `Local` virtual servers use this node's endpoints and, when it has none, fall back to the
 //!   cluster-wide set (kube-proxy's IPVS behaviour, kubernetes#97081);
 //! - ClientIP affinity as persistence on every virtual server of the Service;
-//! - nothing at all on an address inside `exclude_cidrs`.
+//! - Services whose addresses lie in `exclude_cidrs` are planned like any other (as
+//!   kube-proxy: the excluded ranges only protect IPVS services the proxier did not create,
+//!   see [`crate::diff::Scope::owns`]).
 //!
 //! Beyond kube-proxy it applies the per-Service scheduler annotation and per-endpoint weights.
 
@@ -199,9 +201,6 @@ impl<'a> Planner<'a> {
                       vport: u16,
                       role: VirtualServerRole,
                       rs: &BTreeMap<RealServerKey, RealServer>| {
-            if self.config.is_excluded(address) {
-                return;
-            }
             let key = VirtualServerKey {
                 address,
                 port: vport,
@@ -446,7 +445,7 @@ pub fn categorize_endpoints<'e>(
 
 /// Node addresses that serve NodePorts for one family: chosen by
 /// [`Config::node_port_addresses`], never loopback, IPv6 link-local, unspecified or
-/// multicast, never excluded.
+/// multicast.
 pub fn node_port_addresses(
     node: &NodeContext,
     config: &Config,
@@ -484,7 +483,7 @@ pub fn node_port_addresses(
     let mut seen = BTreeSet::new();
     chosen
         .into_iter()
-        .filter(|ip| usable_node_port_address(*ip) && !config.is_excluded(*ip))
+        .filter(|ip| usable_node_port_address(*ip))
         .filter(|ip| seen.insert(*ip))
         .collect()
 }

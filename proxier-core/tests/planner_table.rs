@@ -1055,7 +1055,7 @@ fn removed_service_leaves_nothing_planned() {
 }
 
 #[test]
-fn excluded_cidrs_are_never_planned() {
+fn services_in_excluded_cidrs_are_still_planned() {
     let mut s = svc(
         "ex",
         &["10.20.30.41"],
@@ -1076,39 +1076,24 @@ fn excluded_cidrs_are_never_planned() {
         ..Config::default()
     };
     let desired = plan(&st, &node(&["100.101.102.103", "192.168.0.7"]), &config);
+    // kube-proxy programs every Service; --ipvs-exclude-cidrs only keeps its cleanup away
+    // from IPVS services it did not create there.
     assert_eq!(
         keys(&desired),
         [
+            vs("10.20.30.41", 80, Protocol::Tcp),
             vs("50.60.70.81", 80, Protocol::Tcp),
-            vs("100.101.102.103", 3001, Protocol::Tcp)
+            vs("10.20.99.1", 80, Protocol::Tcp),
+            vs("100.101.102.103", 3001, Protocol::Tcp),
+            vs("192.168.0.7", 3001, Protocol::Tcp),
         ]
         .into()
     );
-    assert!(
-        desired
-            .bound_addresses()
-            .iter()
-            .all(|a| !config.is_excluded(*a))
-    );
-
-    // A Service entirely inside the excluded range owns nothing.
-    let st = state(
-        vec![svc("all", &["10.20.30.43"], vec![tcp_port("", 80, None)])],
-        vec![],
-    );
-    assert!(plan(&st, &node(&[]), &config).services.is_empty());
     assert_eq!(
-        plan_service_port(
-            &st,
-            &port_name("all", "", Protocol::Tcp),
-            &node(&[]),
-            &config
-        ),
-        None
+        desired.bound_addresses(),
+        [ip("10.20.30.41"), ip("50.60.70.81"), ip("10.20.99.1")].into()
     );
 }
-
-// ---------------------------------------------------------------- incremental == full
 
 #[test]
 fn incremental_plans_match_the_full_plan_after_every_change() {

@@ -302,9 +302,24 @@ fn reconciler_leaves_foreign_virtual_servers_alone_and_removes_its_stale_ones() 
         exclude_cidrs: vec!["10.250.0.0/16".parse().unwrap()],
         ..ReconcilerConfig::default()
     };
-    let report = netns.block_on(|| async {
+    // A Service whose ClusterIP lies in the excluded range is still programmed.
+    let mut with_excluded = cluster();
+    with_excluded.services.insert(
+        name("in-excluded-range", Protocol::Tcp),
+        plan(vec![(
+            key("10.250.0.5", 80, Protocol::Tcp),
+            server(VirtualServerRole::ClusterIp, &[("10.244.1.9", 80)]),
+        )]),
+    );
+    let (report, with_excluded_rules, bound, cleanup) = netns.block_on(|| async {
         let mut rec = kernel_reconciler(&netns, config).await;
-        rec.full_sync(&cluster()).await.unwrap()
+        let report = rec.full_sync(&with_excluded).await.unwrap();
+        let rules = ipvs_rules(&netns);
+        let bound = link_addresses(&netns);
+        // The same rule decides what a cleanup removes: what it planned, in the excluded
+        // range too, and nothing foreign.
+        let cleanup = rec.remove_owned().await;
+        (report, rules, bound, cleanup)
     });
     assert_eq!(report.failed, 0, "{report:?}");
     let mut expected = cluster_rules();
@@ -315,10 +330,25 @@ fn reconciler_leaves_foreign_virtual_servers_alone_and_removes_its_stale_ones() 
     ] {
         expected.insert(rule.to_owned());
     }
-    assert_eq!(ipvs_rules(&netns), expected);
+    let mut expected_with_excluded = expected.clone();
+    expected_with_excluded.insert("-A -t 10.250.0.5:80 -s rr".to_owned());
+    expected_with_excluded.insert("-a -t 10.250.0.5:80 -r 10.244.1.9:80 -m -w 1".to_owned());
+    assert_eq!(with_excluded_rules, expected_with_excluded);
     let mut addresses = cluster_addresses();
     addresses.insert("10.250.0.1/32".to_owned());
-    assert_eq!(link_addresses(&netns), addresses);
+    addresses.insert("10.250.0.5/32".to_owned());
+    assert_eq!(bound, addresses);
+    assert!(cleanup.errors.is_empty(), "{:?}", cleanup.errors);
+    assert!(cleanup.link_deleted);
+    let left: BTreeSet<String> = [
+        "-A -t 192.168.77.7:80 -s wlc",
+        "-a -t 192.168.77.7:80 -r 10.244.1.2:80 -m -w 5",
+        "-A -t 10.250.0.1:80 -s rr",
+    ]
+    .into_iter()
+    .map(str::to_owned)
+    .collect();
+    assert_eq!(ipvs_rules(&netns), left, "only foreign services are left");
 }
 
 /// Node netns with a pod netns (server) and a client netns, each on its own routed veth.

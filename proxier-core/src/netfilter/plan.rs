@@ -176,7 +176,7 @@ pub fn plan(state: &ClusterState, node: &NodeContext, config: &Config) -> Netfil
     for service in state.services() {
         for family in AddressFamily::ALL {
             if let Some(family_plan) = out.family_mut(family) {
-                plan_service(state, service, node, config, family_plan);
+                plan_service(state, service, node, family_plan);
             }
         }
     }
@@ -212,7 +212,7 @@ pub fn plan_of_service(
     let mut out = empty_plan(config);
     for family in AddressFamily::ALL {
         if let Some(family_plan) = out.family_mut(family) {
-            plan_service(state, service, node, config, family_plan);
+            plan_service(state, service, node, family_plan);
         }
     }
     out
@@ -235,27 +235,20 @@ fn cluster_ip_masquerade(config: &Config, family: AddressFamily) -> ClusterIpMas
     }
 }
 
-fn plan_service(
-    state: &ClusterState,
-    service: &Service,
-    node: &NodeContext,
-    config: &Config,
-    out: &mut FamilyPlan,
-) {
+fn plan_service(state: &ClusterState, service: &Service, node: &NodeContext, out: &mut FamilyPlan) {
     let family = out.family;
     // As the IPVS planner: a family is served only when the Service has a ClusterIP in it.
     let Some(cluster_ip) = service.cluster_ip(family) else {
         return;
     };
     let in_family = |ip: &IpAddr| AddressFamily::of(*ip) == family;
-    let usable = |ip: &IpAddr| in_family(ip) && !config.is_excluded(*ip);
     let external_ips: Vec<IpAddr> = service
         .external_ips
         .iter()
         .copied()
-        .filter(usable)
+        .filter(in_family)
         .collect();
-    let lb_ips: Vec<IpAddr> = service.load_balancer_vips().filter(usable).collect();
+    let lb_ips: Vec<IpAddr> = service.load_balancer_vips().filter(in_family).collect();
     let external_local = service.external_traffic_policy == TrafficPolicy::Local;
     let ranges = source_ranges_of(service, family);
     let node_allowed_by_ranges = ranges.as_ref().is_some_and(|ranges| {
@@ -265,10 +258,7 @@ fn plan_service(
             .any(|ip| ranges.iter().any(|net| net.contains(ip)))
     });
 
-    let cluster_ip_usable = !config.is_excluded(cluster_ip);
-    if cluster_ip_usable {
-        out.bound_ips.insert(cluster_ip);
-    }
+    out.bound_ips.insert(cluster_ip);
     for ip in &external_ips {
         if !node.owns(*ip) {
             out.bound_ips.insert(*ip);
@@ -289,10 +279,8 @@ fn plan_service(
             protocol: port.protocol,
             port: number,
         };
-        if cluster_ip_usable {
-            out.cluster_ips.insert(at(cluster_ip, port.port));
-            out.service_ports.insert(at(cluster_ip, port.port));
-        }
+        out.cluster_ips.insert(at(cluster_ip, port.port));
+        out.service_ports.insert(at(cluster_ip, port.port));
         for ip in &external_ips {
             let entry = at(*ip, port.port);
             out.service_ports.insert(entry);

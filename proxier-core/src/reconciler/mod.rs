@@ -452,7 +452,7 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
         self.rejections.clear();
         for rejection in plan.rejected {
             let key = match &rejection {
-                Rejection::Conflict { key, .. } | Rejection::Excluded { key, .. } => *key,
+                Rejection::Conflict { key, .. } => *key,
             };
             self.rejections.entry(key).or_default().push(rejection);
         }
@@ -677,7 +677,7 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
                 let set = self.claimants.entry(*key).or_default();
                 let wins = set.is_empty();
                 set.insert(service.clone());
-                if wins && diff::binds_address(plan, key, vs) && !self.is_excluded(key.address) {
+                if wins && diff::binds_address(plan, key, vs) {
                     self.binders.entry(key.address).or_default().insert(*key);
                 }
             }
@@ -765,14 +765,6 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
                 .get(key)
                 .map(|set| set.iter().cloned().collect())
                 .unwrap_or_default();
-            if self.is_excluded(key.address) {
-                let rejected = claimants
-                    .into_iter()
-                    .map(|service| Rejection::Excluded { service, key: *key })
-                    .collect();
-                self.rejections.insert(*key, rejected);
-                continue;
-            }
             if let Some((winner, losers)) = claimants.split_first()
                 && !losers.is_empty()
             {
@@ -809,9 +801,6 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
         let mut bind = Vec::new();
         let mut unbind = Vec::new();
         for address in addresses {
-            if self.is_excluded(address) {
-                continue;
-            }
             let needed = self
                 .binders
                 .get(&address)
@@ -822,7 +811,7 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
             let bound = self.kernel.bound_addresses.contains(&address);
             if needed && !bound {
                 bind.push(address);
-            } else if !needed && bound {
+            } else if !needed && bound && !self.is_excluded(address) {
                 unbind.push(address);
             }
         }

@@ -320,7 +320,7 @@ async fn foreign_and_excluded_virtual_servers_are_left_alone_stale_owned_ones_go
 }
 
 #[tokio::test]
-async fn excluded_plans_and_conflicts_are_reported_not_applied() {
+async fn conflicts_are_reported_not_applied_and_excluded_plans_are_programmed() {
     let shared = vkey("10.96.0.10", 80, Protocol::Tcp);
     let want = desired(vec![
         (
@@ -362,17 +362,16 @@ async fn excluded_plans_and_conflicts_are_reported_not_applied() {
     let table = ipvs.table();
     assert_eq!(table[&shared], observed_rr(&[("10.1.0.2", 80, 1)]));
     assert!(table.contains_key(&vkey("10.96.0.11", 80, Protocol::Tcp)));
-    assert!(!table.contains_key(&vkey("10.200.0.1", 80, Protocol::Tcp)));
-    assert!(!addresses.addresses().contains(&ip("10.200.0.1")));
+    // A Service in an excluded range is still programmed (kube-proxy's meaning of
+    // --ipvs-exclude-cidrs: only foreign IPVS services there are protected).
+    assert!(table.contains_key(&vkey("10.200.0.1", 80, Protocol::Tcp)));
+    assert!(addresses.addresses().contains(&ip("10.200.0.1")));
     let errors = &rec.stats().last_errors;
     assert!(matches!(
         &errors[&spn("b-second", Protocol::Tcp)],
         ServiceSyncError::Rejected(Rejection::Conflict { winner, .. }) if *winner == spn("a-first", Protocol::Tcp)
     ));
-    assert!(matches!(
-        &errors[&spn("c-excluded", Protocol::Tcp)],
-        ServiceSyncError::Rejected(Rejection::Excluded { .. })
-    ));
+    assert!(!errors.contains_key(&spn("c-excluded", Protocol::Tcp)));
     assert!(!errors.contains_key(&spn("a-first", Protocol::Tcp)));
 
     // The winner goes away: the other claimant takes the virtual server over, incrementally.

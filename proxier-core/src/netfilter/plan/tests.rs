@@ -321,7 +321,7 @@ fn health_check_node_port_is_listed() {
 }
 
 #[test]
-fn excluded_addresses_are_left_out_everywhere() {
+fn excluded_addresses_are_planned_like_any_other() {
     let mut svc = web();
     svc.external_ips = vec![ip("203.0.113.5")];
     let config = Config {
@@ -330,10 +330,14 @@ fn excluded_addresses_are_left_out_everywhere() {
     };
     let p = plan(&state_of(vec![svc], vec![]), &node(), &config);
     let p = v4(&p);
-    assert!(p.cluster_ips.is_empty());
-    assert!(p.external_ips.is_empty());
-    assert!(p.bound_ips.is_empty());
-    assert!(p.service_ports.is_empty());
+    assert!(p.bound_ips.contains(&ip("10.96.0.10")));
+    assert!(p.bound_ips.contains(&ip("203.0.113.5")));
+    assert_eq!(p.external_ips.len(), 1);
+    assert!(
+        p.service_ports
+            .iter()
+            .any(|e| e.address == ip("203.0.113.5"))
+    );
 }
 
 #[test]
