@@ -206,6 +206,10 @@ pub async fn run(settings: Settings) -> Result<(), DaemonError> {
         let observer = DryRunObserver::new(observer, std::io::stdout());
         drive(&settings, proxier, observer, health, pending, shutdown_rx).await
     } else {
+        let config = ProxierConfig {
+            node_addresses_from_kernel: true,
+            ..config
+        };
         let proxier = KernelProxier::open(config, &settings.dummy_interface).await?;
         let mut observer = observer;
         if !once {
@@ -282,6 +286,9 @@ where
     }
 
     let (handle, commands) = ProxierHandle::new();
+    if proxier.config().node_addresses_from_kernel {
+        crate::address_monitor::spawn(handle.clone());
+    }
     if let Some((events, _task)) = rest {
         tokio::spawn(pump_events(events, handle.clone(), health, pending));
     }

@@ -3,7 +3,7 @@
 //! `metrics-exporter-prometheus` and served on `--metrics-bind-address` at `/metrics`.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use http::{Method, StatusCode};
@@ -26,6 +26,14 @@ pub const SYNC_PARTIAL_PROXY_RULES_DURATION: &str =
 /// Wall-clock time of the last successful sync.
 pub const SYNC_PROXY_RULES_LAST_TIMESTAMP: &str =
     "kubeproxy_sync_proxy_rules_last_timestamp_seconds";
+/// Wall-clock time a sync was last queued (a change arrived). Much later than
+/// [`SYNC_PROXY_RULES_LAST_TIMESTAMP`] for long means syncing is stuck.
+pub const SYNC_PROXY_RULES_LAST_QUEUED_TIMESTAMP: &str =
+    "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds";
+/// Sync durations in microseconds: kube-proxy's histogram before 1.14 (removed there since),
+/// still read by netdata's `k8s_kubeproxy` collector.
+pub const SYNC_PROXY_RULES_LATENCY_MICROSECONDS: &str =
+    "kubeproxy_sync_proxy_rules_latency_microseconds";
 /// Time from an endpoint change in the cluster to its programming here.
 pub const NETWORK_PROGRAMMING_DURATION: &str = "kubeproxy_network_programming_duration_seconds";
 /// EndpointSlice changes not yet synced.
@@ -59,17 +67,46 @@ pub const WATCH_ERRORS_TOTAL: &str = "ipvs_proxier_watch_errors_total";
 /// Reads of the source file refused whole (malformed document, unreadable file).
 pub const SOURCE_FILE_REJECTED_TOTAL: &str = "ipvs_proxier_source_file_rejected_total";
 
+/// API requests by status code (`<error>` when no answer came), method and host (client-go's
+/// `rest_client_requests_total`).
+pub const REST_CLIENT_REQUESTS_TOTAL: &str = "rest_client_requests_total";
+/// API request latency (until the response headers) by verb, host and URL path.
+pub const REST_CLIENT_REQUEST_DURATION: &str = "rest_client_request_duration_seconds";
+/// API request body sizes by verb and host.
+pub const REST_CLIENT_REQUEST_SIZE: &str = "rest_client_request_size_bytes";
+/// API response body sizes (when the response states them) by verb and host.
+pub const REST_CLIENT_RESPONSE_SIZE: &str = "rest_client_response_size_bytes";
+
 /// kube-proxy's buckets for sync durations: 1 ms doubling 15 times (~16 s).
 fn sync_duration_buckets() -> Vec<f64> {
     (0..15).map(|i| 0.001 * f64::powi(2.0, i)).collect()
 }
 
-/// Buckets for network programming latency, 0.25 s to 5 min.
+/// The same boundaries in microseconds (the deprecated histogram).
+fn sync_duration_microsecond_buckets() -> Vec<f64> {
+    (0..15).map(|i| 1000.0 * f64::powi(2.0, i)).collect()
+}
+
+/// kube-proxy's buckets for network programming latency: 0, 0.25 s, 0.5 s, every second to
+/// 59 s, every 5 s to 115 s, every 30 s to 5 min.
 fn network_programming_buckets() -> Vec<f64> {
+    let mut buckets = vec![0.0, 0.25, 0.5];
+    buckets.extend((1..=59).map(f64::from));
+    buckets.extend((0..12).map(|i| 60.0 + 5.0 * f64::from(i)));
+    buckets.extend((0..7).map(|i| 120.0 + 30.0 * f64::from(i)));
+    buckets
+}
+
+/// client-go's (component-base) buckets for `rest_client_request_duration_seconds`.
+fn rest_client_duration_buckets() -> Vec<f64> {
     vec![
-        0.25, 0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0,
-        120.0, 180.0, 240.0, 300.0,
+        0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0,
     ]
+}
+
+/// client-go's buckets for request and response sizes: 64 bytes times 4, 8 times (~4 MiB).
+fn rest_client_size_buckets() -> Vec<f64> {
+    (0..8).map(|i| 64.0 * f64::powi(4.0, i)).collect()
 }
 
 /// The recorder with this crate's histogram buckets (tests build their own local one).
@@ -81,8 +118,32 @@ pub fn build_recorder() -> PrometheusRecorder {
         )
         .and_then(|b| {
             b.set_buckets_for_metric(
+                Matcher::Full(SYNC_PROXY_RULES_LATENCY_MICROSECONDS.to_owned()),
+                &sync_duration_microsecond_buckets(),
+            )
+        })
+        .and_then(|b| {
+            b.set_buckets_for_metric(
                 Matcher::Full(NETWORK_PROGRAMMING_DURATION.to_owned()),
                 &network_programming_buckets(),
+            )
+        })
+        .and_then(|b| {
+            b.set_buckets_for_metric(
+                Matcher::Full(REST_CLIENT_REQUEST_DURATION.to_owned()),
+                &rest_client_duration_buckets(),
+            )
+        })
+        .and_then(|b| {
+            b.set_buckets_for_metric(
+                Matcher::Full(REST_CLIENT_REQUEST_SIZE.to_owned()),
+                &rest_client_size_buckets(),
+            )
+        })
+        .and_then(|b| {
+            b.set_buckets_for_metric(
+                Matcher::Full(REST_CLIENT_RESPONSE_SIZE.to_owned()),
+                &rest_client_size_buckets(),
             )
         });
     match with_buckets {
@@ -104,7 +165,20 @@ pub fn install() -> Result<PrometheusHandle, metrics::SetRecorderError<Prometheu
     Ok(handle)
 }
 
-/// Describes every metric and sets gauges and counters to 0.
+/// The process metrics (`process_*`), read from `/proc` on every scrape.
+fn process_collector() -> &'static metrics_process::Collector {
+    static COLLECTOR: OnceLock<metrics_process::Collector> = OnceLock::new();
+    COLLECTOR.get_or_init(metrics_process::Collector::default)
+}
+
+/// Refreshes the process metrics (CPU, memory, file descriptors, start time).
+pub fn collect_process_metrics() {
+    process_collector().collect();
+}
+
+/// Describes every metric, sets unlabeled gauges and counters to 0 and creates the unlabeled
+/// histograms, so that each is exported (with zero counts) from the first scrape, as kube-proxy's
+/// are.
 pub fn register() {
     describe_histogram!(
         SYNC_PROXY_RULES_DURATION,
@@ -125,6 +199,16 @@ pub fn register() {
         SYNC_PROXY_RULES_LAST_TIMESTAMP,
         Unit::Seconds,
         "The last time proxy rules were successfully synced"
+    );
+    describe_gauge!(
+        SYNC_PROXY_RULES_LAST_QUEUED_TIMESTAMP,
+        Unit::Seconds,
+        "The last time a sync of proxy rules was queued"
+    );
+    describe_histogram!(
+        SYNC_PROXY_RULES_LATENCY_MICROSECONDS,
+        Unit::Microseconds,
+        "(Deprecated) SyncProxyRules latency in microseconds"
     );
     describe_histogram!(
         NETWORK_PROGRAMMING_DURATION,
@@ -180,6 +264,41 @@ pub fn register() {
         "Reads of the source file refused whole (the last good state stayed in force)"
     );
     counter!(SOURCE_FILE_REJECTED_TOTAL).absolute(0);
+    describe_counter!(
+        REST_CLIENT_REQUESTS_TOTAL,
+        "Number of HTTP requests, partitioned by status code, method, and host."
+    );
+    describe_histogram!(
+        REST_CLIENT_REQUEST_DURATION,
+        Unit::Seconds,
+        "Request latency in seconds. Broken down by verb, host and URL path."
+    );
+    describe_histogram!(
+        REST_CLIENT_REQUEST_SIZE,
+        Unit::Bytes,
+        "Request size in bytes. Broken down by verb and host."
+    );
+    describe_histogram!(
+        REST_CLIENT_RESPONSE_SIZE,
+        Unit::Bytes,
+        "Response size in bytes. Broken down by verb and host."
+    );
+    process_collector().describe();
+    collect_process_metrics();
+
+    // Unlabeled histograms exist from the start: registering one makes the exporter render its
+    // buckets, sum and count with zeros until the first observation.
+    for name in [
+        SYNC_PROXY_RULES_DURATION,
+        SYNC_FULL_PROXY_RULES_DURATION,
+        SYNC_PARTIAL_PROXY_RULES_DURATION,
+        SYNC_PROXY_RULES_LATENCY_MICROSECONDS,
+        NETWORK_PROGRAMMING_DURATION,
+    ] {
+        let _ = histogram!(name);
+    }
+    gauge!(SYNC_PROXY_RULES_LAST_TIMESTAMP).set(0.0);
+    gauge!(SYNC_PROXY_RULES_LAST_QUEUED_TIMESTAMP).set(0.0);
 
     gauge!(ENDPOINT_CHANGES_PENDING).set(0.0);
     counter!(ENDPOINT_CHANGES_TOTAL).absolute(0);
@@ -208,16 +327,75 @@ pub enum SyncScope {
 pub fn record_sync(scope: SyncScope, took: Duration, succeeded: bool, finished_at: SystemTime) {
     let secs = took.as_secs_f64();
     histogram!(SYNC_PROXY_RULES_DURATION).record(secs);
+    histogram!(SYNC_PROXY_RULES_LATENCY_MICROSECONDS).record(secs * 1e6);
     match scope {
         SyncScope::Full => histogram!(SYNC_FULL_PROXY_RULES_DURATION).record(secs),
         SyncScope::Partial => histogram!(SYNC_PARTIAL_PROXY_RULES_DURATION).record(secs),
     }
     if succeeded {
-        let ts = finished_at
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map(|d| d.as_secs_f64())
-            .unwrap_or(0.0);
+        let ts = unix_seconds(finished_at);
         gauge!(SYNC_PROXY_RULES_LAST_TIMESTAMP).set(ts);
+    }
+}
+
+fn unix_seconds(at: SystemTime) -> f64 {
+    at.duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+/// Records that a sync was queued (a change arrived) at `at`.
+pub fn record_sync_queued(at: SystemTime) {
+    gauge!(SYNC_PROXY_RULES_LAST_QUEUED_TIMESTAMP).set(unix_seconds(at));
+}
+
+/// One request the API client made, as the `rest_client_*` metrics see it.
+#[derive(Debug, Clone)]
+pub struct ApiRequest<'a> {
+    /// The HTTP method (client-go's `method` and `verb`), e.g. `GET`.
+    pub method: &'a str,
+    /// The API server's `host:port`.
+    pub host: &'a str,
+    /// The URL path, without the query string.
+    pub path: &'a str,
+    /// The response status, or `None` when no response came (connection refused, timeout, ...).
+    pub status: Option<u16>,
+    /// Time until the response headers (or the failure).
+    pub took: Duration,
+    /// Request body size, when known.
+    pub request_size: Option<u64>,
+    /// Response body size, when the response states it.
+    pub response_size: Option<u64>,
+}
+
+/// Records one API request in the `rest_client_*` metrics. A request without an answer counts
+/// with code `<error>`, as client-go does.
+pub fn record_api_request(request: &ApiRequest<'_>) {
+    let code = request
+        .status
+        .map_or_else(|| "<error>".to_owned(), |s| s.to_string());
+    let method = request.method.to_owned();
+    let host = request.host.to_owned();
+    counter!(
+        REST_CLIENT_REQUESTS_TOTAL,
+        "code" => code,
+        "host" => host.clone(),
+        "method" => method.clone()
+    )
+    .increment(1);
+    histogram!(
+        REST_CLIENT_REQUEST_DURATION,
+        "verb" => method.clone(),
+        "host" => host.clone(),
+        "url" => request.path.to_owned()
+    )
+    .record(request.took.as_secs_f64());
+    if let Some(size) = request.request_size {
+        histogram!(REST_CLIENT_REQUEST_SIZE, "verb" => method.clone(), "host" => host.clone())
+            .record(size as f64);
+    }
+    if let Some(size) = request.response_size {
+        histogram!(REST_CLIENT_RESPONSE_SIZE, "verb" => method, "host" => host).record(size as f64);
     }
 }
 
@@ -315,7 +493,8 @@ pub fn record_health_answer(livez: bool, status: u16) {
     counter!(name, "code" => status.to_string()).increment(1);
 }
 
-/// Serves `/metrics` from `handle` on `addr`. Also runs the recorder's upkeep periodically.
+/// Serves `/metrics` from `handle` on `addr`, refreshing the process metrics on each scrape.
+/// Also runs the recorder's upkeep periodically.
 pub async fn serve(addr: SocketAddr, handle: PrometheusHandle) -> Result<HttpServer, BindError> {
     let upkeep = handle.clone();
     tokio::spawn(async move {
@@ -336,6 +515,7 @@ pub async fn serve(addr: SocketAddr, handle: PrometheusHandle) -> Result<HttpSer
                 "method not allowed\n",
             );
         }
+        collect_process_metrics();
         response(
             StatusCode::OK,
             "text/plain; version=0.0.4; charset=utf-8",
@@ -385,6 +565,79 @@ mod tests {
             ),
             "{text}"
         );
+    }
+
+    #[test]
+    fn histograms_and_process_metrics_are_exported_before_any_observation() {
+        let (text, _) = render_with(register);
+        for expected in [
+            "# TYPE kubeproxy_network_programming_duration_seconds histogram",
+            "kubeproxy_network_programming_duration_seconds_bucket{le=\"0.25\"} 0",
+            "kubeproxy_network_programming_duration_seconds_bucket{le=\"+Inf\"} 0",
+            "kubeproxy_network_programming_duration_seconds_sum 0",
+            "kubeproxy_network_programming_duration_seconds_count 0",
+            "kubeproxy_sync_proxy_rules_duration_seconds_count 0",
+            "kubeproxy_sync_full_proxy_rules_duration_seconds_count 0",
+            "kubeproxy_sync_partial_proxy_rules_duration_seconds_count 0",
+            "kubeproxy_sync_proxy_rules_latency_microseconds_bucket{le=\"1000\"} 0",
+            "kubeproxy_sync_proxy_rules_last_timestamp_seconds 0",
+            "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds 0",
+            "process_resident_memory_bytes ",
+            "process_cpu_seconds_total ",
+            "process_open_fds ",
+            "process_max_fds ",
+            "process_start_time_seconds ",
+            "process_virtual_memory_bytes ",
+        ] {
+            assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
+        }
+    }
+
+    #[test]
+    fn network_programming_buckets_are_kube_proxy_s() {
+        let b = network_programming_buckets();
+        assert_eq!(b.len(), 3 + 59 + 12 + 7);
+        assert_eq!(&b[..4], &[0.0, 0.25, 0.5, 1.0]);
+        assert!(b.contains(&59.0) && b.contains(&115.0) && b.contains(&150.0));
+        assert_eq!(b.last(), Some(&300.0));
+        assert!(b.windows(2).all(|w| w[0] < w[1]));
+    }
+
+    #[test]
+    fn queued_timestamp_and_api_requests_are_recorded() {
+        let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_100);
+        let (text, _) = render_with(|| {
+            record_sync_queued(t);
+            record_api_request(&ApiRequest {
+                method: "GET",
+                host: "10.0.0.1:6443",
+                path: "/api/v1/services",
+                status: Some(200),
+                took: Duration::from_millis(30),
+                request_size: Some(0),
+                response_size: Some(2000),
+            });
+            record_api_request(&ApiRequest {
+                method: "GET",
+                host: "10.0.0.1:6443",
+                path: "/api/v1/services",
+                status: None,
+                took: Duration::from_millis(1),
+                request_size: None,
+                response_size: None,
+            });
+        });
+        for expected in [
+            "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds 1700000100",
+            "rest_client_requests_total{code=\"200\",host=\"10.0.0.1:6443\",method=\"GET\"} 1",
+            "rest_client_requests_total{code=\"<error>\",host=\"10.0.0.1:6443\",method=\"GET\"} 1",
+            "rest_client_request_duration_seconds_bucket{verb=\"GET\",host=\"10.0.0.1:6443\",url=\"/api/v1/services\",le=\"0.005\"} 1",
+            "rest_client_request_duration_seconds_bucket{verb=\"GET\",host=\"10.0.0.1:6443\",url=\"/api/v1/services\",le=\"0.1\"} 2",
+            "rest_client_request_size_bytes_bucket{verb=\"GET\",host=\"10.0.0.1:6443\",le=\"64\"} 1",
+            "rest_client_response_size_bytes_bucket{verb=\"GET\",host=\"10.0.0.1:6443\",le=\"4096\"} 1",
+        ] {
+            assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
+        }
     }
 
     #[test]

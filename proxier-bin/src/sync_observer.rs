@@ -98,6 +98,7 @@ where
     C: ConntrackBackend + Send + 'static,
 {
     fn queued(&mut self) {
+        metrics::record_sync_queued(SystemTime::now());
         self.health.queued_update(SystemTime::now());
     }
 

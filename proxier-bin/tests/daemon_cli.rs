@@ -180,7 +180,11 @@ fn dry_run_daemon_serves_follows_the_file_and_stops_on_sigterm() {
     assert_eq!(http_get(health, "/livez").0, 200);
 
     // One Service less in the file: a new sync with 8 (the file has 11, headless and ExternalName ones are not proxied).
-    let smaller = CLUSTER.replacen("  name: cart\n  namespace: shop\n", "  name: cart\n  namespace: shop\n  labels:\n    service.kubernetes.io/service-proxy-name: other\n", 1);
+    let smaller = CLUSTER.replacen(
+        "  labels:\n    app: cart\n  name: cart\n",
+        "  labels:\n    app: cart\n    service.kubernetes.io/service-proxy-name: other\n  name: cart\n",
+        1,
+    );
     assert_ne!(smaller, CLUSTER);
     std::fs::write(&path, smaller).expect("rewrite source");
     let second = wait_line(&daemon.stdout_lines, "sync after change", |l| {

@@ -97,7 +97,11 @@ pub async fn client(
                 .map_err(|e| KubeSourceError::Infer(e.to_string()))?,
         },
     };
-    kube::Client::try_from(config).map_err(|e| KubeSourceError::Client(e.to_string()))
+    // The API-client metrics (`rest_client_*`) wrap the default stack.
+    let metrics = crate::api_metrics::ApiMetricsLayer::for_server(&config.cluster_url);
+    let builder = kube::client::ClientBuilder::try_from(config)
+        .map_err(|e| KubeSourceError::Client(e.to_string()))?;
+    Ok(builder.with_layer(&metrics).build())
 }
 
 /// A change an [`ObjectStore`] reports.

@@ -1,0 +1,333 @@
+//! Drop-in observability: a freshly started `ipvs-proxier` (dry run) is scraped once after its
+//! first sync, and every metric that the usual kube-proxy consumers query must be there, with
+//! the labels they group by. The names are written down from the consumers' published queries:
+//!
+//! - kubernetes-mixin, "Kubernetes / Proxy" dashboard (`dashboards/proxy.libsonnet` of
+//!   kubernetes-monitoring/kubernetes-mixin);
+//! - metricbeat's `kubernetes/proxy` metricset (the `mapping` in
+//!   `metricbeat/module/kubernetes/proxy/proxy.go` of elastic/beats);
+//! - netdata's `k8s_kubeproxy` collector (`collect.go` of the go.d module, in netdata/netdata
+//!   `src/go/plugin/go.d/modules/k8s_kubeproxy/`).
+//!
+//! The `rest_client_*` families only exist once the API client made a request (as with
+//! client-go), so they are checked in the run against the API server double.
+
+mod support;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use serde_json::json;
+use support::apiserver::{FakeApiServer, Kind};
+
+const BIN: &str = env!("CARGO_BIN_EXE_ipvs-proxier");
+const CLUSTER: &str = include_str!("../../examples/cluster.yaml");
+
+/// Series (sample names, i.e. with `_bucket`/`_count` for histograms) queried by the
+/// kubernetes-mixin proxy dashboard, and the labels its queries filter or group by.
+/// (It also queries `up`, which Prometheus makes, and `go_goroutines`, a Go runtime metric that
+/// a Rust program does not have.)
+const MIXIN: &[(&str, &[&str])] = &[
+    // "Rules Sync Rate": sum(rate(..._count[5m]))
+    ("kubeproxy_sync_proxy_rules_duration_seconds_count", &[]),
+    // "Rule Sync Latency 99th Quantile": histogram_quantile(0.99, rate(..._bucket[5m]))
+    (
+        "kubeproxy_sync_proxy_rules_duration_seconds_bucket",
+        &["le"],
+    ),
+    // "Network Programming Rate"
+    ("kubeproxy_network_programming_duration_seconds_count", &[]),
+    // "Network Programming Latency 99th Quantile" and the `instance` template variable
+    // (label_values(kubeproxy_network_programming_duration_seconds_bucket, instance)).
+    (
+        "kubeproxy_network_programming_duration_seconds_bucket",
+        &["le"],
+    ),
+    // "Kube API Request Rate": code=~"2..", "3..", ...
+    ("rest_client_requests_total", &["code"]),
+    // "Post/Get Request Latency 99th Quantile": by (verb, url, le)
+    (
+        "rest_client_request_duration_seconds_bucket",
+        &["verb", "url", "le"],
+    ),
+    // "Memory"
+    ("process_resident_memory_bytes", &[]),
+    // "CPU usage": rate(...[5m])
+    ("process_cpu_seconds_total", &[]),
+];
+
+/// Families metricbeat's `kubernetes/proxy` metricset maps, and the labels it keys events by.
+const METRICBEAT: &[(&str, &[&str])] = &[
+    ("process_cpu_seconds_total", &[]),
+    ("process_resident_memory_bytes", &[]),
+    ("process_virtual_memory_bytes", &[]),
+    ("process_open_fds", &[]),
+    ("process_start_time_seconds", &[]),
+    ("process_max_fds", &[]),
+    ("rest_client_requests_total", &["code", "host", "method"]),
+    (
+        "rest_client_request_duration_seconds_bucket",
+        &["verb", "host", "le"],
+    ),
+    (
+        "rest_client_request_size_bytes_bucket",
+        &["verb", "host", "le"],
+    ),
+    (
+        "rest_client_response_size_bytes_bucket",
+        &["verb", "host", "le"],
+    ),
+    (
+        "kubeproxy_sync_proxy_rules_duration_seconds_bucket",
+        &["le"],
+    ),
+    (
+        "kubeproxy_network_programming_duration_seconds_bucket",
+        &["le"],
+    ),
+];
+
+/// Series netdata's `k8s_kubeproxy` collector reads. (It also reads
+/// `http_request_duration_microseconds`, a Go HTTP-server summary Kubernetes removed long ago;
+/// current kube-proxy does not export it either.)
+const NETDATA: &[(&str, &[&str])] = &[
+    ("kubeproxy_sync_proxy_rules_latency_microseconds_count", &[]),
+    (
+        "kubeproxy_sync_proxy_rules_latency_microseconds_bucket",
+        &["le"],
+    ),
+    ("rest_client_requests_total", &["code", "method"]),
+];
+
+/// kube-proxy's own families that a healthy, quiet node exports from the start (not queried by
+/// the three consumers, but alerts and `docs/metrics.md` use them).
+const KUBE_PROXY: &[(&str, &[&str])] = &[
+    (
+        "kubeproxy_sync_full_proxy_rules_duration_seconds_count",
+        &[],
+    ),
+    (
+        "kubeproxy_sync_partial_proxy_rules_duration_seconds_count",
+        &[],
+    ),
+    ("kubeproxy_sync_proxy_rules_last_timestamp_seconds", &[]),
+    (
+        "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
+        &[],
+    ),
+    ("kubeproxy_sync_proxy_rules_endpoint_changes_pending", &[]),
+    ("kubeproxy_sync_proxy_rules_endpoint_changes_total", &[]),
+    ("kubeproxy_sync_proxy_rules_service_changes_pending", &[]),
+    ("kubeproxy_sync_proxy_rules_service_changes_total", &[]),
+    (
+        "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
+        &["traffic_policy"],
+    ),
+];
+
+fn is_rest_client(name: &str) -> bool {
+    name.starts_with("rest_client_")
+}
+
+/// The label names of each sample line of `series` in `text`; empty when there is none.
+fn samples<'a>(text: &'a str, series: &str) -> Vec<&'a str> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| {
+            l.strip_prefix(series)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .collect()
+}
+
+fn check(text: &str, consumer: &str, list: &[(&str, &[&str])], with_rest_client: bool) {
+    for (series, labels) in list {
+        if is_rest_client(series) && !with_rest_client {
+            continue;
+        }
+        let found = samples(text, series);
+        assert!(
+            !found.is_empty(),
+            "{consumer} queries {series}; not exported:\n{text}"
+        );
+        for label in *labels {
+            assert!(
+                found
+                    .iter()
+                    .any(|l| l.contains(&format!("{{{label}=\""))
+                        || l.contains(&format!(",{label}=\""))),
+                "{consumer} uses label {label} of {series}: {found:?}"
+            );
+        }
+    }
+}
+
+struct Daemon {
+    child: Child,
+    stdout_lines: mpsc::Receiver<String>,
+    stderr_lines: mpsc::Receiver<String>,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn lines_of(stream: impl Read + Send + 'static) -> mpsc::Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stream).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+fn wait_line(rx: &mpsc::Receiver<String>, what: &str, pred: impl Fn(&str) -> bool) -> String {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) if pred(&line) => return line,
+            Ok(_) => continue,
+            Err(e) => panic!("no line for {what} within 30 s: {e}"),
+        }
+    }
+}
+
+fn start(source_args: &[String]) -> (Daemon, SocketAddr) {
+    let mut child = Command::new(BIN)
+        .args([
+            "--dry-run",
+            "--hostname-override=node-a",
+            "--healthz-bind-address=127.0.0.1:0",
+            "--metrics-bind-address=127.0.0.1:0",
+            "--log-format=json",
+        ])
+        .args(source_args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn daemon");
+    let stdout_lines = lines_of(child.stdout.take().expect("stdout"));
+    let stderr_lines = lines_of(child.stderr.take().expect("stderr"));
+    let daemon = Daemon {
+        child,
+        stdout_lines,
+        stderr_lines,
+    };
+    let line = wait_line(&daemon.stderr_lines, "metrics address", |l| {
+        l.contains("metrics server listening")
+    });
+    let v: serde_json::Value = serde_json::from_str(&line).expect("JSON log line");
+    let addr: SocketAddr = v["address"]
+        .as_str()
+        .expect("address field")
+        .parse()
+        .expect("socket address");
+    assert!(addr.ip().is_loopback());
+    (daemon, addr)
+}
+
+fn scrape(addr: SocketAddr) -> String {
+    let mut stream = TcpStream::connect(addr).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    write!(
+        stream,
+        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("send");
+    let mut text = String::new();
+    stream.read_to_string(&mut text).expect("read");
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    text.split("\r\n\r\n").nth(1).unwrap_or("").to_owned()
+}
+
+fn temp_file(tag: &str, content: &str) -> PathBuf {
+    let path = std::env::temp_dir().join(format!(
+        "ipvs-proxier-dashboards-{tag}-{}",
+        std::process::id()
+    ));
+    std::fs::write(&path, content).expect("write temp file");
+    path
+}
+
+#[test]
+fn file_source_exports_what_the_dashboards_query_from_the_first_scrape() {
+    let path = temp_file("file", CLUSTER);
+    let (daemon, metrics) = start(&[format!("--source-file={}", path.display())]);
+    wait_line(&daemon.stdout_lines, "first sync", |l| {
+        l.starts_with("dry-run")
+    });
+
+    let text = scrape(metrics);
+    check(&text, "kubernetes-mixin proxy dashboard", MIXIN, false);
+    check(&text, "metricbeat kubernetes/proxy", METRICBEAT, false);
+    check(&text, "netdata k8s_kubeproxy", NETDATA, false);
+    check(&text, "kube-proxy", KUBE_PROXY, false);
+    // Nothing reported a network programming latency yet (the file has no trigger times):
+    // the histogram is there all the same, with zeros, so the dashboard finds the instance.
+    assert!(
+        text.contains("kubeproxy_network_programming_duration_seconds_bucket{le=\"+Inf\"}"),
+        "{text}"
+    );
+    // The sync happened and was counted.
+    let count = samples(&text, "kubeproxy_sync_proxy_rules_duration_seconds_count");
+    assert!(
+        count.iter().any(|l| !l.ends_with(" 0")),
+        "first sync not counted: {count:?}"
+    );
+    drop(daemon);
+    let _ = std::fs::remove_file(path);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_source_also_exports_the_rest_client_metrics() {
+    let api = FakeApiServer::start().await;
+    api.apply(
+        Kind::Service,
+        json!({"apiVersion": "v1", "kind": "Service",
+               "metadata": {"name": "web", "namespace": "default"},
+               "spec": {"clusterIP": "10.96.0.10", "clusterIPs": ["10.96.0.10"], "type": "ClusterIP",
+                        "ports": [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080}]}}),
+    );
+    api.apply(
+        Kind::EndpointSlice,
+        json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
+               "metadata": {"name": "web-1", "namespace": "default",
+                            "labels": {"kubernetes.io/service-name": "web"}},
+               "endpoints": [{"addresses": ["10.244.0.5"], "conditions": {"ready": true}}],
+               "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]}),
+    );
+    let master = format!("--master={}", api.url());
+    let text = tokio::task::block_in_place(|| {
+        let (daemon, metrics) = start(&[master]);
+        wait_line(&daemon.stdout_lines, "first sync", |l| {
+            l.starts_with("dry-run")
+        });
+        let text = scrape(metrics);
+        drop(daemon);
+        text
+    });
+    check(&text, "kubernetes-mixin proxy dashboard", MIXIN, true);
+    check(&text, "metricbeat kubernetes/proxy", METRICBEAT, true);
+    check(&text, "netdata k8s_kubeproxy", NETDATA, true);
+    check(&text, "kube-proxy", KUBE_PROXY, true);
+    let host = api.url().trim_start_matches("http://").to_owned();
+    assert!(
+        text.contains(&format!(
+            "rest_client_requests_total{{code=\"200\",host=\"{host}\",method=\"GET\"}}"
+        )),
+        "{text}"
+    );
+}
