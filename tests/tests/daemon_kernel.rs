@@ -759,7 +759,7 @@ fn torn_source_files_keep_every_virtual_server() {
         assert_eq!(node.ipvs_lines(), expected, "a torn file removed services");
     }
     assert!(
-        node.daemon_log().contains("refused whole"),
+        node.daemon_log().contains("ends mid-line"),
         "the refusal is logged:\n{}",
         node.daemon_log()
     );
