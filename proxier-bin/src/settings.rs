@@ -361,7 +361,9 @@ pub fn resolve(
             (None, Some(text)) if !text.trim().is_empty() => {
                 parse_bind_address(field, text, default.port()).map(Some)
             }
-            _ => Ok(Some(default)),
+            // A dry run serves nothing unless asked: it must run beside a live proxier that
+            // holds the default ports.
+            _ => Ok((!dry_run).then_some(default)),
         }
     };
     let healthz_bind_address = server_address(
@@ -695,6 +697,28 @@ mod tests {
         assert!(s.dry_run);
         let s = resolve(&cli(&["--cleanup"]), None, "n").expect("valid");
         assert_eq!(s.run_mode, RunMode::Cleanup);
+    }
+
+    #[test]
+    fn a_dry_run_serves_nothing_unless_asked() {
+        let s = resolve(&cli(&["--dry-run"]), None, "n").expect("valid");
+        assert_eq!(
+            (s.metrics_bind_address, s.healthz_bind_address),
+            (None, None)
+        );
+        let s = resolve(
+            &cli(&["--dry-run", "--metrics-bind-address=127.0.0.1:9999"]),
+            None,
+            "n",
+        )
+        .expect("valid");
+        assert_eq!(
+            s.metrics_bind_address,
+            Some("127.0.0.1:9999".parse().expect("addr"))
+        );
+        assert_eq!(s.healthz_bind_address, None);
+        let s = resolve(&cli(&[]), None, "n").expect("valid");
+        assert!(s.metrics_bind_address.is_some() && s.healthz_bind_address.is_some());
     }
 
     #[test]
