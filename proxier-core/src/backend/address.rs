@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
-use futures::TryStreamExt;
+use futures::{StreamExt, TryStreamExt};
 use netlink_packet_route::address::AddressAttribute;
 use rtnetlink::{AddressMessageBuilder, Handle, LinkDummy, LinkUnspec};
 
@@ -217,23 +217,79 @@ impl AddressBackend for KernelAddressBackend {
         result
     }
 
+    async fn add_addresses(&mut self, addresses: &[IpAddr]) -> Vec<Result<(), BackendError>> {
+        if addresses.is_empty() {
+            return Vec::new();
+        }
+        let index = match self.require_index().await {
+            Ok(index) => index,
+            Err(error) => return vec![Err(error); addresses.len()],
+        };
+        let handle = self.handle.clone();
+        let results: Vec<Result<(), BackendError>> = futures::stream::iter(addresses.iter().copied())
+            .map(|address| {
+                let request = handle
+                    .address()
+                    .add(index, address, host_prefix(address))
+                    .execute();
+                async move { request.await.map_err(map_error) }
+            })
+            .buffered(PIPELINE_DEPTH)
+            .collect()
+            .await;
+        if results.iter().any(|r| *r == Err(BackendError::NotFound)) {
+            self.index = None;
+        }
+        results
+    }
+
+    async fn remove_addresses(&mut self, addresses: &[IpAddr]) -> Vec<Result<(), BackendError>> {
+        if addresses.is_empty() {
+            return Vec::new();
+        }
+        let index = match self.require_index().await {
+            Ok(index) => index,
+            Err(error) => return vec![Err(error); addresses.len()],
+        };
+        let handle = self.handle.clone();
+        futures::stream::iter(addresses.iter().copied())
+            .map(|address| {
+                let request = handle.address().del(host_address_message(index, address)).execute();
+                async move { request.await.map_err(map_error) }
+            })
+            .buffered(PIPELINE_DEPTH)
+            .collect()
+            .await
+    }
+
     async fn remove_address(&mut self, address: IpAddr) -> Result<(), BackendError> {
         let index = self.require_index().await?;
-        let message = match address {
-            IpAddr::V4(v4) => AddressMessageBuilder::<std::net::Ipv4Addr>::new()
-                .index(index)
-                .address(v4, 32)
-                .build(),
-            IpAddr::V6(v6) => AddressMessageBuilder::<std::net::Ipv6Addr>::new()
-                .index(index)
-                .address(v6, 128)
-                .build(),
-        };
         self.handle
             .address()
-            .del(message)
+            .del(host_address_message(index, address))
             .execute()
             .await
             .map_err(map_error)
+    }
+}
+
+/// Requests in flight at once on the rtnetlink socket when binding or removing many
+/// addresses (the kernel answers each in order; the socket buffer bounds the useful depth).
+const PIPELINE_DEPTH: usize = 256;
+
+/// The message naming `address` as a host address (/32 or /128) on link `index`.
+fn host_address_message(
+    index: u32,
+    address: IpAddr,
+) -> netlink_packet_route::address::AddressMessage {
+    match address {
+        IpAddr::V4(v4) => AddressMessageBuilder::<std::net::Ipv4Addr>::new()
+            .index(index)
+            .address(v4, 32)
+            .build(),
+        IpAddr::V6(v6) => AddressMessageBuilder::<std::net::Ipv6Addr>::new()
+            .index(index)
+            .address(v6, 128)
+            .build(),
     }
 }

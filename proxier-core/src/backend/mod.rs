@@ -210,6 +210,37 @@ pub trait AddressBackend: Send {
         address: IpAddr,
     ) -> impl Future<Output = Result<(), BackendError>> + Send;
 
+    /// Binds several addresses; one result per address, in order. The kernel backend sends
+    /// the requests pipelined on one socket (many in flight), not one request and ack at a
+    /// time.
+    fn add_addresses(
+        &mut self,
+        addresses: &[IpAddr],
+    ) -> impl Future<Output = Vec<Result<(), BackendError>>> + Send {
+        async move {
+            let mut results = Vec::with_capacity(addresses.len());
+            for address in addresses {
+                results.push(self.add_address(*address).await);
+            }
+            results
+        }
+    }
+
+    /// Removes several addresses; one result per address, in order (pipelined like
+    /// [`AddressBackend::add_addresses`]).
+    fn remove_addresses(
+        &mut self,
+        addresses: &[IpAddr],
+    ) -> impl Future<Output = Vec<Result<(), BackendError>>> + Send {
+        async move {
+            let mut results = Vec::with_capacity(addresses.len());
+            for address in addresses {
+                results.push(self.remove_address(*address).await);
+            }
+            results
+        }
+    }
+
     /// The node's own addresses: every address on the node's interfaces except those on the
     /// dummy link, loopback and IPv6 link-local ones (where NodePorts live; IPv4 link-local
     /// addresses are kept, as kube-proxy keeps them).

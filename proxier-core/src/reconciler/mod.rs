@@ -877,9 +877,10 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
         let mut report = ReconcileReport::default();
         let link = self.addresses.link_name().to_owned();
 
-        for address in bind {
+        let bound = self.addresses.add_addresses(&bind).await;
+        for (address, result) in bind.into_iter().zip(bound) {
             report.writes += 1;
-            let result = match self.addresses.add_address(address).await {
+            let result = match result {
                 Err(BackendError::Exists) => Ok(()),
                 other => other,
             };
@@ -957,10 +958,11 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
         }
 
         let mut cleanup_failed = false;
-        for address in unbind {
+        let unbound = self.addresses.remove_addresses(&unbind).await;
+        for (address, result) in unbind.into_iter().zip(unbound) {
             report.writes += 1;
             report.deletes += 1;
-            let result = match self.addresses.remove_address(address).await {
+            let result = match result {
                 Err(BackendError::NotFound) => Ok(()),
                 other => other,
             };
