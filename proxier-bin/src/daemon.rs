@@ -49,6 +49,9 @@ pub enum DaemonError {
     SourceEnded(&'static str),
 }
 
+/// Environment variable of the test hook [`proxier_core::ReconcilerConfig::pause_after_ops`].
+pub const PAUSE_AFTER_OPS_ENV: &str = "IPVS_PROXIER_TEST_PAUSE_AFTER_OPS";
+
 /// Resolves when SIGTERM or SIGINT arrives.
 async fn termination_signal() {
     use tokio::signal::unix::{SignalKind, signal};
@@ -142,7 +145,11 @@ async fn pump_events(
 
 /// Runs the daemon until a signal (or, with `--once`, one sync).
 pub async fn run(settings: Settings) -> Result<(), DaemonError> {
-    let config = ProxierConfig::new(settings.hostname.clone(), settings.planner_config());
+    let mut config = ProxierConfig::new(settings.hostname.clone(), settings.planner_config());
+    // Test hook (inert unless set): stop inside the first IPVS batch after N writes.
+    config.reconciler.pause_after_ops = std::env::var(PAUSE_AFTER_OPS_ENV)
+        .ok()
+        .and_then(|n| n.parse().ok());
     if settings.run_mode == RunMode::Cleanup {
         if settings.dry_run {
             return Err(DaemonError::Unsupported(

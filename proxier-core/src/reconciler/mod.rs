@@ -75,6 +75,10 @@ pub struct ReconcilerConfig {
     pub initial_backoff: Duration,
     /// Longest retry delay.
     pub max_backoff: Duration,
+    /// Test hook, `None` in production: after this many IPVS writes the reconciler stops
+    /// forever inside its batch (the part before the limit applied), so a test can kill the
+    /// process with part of the table programmed.
+    pub pause_after_ops: Option<u64>,
 }
 
 impl Default for ReconcilerConfig {
@@ -87,6 +91,7 @@ impl Default for ReconcilerConfig {
             drain_check_interval: Duration::from_secs(5),
             initial_backoff: Duration::from_secs(1),
             max_backoff: Duration::from_secs(300),
+            pause_after_ops: None,
         }
     }
 }
@@ -269,6 +274,8 @@ pub struct Reconciler<I, A> {
     /// dump that skipped one must not make it foreign), with the full-sync listings in a
     /// row that did not show them.
     retired: HashMap<VirtualServerKey, u8>,
+    /// IPVS writes sent so far (for [`ReconcilerConfig::pause_after_ops`]).
+    ops_sent: u64,
     stats: ReconcilerStats,
 }
 
@@ -292,6 +299,7 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
             rejections: BTreeMap::new(),
             suspect: HashSet::new(),
             retired: HashMap::new(),
+            ops_sent: 0,
             stats: ReconcilerStats::default(),
         }
     }
@@ -1034,6 +1042,18 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
             .into_iter()
             .map(|OwnedOp { owner, op }| (owner, op))
             .unzip();
+        if let Some(limit) = self.config.pause_after_ops
+            && self.ops_sent + ops.len() as u64 > limit
+        {
+            let allowed = usize::try_from(limit.saturating_sub(self.ops_sent)).unwrap_or(0);
+            let _ = self.ipvs.apply(&ops[..allowed.min(ops.len())]).await;
+            tracing::warn!(
+                limit,
+                "test hook: paused inside an IPVS batch after {limit} writes"
+            );
+            std::future::pending::<()>().await;
+        }
+        self.ops_sent += ops.len() as u64;
         if !ops.is_empty() {
             let mut results = self.ipvs.apply(&ops).await;
             results.resize(

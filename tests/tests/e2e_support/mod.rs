@@ -273,6 +273,11 @@ impl Topology {
 
     /// Starts the daemon in the node on the current source file.
     pub fn start_daemon(&mut self, extra: &[&str]) -> &mut Daemon {
+        self.start_daemon_with_env(extra, &[])
+    }
+
+    /// [`Topology::start_daemon`] with extra environment variables (test hooks).
+    pub fn start_daemon_with_env(&mut self, extra: &[&str], env: &[(&str, &str)]) -> &mut Daemon {
         assert!(self.source.exists(), "write_source before start_daemon");
         let log = self.source.with_extension("log");
         let file = std::fs::File::create(&log).expect("daemon log file");
@@ -295,6 +300,7 @@ impl Topology {
                 "--v=2",
             ])
             .args(extra)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(file)
             .stderr(err)
