@@ -148,9 +148,9 @@ where
             tx.send_replace(proxier.health_checks().clone());
         }
         if report.is_complete() {
-            tracing::info!(kind = ?report.kind, %report, "sync done");
+            tracing::info!(kind = ?report.kind, %report, phases = %report.timings, "sync done");
         } else {
-            tracing::warn!(kind = ?report.kind, %report, "sync finished with errors; failed service ports are retried");
+            tracing::warn!(kind = ?report.kind, %report, phases = %report.timings, "sync finished with errors; failed service ports are retried");
         }
     }
 }

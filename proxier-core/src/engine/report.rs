@@ -43,6 +43,16 @@ pub struct SyncTimings {
     pub total: Duration,
 }
 
+impl fmt::Display for SyncTimings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "plan {:?}, ipvs+addresses {:?}, nftables {:?}, conntrack {:?}, total {:?}",
+            self.plan, self.ipvs, self.netfilter, self.conntrack, self.total
+        )
+    }
+}
+
 /// What one [`super::Proxier::sync`] did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SyncReport {
