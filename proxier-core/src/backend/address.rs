@@ -226,17 +226,18 @@ impl AddressBackend for KernelAddressBackend {
             Err(error) => return vec![Err(error); addresses.len()],
         };
         let handle = self.handle.clone();
-        let results: Vec<Result<(), BackendError>> = futures::stream::iter(addresses.iter().copied())
-            .map(|address| {
-                let request = handle
-                    .address()
-                    .add(index, address, host_prefix(address))
-                    .execute();
-                async move { request.await.map_err(map_error) }
-            })
-            .buffered(PIPELINE_DEPTH)
-            .collect()
-            .await;
+        let results: Vec<Result<(), BackendError>> =
+            futures::stream::iter(addresses.iter().copied())
+                .map(|address| {
+                    let request = handle
+                        .address()
+                        .add(index, address, host_prefix(address))
+                        .execute();
+                    async move { request.await.map_err(map_error) }
+                })
+                .buffered(PIPELINE_DEPTH)
+                .collect()
+                .await;
         if results.iter().any(|r| *r == Err(BackendError::NotFound)) {
             self.index = None;
         }
@@ -254,7 +255,10 @@ impl AddressBackend for KernelAddressBackend {
         let handle = self.handle.clone();
         futures::stream::iter(addresses.iter().copied())
             .map(|address| {
-                let request = handle.address().del(host_address_message(index, address)).execute();
+                let request = handle
+                    .address()
+                    .del(host_address_message(index, address))
+                    .execute();
                 async move { request.await.map_err(map_error) }
             })
             .buffered(PIPELINE_DEPTH)
