@@ -54,6 +54,22 @@ pub struct Cli {
     #[arg(long, value_name = "CIDR,...", value_delimiter = ',')]
     pub cluster_cidr: Option<Vec<IpNet>>,
 
+    /// How traffic from local pods is recognised (traffic to a ClusterIP from anything else is
+    /// masqueraded): ClusterCIDR (sources in --cluster-cidr; the default), NodeCIDR (sources
+    /// in the Node's spec.podCIDRs), BridgeInterface (arriving on --pod-bridge-interface) or
+    /// InterfaceNamePrefix (arriving on an interface named --pod-interface-name-prefix*).
+    #[arg(long, value_name = "MODE")]
+    pub detect_local_mode: Option<String>,
+
+    /// With --detect-local-mode=BridgeInterface: the bridge the node's pods are attached to.
+    #[arg(long, value_name = "NAME")]
+    pub pod_bridge_interface: Option<String>,
+
+    /// With --detect-local-mode=InterfaceNamePrefix: the name prefix of the node's pod
+    /// interfaces (e.g. veth, cali).
+    #[arg(long, value_name = "PREFIX")]
+    pub pod_interface_name_prefix: Option<String>,
+
     /// SNAT all traffic sent via Service cluster IPs.
     #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
           default_missing_value = "true", value_parser = BoolishValueParser::new())]

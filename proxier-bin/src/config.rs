@@ -129,6 +129,22 @@ struct RawConfig {
     sync_period: Option<String>,
     #[serde(default)]
     min_sync_period: Option<String>,
+    #[serde(default)]
+    detect_local_mode: Option<String>,
+    #[serde(default)]
+    detect_local: Option<RawDetectLocal>,
+    #[serde(flatten)]
+    other: BTreeMap<String, serde_yaml::Value>,
+}
+
+/// The `detectLocal` section.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RawDetectLocal {
+    #[serde(default)]
+    bridge_interface: Option<String>,
+    #[serde(default)]
+    interface_name_prefix: Option<String>,
     #[serde(flatten)]
     other: BTreeMap<String, serde_yaml::Value>,
 }
@@ -178,6 +194,13 @@ pub struct KubeProxyConfiguration {
     pub masquerade_all: Option<bool>,
     /// `ipvs`.
     pub ipvs: IpvsFileConfig,
+    /// `detectLocalMode` (`ClusterCIDR`, `NodeCIDR`, `BridgeInterface`,
+    /// `InterfaceNamePrefix`).
+    pub detect_local_mode: Option<String>,
+    /// `detectLocal.bridgeInterface`.
+    pub detect_local_bridge_interface: Option<String>,
+    /// `detectLocal.interfaceNamePrefix`.
+    pub detect_local_interface_name_prefix: Option<String>,
     /// Dotted paths of fields present in the file that ipvs-proxier does not use.
     pub ignored_fields: Vec<String>,
 }
@@ -233,6 +256,13 @@ pub fn parse_config(text: &str, path: &Path) -> Result<KubeProxyConfiguration, C
     ignored_fields.extend(ipvs_raw.other.keys().map(|k| format!("ipvs.{k}")));
     let client = raw.client_connection.clone().unwrap_or_default();
     ignored_fields.extend(client.other.keys().map(|k| format!("clientConnection.{k}")));
+    let detect_local = raw.detect_local.clone().unwrap_or_default();
+    ignored_fields.extend(
+        detect_local
+            .other
+            .keys()
+            .map(|k| format!("detectLocal.{k}")),
+    );
 
     let top_sync = duration("syncPeriod", &raw.sync_period)?;
     let top_min_sync = duration("minSyncPeriod", &raw.min_sync_period)?;
@@ -260,6 +290,9 @@ pub fn parse_config(text: &str, path: &Path) -> Result<KubeProxyConfiguration, C
         kubeconfig: non_empty(client.kubeconfig),
         masquerade_all: raw.masquerade_all,
         ipvs,
+        detect_local_mode: non_empty(raw.detect_local_mode),
+        detect_local_bridge_interface: non_empty(detect_local.bridge_interface),
+        detect_local_interface_name_prefix: non_empty(detect_local.interface_name_prefix),
         ignored_fields,
     })
 }
@@ -365,6 +398,26 @@ nodePortAddresses:
         )
         .expect("typo tolerated");
         assert_eq!(with_typo.ignored_fields, vec!["ipvs.shceduler".to_owned()]);
+    }
+
+    #[test]
+    fn reads_detect_local_fields() {
+        let cfg = parse(
+            "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nclusterCIDR: 10.244.0.0/16\ndetectLocalMode: BridgeInterface\ndetectLocal:\n  bridgeInterface: cbr0\n  interfaceNamePrefix: \"\"\n  futureField: 1\n",
+        )
+        .expect("valid");
+        assert_eq!(cfg.detect_local_mode.as_deref(), Some("BridgeInterface"));
+        assert_eq!(cfg.detect_local_bridge_interface.as_deref(), Some("cbr0"));
+        assert_eq!(cfg.detect_local_interface_name_prefix, None);
+        assert_eq!(
+            cfg.ignored_fields,
+            vec!["detectLocal.futureField".to_owned()]
+        );
+        let empty = parse(
+            "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\ndetectLocalMode: \"\"\n",
+        )
+        .expect("valid");
+        assert_eq!(empty.detect_local_mode, None, "empty string means unset");
     }
 
     #[test]

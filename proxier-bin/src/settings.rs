@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use ipnet::IpNet;
 use ipvs_netlink::Scheduler;
+use proxier_core::model::config::{DetectLocal, InterfaceName};
 
 use crate::cli::{Cli, LogFormat};
 use crate::config::KubeProxyConfiguration;
@@ -134,6 +135,8 @@ pub struct Settings {
     pub cluster_cidrs: Vec<IpNet>,
     /// Masquerade all traffic to cluster IPs.
     pub masquerade_all: bool,
+    /// How traffic from local pods is recognised (`--detect-local-mode`).
+    pub detect_local: DetectLocal,
     /// Addresses that serve NodePorts.
     pub nodeport_addresses: NodePortAddresses,
     /// IPVS settings.
@@ -176,6 +179,7 @@ impl Settings {
             masquerade_all: self.masquerade_all,
             cluster_cidrs: self.cluster_cidrs.clone(),
             families: AddressFamily::ALL.into_iter().collect(),
+            detect_local: self.detect_local.clone(),
         }
     }
 
@@ -246,6 +250,75 @@ fn parse_nodeport_addresses(
         return Ok(NodePortAddresses::Primary);
     }
     parse_cidrs(field, &items).map(NodePortAddresses::Cidrs)
+}
+
+/// kube-proxy's `--detect-local-mode` values.
+pub const DETECT_LOCAL_MODES: [&str; 4] = [
+    "ClusterCIDR",
+    "NodeCIDR",
+    "BridgeInterface",
+    "InterfaceNamePrefix",
+];
+
+/// Resolves `--detect-local-mode` (or `detectLocalMode`) and the interface setting its mode
+/// needs; the other mode's interface setting is ignored, as kube-proxy ignores it.
+fn resolve_detect_local(
+    cli: &Cli,
+    file: &KubeProxyConfiguration,
+) -> Result<DetectLocal, SettingsError> {
+    let non_empty = |v: Option<&String>| {
+        v.map(|s| s.trim().to_owned())
+            .filter(|s: &String| !s.is_empty())
+    };
+    let (mode_field, mode) = match non_empty(cli.detect_local_mode.as_ref()) {
+        Some(mode) => ("--detect-local-mode", Some(mode)),
+        None => (
+            "detectLocalMode",
+            non_empty(file.detect_local_mode.as_ref()),
+        ),
+    };
+    let interface = |flag: &'static str,
+                     flag_value: &Option<String>,
+                     file_field: &'static str,
+                     file_value: &Option<String>,
+                     mode: &str|
+     -> Result<InterfaceName, SettingsError> {
+        let (field, value) = match non_empty(flag_value.as_ref()) {
+            Some(v) => (flag, Some(v)),
+            None => (file_field, non_empty(file_value.as_ref())),
+        };
+        let value = value.ok_or_else(|| {
+            invalid(
+                flag,
+                format!("--detect-local-mode={mode} needs {flag} (or {file_field})"),
+            )
+        })?;
+        InterfaceName::new(&value).map_err(|e| invalid(field, e.to_string()))
+    };
+    match mode.as_deref() {
+        None | Some("ClusterCIDR") => Ok(DetectLocal::ClusterCidr),
+        Some("NodeCIDR") => Ok(DetectLocal::NodeCidr),
+        Some(mode @ "BridgeInterface") => interface(
+            "--pod-bridge-interface",
+            &cli.pod_bridge_interface,
+            "detectLocal.bridgeInterface",
+            &file.detect_local_bridge_interface,
+            mode,
+        )
+        .map(DetectLocal::BridgeInterface),
+        Some(mode @ "InterfaceNamePrefix") => interface(
+            "--pod-interface-name-prefix",
+            &cli.pod_interface_name_prefix,
+            "detectLocal.interfaceNamePrefix",
+            &file.detect_local_interface_name_prefix,
+            mode,
+        )
+        .map(DetectLocal::InterfaceNamePrefix),
+        Some(other) => Err(invalid(
+            mode_field,
+            format!("{other:?} is not one of {}", DETECT_LOCAL_MODES.join(", ")),
+        )),
+    }
 }
 
 fn check_cluster_cidrs(cidrs: &[IpNet]) -> Result<(), SettingsError> {
@@ -388,6 +461,7 @@ pub fn resolve(
         (None, None) => Vec::new(),
     };
     check_cluster_cidrs(&cluster_cidrs)?;
+    let detect_local = resolve_detect_local(cli, file)?;
 
     let nodeport_addresses = match (&cli.nodeport_addresses, &file.node_port_addresses) {
         (Some(items), _) => parse_nodeport_addresses("--nodeport-addresses", items)?,
@@ -477,6 +551,7 @@ pub fn resolve(
         bind_address,
         cluster_cidrs,
         masquerade_all: cli.masquerade_all.or(file.masquerade_all).unwrap_or(false),
+        detect_local,
         nodeport_addresses,
         ipvs,
         metrics_bind_address,
@@ -547,6 +622,104 @@ mod tests {
             }
         );
         assert_eq!(s.health_timeout(), Duration::from_secs(60));
+    }
+
+    #[test]
+    fn detect_local_mode_from_flags_and_file() {
+        let iface = |s: &str| InterfaceName::new(s).expect("name");
+        let default = resolve(&cli(&["--cluster-cidr=10.244.0.0/16"]), None, "n").expect("valid");
+        assert_eq!(default.detect_local, DetectLocal::ClusterCidr);
+        assert_eq!(
+            default.planner_config().detect_local,
+            DetectLocal::ClusterCidr
+        );
+
+        let node = resolve(&cli(&["--detect-local-mode=NodeCIDR"]), None, "n").expect("valid");
+        assert_eq!(node.detect_local, DetectLocal::NodeCidr);
+
+        let bridge = resolve(
+            &cli(&[
+                "--detect-local-mode=BridgeInterface",
+                "--pod-bridge-interface=cbr0",
+            ]),
+            None,
+            "n",
+        )
+        .expect("valid");
+        assert_eq!(
+            bridge.detect_local,
+            DetectLocal::BridgeInterface(iface("cbr0"))
+        );
+        assert_eq!(
+            bridge.planner_config().detect_local,
+            DetectLocal::BridgeInterface(iface("cbr0"))
+        );
+
+        let from_file = file(
+            "detectLocalMode: InterfaceNamePrefix\ndetectLocal:\n  bridgeInterface: cbr0\n  interfaceNamePrefix: veth\n",
+        );
+        let s = resolve(&cli(&[]), Some(&from_file), "n").expect("valid");
+        assert_eq!(
+            s.detect_local,
+            DetectLocal::InterfaceNamePrefix(iface("veth"))
+        );
+        // Flags win over the file, for the mode and for its interface.
+        let s = resolve(
+            &cli(&[
+                "--detect-local-mode=BridgeInterface",
+                "--pod-bridge-interface=br0",
+            ]),
+            Some(&from_file),
+            "n",
+        )
+        .expect("valid");
+        assert_eq!(s.detect_local, DetectLocal::BridgeInterface(iface("br0")));
+        let s = resolve(
+            &cli(&["--detect-local-mode=BridgeInterface"]),
+            Some(&from_file),
+            "n",
+        )
+        .expect("valid");
+        assert_eq!(s.detect_local, DetectLocal::BridgeInterface(iface("cbr0")));
+    }
+
+    #[test]
+    fn detect_local_mode_errors_are_usage_errors() {
+        for (args, needle) in [
+            (
+                &["--detect-local-mode=PodCIDR"][..],
+                "is not one of ClusterCIDR",
+            ),
+            (
+                &["--detect-local-mode=BridgeInterface"],
+                "needs --pod-bridge-interface",
+            ),
+            (
+                &["--detect-local-mode=InterfaceNamePrefix"],
+                "needs --pod-interface-name-prefix",
+            ),
+            (
+                &[
+                    "--detect-local-mode=BridgeInterface",
+                    "--pod-bridge-interface=a-name-that-is-too-long",
+                ],
+                "not a network interface name",
+            ),
+            (
+                &[
+                    "--detect-local-mode=InterfaceNamePrefix",
+                    "--pod-interface-name-prefix=veth*",
+                ],
+                "not a network interface name",
+            ),
+        ] {
+            let err = resolve(&cli(args), None, "n").expect_err(&format!("{args:?}"));
+            assert_eq!(err.exit_code(), 2);
+            assert!(err.to_string().contains(needle), "{args:?}: {err}");
+        }
+        let err = resolve(&cli(&[]), Some(&file("detectLocalMode: nodecidr\n")), "n")
+            .expect_err("case matters, as in kube-proxy");
+        assert!(err.to_string().contains("detectLocalMode"), "{err}");
     }
 
     #[test]

@@ -535,8 +535,9 @@ pub fn convert_endpoint_slice(
 }
 
 /// Reads what the planner needs from this node's Node object: name, labels, zone, primary
-/// IPs (the first InternalIP of each family, else the first ExternalIP) and, as
-/// `local_addresses`, every InternalIP and ExternalIP it lists. A proxier that reads the
+/// IPs (the first InternalIP of each family, else the first ExternalIP), as
+/// `local_addresses` every InternalIP and ExternalIP it lists, and its pod CIDRs
+/// (`spec.podCIDRs`, else `spec.podCIDR`; a malformed one rejects the Node). A proxier that reads the
 /// node's interfaces ([`crate::ProxierConfig::node_addresses_from_kernel`]) uses those
 /// instead.
 pub fn node_context(node: &core::Node) -> Result<NodeContext, ConversionError> {
@@ -562,11 +563,80 @@ pub fn node_context(node: &core::Node) -> Result<NodeContext, ConversionError> {
             }
         }
     }
+    // `spec.podCIDRs` (dual-stack); older objects may only carry `spec.podCIDR`.
+    let spec = node.spec.as_ref();
+    let listed = spec.and_then(|s| s.pod_cidrs.clone()).unwrap_or_default();
+    let raw_cidrs = if listed.is_empty() {
+        spec.and_then(|s| s.pod_cidr.clone()).into_iter().collect()
+    } else {
+        listed
+    };
+    let mut pod_cidrs: Vec<IpNet> = Vec::new();
+    for raw in &raw_cidrs {
+        let net = raw
+            .trim()
+            .parse::<IpNet>()
+            .map_err(|_| ConversionError::InvalidCidr {
+                object: object.clone(),
+                field: "spec.podCIDRs",
+                value: raw.clone(),
+            })?
+            .trunc();
+        if !pod_cidrs.contains(&net) {
+            pod_cidrs.push(net);
+        }
+    }
     Ok(NodeContext {
         zone: labels.get(ZONE_LABEL).cloned(),
         name,
         primary_ips,
         local_addresses,
         labels,
+        pod_cidrs,
     })
+}
+
+#[cfg(test)]
+mod pod_cidr_tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn node(spec: serde_json::Value) -> core::Node {
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "n1"}, "spec": spec}))
+            .unwrap()
+    }
+
+    #[test]
+    fn pod_cidrs_come_from_spec_pod_cidrs_then_pod_cidr() {
+        let dual = node(serde_json::json!({
+            "podCIDR": "10.244.1.0/24",
+            "podCIDRs": ["10.244.1.0/24", "fd00:244:1::/64"]
+        }));
+        let nets: Vec<IpNet> = vec![
+            "10.244.1.0/24".parse().unwrap(),
+            "fd00:244:1::/64".parse().unwrap(),
+        ];
+        assert_eq!(node_context(&dual).unwrap().pod_cidrs, nets);
+
+        let old = node(serde_json::json!({"podCIDR": "10.244.2.7/24"}));
+        let nets: Vec<IpNet> = vec!["10.244.2.0/24".parse().unwrap()];
+        assert_eq!(node_context(&old).unwrap().pod_cidrs, nets);
+
+        assert!(
+            node_context(&node(serde_json::json!({})))
+                .unwrap()
+                .pod_cidrs
+                .is_empty()
+        );
+
+        let bad = node(serde_json::json!({"podCIDRs": ["10.244.1.0/33"]}));
+        assert!(matches!(
+            node_context(&bad),
+            Err(ConversionError::InvalidCidr {
+                field: "spec.podCIDRs",
+                ..
+            })
+        ));
+    }
 }

@@ -34,6 +34,83 @@ pub struct IpvsTimeouts {
     pub udp: Option<Duration>,
 }
 
+/// A network interface name, as a Linux kernel accepts one: 1 to 15 bytes, none of them
+/// whitespace, `/`, `:`, a quote, a backslash or `*` (so it can be written into an nft
+/// rule as a quoted string, and a prefix can be given a wildcard).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct InterfaceName(String);
+
+/// Why a string is not an [`InterfaceName`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{0:?} is not a network interface name (1 to 15 characters, no whitespace, '/', ':', quotes, '\\' or '*')"
+)]
+pub struct InvalidInterfaceName(pub String);
+
+impl InterfaceName {
+    /// Longest name the kernel accepts (`IFNAMSIZ` - 1).
+    pub const MAX_LEN: usize = 15;
+
+    /// Checks `name`.
+    pub fn new(name: &str) -> Result<Self, InvalidInterfaceName> {
+        let ok = !name.is_empty()
+            && name.len() <= Self::MAX_LEN
+            && name != "."
+            && name != ".."
+            && name
+                .chars()
+                .all(|c| c.is_ascii_graphic() && !matches!(c, '/' | ':' | '"' | '\'' | '\\' | '*'));
+        if ok {
+            Ok(InterfaceName(name.to_owned()))
+        } else {
+            Err(InvalidInterfaceName(name.to_owned()))
+        }
+    }
+
+    /// The name.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for InterfaceName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::str::FromStr for InterfaceName {
+    type Err = InvalidInterfaceName;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        InterfaceName::new(s)
+    }
+}
+
+/// How traffic from this node's pods is told apart from other traffic (kube-proxy's
+/// `--detect-local-mode`): a packet to a ClusterIP that does not come from a local pod is
+/// masqueraded, so that the answer comes back through this node. With
+/// [`Config::masquerade_all`] every packet is masqueraded and the mode does not matter.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum DetectLocal {
+    /// `ClusterCIDR`: sources inside [`Config::cluster_cidrs`] are pods. A family with no
+    /// cluster CIDR detects nothing: only node traffic sourced from a VIP is masqueraded
+    /// (kube-proxy's behaviour with no `--cluster-cidr`).
+    #[default]
+    ClusterCidr,
+    /// `NodeCIDR`: sources inside the node's pod CIDRs (the Node's `spec.podCIDRs`,
+    /// [`crate::model::NodeContext::pod_cidrs`]) are pods. Followed as the Node changes;
+    /// while the node has no pod CIDR of a family, every packet of that family to a
+    /// ClusterIP is masqueraded.
+    NodeCidr,
+    /// `BridgeInterface`: packets arriving on this interface (the pods' bridge) are from
+    /// pods.
+    BridgeInterface(InterfaceName),
+    /// `InterfaceNamePrefix`: packets arriving on an interface whose name starts with this
+    /// prefix (the pods' veths, e.g. `veth` or `cali`) are from pods.
+    InterfaceNamePrefix(InterfaceName),
+}
+
 /// Proxier configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
@@ -53,6 +130,8 @@ pub struct Config {
     pub cluster_cidrs: Vec<IpNet>,
     /// Address families the node proxies (both by default).
     pub families: BTreeSet<AddressFamily>,
+    /// How traffic from local pods is recognised (`--detect-local-mode`).
+    pub detect_local: DetectLocal,
 }
 
 impl Default for Config {
@@ -66,6 +145,7 @@ impl Default for Config {
             masquerade_all: false,
             cluster_cidrs: Vec::new(),
             families: AddressFamily::ALL.into_iter().collect(),
+            detect_local: DetectLocal::ClusterCidr,
         }
     }
 }
@@ -74,5 +154,35 @@ impl Config {
     /// Whether `ip` falls in one of the excluded CIDRs.
     pub fn is_excluded(&self, ip: IpAddr) -> bool {
         self.exclude_cidrs.iter().any(|net| net.contains(&ip))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::InterfaceName;
+
+    #[test]
+    fn interface_names_are_checked() {
+        for good in ["cbr0", "veth", "cali", "eth0.100", "br-1234567890ab", "a"] {
+            assert_eq!(
+                InterfaceName::new(good).map(|n| n.to_string()),
+                Ok(good.to_owned())
+            );
+        }
+        for bad in [
+            "",
+            "0123456789abcdef",
+            "a b",
+            "a/b",
+            "a:b",
+            "a\"b",
+            "veth*",
+            ".",
+            "..",
+            "tab\t",
+            "\u{e9}",
+        ] {
+            assert!(InterfaceName::new(bad).is_err(), "{bad:?}");
+        }
     }
 }

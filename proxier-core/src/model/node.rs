@@ -3,6 +3,8 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
+use ipnet::IpNet;
+
 /// Label holding a node's zone.
 pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 
@@ -20,6 +22,9 @@ pub struct NodeContext {
     pub zone: Option<String>,
     /// The node's labels.
     pub labels: BTreeMap<String, String>,
+    /// The pod CIDRs allocated to the node (the Node's `spec.podCIDRs`): what
+    /// `--detect-local-mode=NodeCIDR` treats as local pod traffic.
+    pub pod_cidrs: Vec<IpNet>,
 }
 
 impl NodeContext {
@@ -35,6 +40,7 @@ impl NodeContext {
             local_addresses,
             zone: None,
             labels: BTreeMap::new(),
+            pod_cidrs: Vec::new(),
         }
     }
 

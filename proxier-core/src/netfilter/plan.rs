@@ -12,6 +12,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 
 use crate::desired::Protocol;
+use crate::model::config::{DetectLocal, InterfaceName};
 use crate::model::{AddressFamily, Config, NodeContext, Service, TrafficPolicy};
 use crate::planner::endpoints_for_port;
 use crate::state::ClusterState;
@@ -45,15 +46,30 @@ pub struct SourceRange {
     pub source: IpNet,
 }
 
-/// What the masquerade rule for ClusterIP traffic matches (kube-proxy's three cases).
+/// What the masquerade rule for ClusterIP traffic matches: kube-proxy's three cases
+/// (`--masquerade-all`; a local-traffic detector; neither), with one variant per
+/// `--detect-local-mode`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ClusterIpMasquerade {
     /// `--masquerade-all`: every packet to a ClusterIP is masqueraded.
     All,
-    /// `--cluster-cidr` set: packets from outside these CIDRs (this family only) are masqueraded.
+    /// `ClusterCIDR` mode with `--cluster-cidr` set: packets from outside these CIDRs (this
+    /// family only) are masqueraded.
     OutsideCidrs(Vec<IpNet>),
-    /// Neither: only node-originated packets whose source is a ClusterIP (the kernel picks the
-    /// VIP itself as the source address when the node talks to a VIP it holds).
+    /// `NodeCIDR` mode: packets from outside the node's pod CIDRs are masqueraded. The
+    /// CIDRs are set elements ([`FamilyPlan::node_pod_cidrs`], set `node-pod-cidrs`), so
+    /// they follow the Node object without a rule change; while the set is empty every
+    /// packet to a ClusterIP is masqueraded.
+    OutsideNodePodCidrs,
+    /// `BridgeInterface` mode: packets that did not arrive on this interface are
+    /// masqueraded (node-originated packets arrive on none, so they are masqueraded too).
+    NotFromInterface(InterfaceName),
+    /// `InterfaceNamePrefix` mode: packets that did not arrive on an interface whose name
+    /// starts with this prefix are masqueraded.
+    NotFromInterfacePrefix(InterfaceName),
+    /// No detector (`ClusterCIDR` mode without a cluster CIDR of the family): only
+    /// node-originated packets whose source is a ClusterIP (the kernel picks the VIP itself
+    /// as the source address when the node talks to a VIP it holds).
     NodeFromVip,
 }
 
@@ -99,6 +115,11 @@ pub struct FamilyPlan {
     /// Every service address, protocol and port on a bound address: new connections to a
     /// bound address on anything else are rejected.
     pub service_ports: BTreeSet<AddrPort>,
+    /// The node's pod CIDRs of this family, with
+    /// [`ClusterIpMasquerade::OutsideNodePodCidrs`] only (set `node-pod-cidrs`). Every
+    /// Service contributes them, so that the per-Service plans of the incremental path
+    /// carry them (a table with no Service needs none: no ClusterIP to masquerade).
+    pub node_pod_cidrs: BTreeSet<IpNet>,
 }
 
 impl FamilyPlan {
@@ -121,6 +142,7 @@ impl FamilyPlan {
             health_check_node_ports: BTreeSet::new(),
             bound_ips: BTreeSet::new(),
             service_ports: BTreeSet::new(),
+            node_pod_cidrs: BTreeSet::new(),
         }
     }
 
@@ -140,6 +162,7 @@ impl FamilyPlan {
             + self.health_check_node_ports.len()
             + self.bound_ips.len()
             + self.service_ports.len()
+            + self.node_pod_cidrs.len()
     }
 }
 
@@ -222,16 +245,25 @@ fn cluster_ip_masquerade(config: &Config, family: AddressFamily) -> ClusterIpMas
     if config.masquerade_all {
         return ClusterIpMasquerade::All;
     }
-    let cidrs: Vec<IpNet> = config
-        .cluster_cidrs
-        .iter()
-        .copied()
-        .filter(|net| AddressFamily::of(net.addr()) == family)
-        .collect();
-    if cidrs.is_empty() {
-        ClusterIpMasquerade::NodeFromVip
-    } else {
-        ClusterIpMasquerade::OutsideCidrs(IpNet::aggregate(&cidrs))
+    match &config.detect_local {
+        DetectLocal::ClusterCidr => {
+            let cidrs: Vec<IpNet> = config
+                .cluster_cidrs
+                .iter()
+                .copied()
+                .filter(|net| AddressFamily::of(net.addr()) == family)
+                .collect();
+            if cidrs.is_empty() {
+                ClusterIpMasquerade::NodeFromVip
+            } else {
+                ClusterIpMasquerade::OutsideCidrs(IpNet::aggregate(&cidrs))
+            }
+        }
+        DetectLocal::NodeCidr => ClusterIpMasquerade::OutsideNodePodCidrs,
+        DetectLocal::BridgeInterface(name) => ClusterIpMasquerade::NotFromInterface(name.clone()),
+        DetectLocal::InterfaceNamePrefix(prefix) => {
+            ClusterIpMasquerade::NotFromInterfacePrefix(prefix.clone())
+        }
     }
 }
 
@@ -259,6 +291,17 @@ fn plan_service(state: &ClusterState, service: &Service, node: &NodeContext, out
     });
 
     out.bound_ips.insert(cluster_ip);
+    if out.cluster_ip_masquerade == ClusterIpMasquerade::OutsideNodePodCidrs {
+        let of_family: Vec<IpNet> = node
+            .pod_cidrs
+            .iter()
+            .copied()
+            .filter(|net| AddressFamily::of(net.addr()) == family)
+            .map(|net| net.trunc())
+            .collect();
+        // Aggregated: an nft interval set refuses overlapping elements.
+        out.node_pod_cidrs.extend(IpNet::aggregate(&of_family));
+    }
     for ip in &external_ips {
         if !node.owns(*ip) {
             out.bound_ips.insert(*ip);

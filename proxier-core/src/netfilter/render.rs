@@ -179,6 +179,25 @@ fn render_table(out: &mut String, plan: &FamilyPlan, options: &RenderOptions) {
                 list.join(", ")
             );
         }
+        ClusterIpMasquerade::OutsideNodePodCidrs => {
+            let _ = writeln!(
+                out,
+                "    {fam} saddr != @node-pod-cidrs {dst_key} @cluster-ips {mark_it}"
+            );
+        }
+        ClusterIpMasquerade::NotFromInterface(name) => {
+            // Validated names hold no quote, backslash, whitespace or '*'.
+            let _ = writeln!(
+                out,
+                "    iifname != \"{name}\" {dst_key} @cluster-ips {mark_it}"
+            );
+        }
+        ClusterIpMasquerade::NotFromInterfacePrefix(prefix) => {
+            let _ = writeln!(
+                out,
+                "    iifname != \"{prefix}*\" {dst_key} @cluster-ips {mark_it}"
+            );
+        }
         ClusterIpMasquerade::NodeFromVip => {}
     }
     let _ = writeln!(out, "    {dst_key} @external-ips {mark_it}");
@@ -283,7 +302,7 @@ fn set_contents(plan: &FamilyPlan) -> Vec<SetContent> {
         elements,
     };
     let with_addr = format!("{addr_port} . {addr}");
-    vec![
+    let mut sets = vec![
         content(
             "cluster-ips",
             &addr_port,
@@ -377,7 +396,17 @@ fn set_contents(plan: &FamilyPlan) -> Vec<SetContent> {
             false,
             elems(&plan.service_ports, addr_port_elem),
         ),
-    ]
+    ];
+    // Only the NodeCIDR mode has this set: the tables of the other modes stay as they were.
+    if plan.cluster_ip_masquerade == ClusterIpMasquerade::OutsideNodePodCidrs {
+        sets.push(content(
+            "node-pod-cidrs",
+            &addr.to_owned(),
+            true,
+            plan.node_pod_cidrs.iter().map(|n| net_elem(*n)).collect(),
+        ));
+    }
+    sets
 }
 
 /// Renders the script that turns the tables of `old` (as applied) into those of `new` by

@@ -10,6 +10,8 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 
+use ipnet::IpNet;
+
 use super::plan::{AddrPort, FamilyPlan, NetfilterPlan, ProtoPort, SourceRange};
 use crate::model::{AddressFamily, ServiceName};
 
@@ -31,6 +33,7 @@ macro_rules! with_family_sets {
             health_check_node_ports: u16,
             bound_ips: IpAddr,
             service_ports: AddrPort,
+            node_pod_cidrs: IpNet,
         }
     };
 }

@@ -431,3 +431,102 @@ fn same_state_plans_equal() {
         plan(&state, &node(), &Config::default())
     );
 }
+
+#[test]
+fn detect_local_mode_chooses_the_cluster_ip_masquerade_rule() {
+    use crate::model::config::{DetectLocal, InterfaceName};
+    let state = state_of(vec![web()], vec![]);
+    let with = |detect_local: DetectLocal| Config {
+        cluster_cidrs: vec![net("10.244.0.0/16")],
+        detect_local,
+        ..Config::default()
+    };
+    let cbr0 = InterfaceName::new("cbr0").unwrap();
+    let bridge = plan(
+        &state,
+        &node(),
+        &with(DetectLocal::BridgeInterface(cbr0.clone())),
+    );
+    assert_eq!(
+        v4(&bridge).cluster_ip_masquerade,
+        ClusterIpMasquerade::NotFromInterface(cbr0.clone())
+    );
+    // The interface modes are the same in both families.
+    assert_eq!(
+        bridge.v6.as_ref().unwrap().cluster_ip_masquerade,
+        ClusterIpMasquerade::NotFromInterface(cbr0)
+    );
+
+    let veth = InterfaceName::new("veth").unwrap();
+    let prefix = plan(
+        &state,
+        &node(),
+        &with(DetectLocal::InterfaceNamePrefix(veth.clone())),
+    );
+    assert_eq!(
+        v4(&prefix).cluster_ip_masquerade,
+        ClusterIpMasquerade::NotFromInterfacePrefix(veth)
+    );
+    assert!(v4(&prefix).node_pod_cidrs.is_empty());
+
+    // masquerade-all wins over every mode.
+    let all = plan(
+        &state,
+        &node(),
+        &Config {
+            masquerade_all: true,
+            ..with(DetectLocal::NodeCidr)
+        },
+    );
+    assert_eq!(v4(&all).cluster_ip_masquerade, ClusterIpMasquerade::All);
+}
+
+#[test]
+fn node_cidr_mode_carries_the_node_pod_cidrs_of_each_family() {
+    use crate::model::config::DetectLocal;
+    let config = Config {
+        // The cluster CIDR is not what NodeCIDR mode uses.
+        cluster_cidrs: vec![net("10.244.0.0/16")],
+        detect_local: DetectLocal::NodeCidr,
+        ..Config::default()
+    };
+    let mut n = node();
+    n.pod_cidrs = vec![net("10.244.1.0/24"), net("fd00:244:1::/64")];
+    let mut dual = web();
+    dual.cluster_ips = vec![ip("10.96.0.10"), ip("fd00:96::10")];
+    let state = state_of(vec![dual.clone()], vec![]);
+    let p = plan(&state, &n, &config);
+    assert_eq!(
+        v4(&p).cluster_ip_masquerade,
+        ClusterIpMasquerade::OutsideNodePodCidrs
+    );
+    assert_eq!(
+        v4(&p).node_pod_cidrs,
+        BTreeSet::from([net("10.244.1.0/24")])
+    );
+    assert_eq!(
+        p.v6.as_ref().unwrap().node_pod_cidrs,
+        BTreeSet::from([net("fd00:244:1::/64")])
+    );
+    // Each Service's own plan carries them (the incremental path merges those).
+    let own = plan_of_service(&state, &dual, &n, &config);
+    assert_eq!(own, p);
+    // No Service, no element: nothing to masquerade either.
+    assert!(
+        v4(&plan(&state_of(vec![], vec![]), &n, &config))
+            .node_pod_cidrs
+            .is_empty()
+    );
+    // A node without pod CIDRs: an empty set (every source is "not local").
+    assert!(
+        v4(&plan(&state, &node(), &config))
+            .node_pod_cidrs
+            .is_empty()
+    );
+    // Other modes never carry them.
+    let cidr_mode = Config {
+        detect_local: DetectLocal::ClusterCidr,
+        ..config
+    };
+    assert!(v4(&plan(&state, &n, &cidr_mode)).node_pod_cidrs.is_empty());
+}

@@ -328,3 +328,150 @@ fn update_replaces_when_the_rules_change() {
             .contains("table ip6 ipvs-proxier {")
     );
 }
+
+fn iface(name: &str) -> crate::model::config::InterfaceName {
+    crate::model::config::InterfaceName::new(name).unwrap()
+}
+
+fn render_v4(p: &FamilyPlan) -> String {
+    render_replace(
+        &NetfilterPlan {
+            v4: Some(p.clone()),
+            v6: None,
+        },
+        &RenderOptions::default(),
+    )
+    .unwrap()
+}
+
+/// The one line that marks ClusterIP traffic for masquerade.
+fn cluster_ip_mark_line(script: &str) -> Vec<&str> {
+    script
+        .lines()
+        .filter(|l| l.contains("@cluster-ips meta mark set"))
+        .map(str::trim)
+        .collect()
+}
+
+#[test]
+fn detect_local_bridge_interface_masquerades_what_does_not_arrive_on_the_bridge() {
+    let mut p = sample_v4();
+    p.cluster_ip_masquerade = ClusterIpMasquerade::NotFromInterface(iface("cbr0"));
+    let script = render_v4(&p);
+    assert_eq!(
+        cluster_ip_mark_line(&script),
+        vec![
+            "iifname != \"cbr0\" ip daddr . meta l4proto . th dport @cluster-ips meta mark set meta mark | 0x00004000"
+        ]
+    );
+    assert!(!script.contains("node-pod-cidrs"));
+}
+
+#[test]
+fn detect_local_interface_name_prefix_is_a_wildcard_match() {
+    let mut p = sample_v4();
+    p.cluster_ip_masquerade = ClusterIpMasquerade::NotFromInterfacePrefix(iface("veth"));
+    let script = render_v4(&p);
+    assert_eq!(
+        cluster_ip_mark_line(&script),
+        vec![
+            "iifname != \"veth*\" ip daddr . meta l4proto . th dport @cluster-ips meta mark set meta mark | 0x00004000"
+        ]
+    );
+}
+
+#[test]
+fn detect_local_node_cidr_matches_the_node_pod_cidrs_set() {
+    let mut p = sample_v4();
+    p.cluster_ip_masquerade = ClusterIpMasquerade::OutsideNodePodCidrs;
+    p.node_pod_cidrs.insert("10.244.1.0/24".parse().unwrap());
+    let script = render_v4(&p);
+    assert_eq!(
+        cluster_ip_mark_line(&script),
+        vec![
+            "ip saddr != @node-pod-cidrs ip daddr . meta l4proto . th dport @cluster-ips meta mark set meta mark | 0x00004000"
+        ]
+    );
+    assert!(script.contains(
+        "  set node-pod-cidrs {\n    type ipv4_addr;\n    flags interval;\n    elements = { 10.244.1.0/24 };\n  }\n"
+    ));
+
+    // The Node's pod CIDR changing is a set update, not a table replace.
+    let mut moved = p.clone();
+    moved.node_pod_cidrs.clear();
+    moved
+        .node_pod_cidrs
+        .insert("10.244.2.0/24".parse().unwrap());
+    let old = NetfilterPlan {
+        v4: Some(p),
+        v6: None,
+    };
+    let new = NetfilterPlan {
+        v4: Some(moved),
+        v6: None,
+    };
+    assert_eq!(
+        render_update(&old, &new, &RenderOptions::default()).unwrap(),
+        "delete element ip ipvs-proxier node-pod-cidrs { 10.244.1.0/24 }\n\
+         add element ip ipvs-proxier node-pod-cidrs { 10.244.2.0/24 }\n"
+    );
+}
+
+#[test]
+fn detect_local_ipv6_uses_ip6_syntax() {
+    let mut p = FamilyPlan::new(AddressFamily::V6, ClusterIpMasquerade::OutsideNodePodCidrs);
+    p.node_pod_cidrs.insert("fd00:244:1::/64".parse().unwrap());
+    let script = render_replace(
+        &NetfilterPlan {
+            v4: None,
+            v6: Some(p),
+        },
+        &RenderOptions::default(),
+    )
+    .unwrap();
+    assert!(script.contains(
+        "ip6 saddr != @node-pod-cidrs ip6 daddr . meta l4proto . th dport @cluster-ips meta mark set"
+    ));
+    assert!(
+        script.contains(
+            "    type ipv6_addr;\n    flags interval;\n    elements = { fd00:244:1::/64 };"
+        )
+    );
+}
+
+#[test]
+fn every_detect_local_mode_keeps_the_other_rules() {
+    // Only the ClusterIP marking differs between modes; node-originated traffic from a
+    // VIP is handled by the node-from-VIP rule only when there is no detector.
+    for mode in [
+        ClusterIpMasquerade::NotFromInterface(iface("cbr0")),
+        ClusterIpMasquerade::NotFromInterfacePrefix(iface("cali")),
+        ClusterIpMasquerade::OutsideNodePodCidrs,
+    ] {
+        let mut p = sample_v4();
+        p.cluster_ip_masquerade = mode.clone();
+        let script = render_v4(&p);
+        assert!(
+            !script.contains("ip saddr . meta l4proto . th dport @cluster-ips"),
+            "{mode:?}"
+        );
+        assert!(script.contains("ip daddr . meta l4proto . th dport @external-ips meta mark set"));
+        assert!(script.contains("masquerade fully-random"));
+        // A mode change is a rule change: the update replaces the tables.
+        let mut other = p.clone();
+        other.cluster_ip_masquerade = ClusterIpMasquerade::All;
+        let update = render_update(
+            &NetfilterPlan {
+                v4: Some(p),
+                v6: None,
+            },
+            &NetfilterPlan {
+                v4: Some(other),
+                v6: None,
+            },
+            &RenderOptions::default(),
+        )
+        .unwrap();
+        assert!(update.starts_with("add table ip ipvs-proxier\ndelete table ip ipvs-proxier\n"));
+    }
+}
