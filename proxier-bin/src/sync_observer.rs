@@ -76,20 +76,6 @@ impl DaemonObserver {
     }
 }
 
-/// The label of an op kind for `ipvs_proxier_netlink_operations_total`.
-fn op_label(kind: OpKind) -> &'static str {
-    match kind {
-        OpKind::AddVirtualServer => "add_virtual_server",
-        OpKind::UpdateVirtualServer => "update_virtual_server",
-        OpKind::DeleteVirtualServer => "delete_virtual_server",
-        OpKind::AddRealServer => "add_real_server",
-        OpKind::UpdateRealServer => "update_real_server",
-        OpKind::DeleteRealServer => "delete_real_server",
-        OpKind::BindAddress => "bind_address",
-        OpKind::UnbindAddress => "unbind_address",
-    }
-}
-
 impl<I, A, N, C> SyncObserver<Proxier<I, A, N, C>> for DaemonObserver
 where
     I: IpvsBackend,
@@ -122,10 +108,10 @@ where
             let ok = counts.succeeded.saturating_sub(before.succeeded);
             let failed = counts.failed.saturating_sub(before.failed);
             if ok > 0 {
-                metrics::record_netlink_operations(op_label(*kind), OpResult::Success, ok);
+                metrics::record_netlink_operations(kind.label(), OpResult::Success, ok);
             }
             if failed > 0 {
-                metrics::record_netlink_operations(op_label(*kind), OpResult::Error, failed);
+                metrics::record_netlink_operations(kind.label(), OpResult::Error, failed);
             }
         }
         self.exported_ops = stats.ops.clone();

@@ -108,6 +108,40 @@ impl KernelAddressBackend {
         Ok(addresses)
     }
 
+    /// Sends one request per address on the dummy link, up to [`PIPELINE_DEPTH`] in flight
+    /// on the one socket; one result per address, in order.
+    async fn pipelined<F, Fut>(
+        &mut self,
+        addresses: &[IpAddr],
+        request: F,
+    ) -> Vec<Result<(), BackendError>>
+    where
+        F: Fn(&Handle, u32, IpAddr) -> Fut,
+        Fut: Future<Output = Result<(), rtnetlink::Error>>,
+    {
+        if addresses.is_empty() {
+            return Vec::new();
+        }
+        let index = match self.require_index().await {
+            Ok(index) => index,
+            Err(error) => return vec![Err(error); addresses.len()],
+        };
+        let results: Vec<Result<(), BackendError>> =
+            futures::stream::iter(addresses.iter().copied())
+                .map(|address| {
+                    let sent = request(&self.handle, index, address);
+                    async move { sent.await.map_err(map_error) }
+                })
+                .buffered(PIPELINE_DEPTH)
+                .collect()
+                .await;
+        if results.iter().any(|r| *r == Err(BackendError::NotFound)) {
+            // The link went away behind our back: look its index up again next time.
+            self.index = None;
+        }
+        results
+    }
+
     async fn require_index(&mut self) -> Result<u32, BackendError> {
         if let Some(index) = self.index {
             return Ok(index);
@@ -218,52 +252,23 @@ impl AddressBackend for KernelAddressBackend {
     }
 
     async fn add_addresses(&mut self, addresses: &[IpAddr]) -> Vec<Result<(), BackendError>> {
-        if addresses.is_empty() {
-            return Vec::new();
-        }
-        let index = match self.require_index().await {
-            Ok(index) => index,
-            Err(error) => return vec![Err(error); addresses.len()],
-        };
-        let handle = self.handle.clone();
-        let results: Vec<Result<(), BackendError>> =
-            futures::stream::iter(addresses.iter().copied())
-                .map(|address| {
-                    let request = handle
-                        .address()
-                        .add(index, address, host_prefix(address))
-                        .execute();
-                    async move { request.await.map_err(map_error) }
-                })
-                .buffered(PIPELINE_DEPTH)
-                .collect()
-                .await;
-        if results.iter().any(|r| *r == Err(BackendError::NotFound)) {
-            self.index = None;
-        }
-        results
+        self.pipelined(addresses, |handle, index, address| {
+            handle
+                .address()
+                .add(index, address, host_prefix(address))
+                .execute()
+        })
+        .await
     }
 
     async fn remove_addresses(&mut self, addresses: &[IpAddr]) -> Vec<Result<(), BackendError>> {
-        if addresses.is_empty() {
-            return Vec::new();
-        }
-        let index = match self.require_index().await {
-            Ok(index) => index,
-            Err(error) => return vec![Err(error); addresses.len()],
-        };
-        let handle = self.handle.clone();
-        futures::stream::iter(addresses.iter().copied())
-            .map(|address| {
-                let request = handle
-                    .address()
-                    .del(host_address_message(index, address))
-                    .execute();
-                async move { request.await.map_err(map_error) }
-            })
-            .buffered(PIPELINE_DEPTH)
-            .collect()
-            .await
+        self.pipelined(addresses, |handle, index, address| {
+            handle
+                .address()
+                .del(host_address_message(index, address))
+                .execute()
+        })
+        .await
     }
 
     async fn remove_address(&mut self, address: IpAddr) -> Result<(), BackendError> {

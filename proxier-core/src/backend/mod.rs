@@ -79,9 +79,10 @@ impl OpKind {
     }
 }
 
-impl fmt::Display for OpKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
+impl OpKind {
+    /// A snake_case name, e.g. for a metric label (`add_virtual_server`).
+    pub fn label(self) -> &'static str {
+        match self {
             OpKind::AddVirtualServer => "add_virtual_server",
             OpKind::UpdateVirtualServer => "update_virtual_server",
             OpKind::DeleteVirtualServer => "delete_virtual_server",
@@ -90,7 +91,13 @@ impl fmt::Display for OpKind {
             OpKind::DeleteRealServer => "delete_real_server",
             OpKind::BindAddress => "bind_address",
             OpKind::UnbindAddress => "unbind_address",
-        })
+        }
+    }
+}
+
+impl fmt::Display for OpKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.label())
     }
 }
 
