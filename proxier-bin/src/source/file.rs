@@ -2,8 +2,8 @@
 //! [`super::manifests`]) and re-read whenever its content changes. The first read produces a
 //! [`SourceEvent::Snapshot`]; later ones produce an event per object that differs.
 
-use std::collections::BTreeMap;
 use std::collections::hash_map::DefaultHasher;
+use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -13,7 +13,11 @@ use tokio::sync::{mpsc, watch};
 
 #[cfg(test)]
 use super::manifests::parse_manifests;
-use super::manifests::{ManifestCache, Manifests};
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use super::manifests::{Manifests, parse_in_parallel, split_documents};
 use super::{
     ClusterSnapshot, EVENT_CHANNEL_CAPACITY, ObjectKey, SourceEvent, SourceHandle, is_proxied,
 };
@@ -65,36 +69,258 @@ pub enum FileSourceError {
     },
 }
 
-/// The snapshot of a file's text, or why the text is refused whole: no bytes, or any
-/// malformed document. Objects of kinds ipvs-proxier does not use are only skipped.
-pub fn snapshot_from_text(
-    path: &Path,
-    text: &str,
-    cache: &mut ManifestCache,
-    hostname: &str,
-) -> Result<ClusterSnapshot, FileSourceError> {
-    if text.is_empty() {
-        return Err(FileSourceError::Empty {
-            path: path.to_owned(),
-        });
+/// What one document of the last good read defined (only keys: the objects themselves
+/// live in the engine's model once converted).
+#[derive(Debug, Default)]
+struct Defined {
+    services: Vec<ObjectKey>,
+    slices: Vec<ObjectKey>,
+    /// Whether it holds this node's Node object.
+    node: bool,
+}
+
+/// Reads successive versions of the file and turns each into events: the first good read
+/// into a [`SourceEvent::Snapshot`], later ones into an event per object that changed.
+///
+/// It keeps no parsed object between reads: only, per document (by a hash of its text),
+/// the keys it defined, and which document each object came from. A document whose text is
+/// unchanged is neither parsed again nor reported.
+#[derive(Debug)]
+pub struct FileReader {
+    path: PathBuf,
+    hostname: String,
+    documents: HashMap<u64, Defined>,
+    services: HashMap<ObjectKey, u64>,
+    slices: HashMap<ObjectKey, u64>,
+    node: Option<u64>,
+    read_once: bool,
+}
+
+fn document_hash(text: &str) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    text.hash(&mut hasher);
+    text.len().hash(&mut hasher);
+    hasher.finish()
+}
+
+/// A stand-in carrying only the key, for delete events of objects no longer kept.
+fn meta_of(key: &ObjectKey) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(key.name.clone()),
+        namespace: Some(key.namespace.clone()),
+        ..ObjectMeta::default()
     }
-    if !text.ends_with('\n') {
-        // YAML writers (kubectl, editors, templating tools) end files with a newline; a file
-        // that stops mid-line is still being written.
-        return Err(FileSourceError::Unfinished {
-            path: path.to_owned(),
-        });
+}
+
+impl FileReader {
+    /// A reader of `path` for node `hostname` that has read nothing yet.
+    pub fn new(path: impl Into<PathBuf>, hostname: impl Into<String>) -> Self {
+        FileReader {
+            path: path.into(),
+            hostname: hostname.into(),
+            documents: HashMap::new(),
+            services: HashMap::new(),
+            slices: HashMap::new(),
+            node: None,
+            read_once: false,
+        }
     }
-    let manifests = cache.parse(text);
-    let mut malformed = manifests.problems.iter().filter(|p| !p.is_unknown_kind());
-    if let Some(first) = malformed.next() {
-        return Err(FileSourceError::Malformed {
-            path: path.to_owned(),
-            first: first.to_string(),
-            count: 1 + malformed.count(),
-        });
+
+    /// The events that bring the consumer from the last good read to `text`, or why `text`
+    /// is refused whole (nothing changes then): no bytes, a last line without its newline,
+    /// or any malformed document. Objects of kinds ipvs-proxier does not use are skipped.
+    pub fn read(&mut self, text: &str) -> Result<Vec<SourceEvent>, FileSourceError> {
+        if text.is_empty() {
+            return Err(FileSourceError::Empty {
+                path: self.path.clone(),
+            });
+        }
+        if !text.ends_with('\n') {
+            // YAML writers (kubectl, editors, templating tools) end files with a newline; a
+            // file that stops mid-line is still being written.
+            return Err(FileSourceError::Unfinished {
+                path: self.path.clone(),
+            });
+        }
+        let documents = split_documents(text);
+        let hashes: Vec<u64> = documents.iter().map(|d| document_hash(d)).collect();
+        let mut seen = HashSet::new();
+        let fresh: Vec<usize> = (0..documents.len())
+            .filter(|&i| !self.documents.contains_key(&hashes[i]) && seen.insert(hashes[i]))
+            .collect();
+        let parsed: HashMap<u64, Manifests> = parse_in_parallel(&documents, &fresh)
+            .into_iter()
+            .map(|(i, manifests)| (hashes[i], manifests))
+            .collect();
+        let mut malformed = parsed
+            .values()
+            .flat_map(|m| m.problems.iter())
+            .filter(|p| !p.is_unknown_kind());
+        if let Some(first) = malformed.next() {
+            return Err(FileSourceError::Malformed {
+                path: self.path.clone(),
+                first: first.to_string(),
+                count: 1 + malformed.count(),
+            });
+        }
+        for problem in parsed.values().flat_map(|m| m.problems.iter()) {
+            tracing::warn!(%problem, "source file: skipped object");
+        }
+
+        if !self.read_once {
+            // The first picture: every object, in file order (later definitions win).
+            let mut all = Manifests::default();
+            for hash in &hashes {
+                if let Some(manifests) = parsed.get(hash) {
+                    all.services.extend(manifests.services.iter().cloned());
+                    all.endpoint_slices
+                        .extend(manifests.endpoint_slices.iter().cloned());
+                    all.nodes.extend(manifests.nodes.iter().cloned());
+                }
+            }
+            self.remember(&hashes, &parsed);
+            self.read_once = true;
+            return Ok(vec![SourceEvent::Snapshot(snapshot_from_manifests(
+                all,
+                &self.hostname,
+            ))]);
+        }
+
+        let old_services = std::mem::take(&mut self.services);
+        let old_slices = std::mem::take(&mut self.slices);
+        let old_node = self.node.take();
+        self.remember(&hashes, &parsed);
+        // Objects whose defining document is new or moved; a move to an unchanged document
+        // needs that document parsed again (rare: a duplicate definition went away).
+        let moved_to_old = |new: &HashMap<ObjectKey, u64>, old: &HashMap<ObjectKey, u64>| {
+            new.iter()
+                .filter(|(key, hash)| !parsed.contains_key(*hash) && old.get(*key) != Some(*hash))
+                .map(|(_, hash)| *hash)
+                .collect::<Vec<u64>>()
+        };
+        let mut reparse: HashSet<u64> = moved_to_old(&self.services, &old_services)
+            .into_iter()
+            .chain(moved_to_old(&self.slices, &old_slices))
+            .collect();
+        if self
+            .node
+            .is_some_and(|h| Some(h) != old_node && !parsed.contains_key(&h))
+        {
+            reparse.extend(self.node);
+        }
+        let indices: Vec<usize> = (0..documents.len())
+            .filter(|&i| reparse.remove(&hashes[i]))
+            .collect();
+        let reparsed: HashMap<u64, Manifests> = parse_in_parallel(&documents, &indices)
+            .into_iter()
+            .map(|(i, manifests)| (hashes[i], manifests))
+            .collect();
+        let object_of = |hash: &u64| parsed.get(hash).or_else(|| reparsed.get(hash));
+
+        let mut events = Vec::new();
+        if self.node != old_node {
+            let node = self.node.as_ref().and_then(object_of).and_then(|m| {
+                m.nodes
+                    .iter()
+                    .rfind(|n| n.metadata.name.as_deref() == Some(self.hostname.as_str()))
+                    .cloned()
+            });
+            events.push(SourceEvent::NodeUpdate(node));
+        }
+        for (key, hash) in &self.services {
+            if old_services.get(key) == Some(hash) {
+                continue;
+            }
+            let found = object_of(hash).and_then(|m| {
+                m.services
+                    .iter()
+                    .rfind(|s| ObjectKey::of(&s.metadata) == *key)
+            });
+            if let Some(service) = found {
+                events.push(SourceEvent::ServiceUpsert(Arc::clone(service)));
+            }
+        }
+        for key in old_services
+            .keys()
+            .filter(|k| !self.services.contains_key(*k))
+        {
+            events.push(SourceEvent::ServiceDelete(Arc::new(Service {
+                metadata: meta_of(key),
+                ..Service::default()
+            })));
+        }
+        for (key, hash) in &self.slices {
+            if old_slices.get(key) == Some(hash) {
+                continue;
+            }
+            let found = object_of(hash).and_then(|m| {
+                m.endpoint_slices
+                    .iter()
+                    .rfind(|s| ObjectKey::of(&s.metadata) == *key)
+            });
+            if let Some(slice) = found {
+                events.push(SourceEvent::SliceUpsert(Arc::clone(slice)));
+            }
+        }
+        for key in old_slices.keys().filter(|k| !self.slices.contains_key(*k)) {
+            events.push(SourceEvent::SliceDelete(Arc::new(EndpointSlice {
+                metadata: meta_of(key),
+                ..EndpointSlice::default()
+            })));
+        }
+        Ok(events)
     }
-    Ok(snapshot_from_manifests(manifests, hostname))
+
+    /// Records what the documents of this read define and which document owns each object.
+    fn remember(&mut self, hashes: &[u64], parsed: &HashMap<u64, Manifests>) {
+        let mut documents = HashMap::with_capacity(hashes.len());
+        for hash in hashes {
+            if documents.contains_key(hash) {
+                continue;
+            }
+            let defined = match (self.documents.remove(hash), parsed.get(hash)) {
+                (Some(defined), _) => defined,
+                (None, Some(manifests)) => Defined {
+                    services: manifests
+                        .services
+                        .iter()
+                        .filter(|s| is_proxied(&s.metadata))
+                        .map(|s| ObjectKey::of(&s.metadata))
+                        .collect(),
+                    slices: manifests
+                        .endpoint_slices
+                        .iter()
+                        .filter(|s| is_proxied(&s.metadata))
+                        .map(|s| ObjectKey::of(&s.metadata))
+                        .collect(),
+                    node: manifests
+                        .nodes
+                        .iter()
+                        .any(|n| n.metadata.name.as_deref() == Some(self.hostname.as_str())),
+                },
+                (None, None) => Defined::default(),
+            };
+            documents.insert(*hash, defined);
+        }
+        self.services.clear();
+        self.slices.clear();
+        self.node = None;
+        for hash in hashes {
+            let Some(defined) = documents.get(hash) else {
+                continue;
+            };
+            for key in &defined.services {
+                self.services.insert(key.clone(), *hash);
+            }
+            for key in &defined.slices {
+                self.slices.insert(key.clone(), *hash);
+            }
+            if defined.node {
+                self.node = Some(*hash);
+            }
+        }
+        self.documents = documents;
+    }
 }
 
 /// Builds the snapshot a file's manifests describe for node `hostname`. Objects that another
@@ -150,7 +376,14 @@ pub fn load_snapshot(path: &Path, hostname: &str) -> Result<ClusterSnapshot, Fil
         path: path.to_owned(),
         source,
     })?;
-    snapshot_from_text(path, &text, &mut ManifestCache::new(), hostname)
+    let events = FileReader::new(path, hostname).read(&text)?;
+    Ok(events
+        .into_iter()
+        .find_map(|event| match event {
+            SourceEvent::Snapshot(snapshot) => Some(snapshot),
+            _ => None,
+        })
+        .unwrap_or_default())
 }
 
 /// Cheap identity of the file on disk: when it is unchanged, the content need not be read.
@@ -226,48 +459,8 @@ fn stamp_of(path: &Path) -> std::io::Result<FileStamp> {
     })
 }
 
-/// Keys whose object differs between `old` and `new` (added, removed or changed).
-fn changed<'m, T: PartialEq>(
-    old: &'m BTreeMap<ObjectKey, Arc<T>>,
-    new: &'m BTreeMap<ObjectKey, Arc<T>>,
-) -> impl Iterator<Item = (Option<&'m Arc<T>>, Option<&'m Arc<T>>)> {
-    let same = |a: &Arc<T>, b: &Arc<T>| Arc::ptr_eq(a, b) || **a == **b;
-    let gone_or_changed = old.iter().filter_map(move |(key, a)| match new.get(key) {
-        Some(b) if same(a, b) => None,
-        b => Some((Some(a), b)),
-    });
-    let added = new
-        .iter()
-        .filter(move |(key, _)| !old.contains_key(*key))
-        .map(|(_, b)| (None, Some(b)));
-    gone_or_changed.chain(added)
-}
-
-/// The events that turn snapshot `old` into `new`: one per object that differs.
-pub fn changes_between(old: &ClusterSnapshot, new: &ClusterSnapshot) -> Vec<SourceEvent> {
-    let mut events = Vec::new();
-    if old.node != new.node {
-        events.push(SourceEvent::NodeUpdate(new.node.clone()));
-    }
-    for (before, after) in changed(&old.services, &new.services) {
-        match (before, after) {
-            (_, Some(service)) => events.push(SourceEvent::ServiceUpsert(Arc::clone(service))),
-            (Some(service), None) => events.push(SourceEvent::ServiceDelete(Arc::clone(service))),
-            (None, None) => {}
-        }
-    }
-    for (before, after) in changed(&old.endpoint_slices, &new.endpoint_slices) {
-        match (before, after) {
-            (_, Some(slice)) => events.push(SourceEvent::SliceUpsert(Arc::clone(slice))),
-            (Some(slice), None) => events.push(SourceEvent::SliceDelete(Arc::clone(slice))),
-            (None, None) => {}
-        }
-    }
-    events
-}
-
-/// Starts watching the file. A snapshot is sent at once (when the file is readable) and after
-/// every change of content; `synced` turns true after the first one. A file that disappears or
+/// Starts watching the file. A snapshot is sent at once (when the file is readable and
+/// well-formed), then an event per object that changed; `synced` turns true after the first. A file that disappears or
 /// cannot be read keeps the last snapshot in force (a warning is logged) until it is back.
 pub fn spawn(config: FileSourceConfig) -> SourceHandle {
     let (tx, rx) = mpsc::channel(EVENT_CHANNEL_CAPACITY);
@@ -318,7 +511,7 @@ fn watch_directory(
 
 async fn run(config: FileSourceConfig, tx: mpsc::Sender<SourceEvent>, synced: watch::Sender<bool>) {
     let mut detector = ChangeDetector::new(10);
-    let mut cache = ManifestCache::new();
+    let mut reader = FileReader::new(&config.path, &config.hostname);
     let mut ticker = tokio::time::interval(config.poll_interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let (_watcher, mut notified) = match watch_directory(&config.path) {
@@ -326,7 +519,6 @@ async fn run(config: FileSourceConfig, tx: mpsc::Sender<SourceEvent>, synced: wa
         None => (None, None),
     };
     let mut reported: Option<String> = None;
-    let mut last: Option<ClusterSnapshot> = None;
     loop {
         match notified.as_mut() {
             Some(rx) => tokio::select! {
@@ -358,15 +550,15 @@ async fn run(config: FileSourceConfig, tx: mpsc::Sender<SourceEvent>, synced: wa
                     continue;
                 }
                 let text = String::from_utf8_lossy(&content);
-                snapshot_from_text(&config.path, &text, &mut cache, &config.hostname)
+                reader.read(&text)
             }
             Err(source) => Err(FileSourceError::Read {
                 path: config.path.clone(),
                 source,
             }),
         };
-        let snapshot = match result {
-            Ok(snapshot) => snapshot,
+        let events = match result {
+            Ok(events) => events,
             Err(error) => {
                 let message = error.to_string();
                 if !matches!(error, FileSourceError::Empty { .. }) {
@@ -388,13 +580,7 @@ async fn run(config: FileSourceConfig, tx: mpsc::Sender<SourceEvent>, synced: wa
         if reported.take().is_some() {
             tracing::info!(path = %config.path.display(), "source file readable and well-formed again");
         }
-        tracing::info!(path = %config.path.display(), services = snapshot.services.len(),
-            endpoint_slices = snapshot.endpoint_slices.len(), "source file loaded");
-        let events = match &last {
-            None => vec![SourceEvent::Snapshot(snapshot.clone())],
-            Some(old) => changes_between(old, &snapshot),
-        };
-        last = Some(snapshot);
+        tracing::info!(path = %config.path.display(), changes = events.len(), "source file loaded");
         for event in events {
             if tx.send(event).await.is_err() {
                 return; // the daemon is gone
@@ -456,20 +642,32 @@ mod tests {
         assert!(snap.node.is_some());
     }
 
+    fn snapshot_of(events: Vec<SourceEvent>) -> ClusterSnapshot {
+        match events.as_slice() {
+            [SourceEvent::Snapshot(snapshot)] => snapshot.clone(),
+            other => panic!("expected one snapshot, got {} events", other.len()),
+        }
+    }
+
+    fn described(events: &[SourceEvent]) -> Vec<String> {
+        let mut out: Vec<String> = events.iter().map(SourceEvent::describe).collect();
+        out.sort();
+        out
+    }
+
     #[test]
     fn empty_and_malformed_texts_are_refused_whole() {
-        let path = Path::new("/x/cluster.yaml");
-        let mut cache = ManifestCache::new();
+        let mut reader = FileReader::new("/x/cluster.yaml", "node-a");
         assert!(matches!(
-            snapshot_from_text(path, "", &mut cache, "node-a"),
+            reader.read(""),
             Err(FileSourceError::Empty { .. })
         ));
         let torn = format!("{CLUSTER}---\napiVersion: v1\nkind: Service\nmetadata: {{name: d");
         assert!(matches!(
-            snapshot_from_text(path, &torn, &mut cache, "node-a"),
+            reader.read(&torn),
             Err(FileSourceError::Unfinished { .. })
         ));
-        match snapshot_from_text(path, &format!("{torn}\n"), &mut cache, "node-a") {
+        match reader.read(&format!("{torn}\n")) {
             Err(FileSourceError::Malformed { first, count, .. }) => {
                 assert_eq!(count, 1);
                 assert!(first.starts_with("document 5"), "{first}");
@@ -479,45 +677,84 @@ mod tests {
         // A kind ipvs-proxier does not use is skipped, not an error.
         let with_deployment =
             format!("{CLUSTER}---\napiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: x}}\n");
-        let snapshot =
-            snapshot_from_text(path, &with_deployment, &mut cache, "node-a").expect("used");
+        let snapshot = snapshot_of(reader.read(&with_deployment).expect("used"));
         assert_eq!(snapshot.services.len(), 1);
-        // A file with no object at all is a real empty state.
-        let empty = snapshot_from_text(path, "# nothing\n", &mut cache, "node-a").expect("used");
-        assert!(empty.services.is_empty());
+        // A file with no object at all is a real empty state: the Service goes.
+        let events = reader.read("# nothing\n").expect("used");
+        assert_eq!(
+            described(&events),
+            ["node deleted", "service delete shop/web"]
+        );
     }
 
     #[test]
-    fn changes_between_snapshots_name_only_what_differs() {
-        let old = snapshot_from_manifests(parse_manifests(CLUSTER), "node-a");
-        assert!(changes_between(&old, &old.clone()).is_empty());
-        let text = CLUSTER.replace("clusterIP: 10.96.0.20", "clusterIP: 10.96.0.21")
+    fn later_reads_report_only_what_changed_and_parse_only_new_documents() {
+        let mut reader = FileReader::new("/x/cluster.yaml", "node-a");
+        let first = snapshot_of(reader.read(CLUSTER).expect("used"));
+        assert_eq!(first.services.len(), 1);
+        assert!(reader.read(CLUSTER).expect("used").is_empty(), "unchanged");
+
+        // One Service changed, one added, the node gone (renamed).
+        let text = CLUSTER
+            .replace("clusterIP: 10.96.0.20", "clusterIP: 10.96.0.21")
+            .replace("name: node-a", "name: node-x")
             + "---\napiVersion: v1\nkind: Service\nmetadata: {name: db, namespace: shop}\n";
-        let new = snapshot_from_manifests(parse_manifests(&text), "node-c");
-        let described: Vec<String> = changes_between(&old, &new)
-            .iter()
-            .map(SourceEvent::describe)
-            .collect();
+        let events = reader.read(&text).expect("used");
         assert_eq!(
-            described,
+            described(&events),
             [
                 "node deleted",
-                "service upsert shop/web",
-                "service upsert shop/db"
+                "service upsert shop/db",
+                "service upsert shop/web"
             ]
         );
-        let back: Vec<String> = changes_between(&new, &old)
-            .iter()
-            .map(SourceEvent::describe)
-            .collect();
+        let changed = events.iter().find_map(|e| match e {
+            SourceEvent::ServiceUpsert(s) if s.metadata.name.as_deref() == Some("web") => {
+                s.spec.as_ref().and_then(|spec| spec.cluster_ip.clone())
+            }
+            _ => None,
+        });
+        assert_eq!(changed.as_deref(), Some("10.96.0.21"));
+
+        // Back: the added one is deleted, the others come back.
+        let events = reader.read(CLUSTER).expect("used");
         assert_eq!(
-            back,
+            described(&events),
             [
                 "node update node-a",
                 "service delete shop/db",
                 "service upsert shop/web"
             ]
         );
+    }
+
+    #[test]
+    fn a_duplicate_definition_going_away_reports_the_remaining_one() {
+        let svc = |ip: &str| {
+            format!(
+                "apiVersion: v1\nkind: Service\nmetadata: {{name: a, namespace: x}}\nspec: {{clusterIP: {ip}}}\n"
+            )
+        };
+        let mut reader = FileReader::new("/x/c.yaml", "n");
+        let both = format!("{}---\n{}", svc("10.96.0.1"), svc("10.96.0.2"));
+        let first = snapshot_of(reader.read(&both).expect("used"));
+        let ip_of = |s: &Service| s.spec.as_ref().and_then(|spec| spec.cluster_ip.clone());
+        assert_eq!(
+            first
+                .services
+                .values()
+                .next()
+                .and_then(|s| ip_of(s))
+                .as_deref(),
+            Some("10.96.0.2"),
+            "the later definition wins"
+        );
+        // The later one goes: the earlier, unchanged document now defines it.
+        let events = reader.read(&svc("10.96.0.1")).expect("used");
+        match events.as_slice() {
+            [SourceEvent::ServiceUpsert(s)] => assert_eq!(ip_of(s).as_deref(), Some("10.96.0.1")),
+            other => panic!("{:?}", described(other)),
+        }
     }
 
     #[test]

@@ -2,7 +2,6 @@
 //! documents separated by `---`, each an object or a `kind: List` with `items`. A document
 //! that cannot be read is reported and skipped; the others are kept.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
@@ -93,9 +92,7 @@ impl fmt::Display for ManifestProblem {
     }
 }
 
-/// The objects found in a file, in file order, and the problems met. Objects are shared
-/// (`Arc`): a [`ManifestCache`] hands out the same object for an unchanged document, so the
-/// cache and the daemon's view hold one copy, and comparing them is a pointer check.
+/// The objects found in a file, in file order, and the problems met.
 #[derive(Debug, Clone, Default)]
 pub struct Manifests {
     /// Services.
@@ -110,7 +107,7 @@ pub struct Manifests {
 
 /// Splits a YAML stream into its documents' text at `---` lines (a `...` line ends a document).
 /// Splitting before parsing keeps a syntax error inside its own document.
-fn split_documents(text: &str) -> Vec<String> {
+pub fn split_documents(text: &str) -> Vec<String> {
     let mut docs = Vec::new();
     let mut current = String::new();
     let mut seen_marker_or_content = false;
@@ -225,16 +222,6 @@ impl Manifests {
     }
 }
 
-impl ManifestProblem {
-    fn position_mut(&mut self) -> &mut ManifestPosition {
-        match self {
-            ManifestProblem::Syntax { at, .. }
-            | ManifestProblem::Invalid { at, .. }
-            | ManifestProblem::UnknownKind { at, .. } => at,
-        }
-    }
-}
-
 impl Manifests {
     fn extend(&mut self, other: Manifests) {
         self.services.extend(other.services);
@@ -254,59 +241,14 @@ pub fn parse_manifests(text: &str) -> Manifests {
     out
 }
 
-/// Parses files that change a little at a time: documents whose text is the same as in the
-/// previous [`ManifestCache::parse`] are not parsed again. A file of 10,000 Services in which
-/// one EndpointSlice changed costs one YAML document, not 20,000 (YAML parsing is most of
-/// what re-reading a large file costs).
-#[derive(Debug, Default)]
-pub struct ManifestCache {
-    documents: HashMap<String, Manifests>,
-}
-
-impl ManifestCache {
-    /// An empty cache.
-    pub fn new() -> ManifestCache {
-        ManifestCache::default()
-    }
-
-    /// Like [`parse_manifests`]; keeps only this text's documents for the next call.
-    /// Documents not seen before are parsed on all cores (the first read of a large file).
-    pub fn parse(&mut self, text: &str) -> Manifests {
-        let documents = split_documents(text);
-        let mut known: Vec<Option<Manifests>> = documents
-            .iter()
-            .map(|doc_text| self.documents.remove(doc_text))
-            .collect();
-        let new: Vec<usize> = (0..documents.len())
-            .filter(|i| known[*i].is_none())
-            .collect();
-        for (i, parsed) in parse_in_parallel(&documents, &new) {
-            known[i] = Some(parsed);
-        }
-        let mut out = Manifests::default();
-        let mut seen = HashMap::with_capacity(documents.len());
-        for (document, (doc_text, parsed)) in documents.into_iter().zip(known).enumerate() {
-            let parsed = parsed.unwrap_or_default();
-            let mut placed = parsed.clone();
-            for problem in &mut placed.problems {
-                problem.position_mut().document = document;
-            }
-            out.extend(placed);
-            seen.insert(doc_text, parsed);
-        }
-        self.documents = seen;
-        out
-    }
-}
-
-/// Parses the documents at `indices` (positions are fixed up by the caller), spread over the
-/// machine's cores.
-fn parse_in_parallel(documents: &[String], indices: &[usize]) -> Vec<(usize, Manifests)> {
+/// Parses the documents at `indices`, spread over the machine's cores; problems carry
+/// their document's index.
+pub fn parse_in_parallel(documents: &[String], indices: &[usize]) -> Vec<(usize, Manifests)> {
     let threads = std::thread::available_parallelism().map_or(1, usize::from);
     if threads < 2 || indices.len() < 64 {
         return indices
             .iter()
-            .map(|&i| (i, parse_document(&documents[i], 0)))
+            .map(|&i| (i, parse_document(&documents[i], i)))
             .collect();
     }
     let chunk = indices.len().div_ceil(threads);
@@ -316,7 +258,7 @@ fn parse_in_parallel(documents: &[String], indices: &[usize]) -> Vec<(usize, Man
             .map(|part| {
                 scope.spawn(move || {
                     part.iter()
-                        .map(|&i| (i, parse_document(&documents[i], 0)))
+                        .map(|&i| (i, parse_document(&documents[i], i)))
                         .collect::<Vec<_>>()
                 })
             })
@@ -387,54 +329,6 @@ mod tests {
 
     const SVC: &str = "apiVersion: v1\nkind: Service\nmetadata:\n  name: web\n  namespace: shop\nspec:\n  clusterIP: 10.96.0.20\n  ports:\n  - port: 80\n    protocol: TCP\n    targetPort: 8080\n";
     const SLICE: &str = "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\naddressType: IPv4\nmetadata:\n  name: web-abc12\n  namespace: shop\n  labels:\n    kubernetes.io/service-name: web\nendpoints:\n- addresses: [10.244.1.5]\n  conditions: {ready: true}\nports:\n- port: 8080\n  protocol: TCP\n";
-
-    /// Manifests compared through their parts (k8s objects, problems with positions).
-    #[allow(clippy::type_complexity)]
-    fn parts(
-        m: &Manifests,
-    ) -> (
-        Vec<Arc<Service>>,
-        Vec<Arc<EndpointSlice>>,
-        Vec<Arc<Node>>,
-        Vec<ManifestProblem>,
-    ) {
-        (
-            m.services.clone(),
-            m.endpoint_slices.clone(),
-            m.nodes.clone(),
-            m.problems.clone(),
-        )
-    }
-
-    #[test]
-    fn cached_parse_equals_a_fresh_parse_as_the_file_changes() {
-        let broken = "apiVersion: v1\nkind: Service\nmetadata: {name: [oops\n";
-        let other_svc = SVC
-            .replace("name: web", "name: api")
-            .replace("10.96.0.20", "10.96.0.21");
-        let versions = [
-            format!("{SVC}---\n{SLICE}---\n{broken}"),
-            // The broken document moves first: its position must follow.
-            format!("{broken}---\n{SVC}---\n{SLICE}"),
-            // One document changes, one is added.
-            format!("{broken}---\n{other_svc}---\n{SLICE}---\n{SVC}"),
-            String::new(),
-            SVC.to_string(),
-        ];
-        let mut cache = ManifestCache::new();
-        for text in &versions {
-            assert_eq!(
-                parts(&cache.parse(text)),
-                parts(&parse_manifests(text)),
-                "{text}"
-            );
-        }
-        assert_eq!(
-            cache.documents.len(),
-            1,
-            "only the last text's documents are kept"
-        );
-    }
 
     #[test]
     fn multi_document_file() {
