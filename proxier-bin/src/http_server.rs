@@ -1,18 +1,52 @@
 //! A tiny HTTP/1 server (hyper) for the metrics, health and service health-check endpoints.
 //! Handlers are plain functions of method and path; the server stops when dropped.
+//!
+//! The servers listen where anyone on the network may talk to them (the health port is
+//! `0.0.0.0:10256`, as kube-proxy's), so no client can hold them up or take them down:
+//! - at most [`MAX_CONNECTIONS`] connections are served at once per server; a connection
+//!   beyond that is closed as soon as it is accepted (the health check of a flooded node fails
+//!   fast instead of queueing, and memory and file descriptors stay bounded);
+//! - a client has [`HEADER_READ_TIMEOUT`] to send a request's head (also between keep-alive
+//!   requests), and a connection lives at most [`MAX_CONNECTION_LIFETIME`], so slow or stalled
+//!   clients give their slot back;
+//! - request heads are limited to [`MAX_HEAD_BYTES`]; malformed requests get hyper's error
+//!   answer (400, 431, ...) or a closed connection, never a panic; a panic in a handler
+//!   answers 500 for that one request.
+//!
+//! Each server runs on its own tasks: nothing here waits on the sync loop or blocks it.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::{Method, Response, StatusCode, header};
 use http_body_util::Full;
 use hyper::body::Bytes;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
+
+/// Connections served at once by one server; more are closed as soon as they are accepted.
+/// Health probes and scrapes need a handful.
+pub const MAX_CONNECTIONS: usize = 256;
+
+/// How long a client may take to send a request's head (from the connection's start, or from
+/// the previous response on a kept-alive connection).
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// After this long a connection is asked to close (after its current response); it is cut
+/// [`SHUTDOWN_GRACE`] later if the client still does not read.
+pub const MAX_CONNECTION_LIFETIME: Duration = Duration::from_secs(60);
+
+/// How long a connection asked to close may take to finish its response.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// The largest request head (request line and headers) read; larger ones are refused.
+pub const MAX_HEAD_BYTES: usize = 16 * 1024;
 
 /// A response body.
 pub type Body = Full<Bytes>;
@@ -74,35 +108,94 @@ impl HttpServer {
 }
 
 async fn accept_loop(what: String, listener: TcpListener, handler: Handler) {
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let mut connections = JoinSet::new();
+    let mut refused: u64 = 0;
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
-            // Reap finished connections so the set does not grow.
+            // Reap finished connections so the set does not grow. A connection task that
+            // panicked is reaped the same way: it took only itself down.
             Some(_) = connections.join_next(), if !connections.is_empty() => continue,
         };
         let (stream, peer) = match accepted {
             Ok(pair) => pair,
             Err(error) => {
+                // E.g. out of file descriptors: back off instead of spinning.
                 tracing::warn!(server = %what, %error, "accept failed");
-                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             }
+        };
+        let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+            // Full: close at once. Logged for the first and then every 1000th, so a flood
+            // does not flood the log too.
+            if refused.is_multiple_of(1000) {
+                tracing::warn!(
+                    server = %what,
+                    %peer,
+                    limit = MAX_CONNECTIONS,
+                    refused = refused + 1,
+                    "too many connections; closing new ones"
+                );
+            }
+            refused = refused.wrapping_add(1);
+            drop(stream);
+            continue;
         };
         let handler = Arc::clone(&handler);
         let what = what.clone();
         connections.spawn(async move {
-            let service = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-                let response = handler(req.method(), req.uri().path());
-                async move { Ok::<_, Infallible>(response) }
-            });
-            if let Err(error) = http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await
-            {
-                tracing::debug!(server = %what, %peer, %error, "connection ended with an error");
-            }
+            serve_connection(&what, peer, stream, handler).await;
+            drop(slot);
         });
+    }
+}
+
+/// Serves one connection within the timeouts.
+async fn serve_connection(
+    what: &str,
+    peer: SocketAddr,
+    stream: tokio::net::TcpStream,
+    handler: Handler,
+) {
+    let server = what.to_owned();
+    let service = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+        // A handler bug answers 500 for its request instead of taking the connection down.
+        let answer = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            handler(req.method(), req.uri().path())
+        }));
+        let resp = answer.unwrap_or_else(|_| {
+            tracing::error!(server = %server, path = req.uri().path(), "handler panicked");
+            response(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "text/plain; charset=utf-8",
+                "internal error\n",
+            )
+        });
+        async move { Ok::<_, Infallible>(resp) }
+    });
+    let connection = http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .max_header_size(MAX_HEAD_BYTES)
+        .serve_connection(TokioIo::new(stream), service);
+    tokio::pin!(connection);
+    let result = match tokio::time::timeout(MAX_CONNECTION_LIFETIME, connection.as_mut()).await {
+        Ok(result) => result,
+        Err(_) => {
+            connection.as_mut().graceful_shutdown();
+            match tokio::time::timeout(SHUTDOWN_GRACE, connection.as_mut()).await {
+                Ok(result) => result,
+                Err(_) => {
+                    tracing::debug!(server = %what, %peer, "connection cut: client does not read");
+                    return;
+                }
+            }
+        }
+    };
+    if let Err(error) = result {
+        tracing::debug!(server = %what, %peer, %error, "connection ended with an error");
     }
 }
 
@@ -188,5 +281,88 @@ mod tests {
             tokio::net::TcpStream::connect(addr).await.is_err(),
             "port closed after shutdown"
         );
+    }
+
+    fn hello() -> Handler {
+        Arc::new(|_method, _path| response(StatusCode::OK, "text/plain", "hi"))
+    }
+
+    /// Reads until the server closes; true if it did within `limit`.
+    async fn closed_within(stream: &mut tokio::net::TcpStream, limit: Duration) -> bool {
+        use tokio::io::AsyncReadExt;
+        let mut buf = [0u8; 512];
+        tokio::time::timeout(limit, async {
+            loop {
+                match stream.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => {}
+                }
+            }
+        })
+        .await
+        .is_ok()
+    }
+
+    #[tokio::test]
+    async fn connections_beyond_the_cap_are_closed_at_once() {
+        let server = HttpServer::bind("test", "127.0.0.1:0".parse().expect("addr"), hello())
+            .await
+            .expect("bind");
+        let addr = server.local_addr();
+        let mut held = Vec::new();
+        for _ in 0..MAX_CONNECTIONS {
+            held.push(tokio::net::TcpStream::connect(addr).await.expect("connect"));
+        }
+        // Let the server accept them all.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let mut extra = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        assert!(
+            closed_within(&mut extra, Duration::from_secs(2)).await,
+            "a connection beyond the cap is closed at once"
+        );
+        // A slot freed is a connection served.
+        drop(held.pop());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let (status, _, body) = test_client::get(addr, "/x").await;
+        assert_eq!((status, body.as_str()), (200, "hi"));
+        server.shutdown();
+    }
+
+    #[tokio::test]
+    async fn a_stalled_half_request_is_cut_after_the_header_timeout() {
+        use tokio::io::AsyncWriteExt;
+        let server = HttpServer::bind("test", "127.0.0.1:0".parse().expect("addr"), hello())
+            .await
+            .expect("bind");
+        let addr = server.local_addr();
+        let mut stalled = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        stalled
+            .write_all(b"GET /x HTTP/1.1\r\nHost: a\r\nX-Half: ")
+            .await
+            .expect("write");
+        let started = std::time::Instant::now();
+        assert!(closed_within(&mut stalled, HEADER_READ_TIMEOUT * 3).await);
+        assert!(started.elapsed() >= HEADER_READ_TIMEOUT / 2);
+        // An idle connection (nothing sent at all) is cut the same way.
+        let mut idle = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        assert!(closed_within(&mut idle, HEADER_READ_TIMEOUT * 3).await);
+        server.shutdown();
+    }
+
+    #[tokio::test]
+    async fn a_panicking_handler_answers_500_and_the_server_goes_on() {
+        let handler: Handler = Arc::new(|_method, path| {
+            assert!(path != "/panic", "handler bug");
+            response(StatusCode::OK, "text/plain", "ok")
+        });
+        let server = HttpServer::bind("test", "127.0.0.1:0".parse().expect("addr"), handler)
+            .await
+            .expect("bind");
+        let addr = server.local_addr();
+        let (status, _, _) = test_client::get(addr, "/panic").await;
+        assert_eq!(status, 500);
+        let (status, _, body) = test_client::get(addr, "/fine").await;
+        assert_eq!((status, body.as_str()), (200, "ok"));
+        server.shutdown();
     }
 }
