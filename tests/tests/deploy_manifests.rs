@@ -2,13 +2,16 @@
 //! the daemon accepts: the container's flags, and the KubeProxyConfiguration in the ConfigMap.
 
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Container, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use serde::Deserialize;
 
 const KIT: &str = include_str!("../../deploy/kubernetes/ipvs-proxier.yaml");
 const ALERTS: &str = include_str!("../../deploy/kubernetes/alerts.yaml");
 const METRICS_DOC: &str = include_str!("../../docs/metrics.md");
+const LEAST_PRIVILEGE_DOC: &str = include_str!("../../docs/least-privilege.md");
+/// The VM test that proves which capabilities the daemon needs.
+const LEAST_PRIVILEGE_TEST: &str = include_str!("least_privilege.rs");
 
 struct Kit {
     service_account: ServiceAccount,
@@ -113,15 +116,6 @@ fn daemon_set_runs_on_the_host_network_with_the_service_account() {
         Some("system-node-critical")
     );
     let container = &pod.containers[0];
-    let privileged = container
-        .security_context
-        .as_ref()
-        .and_then(|s| s.privileged)
-        .unwrap_or(false);
-    assert!(
-        privileged,
-        "IPVS, nftables and sysctls need a privileged container"
-    );
     let probe = container.liveness_probe.as_ref().expect("liveness probe");
     let http = probe.http_get.as_ref().expect("HTTP liveness probe");
     assert_eq!(http.path.as_deref(), Some("/livez"));
@@ -173,7 +167,15 @@ fn alerts_and_dashboard_use_metrics_the_daemon_exports() {
     use proxier_bin::metrics as m;
     let exported = [
         m::SYNC_PROXY_RULES_DURATION,
+        m::SYNC_FULL_PROXY_RULES_DURATION,
+        m::SYNC_PARTIAL_PROXY_RULES_DURATION,
         m::SYNC_PROXY_RULES_LAST_TIMESTAMP,
+        m::SYNC_PROXY_RULES_LAST_QUEUED_TIMESTAMP,
+        m::SYNC_PROXY_RULES_LATENCY_MICROSECONDS,
+        m::HEALTHZ_TOTAL,
+        m::LIVEZ_TOTAL,
+        m::WATCH_ERRORS_TOTAL,
+        m::SOURCE_FILE_REJECTED_TOTAL,
         m::NETWORK_PROGRAMMING_DURATION,
         m::ENDPOINT_CHANGES_PENDING,
         m::ENDPOINT_CHANGES_TOTAL,
@@ -195,7 +197,10 @@ fn alerts_and_dashboard_use_metrics_the_daemon_exports() {
                 .or_else(|| word.strip_suffix("_count"))
                 .or_else(|| word.strip_suffix("_sum"))
                 .unwrap_or(word);
-            if base.starts_with("kubeproxy_") || base.starts_with("ipvs_proxier_") {
+            // A name ending in `_` is a prefix the text talks about (`kubeproxy_iptables_*`).
+            if (base.starts_with("kubeproxy_") || base.starts_with("ipvs_proxier_"))
+                && !base.ends_with('_')
+            {
                 assert!(
                     exported.contains(&base),
                     "{base} is not exported by the daemon"
@@ -211,4 +216,144 @@ fn alerts_and_dashboard_use_metrics_the_daemon_exports() {
     let alerts = documents(ALERTS);
     assert_eq!(alerts.len(), 1);
     assert_eq!(alerts[0]["kind"].as_str(), Some("PrometheusRule"));
+}
+
+/// A container's capabilities: (added, dropped), as written.
+fn capabilities(container: &Container) -> (Vec<String>, Vec<String>) {
+    let caps = container
+        .security_context
+        .as_ref()
+        .and_then(|s| s.capabilities.as_ref());
+    (
+        caps.and_then(|c| c.add.clone()).unwrap_or_default(),
+        caps.and_then(|c| c.drop.clone()).unwrap_or_default(),
+    )
+}
+
+fn assert_unprivileged(container: &Container) {
+    let sc = container
+        .security_context
+        .as_ref()
+        .unwrap_or_else(|| panic!("{}: a securityContext", container.name));
+    assert_ne!(
+        sc.privileged,
+        Some(true),
+        "{}: not privileged",
+        container.name
+    );
+    assert_eq!(
+        sc.allow_privilege_escalation,
+        Some(false),
+        "{}: no privilege escalation (no_new_privs)",
+        container.name
+    );
+    let (_, drop) = capabilities(container);
+    assert_eq!(drop, ["ALL"], "{}: drops every capability", container.name);
+}
+
+#[test]
+fn daemon_runs_with_net_admin_alone() {
+    let kit = kit();
+    let pod = kit.daemon_set.spec.template.spec.expect("pod spec");
+    let daemon = &pod.containers[0];
+    assert_eq!(pod.containers.len(), 1, "one container");
+    assert_unprivileged(daemon);
+    let (add, _) = capabilities(daemon);
+    assert_eq!(
+        add,
+        ["NET_ADMIN"],
+        "the daemon's container adds exactly the capabilities the VM test proves sufficient"
+    );
+    // The VM test confines the daemon to that same set.
+    assert!(
+        LEAST_PRIVILEGE_TEST.contains("const NEEDED: u64 = 1 << CAP_NET_ADMIN;"),
+        "tests/tests/least_privilege.rs confines the daemon to CAP_NET_ADMIN"
+    );
+    // No host directories it could only use with more capabilities: modules are loaded
+    // before it starts, not by it.
+    let mounts: Vec<&str> = daemon
+        .volume_mounts
+        .iter()
+        .flatten()
+        .map(|m| m.mount_path.as_str())
+        .collect();
+    assert!(
+        !mounts.contains(&"/lib/modules"),
+        "the daemon loads no modules: {mounts:?}"
+    );
+    for container in pod
+        .containers
+        .iter()
+        .chain(pod.init_containers.iter().flatten())
+    {
+        let sc = container.security_context.as_ref();
+        assert_ne!(
+            sc.and_then(|s| s.privileged),
+            Some(true),
+            "{} must not be privileged",
+            container.name
+        );
+    }
+    assert_ne!(pod.host_pid, Some(true), "no host PID namespace");
+    assert_ne!(pod.host_ipc, Some(true), "no host IPC namespace");
+}
+
+#[test]
+fn module_loading_init_container_has_sys_module_alone() {
+    let kit = kit();
+    let pod = kit.daemon_set.spec.template.spec.expect("pod spec");
+    let inits = pod.init_containers.unwrap_or_default();
+    let loader = inits
+        .iter()
+        .find(|c| c.name == "load-modules")
+        .expect("a load-modules init container (or the doc's node preloading instead)");
+    assert_eq!(inits.len(), 1, "one init container");
+    assert_unprivileged(loader);
+    let (add, _) = capabilities(loader);
+    assert_eq!(add, ["SYS_MODULE"]);
+    let script = loader
+        .command
+        .iter()
+        .flatten()
+        .chain(loader.args.iter().flatten())
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(" ");
+    for module in [
+        "ip_vs",
+        "ip_vs_rr",
+        "dummy",
+        "nf_tables",
+        "nf_conntrack_netlink",
+    ] {
+        assert!(
+            script.split_whitespace().any(|w| w == module),
+            "{module} is loaded: {script}"
+        );
+    }
+    let mounts = loader.volume_mounts.clone().unwrap_or_default();
+    let modules = mounts
+        .iter()
+        .find(|m| m.mount_path == "/lib/modules")
+        .expect("/lib/modules mounted");
+    assert_eq!(modules.read_only, Some(true));
+}
+
+#[test]
+fn least_privilege_doc_covers_capabilities_modules_and_sysctls() {
+    for needle in [
+        "CAP_NET_ADMIN",
+        "CAP_SYS_MODULE",
+        "/etc/modules-load.d",
+        "/etc/sysctl.d",
+        "net.ipv4.vs.conntrack",
+        "net.ipv4.ip_forward",
+        "least_privilege",
+        "10256",
+    ] {
+        assert!(
+            LEAST_PRIVILEGE_DOC.contains(needle),
+            "docs/least-privilege.md must mention {needle}"
+        );
+    }
 }
