@@ -114,11 +114,23 @@ pub enum StoreChange<K> {
 }
 
 /// The objects of one kind as last listed/watched, with relists applied atomically.
+///
+/// Once [`ObjectStore::forget_objects`] was called it keeps only each object's key and
+/// resource version (what a relist needs to tell changes apart): the objects themselves live
+/// on, converted, in the engine's model.
 #[derive(Debug)]
 pub struct ObjectStore<K> {
-    objects: BTreeMap<ObjectKey, Arc<K>>,
+    objects: BTreeMap<ObjectKey, Stored<K>>,
     relist: Option<BTreeMap<ObjectKey, Arc<K>>>,
     listed: bool,
+    keep_objects: bool,
+}
+
+/// One object of a store: its resource version, and the object while the store keeps them.
+#[derive(Debug)]
+struct Stored<K> {
+    version: Option<String>,
+    object: Option<Arc<K>>,
 }
 
 impl<K> Default for ObjectStore<K> {
@@ -127,19 +139,31 @@ impl<K> Default for ObjectStore<K> {
             objects: BTreeMap::new(),
             relist: None,
             listed: false,
+            keep_objects: true,
         }
     }
 }
 
-fn same_version<K: Resource>(a: &K, b: &K) -> bool {
-    let (va, vb) = (
-        a.meta().resource_version.as_deref(),
-        b.meta().resource_version.as_deref(),
-    );
-    va.is_some() && va == vb
-}
+impl<K: Resource + Default> ObjectStore<K> {
+    fn stored(&self, object: &Arc<K>) -> Stored<K> {
+        Stored {
+            version: object.meta().resource_version.clone(),
+            object: self.keep_objects.then(|| Arc::clone(object)),
+        }
+    }
 
-impl<K: Resource> ObjectStore<K> {
+    /// The last known state of `key`, or a stand-in with only its name and namespace.
+    fn last_state(&self, key: &ObjectKey) -> Arc<K> {
+        if let Some(object) = self.objects.get(key).and_then(|s| s.object.as_ref()) {
+            return Arc::clone(object);
+        }
+        let mut stand_in = K::default();
+        let meta = stand_in.meta_mut();
+        meta.name = Some(key.name.clone());
+        meta.namespace = (!key.namespace.is_empty()).then(|| key.namespace.clone());
+        Arc::new(stand_in)
+    }
+
     /// Applies one watcher event and returns what changed. `Init..InitDone` is buffered:
     /// nothing changes until `InitDone`, and then the whole list replaces the store.
     pub fn apply(&mut self, event: Event<K>) -> Vec<StoreChange<K>> {
@@ -159,29 +183,34 @@ impl<K: Resource> ObjectStore<K> {
             Event::InitDone => {
                 let fresh = self.relist.take().unwrap_or_default();
                 let mut changes = Vec::new();
-                for (key, old) in &self.objects {
+                for key in self.objects.keys() {
                     if !fresh.contains_key(key) {
-                        changes.push(StoreChange::Delete(Arc::clone(old)));
+                        changes.push(StoreChange::Delete(self.last_state(key)));
                     }
                 }
                 for (key, new) in &fresh {
-                    match self.objects.get(key) {
-                        Some(old) if same_version(old.as_ref(), new.as_ref()) => {}
-                        _ => changes.push(StoreChange::Upsert(Arc::clone(new))),
+                    let unchanged = self.objects.get(key).is_some_and(|old| {
+                        old.version.is_some() && old.version == new.meta().resource_version
+                    });
+                    if !unchanged {
+                        changes.push(StoreChange::Upsert(Arc::clone(new)));
                     }
                 }
-                self.objects = fresh;
+                self.objects = fresh
+                    .iter()
+                    .map(|(key, object)| (key.clone(), self.stored(object)))
+                    .collect();
                 self.listed = true;
                 changes
             }
             Event::Apply(obj) => {
                 let key = ObjectKey::of(obj.meta());
                 let obj = Arc::new(obj);
-                let unchanged = self
-                    .objects
-                    .get(&key)
-                    .is_some_and(|old| same_version(old.as_ref(), obj.as_ref()));
-                self.objects.insert(key, Arc::clone(&obj));
+                let unchanged = self.objects.get(&key).is_some_and(|old| {
+                    old.version.is_some() && old.version == obj.meta().resource_version
+                });
+                let stored = self.stored(&obj);
+                self.objects.insert(key, stored);
                 if unchanged {
                     Vec::new()
                 } else {
@@ -190,7 +219,11 @@ impl<K: Resource> ObjectStore<K> {
             }
             Event::Delete(obj) => {
                 let key = ObjectKey::of(obj.meta());
-                let last = self.objects.remove(&key).unwrap_or_else(|| Arc::new(obj));
+                let last = self
+                    .objects
+                    .remove(&key)
+                    .and_then(|stored| stored.object)
+                    .unwrap_or_else(|| Arc::new(obj));
                 vec![StoreChange::Delete(last)]
             }
         }
@@ -201,9 +234,31 @@ impl<K: Resource> ObjectStore<K> {
         self.listed
     }
 
-    /// The current objects.
-    pub fn objects(&self) -> &BTreeMap<ObjectKey, Arc<K>> {
-        &self.objects
+    /// The objects it keeps (all of them until [`ObjectStore::forget_objects`]).
+    pub fn objects(&self) -> BTreeMap<ObjectKey, Arc<K>> {
+        self.objects
+            .iter()
+            .filter_map(|(key, stored)| Some((key.clone(), Arc::clone(stored.object.as_ref()?))))
+            .collect()
+    }
+
+    /// How many objects it knows (kept or not).
+    pub fn len(&self) -> usize {
+        self.objects.len()
+    }
+
+    /// Whether it knows no object.
+    pub fn is_empty(&self) -> bool {
+        self.objects.is_empty()
+    }
+
+    /// From now on keeps only keys and resource versions (after the daemon has taken the
+    /// first snapshot).
+    pub fn forget_objects(&mut self) {
+        self.keep_objects = false;
+        for stored in self.objects.values_mut() {
+            stored.object = None;
+        }
     }
 }
 
@@ -228,8 +283,8 @@ impl KubeSourceState {
 
     fn snapshot(&self) -> ClusterSnapshot {
         ClusterSnapshot {
-            services: self.services.objects().clone(),
-            endpoint_slices: self.slices.objects().clone(),
+            services: self.services.objects(),
+            endpoint_slices: self.slices.objects(),
             node: self.nodes.objects().values().next().cloned(),
         }
     }
@@ -240,7 +295,11 @@ impl KubeSourceState {
         }
         if self.services.is_listed() && self.slices.is_listed() {
             self.synced = true;
-            return vec![SourceEvent::Snapshot(self.snapshot())];
+            let snapshot = self.snapshot();
+            // The engine holds them from now on; the stores keep only what a relist needs.
+            self.services.forget_objects();
+            self.slices.forget_objects();
+            return vec![SourceEvent::Snapshot(snapshot)];
         }
         Vec::new()
     }
@@ -370,8 +429,8 @@ async fn run(
         }
         if became_synced {
             tracing::info!(
-                services = state.services.objects().len(),
-                endpoint_slices = state.slices.objects().len(),
+                services = state.services.len(),
+                endpoint_slices = state.slices.len(),
                 "Services and EndpointSlices synced"
             );
             synced.send_replace(true);
@@ -395,6 +454,50 @@ mod tests {
             },
             ..Service::default()
         }
+    }
+
+    #[test]
+    fn after_the_snapshot_the_stores_keep_only_versions_and_relists_still_diff() {
+        let mut state = KubeSourceState::default();
+        for event in [
+            Event::Init,
+            Event::InitApply(svc("a", "1")),
+            Event::InitApply(svc("b", "1")),
+            Event::InitDone,
+        ] {
+            state.on_service(event);
+        }
+        let events = state.on_slice(Event::InitDone);
+        assert!(matches!(events.as_slice(), [SourceEvent::Snapshot(s)] if s.services.len() == 2));
+        assert!(state.services.objects().is_empty(), "objects forgotten");
+        assert_eq!(state.services.len(), 2, "keys and versions kept");
+
+        // A relist: a unchanged, b changed, c new; then one without a, whose delete carries
+        // its key.
+        for event in [
+            Event::Init,
+            Event::InitApply(svc("a", "1")),
+            Event::InitApply(svc("b", "2")),
+            Event::InitApply(svc("c", "1")),
+        ] {
+            assert!(state.on_service(event).is_empty());
+        }
+        assert_eq!(
+            names(&state.on_service(Event::InitDone)),
+            ["service upsert ns/b", "service upsert ns/c"]
+        );
+        for event in [
+            Event::Init,
+            Event::InitApply(svc("b", "2")),
+            Event::InitApply(svc("c", "1")),
+        ] {
+            state.on_service(event);
+        }
+        assert_eq!(
+            names(&state.on_service(Event::InitDone)),
+            ["service delete ns/a"]
+        );
+        assert!(state.services.objects().is_empty());
     }
 
     fn slice(name: &str, rv: &str) -> EndpointSlice {
