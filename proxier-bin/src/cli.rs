@@ -23,6 +23,18 @@ pub enum LogFormat {
     Json,
 }
 
+/// How `--dry-run` prints the plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Default)]
+pub enum OutputFormat {
+    /// A summary and one row per virtual server (for people).
+    #[default]
+    Table,
+    /// The plan as JSON (schema in docs/dry-run.md); with --watch, one document per line.
+    Json,
+    /// The plan as YAML (same schema); with --watch, one `---` document per sync.
+    Yaml,
+}
+
 /// `ipvs-proxier`: a Kubernetes Service proxy for the Linux IPVS data plane, a drop-in
 /// replacement for `kube-proxy --proxy-mode=ipvs`.
 #[derive(Debug, Clone, Default, Parser)]
@@ -145,6 +157,16 @@ pub struct Cli {
     #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
           default_missing_value = "true", value_parser = BoolishValueParser::new())]
     pub dry_run: Option<bool>,
+
+    /// With --dry-run: keep following the source after the first plan and print only what
+    /// each later sync changes (without it, a dry run prints the plan once and exits).
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
+          default_missing_value = "true", value_parser = BoolishValueParser::new())]
+    pub watch: Option<bool>,
+
+    /// How --dry-run prints the plan: table, json or yaml.
+    #[arg(long, short = 'o', value_enum, value_name = "FORMAT")]
+    pub output: Option<OutputFormat>,
 
     /// Run a single sync once the sources have synced, then exit.
     #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,

@@ -12,7 +12,7 @@ use proxier_core::netfilter::NetfilterBackend;
 use proxier_core::{Backends, EngineError, KernelProxier, Proxier, ProxierConfig, SyncKind};
 use tokio::sync::{mpsc, watch};
 
-use crate::dry_run::{DryRunObserver, render_report};
+use crate::dry_run::DryRunObserver;
 use crate::feed;
 use crate::health::{ProxyHealth, ServiceHealthServers, serve_proxy_health};
 use crate::http_server::{BindError, HttpServer};
@@ -210,7 +210,11 @@ pub async fn run(settings: Settings) -> Result<(), DaemonError> {
             ..Backends::in_memory()
         };
         let proxier = Proxier::new(config, backends)?;
-        let observer = DryRunObserver::new(observer, std::io::stdout());
+        let mut observer =
+            DryRunObserver::with_format(observer, std::io::stdout(), settings.output);
+        if !once {
+            observer = observer.watching();
+        }
         drive(&settings, proxier, observer, health, pending, shutdown_rx).await
     } else {
         let config = ProxierConfig {
@@ -351,6 +355,6 @@ impl<W: std::io::Write> OncePrinter<proxier_core::MemoryProxier> for DryRunObser
             succeeded: result.is_ok(),
             changes_pending: false,
         };
-        print!("{}", render_report(proxier, &outcome));
+        self.print_plan(proxier, &outcome);
     }
 }

@@ -16,13 +16,26 @@ pub fn level_for_verbosity(verbosity: u8) -> LevelFilter {
     }
 }
 
+/// Whether log lines may carry ANSI colours: only when stderr is a terminal and `NO_COLOR`
+/// is unset or empty (<https://no-color.org>), so that files, pipes and log collectors get
+/// plain text.
+pub fn use_colours(stderr_is_terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    stderr_is_terminal && no_color.is_none_or(|v| v.is_empty())
+}
+
 /// Installs the global subscriber. Fails only if one is already installed.
 pub fn init(settings: LogSettings) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    use std::io::IsTerminal as _;
     let filter = EnvFilter::builder()
         .with_default_directive(level_for_verbosity(settings.verbosity).into())
         .from_env_lossy();
+    let ansi = use_colours(
+        std::io::stderr().is_terminal(),
+        std::env::var_os("NO_COLOR").as_deref(),
+    );
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     match settings.format {
         LogFormat::Text => builder.try_init(),
@@ -42,5 +55,14 @@ mod tests {
         assert_eq!(level_for_verbosity(4), LevelFilter::DEBUG);
         assert_eq!(level_for_verbosity(5), LevelFilter::TRACE);
         assert_eq!(level_for_verbosity(10), LevelFilter::TRACE);
+    }
+
+    #[test]
+    fn colours_only_on_a_terminal_without_no_color() {
+        use std::ffi::OsStr;
+        assert!(use_colours(true, None));
+        assert!(use_colours(true, Some(OsStr::new(""))));
+        assert!(!use_colours(true, Some(OsStr::new("1"))));
+        assert!(!use_colours(false, None));
     }
 }

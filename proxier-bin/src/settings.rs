@@ -9,7 +9,7 @@ use ipnet::IpNet;
 use ipvs_netlink::Scheduler;
 use proxier_core::model::config::{DetectLocal, InterfaceName};
 
-use crate::cli::{Cli, LogFormat};
+use crate::cli::{Cli, LogFormat, OutputFormat};
 use crate::config::KubeProxyConfiguration;
 use crate::go_duration::format_go_duration;
 
@@ -149,6 +149,8 @@ pub struct Settings {
     pub run_mode: RunMode,
     /// Plan and print, never touch the kernel.
     pub dry_run: bool,
+    /// How the dry run prints (`--output`).
+    pub output: OutputFormat,
     /// The dummy link holding VIPs.
     pub dummy_interface: String,
     /// Logging.
@@ -386,6 +388,24 @@ pub fn resolve(
             "--cleanup needs no source: drop --source-file".to_owned(),
         ));
     }
+    let watch = cli.watch.unwrap_or(false);
+    if watch && !dry_run {
+        return Err(SettingsError::Conflict(
+            "--watch only applies to --dry-run (the daemon always follows its source)".to_owned(),
+        ));
+    }
+    if watch && once {
+        return Err(SettingsError::Conflict(
+            "--watch and --once contradict each other: pick one".to_owned(),
+        ));
+    }
+    if cli.output.is_some() && !dry_run {
+        return Err(SettingsError::Conflict(
+            "--output only applies to --dry-run".to_owned(),
+        ));
+    }
+    // A dry run prints one plan and exits (as `terraform plan`), unless asked to watch.
+    let once = once || (dry_run && !watch);
     let run_mode = if cleanup {
         RunMode::Cleanup
     } else if once {
@@ -558,6 +578,7 @@ pub fn resolve(
         healthz_bind_address,
         run_mode,
         dry_run,
+        output: cli.output.unwrap_or_default(),
         dummy_interface,
         log: LogSettings {
             format: cli.log_format.unwrap_or_default(),
@@ -622,6 +643,31 @@ mod tests {
             }
         );
         assert_eq!(s.health_timeout(), Duration::from_secs(60));
+    }
+
+    #[test]
+    fn dry_run_is_once_unless_watching() {
+        let s = resolve(&cli(&["--dry-run"]), None, "n").expect("valid");
+        assert_eq!((s.dry_run, s.run_mode), (true, RunMode::Once));
+        assert_eq!(s.output, OutputFormat::Table);
+        let s = resolve(&cli(&["--dry-run", "--once"]), None, "n").expect("valid");
+        assert_eq!(s.run_mode, RunMode::Once);
+        let s =
+            resolve(&cli(&["--dry-run", "--watch", "--output=json"]), None, "n").expect("valid");
+        assert_eq!(
+            (s.run_mode, s.output),
+            (RunMode::Daemon, OutputFormat::Json)
+        );
+        let s = resolve(&cli(&["--dry-run", "-o", "yaml"]), None, "n").expect("valid");
+        assert_eq!(s.output, OutputFormat::Yaml);
+        for args in [
+            &["--watch"][..],
+            &["--dry-run", "--watch", "--once"],
+            &["--output=json"],
+        ] {
+            let err = resolve(&cli(args), None, "n").expect_err(&format!("{args:?}"));
+            assert_eq!(err.exit_code(), 2);
+        }
     }
 
     #[test]

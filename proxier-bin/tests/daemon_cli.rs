@@ -1,6 +1,7 @@
-//! The `ipvs-proxier` binary as a user runs it: exit codes for bad flags, the `--once` dry run,
-//! and a long-running dry run that serves health and metrics on loopback, follows the source
-//! file and stops cleanly on SIGTERM.
+//! The `ipvs-proxier` binary as a user runs it: exit codes for bad flags, the dry run that
+//! prints one plan and exits (as a table, JSON or YAML), and `--dry-run --watch`, which serves
+//! health and metrics on loopback only when asked, follows the source file printing only what
+//! changed, and stops cleanly on SIGTERM.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -40,6 +41,11 @@ fn usage_errors_exit_with_code_2() {
         vec!["--ipvs-min-sync-period=2m", "--ipvs-sync-period=1m"],
         vec!["--proxy-mode=iptables"],
         vec![bad_config_arg.as_str()],
+        vec!["--watch"],
+        vec!["--dry-run", "--watch", "--once"],
+        vec!["--dry-run", "--output=xml"],
+        vec!["--detect-local-mode=BridgeInterface"],
+        vec!["--detect-local-mode=Nope"],
     ] {
         let (code, stderr) = exit_code(&args);
         assert_eq!(code, 2, "{args:?}: {stderr}");
@@ -48,27 +54,92 @@ fn usage_errors_exit_with_code_2() {
     let _ = std::fs::remove_file(bad_config);
 }
 
-#[test]
-fn once_dry_run_prints_the_source_and_exits_0() {
-    let path = temp_file("once", CLUSTER);
+fn dry_run(extra: &[&str]) -> (std::process::ExitStatus, String, String) {
+    let path = temp_file(
+        &format!("once-{}", extra.join("").replace(['-', '='], "")),
+        CLUSTER,
+    );
     let out = Command::new(BIN)
-        .args(["--dry-run", "--once", "--hostname-override=node-a"])
+        .args(["--hostname-override=node-a"])
+        .args(extra)
         .arg(format!("--source-file={}", path.display()))
+        .stdin(Stdio::null())
         .output()
         .expect("run binary");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "stderr: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let _ = std::fs::remove_file(path);
+    (
+        out.status,
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn dry_run_prints_the_plan_once_and_exits_0() {
+    let (status, stdout, stderr) = dry_run(&["--dry-run"]);
+    assert!(status.success(), "stderr: {stderr}");
+    assert_eq!(status.code(), Some(0));
     assert!(
         stdout.contains("9 services")
             && stdout.contains("10 endpoint slices")
             && stdout.contains("node node-a"),
         "{stdout}"
     );
-    let _ = std::fs::remove_file(path);
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with("shop/web") && l.contains("NodePort")),
+        "NodePort rows for the node's addresses: {stdout}"
+    );
+    // Exactly one plan: one summary line.
+    assert_eq!(stdout.matches("dry-run full sync:").count(), 1, "{stdout}");
+    // Logs are on stderr, without colours when stderr is not a terminal.
+    assert!(
+        !stderr.contains('\u{1b}'),
+        "ANSI escapes in a pipe: {stderr:?}"
+    );
+    assert!(!stdout.contains('\u{1b}'), "{stdout:?}");
+
+    // --once is the same as --dry-run alone.
+    let (status, once_stdout, _) = dry_run(&["--dry-run", "--once"]);
+    assert!(status.success());
+    assert_eq!(once_stdout, stdout);
+}
+
+#[test]
+fn dry_run_json_and_yaml_are_the_documented_schema() {
+    let (status, json, stderr) = dry_run(&["--dry-run", "--output=json"]);
+    assert!(status.success(), "{stderr}");
+    let doc: proxier_bin::dry_run::PlanDocument =
+        serde_json::from_str(&json).unwrap_or_else(|e| panic!("{e}: {json}"));
+    assert_eq!(doc.api_version, "ipvs-proxier.dry-run/v1");
+    assert_eq!(doc.kind, "Plan");
+    assert_eq!(doc.node.name, "node-a");
+    assert_eq!(doc.summary.services, 9);
+    assert!(
+        doc.writes
+            .as_ref()
+            .is_some_and(|w| w.total > 0 && w.deletes == 0)
+    );
+    let web = doc
+        .virtual_servers
+        .iter()
+        .find(|v| v.service_port.starts_with("shop/web") && v.role == "NodePort")
+        .expect("shop/web NodePort");
+    assert_eq!(web.port, 30080);
+    assert!(!web.real_servers.is_empty());
+    assert_eq!(doc.bound_addresses.len(), doc.summary.bound_addresses);
+    // Round trip: what we parsed serialises back to the same JSON value.
+    let value: serde_json::Value = serde_json::from_str(&json).expect("value");
+    assert_eq!(serde_json::to_value(&doc).expect("to value"), value);
+
+    let (status, yaml, stderr) = dry_run(&["--dry-run", "-o", "yaml"]);
+    assert!(status.success(), "{stderr}");
+    assert!(yaml.starts_with("---\n"), "{yaml}");
+    let from_yaml: proxier_bin::dry_run::PlanDocument =
+        serde_yaml::from_str(&yaml).unwrap_or_else(|e| panic!("{e}: {yaml}"));
+    // The same plan either way (the write counts too: each run starts from empty memory).
+    assert_eq!(from_yaml, doc);
 }
 
 struct Daemon {
@@ -142,11 +213,12 @@ fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
 }
 
 #[test]
-fn dry_run_daemon_serves_follows_the_file_and_stops_on_sigterm() {
+fn dry_run_watch_serves_follows_the_file_and_stops_on_sigterm() {
     let path = temp_file("daemon", CLUSTER);
     let mut child = Command::new(BIN)
         .args([
             "--dry-run",
+            "--watch",
             "--hostname-override=node-a",
             "--healthz-bind-address=127.0.0.1:0",
             "--metrics-bind-address=127.0.0.1:0",
@@ -191,6 +263,19 @@ fn dry_run_daemon_serves_follows_the_file_and_stops_on_sigterm() {
         l.contains("8 services")
     });
     assert!(second.starts_with("dry-run"), "{second}");
+    // Only what changed: the removed virtual server and its address, no whole table.
+    let changes = wait_line(&daemon.stdout_lines, "change summary", |l| {
+        l.starts_with("changes: ") || l.starts_with("SERVICE PORT")
+    });
+    assert!(
+        changes.starts_with("changes: 0 virtual servers added, 1 removed, 0 changed; 0 addresses bound, 1 unbound on kube-ipvs0; a real sync would make"),
+        "{changes}"
+    );
+    let removed = wait_line(&daemon.stdout_lines, "removed row", |l| l.starts_with("- "));
+    assert!(
+        removed.starts_with("- shop/cart") && removed.contains("10.96.12.51:7070"),
+        "{removed}"
+    );
 
     let (status, text) = http_get(metrics, "/metrics");
     assert_eq!(status, 200);
@@ -221,5 +306,87 @@ fn dry_run_daemon_serves_follows_the_file_and_stops_on_sigterm() {
         std::thread::sleep(Duration::from_millis(50));
     };
     assert_eq!(status.code(), Some(0), "SIGTERM is a clean stop");
+    let _ = std::fs::remove_file(path);
+}
+
+/// Inodes of the TCP and UDP sockets in LISTEN state (TCP) or bound (UDP) in this network
+/// namespace.
+fn listening_inodes() -> std::collections::BTreeSet<String> {
+    let mut inodes = std::collections::BTreeSet::new();
+    for (file, state) in [
+        ("/proc/net/tcp", "0A"),
+        ("/proc/net/tcp6", "0A"),
+        ("/proc/net/udp", "07"),
+        ("/proc/net/udp6", "07"),
+    ] {
+        let Ok(text) = std::fs::read_to_string(file) else {
+            continue;
+        };
+        for line in text.lines().skip(1) {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            if cols.len() > 9 && cols[3] == state {
+                inodes.insert(cols[9].to_owned());
+            }
+        }
+    }
+    inodes
+}
+
+/// Socket inodes the process holds.
+fn socket_inodes(pid: u32) -> std::collections::BTreeSet<String> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|dir| {
+            dir.filter_map(Result::ok)
+                .filter_map(|e| std::fs::read_link(e.path()).ok())
+                .filter_map(|target| {
+                    let t = target.to_string_lossy().into_owned();
+                    t.strip_prefix("socket:[")
+                        .and_then(|r| r.strip_suffix(']'))
+                        .map(str::to_owned)
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn dry_run_watch_listens_on_nothing_by_default() {
+    let path = temp_file("quiet", CLUSTER);
+    let mut child = Command::new(BIN)
+        .args([
+            "--dry-run",
+            "--watch",
+            "--hostname-override=node-a",
+            "--log-format=json",
+        ])
+        .arg(format!("--source-file={}", path.display()))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn daemon");
+    let stdout_lines = lines_of(child.stdout.take().expect("stdout"));
+    let stderr_lines = lines_of(child.stderr.take().expect("stderr"));
+    let daemon = Daemon {
+        child,
+        stdout_lines,
+        stderr_lines,
+    };
+    wait_line(&daemon.stdout_lines, "first plan", |l| {
+        l.starts_with("dry-run")
+    });
+    let listening = listening_inodes();
+    let held = socket_inodes(daemon.child.id());
+    let open: Vec<&String> = held.intersection(&listening).collect();
+    assert!(open.is_empty(), "the dry run listens on sockets {open:?}");
+    // And it said nothing about servers.
+    let mut stderr = Vec::new();
+    while let Ok(line) = daemon.stderr_lines.recv_timeout(Duration::from_millis(200)) {
+        stderr.push(line);
+    }
+    assert!(
+        !stderr.iter().any(|l| l.contains("listening")),
+        "{stderr:?}"
+    );
+    drop(daemon);
     let _ = std::fs::remove_file(path);
 }

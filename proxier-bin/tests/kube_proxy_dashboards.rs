@@ -207,6 +207,7 @@ fn start(source_args: &[String]) -> (Daemon, SocketAddr) {
     let mut child = Command::new(BIN)
         .args([
             "--dry-run",
+            "--watch",
             "--hostname-override=node-a",
             "--healthz-bind-address=127.0.0.1:0",
             "--metrics-bind-address=127.0.0.1:0",
