@@ -135,7 +135,7 @@ impl KernelAddressBackend {
                 .buffered(PIPELINE_DEPTH)
                 .collect()
                 .await;
-        if results.iter().any(|r| *r == Err(BackendError::NotFound)) {
+        if results.contains(&Err(BackendError::NotFound)) {
             // The link went away behind our back: look its index up again next time.
             self.index = None;
         }
