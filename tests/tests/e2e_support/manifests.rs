@@ -285,3 +285,13 @@ pub fn node(name: &str, ip4: &str, ip6: &str) -> String {
         "apiVersion: v1\nkind: Node\nmetadata:\n  name: {name}\n  labels:\n    kubernetes.io/hostname: {name}\nstatus:\n  addresses:\n  - type: InternalIP\n    address: \"{ip4}\"\n  - type: InternalIP\n    address: \"{ip6}\"\n  - type: Hostname\n    address: {name}\n"
     )
 }
+
+/// [`node`] with `spec.podCIDRs` (for `--detect-local-mode=NodeCIDR`).
+pub fn node_with_pod_cidrs(name: &str, ip4: &str, ip6: &str, pod_cidrs: &[&str]) -> String {
+    let mut text = node(name, ip4, ip6);
+    text.push_str("spec:\n  podCIDRs:\n");
+    for cidr in pod_cidrs {
+        let _ = writeln!(text, "  - \"{cidr}\"");
+    }
+    text
+}

@@ -247,7 +247,16 @@ impl Topology {
     /// Writes the daemon's source file: these objects plus this node. The file is replaced
     /// atomically so the daemon never reads half of it.
     pub fn write_source(&self, services: &[Svc], slices: &[Slice]) {
-        let mut text = manifests::node(NODE_NAME, NODE_IP, NODE_IP6);
+        self.write_source_with_node(
+            &manifests::node(NODE_NAME, NODE_IP, NODE_IP6),
+            services,
+            slices,
+        );
+    }
+
+    /// [`Topology::write_source`] with this Node manifest instead of the plain one.
+    pub fn write_source_with_node(&self, node: &str, services: &[Svc], slices: &[Slice]) {
+        let mut text = node.to_owned();
         for s in services {
             text.push_str("---\n");
             text.push_str(&s.to_yaml());
