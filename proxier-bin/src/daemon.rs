@@ -298,7 +298,7 @@ where
 
     let (handle, commands) = ProxierHandle::new();
     if proxier.config().node_addresses_from_kernel {
-        crate::address_monitor::spawn(handle.clone());
+        crate::address_monitor::spawn(handle.clone(), settings.dummy_interface.clone());
     }
     if let Some((events, _task)) = rest {
         tokio::spawn(pump_events(events, handle.clone(), health, pending));

@@ -266,9 +266,21 @@ pub async fn run<I, A, N, C, O>(
 {
     let mut scheduler = SyncScheduler::new(config, Instant::now());
     let mut open = true;
+    let mut addresses_changed = false;
     loop {
         while let Ok(command) = commands.rx.try_recv() {
-            handle(command, proxier, &mut scheduler, observer).await;
+            handle(
+                command,
+                proxier,
+                &mut scheduler,
+                observer,
+                &mut addresses_changed,
+            );
+        }
+        // A burst of address events is one re-read.
+        if std::mem::take(&mut addresses_changed) && proxier.refresh_node_addresses().await {
+            scheduler.request_sync();
+            observer.queued();
         }
         if *shutdown.borrow() {
             return;
@@ -314,7 +326,13 @@ pub async fn run<I, A, N, C, O>(
                 tokio::select! {
                     _ = tokio::time::sleep_until(at) => {}
                     command = commands.rx.recv() => match command {
-                        Some(command) => handle(command, proxier, &mut scheduler, observer).await,
+                        Some(command) => handle(
+                            command,
+                            proxier,
+                            &mut scheduler,
+                            observer,
+                            &mut addresses_changed,
+                        ),
                         None => open = false,
                     },
                     changed = shutdown.changed() => {
@@ -328,11 +346,12 @@ pub async fn run<I, A, N, C, O>(
     }
 }
 
-async fn handle<P, O: SyncObserver<P>, I, A, N, C>(
+fn handle<P, O: SyncObserver<P>, I, A, N, C>(
     command: Command,
     proxier: &mut Proxier<I, A, N, C>,
     scheduler: &mut SyncScheduler,
     observer: &mut O,
+    addresses_changed: &mut bool,
 ) where
     I: IpvsBackend,
     A: AddressBackend,
@@ -351,12 +370,7 @@ async fn handle<P, O: SyncObserver<P>, I, A, N, C>(
             }
         }
         Command::TriggerTime(at) => proxier.record_trigger_time(at),
-        Command::NodeAddresses => {
-            if proxier.refresh_node_addresses().await {
-                scheduler.request_sync();
-                observer.queued();
-            }
-        }
+        Command::NodeAddresses => *addresses_changed = true,
         Command::Full => scheduler.request_full(Instant::now()),
     }
 }
