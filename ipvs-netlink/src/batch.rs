@@ -7,11 +7,7 @@
 
 use crate::destination::{Destination, DestinationKey};
 use crate::error::{Error, Object, Operation};
-use crate::message::consts::*;
-use crate::message::{
-    EncodeError, IpvsMessage, encode_dest_full, encode_dest_key, encode_service_full,
-    encode_service_key,
-};
+use crate::message::{EncodeError, IpvsMessage};
 use crate::service::{Service, ServiceKey};
 use crate::transport::{NLM_F_ACK, NLM_F_REQUEST, SyncSocket, encode_ipvs, parse_messages};
 
@@ -66,39 +62,16 @@ impl Op {
         }
     }
 
-    /// Encodes the request.
+    /// Encodes the request, refusing what the kernel would refuse or store differently.
     pub fn encode(&self) -> Result<IpvsMessage, EncodeError> {
-        let mut msg;
         match self {
-            Op::AddService(s) => {
-                msg = IpvsMessage::new(IPVS_CMD_NEW_SERVICE);
-                encode_service_full(&mut msg, s)?;
-            }
-            Op::UpdateService(s) => {
-                msg = IpvsMessage::new(IPVS_CMD_SET_SERVICE);
-                encode_service_full(&mut msg, s)?;
-            }
-            Op::DeleteService(k) => {
-                msg = IpvsMessage::new(IPVS_CMD_DEL_SERVICE);
-                encode_service_key(&mut msg, k)?;
-            }
-            Op::AddDestination(k, d) => {
-                msg = IpvsMessage::new(IPVS_CMD_NEW_DEST);
-                encode_service_key(&mut msg, k)?;
-                encode_dest_full(&mut msg, d)?;
-            }
-            Op::UpdateDestination(k, d) => {
-                msg = IpvsMessage::new(IPVS_CMD_SET_DEST);
-                encode_service_key(&mut msg, k)?;
-                encode_dest_full(&mut msg, d)?;
-            }
-            Op::DeleteDestination(k, d) => {
-                msg = IpvsMessage::new(IPVS_CMD_DEL_DEST);
-                encode_service_key(&mut msg, k)?;
-                encode_dest_key(&mut msg, d)?;
-            }
+            Op::AddService(s) => IpvsMessage::new_service(s),
+            Op::UpdateService(s) => IpvsMessage::set_service(s),
+            Op::DeleteService(k) => IpvsMessage::del_service(k),
+            Op::AddDestination(k, d) => IpvsMessage::new_destination(k, d),
+            Op::UpdateDestination(k, d) => IpvsMessage::set_destination(k, d),
+            Op::DeleteDestination(k, d) => IpvsMessage::del_destination(k, d),
         }
-        Ok(msg)
     }
 }
 

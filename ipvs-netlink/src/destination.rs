@@ -25,9 +25,9 @@ impl TunnelType {
     /// Wire value.
     pub fn number(self) -> u8 {
         match self {
-            TunnelType::Ipip => crate::message::consts::IP_VS_CONN_F_TUNNEL_TYPE_IPIP,
-            TunnelType::Gue => crate::message::consts::IP_VS_CONN_F_TUNNEL_TYPE_GUE,
-            TunnelType::Gre => crate::message::consts::IP_VS_CONN_F_TUNNEL_TYPE_GRE,
+            TunnelType::Ipip => 0,
+            TunnelType::Gue => 1,
+            TunnelType::Gre => 2,
         }
     }
 
@@ -50,10 +50,9 @@ impl TunnelFlags {
     /// No checksum (the default).
     pub const NOCSUM: TunnelFlags = TunnelFlags(0);
     /// Outer checksum.
-    pub const CSUM: TunnelFlags = TunnelFlags(crate::message::consts::IP_VS_TUNNEL_ENCAP_FLAG_CSUM);
+    pub const CSUM: TunnelFlags = TunnelFlags(1 << 0);
     /// Remote checksum offload.
-    pub const REMCSUM: TunnelFlags =
-        TunnelFlags(crate::message::consts::IP_VS_TUNNEL_ENCAP_FLAG_REMCSUM);
+    pub const REMCSUM: TunnelFlags = TunnelFlags(1 << 1);
 }
 
 /// Tunnel parameters, used with [`ForwardMethod::Tunnel`].

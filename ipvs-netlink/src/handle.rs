@@ -15,15 +15,14 @@ use netlink_proto::sys::{AsyncSocket, SocketAddr, TokioSocket, protocols::NETLIN
 use crate::batch::{self, Op};
 use crate::destination::{Destination, DestinationEntry, DestinationKey};
 use crate::error::{Error, Object, Operation};
-use crate::message::consts::*;
 use crate::message::{self, IpvsMessage, WireError};
 use crate::netns::{self, NetnsTarget};
 use crate::service::{Service, ServiceEntry, ServiceKey};
 use crate::sync_daemon::{SyncDaemon, SyncState};
-use crate::transport::{self, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, SyncSocket};
+use crate::transport::{self, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, RawIpvs, SyncSocket};
 use crate::{Info, Timeouts};
 
-type Msg = GenlMessage<IpvsMessage>;
+type Msg = GenlMessage<RawIpvs>;
 
 /// Most worker threads (each with its own socket) used by [`IpvsHandle::table`].
 const MAX_DUMP_WORKERS: usize = 4;
@@ -97,7 +96,7 @@ impl IpvsHandle {
         let (sync_socket, family, socket) = netns::run_in(netns.clone(), move || {
             let _guard = rt.enter();
             let mut sync_socket = SyncSocket::open()?;
-            let family = sync_socket.resolve_family(IPVS_GENL_NAME)?;
+            let family = sync_socket.resolve_family(message::FAMILY_NAME)?;
             let mut socket = TokioSocket::new(NETLINK_GENERIC)?;
             socket.socket_mut().bind_auto()?;
             transport::tune_rcvbuf(socket.socket_ref());
@@ -146,7 +145,7 @@ impl IpvsHandle {
         msg: IpvsMessage,
         flags: u16,
     ) -> Result<impl futures::Stream<Item = NetlinkMessage<Msg>> + use<>, Error> {
-        let mut genl = GenlMessage::from_payload(msg);
+        let mut genl = GenlMessage::from_payload(RawIpvs::from_message(&msg));
         genl.set_resolved_family_id(self.inner.family);
         let mut nl = NetlinkMessage::from(genl);
         nl.header.flags = flags;
@@ -182,13 +181,15 @@ impl IpvsHandle {
         let mut answer = None;
         while let Some(m) = replies.next().await {
             match m.payload {
-                NetlinkPayload::InnerMessage(g) if answer.is_none() => answer = Some(g.payload),
+                NetlinkPayload::InnerMessage(g) if answer.is_none() => {
+                    answer = Some(g.payload.parse())
+                }
                 NetlinkPayload::Error(e) => {
                     return match (e.code, answer) {
                         (Some(code), _) => {
                             Err(Error::from_errno(op, object, code.get().saturating_neg()))
                         }
-                        (None, Some(a)) => Ok(a),
+                        (None, Some(a)) => a.map_err(|source| Error::Decode { op, source }),
                         (None, None) => Err(Error::Decode {
                             op,
                             source: WireError::new("acknowledged without an answer"),
@@ -231,7 +232,9 @@ impl IpvsHandle {
                                 None => Some(Err(connection_lost(op))),
                                 Some(m) => match m.payload {
                                     NetlinkPayload::InnerMessage(g) => Some(
-                                        decode(&g.payload)
+                                        g.payload
+                                            .parse()
+                                            .and_then(|m| decode(&m))
                                             .map_err(|source| Error::Decode { op, source }),
                                     ),
                                     NetlinkPayload::Done(_) => {
@@ -268,8 +271,9 @@ impl IpvsHandle {
         .boxed()
     }
 
-    /// Escape hatch: runs any dump request on the shared connection and returns the raw
-    /// reply messages (e.g. to inspect attributes this library does not model).
+    /// Escape hatch: runs any dump request on the shared connection and returns the reply
+    /// messages as typed attributes, unknown ones included (e.g. to inspect attributes of a
+    /// newer kernel that this library does not model).
     pub fn dump_raw(&self, msg: IpvsMessage) -> BoxStream<'static, Result<IpvsMessage, Error>> {
         self.dump(Operation::ListServices, Object::Table, msg, |m| {
             Ok(m.clone())
@@ -282,7 +286,7 @@ impl IpvsHandle {
         let reply = self
             .query(op, &Object::Table, IpvsMessage::get_info())
             .await?;
-        message::decode_info(&reply).map_err(|source| Error::Decode { op, source })
+        reply.info().map_err(|source| Error::Decode { op, source })
     }
 
     /// All services, as a stream: one dump, **best-effort**.
@@ -300,7 +304,7 @@ impl IpvsHandle {
             Operation::ListServices,
             Object::Table,
             IpvsMessage::get_services(),
-            message::decode_service_message,
+            IpvsMessage::service_entry,
         )
         .filter(move |r| {
             let keep = match r {
@@ -316,11 +320,11 @@ impl IpvsHandle {
     pub async fn service(&self, key: &ServiceKey) -> Result<ServiceEntry, Error> {
         let op = Operation::GetService;
         let object = Object::Service(*key);
-        let mut msg = IpvsMessage::new(IPVS_CMD_GET_SERVICE);
-        message::encode_service_key(&mut msg, key)
-            .map_err(|e| Error::from_encode(op, &object, e))?;
+        let msg = IpvsMessage::get_service(key).map_err(|e| Error::from_encode(op, &object, e))?;
         let reply = self.query(op, &object, msg).await?;
-        message::decode_service_message(&reply).map_err(|source| Error::Decode { op, source })
+        reply
+            .service_entry()
+            .map_err(|source| Error::Decode { op, source })
     }
 
     async fn run_op(&self, op: Op) -> Result<(), Error> {
@@ -354,14 +358,12 @@ impl IpvsHandle {
     ) -> BoxStream<'static, Result<DestinationEntry, Error>> {
         let op = Operation::ListDestinations;
         let object = Object::Service(*key);
-        let mut msg = IpvsMessage::new(IPVS_CMD_GET_DEST);
-        if let Err(e) = message::encode_service_key(&mut msg, key) {
-            return stream::iter([Err(Error::from_encode(op, &object, e))]).boxed();
-        }
-        let key = *key;
-        self.dump(op, object, msg, move |m| {
-            message::decode_dest_message(m, &key)
-        })
+        let msg = match IpvsMessage::get_destinations(key) {
+            Ok(msg) => msg,
+            Err(e) => return stream::iter([Err(Error::from_encode(op, &object, e))]).boxed(),
+        };
+        let family = key.family();
+        self.dump(op, object, msg, move |m| m.destination_entry(family))
     }
 
     /// Adds a destination to a service.
@@ -399,13 +401,13 @@ impl IpvsHandle {
         let reply = self
             .query(op, &Object::Table, IpvsMessage::get_config())
             .await?;
-        message::decode_timeouts(&reply).map_err(|source| Error::Decode { op, source })
+        Ok(reply.timeouts())
     }
 
     /// Sets connection timeouts; a 0 keeps the current value.
     pub async fn set_timeouts(&self, timeouts: &Timeouts) -> Result<(), Error> {
         let op = Operation::SetTimeouts;
-        let msg = message::encode_set_timeouts(timeouts)
+        let msg = IpvsMessage::set_timeouts(timeouts)
             .map_err(|e| Error::from_encode(op, &Object::Table, e))?;
         self.ack(op, &Object::Table, msg).await
     }
@@ -413,16 +415,11 @@ impl IpvsHandle {
     /// Zeroes the counters of one service, or of every service with `None`.
     pub async fn zero(&self, service: Option<&ServiceKey>) -> Result<(), Error> {
         let op = Operation::Zero;
-        let mut msg = IpvsMessage::new(IPVS_CMD_ZERO);
         let object = match service {
-            Some(key) => {
-                let object = Object::Service(*key);
-                message::encode_service_key(&mut msg, key)
-                    .map_err(|e| Error::from_encode(op, &object, e))?;
-                object
-            }
+            Some(key) => Object::Service(*key),
             None => Object::Table,
         };
+        let msg = IpvsMessage::zero(service).map_err(|e| Error::from_encode(op, &object, e))?;
         self.ack(op, &object, msg).await
     }
 
@@ -436,15 +433,14 @@ impl IpvsHandle {
     pub async fn start_sync_daemon(&self, daemon: &SyncDaemon) -> Result<(), Error> {
         let op = Operation::StartSyncDaemon;
         let object = Object::SyncDaemon(daemon.state);
-        let mut msg = IpvsMessage::new(IPVS_CMD_NEW_DAEMON);
-        message::encode_daemon(&mut msg, daemon).map_err(|e| Error::from_encode(op, &object, e))?;
+        let msg =
+            IpvsMessage::new_daemon(daemon).map_err(|e| Error::from_encode(op, &object, e))?;
         self.ack(op, &object, msg).await
     }
 
     /// Stops the sync daemon of that state.
     pub async fn stop_sync_daemon(&self, state: SyncState) -> Result<(), Error> {
-        let mut msg = IpvsMessage::new(IPVS_CMD_DEL_DAEMON);
-        message::encode_daemon_state(&mut msg, state);
+        let msg = IpvsMessage::del_daemon(state);
         self.ack(Operation::StopSyncDaemon, &Object::SyncDaemon(state), msg)
             .await
     }
@@ -455,7 +451,7 @@ impl IpvsHandle {
             Operation::ListSyncDaemons,
             Object::Table,
             IpvsMessage::get_daemons(),
-            message::decode_daemon_message,
+            IpvsMessage::sync_daemon,
         );
         let mut out = Vec::new();
         while let Some(d) = s.next().await {
@@ -620,7 +616,7 @@ fn dump_services(socket: &mut SyncSocket, family: u16) -> Result<Vec<ServiceEntr
     let mut decode_err = None;
     let mut seen = std::collections::HashSet::new();
     match socket.dump(family, &IpvsMessage::get_services(), |m| {
-        match message::decode_service_message(m) {
+        match m.and_then(|m| m.service_entry()) {
             // Repeats can come from concurrent changes in other namespaces (see `services`).
             Ok(s) => {
                 if seen.insert(s.service.key) {
@@ -649,12 +645,11 @@ fn get_service(
 ) -> Result<Option<ServiceEntry>, Error> {
     let op = Operation::GetService;
     let object = Object::Service(*key);
-    let mut msg = IpvsMessage::new(IPVS_CMD_GET_SERVICE);
-    message::encode_service_key(&mut msg, key).map_err(|e| Error::from_encode(op, &object, e))?;
+    let msg = IpvsMessage::get_service(key).map_err(|e| Error::from_encode(op, &object, e))?;
     let mut found = None;
     match socket.query(family, &msg, |m| {
         if found.is_none() {
-            found = Some(message::decode_service_message(m));
+            found = Some(m.and_then(|m| m.service_entry()));
         }
     }) {
         Err(e) => Err(Error::io(op, e)),
@@ -786,13 +781,13 @@ fn dump_destinations(
                         };
                         let key = entry.service.key;
                         let object = Object::Service(key);
-                        let mut msg = IpvsMessage::new(IPVS_CMD_GET_DEST);
-                        message::encode_service_key(&mut msg, &key)
+                        let msg = IpvsMessage::get_destinations(&key)
                             .map_err(|e| Error::from_encode(op, &object, e))?;
+                        let key_family = key.family();
                         let mut dests = Vec::new();
                         let mut bad = None;
                         match socket.dump(family, &msg, |m| {
-                            match message::decode_dest_message(m, &key) {
+                            match m.and_then(|m| m.destination_entry(key_family)) {
                                 Ok(d) => dests.push(d),
                                 Err(e) => bad = Some(e),
                             }

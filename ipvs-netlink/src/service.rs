@@ -5,7 +5,6 @@ use std::hash::{Hash, Hasher};
 use std::net::{IpAddr, Ipv4Addr};
 
 use crate::error::RangeError;
-use crate::message::consts::*;
 use crate::{Protocol, Scheduler, Stats};
 
 /// An address family, for fwmark services (tuple services take it from their address).
@@ -19,19 +18,19 @@ pub enum AddressFamily {
 }
 
 impl AddressFamily {
-    /// The `AF_*` number.
+    /// The `AF_*` number (`AF_INET` 2, `AF_INET6` 10).
     pub fn number(self) -> u16 {
         match self {
-            AddressFamily::Inet => AF_INET,
-            AddressFamily::Inet6 => AF_INET6,
+            AddressFamily::Inet => 2,
+            AddressFamily::Inet6 => 10,
         }
     }
 
     /// The family for an `AF_*` number.
     pub fn from_number(n: u16) -> Option<Self> {
         match n {
-            AF_INET => Some(AddressFamily::Inet),
-            AF_INET6 => Some(AddressFamily::Inet6),
+            2 => Some(AddressFamily::Inet),
+            10 => Some(AddressFamily::Inet6),
             _ => None,
         }
     }
@@ -142,6 +141,13 @@ impl fmt::Display for ServiceKey {
     }
 }
 
+const F_PERSISTENT: u32 = 0x0001;
+const F_HASHED: u32 = 0x0002;
+const F_ONEPACKET: u32 = 0x0004;
+const F_SCHED1: u32 = 0x0008;
+const F_SCHED2: u32 = 0x0010;
+const F_SCHED3: u32 = 0x0020;
+
 /// Service flags (`IP_VS_SVC_F_*`). The kernel-internal `HASHED` bit is kept but ignored by
 /// `==` and `Hash`, so a service read back from the kernel equals the one that was written.
 #[derive(Debug, Clone, Copy, Default)]
@@ -149,25 +155,20 @@ pub struct ServiceFlags(u32);
 
 impl ServiceFlags {
     /// Persistent service (`-p`).
-    pub const PERSISTENT: ServiceFlags = ServiceFlags(IP_VS_SVC_F_PERSISTENT);
+    pub const PERSISTENT: ServiceFlags = ServiceFlags(F_PERSISTENT);
     /// Set by the kernel on every hashed (installed) service; never sent.
-    pub const HASHED: ServiceFlags = ServiceFlags(IP_VS_SVC_F_HASHED);
+    pub const HASHED: ServiceFlags = ServiceFlags(F_HASHED);
     /// One-packet scheduling (`-o`).
-    pub const ONE_PACKET: ServiceFlags = ServiceFlags(IP_VS_SVC_F_ONEPACKET);
+    pub const ONE_PACKET: ServiceFlags = ServiceFlags(F_ONEPACKET);
     /// Scheduler flag 1: `sh-fallback` / `mh-fallback`.
-    pub const SH_FALLBACK: ServiceFlags = ServiceFlags(IP_VS_SVC_F_SCHED1);
+    pub const SH_FALLBACK: ServiceFlags = ServiceFlags(F_SCHED1);
     /// Scheduler flag 2: `sh-port` / `mh-port`.
-    pub const SH_PORT: ServiceFlags = ServiceFlags(IP_VS_SVC_F_SCHED2);
+    pub const SH_PORT: ServiceFlags = ServiceFlags(F_SCHED2);
     /// Scheduler flag 3.
-    pub const SCHED3: ServiceFlags = ServiceFlags(IP_VS_SVC_F_SCHED3);
+    pub const SCHED3: ServiceFlags = ServiceFlags(F_SCHED3);
     /// Every flag a client may set (everything but `HASHED`).
-    pub const SETTABLE: ServiceFlags = ServiceFlags(
-        IP_VS_SVC_F_PERSISTENT
-            | IP_VS_SVC_F_ONEPACKET
-            | IP_VS_SVC_F_SCHED1
-            | IP_VS_SVC_F_SCHED2
-            | IP_VS_SVC_F_SCHED3,
-    );
+    pub const SETTABLE: ServiceFlags =
+        ServiceFlags(F_PERSISTENT | F_ONEPACKET | F_SCHED1 | F_SCHED2 | F_SCHED3);
 
     /// No flags.
     pub const fn empty() -> Self {
@@ -191,7 +192,7 @@ impl ServiceFlags {
 
     /// Whether the kernel reported the service as hashed.
     pub const fn is_hashed(self) -> bool {
-        self.0 & IP_VS_SVC_F_HASHED != 0
+        self.0 & F_HASHED != 0
     }
 
     /// These flags with `other` set too.
@@ -200,7 +201,7 @@ impl ServiceFlags {
     }
 
     fn comparable(self) -> u32 {
-        self.0 & !IP_VS_SVC_F_HASHED
+        self.0 & !F_HASHED
     }
 }
 

@@ -16,16 +16,16 @@ impl SyncState {
     /// The `IP_VS_STATE_*` value.
     pub fn bits(self) -> u32 {
         match self {
-            SyncState::Master => crate::message::consts::IP_VS_STATE_MASTER,
-            SyncState::Backup => crate::message::consts::IP_VS_STATE_BACKUP,
+            SyncState::Master => 0x0001,
+            SyncState::Backup => 0x0002,
         }
     }
 
     /// The state for an `IP_VS_STATE_*` value.
     pub fn from_bits(bits: u32) -> Option<Self> {
         match bits {
-            crate::message::consts::IP_VS_STATE_MASTER => Some(SyncState::Master),
-            crate::message::consts::IP_VS_STATE_BACKUP => Some(SyncState::Backup),
+            0x0001 => Some(SyncState::Master),
+            0x0002 => Some(SyncState::Backup),
             _ => None,
         }
     }
