@@ -75,6 +75,29 @@ impl Op {
     }
 }
 
+/// An I/O error for every op: the batch could not run.
+pub(crate) fn failed_all(operations: &[Operation], why: &str) -> Vec<Result<(), Error>> {
+    operations
+        .iter()
+        .map(|op| Err(Error::io(*op, std::io::Error::other(why.to_owned()))))
+        .collect()
+}
+
+/// `results` made exactly one per op: missing answers become I/O errors, extra ones (never
+/// produced by [`run`]) are dropped.
+pub(crate) fn one_per_op(
+    mut results: Vec<Result<(), Error>>,
+    operations: &[Operation],
+) -> Vec<Result<(), Error>> {
+    results.truncate(operations.len());
+    let answered = results.len();
+    results.extend(failed_all(
+        &operations[answered..],
+        "no result for this operation",
+    ));
+    results
+}
+
 /// Runs `ops` on a blocking socket. Returns one result per op, in order.
 pub(crate) fn run(socket: &mut SyncSocket, family: u16, ops: &[Op]) -> Vec<Result<(), Error>> {
     let mut results: Vec<Option<Result<(), Error>>> = (0..ops.len()).map(|_| None).collect();
@@ -177,5 +200,39 @@ fn flush_chunk(
             });
             pending -= 1;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn results_are_made_one_per_op() {
+        let ops = [
+            Operation::AddService,
+            Operation::AddDestination,
+            Operation::DeleteService,
+        ];
+        let r = one_per_op(vec![Ok(())], &ops);
+        assert_eq!(r.len(), 3);
+        assert!(r[0].is_ok());
+        assert!(matches!(
+            r[2],
+            Err(Error::Io {
+                op: Operation::DeleteService,
+                ..
+            })
+        ));
+        assert_eq!(one_per_op((0..5).map(|_| Ok(())).collect(), &ops).len(), 3);
+        let failed = failed_all(&ops, "worker died");
+        assert_eq!(failed.len(), 3);
+        assert!(matches!(
+            failed[1],
+            Err(Error::Io {
+                op: Operation::AddDestination,
+                ..
+            })
+        ));
     }
 }

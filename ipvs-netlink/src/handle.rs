@@ -432,7 +432,10 @@ impl IpvsHandle {
     /// Starts a connection sync daemon.
     pub async fn start_sync_daemon(&self, daemon: &SyncDaemon) -> Result<(), Error> {
         let op = Operation::StartSyncDaemon;
-        let object = Object::SyncDaemon(daemon.state);
+        let object = Object::SyncDaemonConfig {
+            state: daemon.state,
+            interface: daemon.interface.clone(),
+        };
         let msg =
             IpvsMessage::new_daemon(daemon).map_err(|e| Error::from_encode(op, &object, e))?;
         self.ack(op, &object, msg).await
@@ -488,25 +491,22 @@ impl IpvsHandle {
     }
 
     /// Applies many changes with as few round trips as the kernel allows (many requests per
-    /// datagram). Returns one result per op, in order; a failing op does not stop the others.
-    /// Ops are applied in order, so a service may be added and filled in one batch.
+    /// datagram, each acknowledged by the kernel on its own).
+    ///
+    /// **Always returns exactly one result per op, in the order of `ops`**, whatever fails:
+    /// an op the library refuses to encode gets its own error and is not sent; an op the
+    /// kernel refuses gets the kernel's error; when the socket or the worker thread fails,
+    /// every op without an answer gets an [`Error::Io`]. A failing op does not stop the
+    /// others. The kernel applies the ops in order, so a service may be added and filled in
+    /// one batch.
     pub async fn batch(&self, ops: Vec<Op>) -> Vec<Result<(), Error>> {
         if ops.is_empty() {
             return Vec::new();
         }
+        let operations: Vec<Operation> = ops.iter().map(Op::operation).collect();
         let mut sockets = match self.take_sockets(1).await {
             Ok(s) => s,
-            Err(e) => {
-                return ops
-                    .iter()
-                    .map(|op| {
-                        Err(Error::io(
-                            op.operation(),
-                            io::Error::new(e.kind(), e.to_string()),
-                        ))
-                    })
-                    .collect();
-            }
+            Err(e) => return batch::failed_all(&operations, &e.to_string()),
         };
         let family = self.inner.family;
         let joined = tokio::task::spawn_blocking(move || {
@@ -514,20 +514,17 @@ impl IpvsHandle {
                 Some(socket) => batch::run(socket, family, &ops),
                 None => Vec::new(),
             };
-            (results, sockets, ops)
+            (results, sockets)
         })
         .await;
         match joined {
-            Ok((results, sockets, _)) => {
+            Ok((results, sockets)) => {
                 if results.iter().all(|r| !matches!(r, Err(Error::Io { .. }))) {
                     self.give_back(sockets);
                 }
-                results
+                batch::one_per_op(results, &operations)
             }
-            Err(e) => vec![Err(Error::io(
-                Operation::AddService,
-                io::Error::other(format!("batch worker failed: {e}")),
-            ))],
+            Err(e) => batch::failed_all(&operations, &format!("batch worker failed: {e}")),
         }
     }
 

@@ -108,10 +108,13 @@ pub(crate) fn state_bits(state: SyncState) -> u32 {
 /// The attributes of a daemon's configuration (NEW_DAEMON), validated.
 pub(crate) fn daemon_nlas(d: &SyncDaemon) -> Result<Vec<DaemonAttr>, EncodeError> {
     if d.interface.is_empty() || d.interface.len() > IFNAME_MAX || d.interface.contains('\0') {
-        return Err(EncodeError::invalid(format!(
-            "interface name {:?} must be 1..={IFNAME_MAX} bytes without NUL",
-            d.interface
-        )));
+        return Err(EncodeError::invalid(
+            "interface name",
+            format!(
+                "{:?} must be 1..={IFNAME_MAX} bytes without NUL",
+                d.interface
+            ),
+        ));
     }
     // The kernel keeps the sync ID in one byte, and replaces a 0 port, TTL or maximum
     // length by its default and clamps the maximum length: refuse what would be changed.

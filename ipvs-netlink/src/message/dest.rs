@@ -160,7 +160,8 @@ pub(crate) fn key_nlas(key: &DestinationKey) -> Vec<DestAttr> {
 pub(crate) fn dest_nlas(dest: &Destination) -> Result<Vec<DestAttr>, EncodeError> {
     if dest.forward == ForwardMethod::Bypass {
         return Err(EncodeError::invalid(
-            "the bypass method cannot be configured",
+            "forwarding method",
+            "bypass is only ever reported by the kernel, never configured",
         ));
     }
     let max = u64::from(MAX_WEIGHT);

@@ -65,17 +65,26 @@ impl From<DecodeError> for WireError {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum EncodeError {
-    /// The request makes no sense to the kernel (e.g. fwmark 0, a name too long).
-    #[error("{0}")]
-    Invalid(String),
+    /// A field holds something the kernel refuses or cannot hold (e.g. fwmark 0, a name
+    /// too long, a netmask of the other family).
+    #[error("{field}: {reason}")]
+    Invalid {
+        /// The field, e.g. `"scheduler name"`.
+        field: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// A numeric field the kernel cannot hold.
     #[error(transparent)]
     OutOfRange(#[from] crate::error::RangeError),
 }
 
 impl EncodeError {
-    pub(crate) fn invalid(reason: impl Into<String>) -> Self {
-        EncodeError::Invalid(reason.into())
+    pub(crate) fn invalid(field: &'static str, reason: impl Into<String>) -> Self {
+        EncodeError::Invalid {
+            field,
+            reason: reason.into(),
+        }
     }
 }
 

@@ -193,7 +193,10 @@ fn push_key(out: &mut Vec<ServiceAttr>, key: &ServiceKey) -> Result<(), EncodeEr
             out.push(ServiceAttr::Port(*port));
         }
         ServiceKey::Fwmark { mark: 0, .. } => {
-            return Err(EncodeError::invalid("fwmark 0 does not identify a service"));
+            return Err(EncodeError::invalid(
+                "fwmark",
+                "0 does not identify a service",
+            ));
         }
         ServiceKey::Fwmark { mark, .. } => out.push(ServiceAttr::Fwmark(*mark)),
     }
@@ -209,9 +212,10 @@ fn netmask_value(service: &Service) -> Result<[u8; 4], EncodeError> {
             RangeError::check("IPv6 netmask prefix length", len, 1..=128)?;
             Ok(u32::from(len).to_ne_bytes())
         }
-        (family, netmask) => Err(EncodeError::Invalid(format!(
-            "netmask {netmask} is not of the service's family {family:?}"
-        ))),
+        (family, netmask) => Err(EncodeError::invalid(
+            "netmask",
+            format!("{netmask} is not of the service's family {family:?}"),
+        )),
     }
 }
 
@@ -220,13 +224,14 @@ pub(crate) fn service_nlas(service: &Service) -> Result<Vec<ServiceAttr>, Encode
     service
         .scheduler
         .validate()
-        .map_err(|e| EncodeError::invalid(e.to_string()))?;
+        .map_err(|e| EncodeError::invalid("scheduler name", e.to_string()))?;
     if let Some(pe) = &service.pe_name
         && (pe.is_empty() || pe.len() > PE_NAME_MAX || pe.contains('\0'))
     {
-        return Err(EncodeError::invalid(format!(
-            "persistence engine name {pe:?} must be 1..={PE_NAME_MAX} bytes without NUL"
-        )));
+        return Err(EncodeError::invalid(
+            "persistence engine name",
+            format!("{pe:?} must be 1..={PE_NAME_MAX} bytes without NUL"),
+        ));
     }
     RangeError::check(
         "persistence timeout",
