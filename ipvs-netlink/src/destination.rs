@@ -66,6 +66,36 @@ pub struct Tunnel {
     pub flags: TunnelFlags,
 }
 
+impl Tunnel {
+    /// IP-in-IP, no checksum (the kernel's default).
+    pub fn ipip() -> Self {
+        Tunnel::default()
+    }
+
+    /// GRE encapsulation, no checksum.
+    pub fn gre() -> Self {
+        Tunnel {
+            kind: TunnelType::Gre,
+            ..Tunnel::default()
+        }
+    }
+
+    /// Generic UDP encapsulation to `port` (not 0), no checksum.
+    pub fn gue(port: u16) -> Self {
+        Tunnel {
+            kind: TunnelType::Gue,
+            port,
+            flags: TunnelFlags::NOCSUM,
+        }
+    }
+
+    /// The same tunnel with another checksum mode.
+    pub fn with_checksum(mut self, flags: TunnelFlags) -> Self {
+        self.flags = flags;
+        self
+    }
+}
+
 /// A real server's configuration (what `add_destination`/`update_destination` send). Its
 /// address family is the address's; it may differ from the service's only with tunnelling.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -109,6 +139,59 @@ impl Destination {
     /// The same destination with another forwarding method.
     pub fn with_forward(mut self, forward: ForwardMethod) -> Self {
         self.forward = forward;
+        self
+    }
+
+    /// The same destination with another port.
+    pub fn with_port(mut self, port: u16) -> Self {
+        self.port = port;
+        self
+    }
+
+    /// Connection thresholds: the kernel stops sending new connections when the
+    /// destination has more than `upper` and resumes below `lower` (0 = no limit; `lower`
+    /// must not exceed `upper`, both at most [`MAX_WEIGHT`]).
+    pub fn with_thresholds(mut self, upper: u32, lower: u32) -> Self {
+        self.upper_threshold = upper;
+        self.lower_threshold = lower;
+        self
+    }
+
+    /// The upper connection threshold alone (see [`with_thresholds`](Self::with_thresholds)).
+    pub fn with_upper_threshold(mut self, upper: u32) -> Self {
+        self.upper_threshold = upper;
+        self
+    }
+
+    /// The lower connection threshold alone (see [`with_thresholds`](Self::with_thresholds)).
+    pub fn with_lower_threshold(mut self, lower: u32) -> Self {
+        self.lower_threshold = lower;
+        self
+    }
+
+    /// Tunnel forwarding with these parameters (sets [`ForwardMethod::Tunnel`]).
+    pub fn with_tunnel(mut self, tunnel: Tunnel) -> Self {
+        self.forward = ForwardMethod::Tunnel;
+        self.tunnel = tunnel;
+        self
+    }
+
+    /// The tunnel's encapsulation (IPIP, GUE, GRE), keeping the other tunnel parameters.
+    pub fn with_tunnel_type(mut self, kind: TunnelType) -> Self {
+        self.tunnel.kind = kind;
+        self
+    }
+
+    /// The tunnel's destination UDP port (needed, not 0, with [`TunnelType::Gue`]).
+    pub fn with_tunnel_port(mut self, port: u16) -> Self {
+        self.tunnel.port = port;
+        self
+    }
+
+    /// The tunnel's checksum mode: [`TunnelFlags::NOCSUM`], [`TunnelFlags::CSUM`] or
+    /// [`TunnelFlags::REMCSUM`].
+    pub fn with_tunnel_checksum(mut self, flags: TunnelFlags) -> Self {
+        self.tunnel.flags = flags;
         self
     }
 }

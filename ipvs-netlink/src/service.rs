@@ -160,10 +160,15 @@ impl ServiceFlags {
     pub const HASHED: ServiceFlags = ServiceFlags(F_HASHED);
     /// One-packet scheduling (`-o`).
     pub const ONE_PACKET: ServiceFlags = ServiceFlags(F_ONEPACKET);
-    /// Scheduler flag 1: `sh-fallback` / `mh-fallback`.
+    /// Scheduler flag 1 for `sh`: `sh-fallback` (pick another server when the hashed one
+    /// is unavailable).
     pub const SH_FALLBACK: ServiceFlags = ServiceFlags(F_SCHED1);
-    /// Scheduler flag 2: `sh-port` / `mh-port`.
+    /// Scheduler flag 2 for `sh`: `sh-port` (hash the source port too).
     pub const SH_PORT: ServiceFlags = ServiceFlags(F_SCHED2);
+    /// Scheduler flag 1 for `mh`: `mh-fallback` (the same bit as [`SH_FALLBACK`](Self::SH_FALLBACK)).
+    pub const MH_FALLBACK: ServiceFlags = ServiceFlags(F_SCHED1);
+    /// Scheduler flag 2 for `mh`: `mh-port` (the same bit as [`SH_PORT`](Self::SH_PORT)).
+    pub const MH_PORT: ServiceFlags = ServiceFlags(F_SCHED2);
     /// Scheduler flag 3.
     pub const SCHED3: ServiceFlags = ServiceFlags(F_SCHED3);
     /// Every flag a client may set (everything but `HASHED`).
@@ -355,9 +360,71 @@ impl Service {
         self
     }
 
-    /// The same service with another persistence netmask.
+    /// The same service with another persistence netmask (of the service's family; which
+    /// client addresses share a persistence template).
     pub fn with_netmask(mut self, netmask: Netmask) -> Self {
         self.netmask = netmask;
+        self
+    }
+
+    /// The same service with another scheduler.
+    pub fn with_scheduler(mut self, scheduler: Scheduler) -> Self {
+        self.scheduler = scheduler;
+        self
+    }
+
+    /// The same service with exactly these flags (replacing the current ones).
+    pub fn with_flags(mut self, flags: ServiceFlags) -> Self {
+        self.flags = flags;
+        self
+    }
+
+    /// The same service with these flags set too.
+    pub fn with_flag(mut self, flag: ServiceFlags) -> Self {
+        self.flags |= flag;
+        self
+    }
+
+    /// One-packet scheduling (`ipvsadm -o`): the kernel schedules every UDP datagram on its
+    /// own instead of keeping a connection entry.
+    pub fn one_packet(self) -> Self {
+        self.with_flag(ServiceFlags::ONE_PACKET)
+    }
+
+    /// `mh-fallback` (for the `mh` scheduler): the kernel picks another destination when
+    /// the hashed one is unavailable (weight 0 or overloaded).
+    pub fn mh_fallback(self) -> Self {
+        self.with_flag(ServiceFlags::MH_FALLBACK)
+    }
+
+    /// `mh-port` (for the `mh` scheduler): the kernel hashes the source port too.
+    pub fn mh_port(self) -> Self {
+        self.with_flag(ServiceFlags::MH_PORT)
+    }
+
+    /// `sh-fallback` (for the `sh` scheduler): like [`mh_fallback`](Self::mh_fallback).
+    pub fn sh_fallback(self) -> Self {
+        self.with_flag(ServiceFlags::SH_FALLBACK)
+    }
+
+    /// `sh-port` (for the `sh` scheduler): like [`mh_port`](Self::mh_port).
+    pub fn sh_port(self) -> Self {
+        self.with_flag(ServiceFlags::SH_PORT)
+    }
+
+    /// The persistence timeout in seconds without changing the flags (at most
+    /// [`MAX_PERSISTENCE_TIMEOUT`]); see [`persistent`](Self::persistent).
+    pub fn with_timeout(mut self, timeout: u32) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// A persistence engine (e.g. `sip`, module `ip_vs_pe_sip`): the kernel groups
+    /// connections into persistence templates by what the engine extracts. At most 15
+    /// bytes; the kernel answers `ENOENT` ([`Error::SchedulerNotFound`](crate::Error::SchedulerNotFound))
+    /// when it has no such module.
+    pub fn with_persistence_engine(mut self, name: impl Into<String>) -> Self {
+        self.pe_name = Some(name.into());
         self
     }
 }

@@ -67,6 +67,32 @@ impl SyncDaemon {
 }
 
 impl SyncDaemon {
+    /// The same daemon with a maximum sync message length (see
+    /// [`max_len_range`](Self::max_len_range)).
+    pub fn with_max_len(mut self, len: u16) -> Self {
+        self.max_len = Some(len);
+        self
+    }
+
+    /// The same daemon with a multicast group (IPv4 or IPv6; the kernel's default is
+    /// 224.0.0.81).
+    pub fn with_group(mut self, group: IpAddr) -> Self {
+        self.group = Some(group);
+        self
+    }
+
+    /// The same daemon with a multicast UDP port (not 0; the kernel's default is 8848).
+    pub fn with_port(mut self, port: u16) -> Self {
+        self.port = Some(port);
+        self
+    }
+
+    /// The same daemon with a multicast TTL (not 0; the kernel's default is 1).
+    pub fn with_ttl(mut self, ttl: u8) -> Self {
+        self.ttl = Some(ttl);
+        self
+    }
+
     /// The maximum message lengths the kernel keeps as given: from 1 (master) or 1024
     /// (backup) to 65535 less the IP and UDP headers of the group's family.
     pub fn max_len_range(&self) -> RangeInclusive<u64> {

@@ -935,3 +935,92 @@ mod real_kernel {
         }
     }
 }
+
+/// The builders set exactly the fields their names say, and what they build encodes as
+/// the hand-written golden bytes above.
+#[test]
+fn builders_set_every_field() {
+    let dest = Destination::new(IpAddr::V6(Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 2)), 80)
+        .with_weight(3)
+        .with_tunnel(crate::Tunnel::gue(6080).with_checksum(TunnelFlags::CSUM));
+    let mut by_hand = Destination::new(IpAddr::V6(Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 2)), 80)
+        .with_forward(ForwardMethod::Tunnel)
+        .with_weight(3);
+    by_hand.tunnel.kind = TunnelType::Gue;
+    by_hand.tunnel.port = 6080;
+    by_hand.tunnel.flags = TunnelFlags::CSUM;
+    assert_eq!(dest, by_hand);
+    let d = Destination::new(v4(10, 1, 0, 5), 1)
+        .with_port(8080)
+        .with_thresholds(10, 1)
+        .with_tunnel_type(TunnelType::Gre)
+        .with_tunnel_port(7)
+        .with_tunnel_checksum(TunnelFlags::REMCSUM);
+    assert_eq!(
+        (d.port, d.upper_threshold, d.lower_threshold),
+        (8080, 10, 1)
+    );
+    assert_eq!(d.forward, ForwardMethod::Masquerade);
+    assert_eq!(
+        d.tunnel,
+        crate::Tunnel {
+            kind: TunnelType::Gre,
+            port: 7,
+            flags: TunnelFlags::REMCSUM
+        }
+    );
+    assert_eq!(
+        d.clone().with_upper_threshold(20).with_lower_threshold(5),
+        d.with_thresholds(20, 5)
+    );
+
+    let svc = Service::new(
+        ServiceKey::udp(v4(192, 168, 1, 2), 53),
+        Scheduler::RoundRobin,
+    )
+    .with_scheduler(Scheduler::SourceHashing)
+    .persistent(300)
+    .sh_port()
+    .with_netmask(Netmask::v4_prefix(24).expect("valid"))
+    .with_persistence_engine("sip");
+    let msg = Op::UpdateService(svc.clone()).encode().expect("valid");
+    // The same bytes as `encode_persistent_udp_v4_with_netmask_and_pe`.
+    assert_eq!(&msg.attrs()[..8], &hex("5c 00 01 00 06 00 01 00")[..]);
+    assert!(
+        msg.attrs()
+            .windows(12)
+            .any(|w| w == hex("0c 00 07 00 11 00 00 00 ff ff ff ff"))
+    );
+    let mh = Service::new(tcp_10_0_0_1_80(), Scheduler::MaglevHashing)
+        .mh_fallback()
+        .mh_port()
+        .one_packet()
+        .with_timeout(9);
+    assert_eq!(
+        mh.flags,
+        ServiceFlags::SH_FALLBACK | ServiceFlags::SH_PORT | ServiceFlags::ONE_PACKET
+    );
+    assert_eq!(mh.timeout, 9);
+    assert_eq!(
+        mh.clone().with_flags(ServiceFlags::empty()).flags,
+        ServiceFlags::empty()
+    );
+
+    let daemon = SyncDaemon::new(SyncState::Backup, "eth0", 5)
+        .with_group(v4(224, 0, 0, 81))
+        .with_port(8848)
+        .with_ttl(1)
+        .with_max_len(1500);
+    assert_eq!(
+        (daemon.group, daemon.port, daemon.ttl, daemon.max_len),
+        (Some(v4(224, 0, 0, 81)), Some(8848), Some(1), Some(1500))
+    );
+    assert_eq!(
+        Timeouts::new(900, 120, 300),
+        Timeouts {
+            tcp: 900,
+            tcp_fin: 120,
+            udp: 300
+        }
+    );
+}
