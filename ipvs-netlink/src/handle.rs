@@ -280,7 +280,7 @@ impl IpvsHandle {
         })
     }
 
-    /// IPVS version and connection table size.
+    /// The kernel's IPVS version and connection table size (`GET_INFO`).
     pub async fn info(&self) -> Result<Info, Error> {
         let op = Operation::Info;
         let reply = self
@@ -336,17 +336,22 @@ impl IpvsHandle {
         self.ack(operation, &object, msg).await
     }
 
-    /// Adds a service.
+    /// Adds a service (`NEW_SERVICE`). The kernel loads the scheduler module on demand and
+    /// answers [`Error::ServiceExists`] if the key is taken, [`Error::SchedulerNotFound`] if
+    /// it has no such scheduler or persistence engine.
     pub async fn add_service(&self, service: &Service) -> Result<(), Error> {
         self.run_op(Op::AddService(service.clone())).await
     }
 
-    /// Changes a service's scheduler, flags, timeout, netmask or persistence engine.
+    /// Changes a service's scheduler, flags, timeout, netmask or persistence engine
+    /// (`SET_SERVICE`; the kernel replaces all of them, the destinations stay).
+    /// [`Error::ServiceNotFound`] if it does not exist.
     pub async fn update_service(&self, service: &Service) -> Result<(), Error> {
         self.run_op(Op::UpdateService(service.clone())).await
     }
 
-    /// Deletes a service and its destinations.
+    /// Deletes a service and its destinations (`DEL_SERVICE`; the destinations go to the
+    /// kernel's destination trash while connections still use them).
     pub async fn delete_service(&self, key: &ServiceKey) -> Result<(), Error> {
         self.run_op(Op::DeleteService(*key)).await
     }
@@ -366,7 +371,9 @@ impl IpvsHandle {
         self.dump(op, object, msg, move |m| m.destination_entry(family))
     }
 
-    /// Adds a destination to a service.
+    /// Adds a destination to a service (`NEW_DEST`): [`Error::ServiceNotFound`] without the
+    /// service, [`Error::DestinationExists`] if it is there, [`Error::InvalidArgument`] for
+    /// a family other than the service's without tunnelling.
     pub async fn add_destination(
         &self,
         service: &ServiceKey,
@@ -376,7 +383,8 @@ impl IpvsHandle {
             .await
     }
 
-    /// Changes a destination's forwarding method, weight, thresholds or tunnel.
+    /// Changes a destination's forwarding method, weight, thresholds or tunnel (`SET_DEST`;
+    /// existing connections stay on it). [`Error::DestinationNotFound`] if it is not there.
     pub async fn update_destination(
         &self,
         service: &ServiceKey,
@@ -386,7 +394,8 @@ impl IpvsHandle {
             .await
     }
 
-    /// Deletes a destination.
+    /// Deletes a destination (`DEL_DEST`; the kernel keeps it in its destination trash for
+    /// about two minutes while connections use it).
     pub async fn delete_destination(
         &self,
         service: &ServiceKey,
@@ -395,7 +404,7 @@ impl IpvsHandle {
         self.run_op(Op::DeleteDestination(*service, *dest)).await
     }
 
-    /// Connection timeouts.
+    /// The connection table's timeouts (`GET_CONFIG`, like `ipvsadm -L --timeout`).
     pub async fn timeouts(&self) -> Result<Timeouts, Error> {
         let op = Operation::GetTimeouts;
         let reply = self
@@ -404,7 +413,8 @@ impl IpvsHandle {
         Ok(reply.timeouts())
     }
 
-    /// Sets connection timeouts; a 0 keeps the current value.
+    /// Sets the connection table's timeouts (`SET_CONFIG`); the kernel keeps the current
+    /// value for a 0.
     pub async fn set_timeouts(&self, timeouts: &Timeouts) -> Result<(), Error> {
         let op = Operation::SetTimeouts;
         let msg = IpvsMessage::set_timeouts(timeouts)
@@ -423,13 +433,16 @@ impl IpvsHandle {
         self.ack(op, &object, msg).await
     }
 
-    /// Deletes every service (of this namespace).
+    /// Deletes every service of the handle's network namespace (`FLUSH`), including
+    /// services other programs created.
     pub async fn flush(&self) -> Result<(), Error> {
         self.ack(Operation::Flush, &Object::Table, IpvsMessage::flush())
             .await
     }
 
-    /// Starts a connection sync daemon.
+    /// Starts a connection sync daemon (`NEW_DAEMON`): a kernel thread that multicasts
+    /// (master) or receives (backup) connection state. [`Error::SyncDaemonExists`] if one of
+    /// that state runs, [`Error::InterfaceNotFound`] for an unknown interface.
     pub async fn start_sync_daemon(&self, daemon: &SyncDaemon) -> Result<(), Error> {
         let op = Operation::StartSyncDaemon;
         let object = Object::SyncDaemonConfig {
@@ -441,14 +454,15 @@ impl IpvsHandle {
         self.ack(op, &object, msg).await
     }
 
-    /// Stops the sync daemon of that state.
+    /// Stops the sync daemon of that state (`DEL_DAEMON`); [`Error::SyncDaemonNotFound`]
+    /// if none runs.
     pub async fn stop_sync_daemon(&self, state: SyncState) -> Result<(), Error> {
         let msg = IpvsMessage::del_daemon(state);
         self.ack(Operation::StopSyncDaemon, &Object::SyncDaemon(state), msg)
             .await
     }
 
-    /// Running sync daemons.
+    /// The running sync daemons (`GET_DAEMON` dump), with every parameter the kernel uses.
     pub async fn sync_daemons(&self) -> Result<Vec<SyncDaemon>, Error> {
         let mut s = self.dump(
             Operation::ListSyncDaemons,

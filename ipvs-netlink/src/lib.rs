@@ -1,5 +1,8 @@
 //! Async client for the Linux kernel's IPVS generic-netlink family.
 //!
+//! See the README for the three common tasks (listing, programming a table, batching);
+//! the crate has no Cargo features and needs a tokio runtime.
+//!
 //! Covers the whole protocol: services (tuple and fwmark, IPv4 and IPv6), destinations
 //! (all forwarding methods, mixed-family tunnels), statistics, timeouts, counters, flush,
 //! sync daemons and global info; with typed errors per operation, network-namespace-aware
@@ -33,6 +36,11 @@
 //! # Ok(())
 //! # }
 //! ```
+
+/// The examples of the crate's README, compiled as doc tests.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
 
 pub mod batch;
 pub mod destination;

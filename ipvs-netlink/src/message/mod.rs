@@ -1,12 +1,12 @@
 //! The IPVS wire format, typed: the command ([`IpvsCmd`]), the generic-netlink payload
 //! ([`IpvsMessage`]) and one attribute enum per nesting level ([`IpvsAttr`],
 //! [`ServiceAttr`], [`DestAttr`], [`DaemonAttr`], [`StatsAttr`], [`InfoAttr`]), each
-//! implementing netlink-packet-core's [`Nla`](netlink_packet_core::Nla) and
-//! [`Parseable`](netlink_packet_core::Parseable) (or, for the top level, which depends on
+//! implementing netlink-packet-core's [`Nla`] and
+//! [`Parseable`] (or, for the top level, which depends on
 //! the command, [`ParseableParametrized`]), as netlink-packet-route does for rtnetlink.
 //!
 //! Attributes this library does not know (a newer kernel's) are kept as `Other`
-//! ([`DefaultNla`](netlink_packet_core::DefaultNla)), so parsing a message and emitting it
+//! ([`DefaultNla`]), so parsing a message and emitting it
 //! again gives the same bytes.
 //!
 //! The conversions to and from the crate's domain types live here too: constructors such
