@@ -30,6 +30,62 @@ const MAX_DUMP_WORKERS: usize = 4;
 /// Most service dumps [`IpvsHandle::table_verified`] makes before giving up.
 pub const MAX_TABLE_ATTEMPTS: u32 = 8;
 
+/// The netlink connection behind an [`IpvsHandle`]: a future that moves requests and
+/// replies between the handle and the kernel. Spawn it (or poll it) for the handle's
+/// single requests and dumps to make progress; it ends when every handle is dropped.
+/// [`batch`](IpvsHandle::batch) and [`table`](IpvsHandle::table) use sockets of their own
+/// and do not depend on it.
+#[must_use = "the connection does nothing unless it is spawned or polled"]
+pub struct IpvsConnection {
+    inner: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
+}
+
+impl std::fmt::Debug for IpvsConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IpvsConnection").finish_non_exhaustive()
+    }
+}
+
+impl std::future::Future for IpvsConnection {
+    type Output = ();
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        self.inner.as_mut().poll(cx)
+    }
+}
+
+/// Connects in the caller's network namespace without spawning anything, as rtnetlink's
+/// `new_connection` does: returns the connection, which the caller spawns on the runtime
+/// of its choice, and the handle. Must be called within a tokio runtime (the socket is a
+/// tokio socket).
+///
+/// ```no_run
+/// # async fn example() -> Result<(), ipvs_netlink::Error> {
+/// let (connection, ipvs) = ipvs_netlink::new_connection().await?;
+/// tokio::spawn(connection);
+/// println!("{}", ipvs.info().await?);
+/// # Ok(())
+/// # }
+/// ```
+pub async fn new_connection() -> Result<(IpvsConnection, IpvsHandle), Error> {
+    IpvsHandle::build(None).await
+}
+
+/// [`new_connection`] inside the given network namespace (path or fd), without moving the
+/// caller's thread.
+pub async fn new_connection_in_netns(
+    target: impl Into<NetnsTarget>,
+) -> Result<(IpvsConnection, IpvsHandle), Error> {
+    let fd = target
+        .into()
+        .open()
+        .map_err(|e| Error::io(Operation::Connect, e))?;
+    IpvsHandle::build(Some(Arc::new(fd))).await
+}
+
 /// Every service with its destinations, as [`IpvsHandle::table`] returns it.
 pub type Table = Vec<(ServiceEntry, Vec<DestinationEntry>)>;
 
@@ -76,9 +132,13 @@ impl std::fmt::Debug for IpvsHandle {
 }
 
 impl IpvsHandle {
-    /// Connects in the caller's network namespace. Must be called within a tokio runtime.
+    /// Connects in the caller's network namespace and spawns the connection task on the
+    /// current tokio runtime (see [`new_connection`] to drive it yourself). Must be called
+    /// within a tokio runtime.
     pub async fn new() -> Result<IpvsHandle, Error> {
-        Self::build(None).await
+        let (conn, handle) = Self::build(None).await?;
+        tokio::spawn(conn);
+        Ok(handle)
     }
 
     /// Connects inside the given network namespace (path or fd) without moving the
@@ -88,10 +148,12 @@ impl IpvsHandle {
             .into()
             .open()
             .map_err(|e| Error::io(Operation::Connect, e))?;
-        Self::build(Some(Arc::new(fd))).await
+        let (conn, handle) = Self::build(Some(Arc::new(fd))).await?;
+        tokio::spawn(conn);
+        Ok(handle)
     }
 
-    async fn build(netns: Option<Arc<OwnedFd>>) -> Result<IpvsHandle, Error> {
+    async fn build(netns: Option<Arc<OwnedFd>>) -> Result<(IpvsConnection, IpvsHandle), Error> {
         let rt = tokio::runtime::Handle::current();
         let (sync_socket, family, socket) = netns::run_in(netns.clone(), move || {
             let _guard = rt.enter();
@@ -122,8 +184,10 @@ impl IpvsHandle {
             );
         conn.set_forward_ack(true);
         conn.set_forward_done(true);
-        tokio::spawn(conn);
-        Ok(IpvsHandle {
+        let conn = IpvsConnection {
+            inner: Box::pin(conn),
+        };
+        let handle = IpvsHandle {
             inner: Arc::new(Inner {
                 conn: handle,
                 family,
@@ -131,7 +195,8 @@ impl IpvsHandle {
                 netns,
                 pool: Mutex::new(vec![sync_socket]),
             }),
-        })
+        };
+        Ok((conn, handle))
     }
 
     /// The generic-netlink family id the kernel gave IPVS.

@@ -64,7 +64,10 @@ pub use destination::{
 };
 pub use error::{Error, Object, Operation, RangeError};
 pub use forward::ForwardMethod;
-pub use handle::{IpvsHandle, MAX_TABLE_ATTEMPTS, Table, VerifiedTable};
+pub use handle::{
+    IpvsConnection, IpvsHandle, MAX_TABLE_ATTEMPTS, Table, VerifiedTable, new_connection,
+    new_connection_in_netns,
+};
 pub use info::Info;
 pub use netns::NetnsTarget;
 pub use protocol::Protocol;
