@@ -7,11 +7,7 @@
 
 use crate::destination::{Destination, DestinationKey};
 use crate::error::{Error, Object, Operation};
-use crate::message::consts::*;
-use crate::message::{
-    EncodeError, IpvsMessage, encode_dest_full, encode_dest_key, encode_service_full,
-    encode_service_key,
-};
+use crate::message::{EncodeError, IpvsMessage};
 use crate::service::{Service, ServiceKey};
 use crate::transport::{NLM_F_ACK, NLM_F_REQUEST, SyncSocket, encode_ipvs, parse_messages};
 
@@ -66,40 +62,40 @@ impl Op {
         }
     }
 
-    /// Encodes the request.
+    /// Encodes the request, refusing what the kernel would refuse or store differently.
     pub fn encode(&self) -> Result<IpvsMessage, EncodeError> {
-        let mut msg;
         match self {
-            Op::AddService(s) => {
-                msg = IpvsMessage::new(IPVS_CMD_NEW_SERVICE);
-                encode_service_full(&mut msg, s)?;
-            }
-            Op::UpdateService(s) => {
-                msg = IpvsMessage::new(IPVS_CMD_SET_SERVICE);
-                encode_service_full(&mut msg, s)?;
-            }
-            Op::DeleteService(k) => {
-                msg = IpvsMessage::new(IPVS_CMD_DEL_SERVICE);
-                encode_service_key(&mut msg, k)?;
-            }
-            Op::AddDestination(k, d) => {
-                msg = IpvsMessage::new(IPVS_CMD_NEW_DEST);
-                encode_service_key(&mut msg, k)?;
-                encode_dest_full(&mut msg, d)?;
-            }
-            Op::UpdateDestination(k, d) => {
-                msg = IpvsMessage::new(IPVS_CMD_SET_DEST);
-                encode_service_key(&mut msg, k)?;
-                encode_dest_full(&mut msg, d)?;
-            }
-            Op::DeleteDestination(k, d) => {
-                msg = IpvsMessage::new(IPVS_CMD_DEL_DEST);
-                encode_service_key(&mut msg, k)?;
-                encode_dest_key(&mut msg, d)?;
-            }
+            Op::AddService(s) => IpvsMessage::new_service(s),
+            Op::UpdateService(s) => IpvsMessage::set_service(s),
+            Op::DeleteService(k) => IpvsMessage::del_service(k),
+            Op::AddDestination(k, d) => IpvsMessage::new_destination(k, d),
+            Op::UpdateDestination(k, d) => IpvsMessage::set_destination(k, d),
+            Op::DeleteDestination(k, d) => IpvsMessage::del_destination(k, d),
         }
-        Ok(msg)
     }
+}
+
+/// An I/O error for every op: the batch could not run.
+pub(crate) fn failed_all(operations: &[Operation], why: &str) -> Vec<Result<(), Error>> {
+    operations
+        .iter()
+        .map(|op| Err(Error::io(*op, std::io::Error::other(why.to_owned()))))
+        .collect()
+}
+
+/// `results` made exactly one per op: missing answers become I/O errors, extra ones (never
+/// produced by [`run`]) are dropped.
+pub(crate) fn one_per_op(
+    mut results: Vec<Result<(), Error>>,
+    operations: &[Operation],
+) -> Vec<Result<(), Error>> {
+    results.truncate(operations.len());
+    let answered = results.len();
+    results.extend(failed_all(
+        &operations[answered..],
+        "no result for this operation",
+    ));
+    results
 }
 
 /// Runs `ops` on a blocking socket. Returns one result per op, in order.
@@ -204,5 +200,39 @@ fn flush_chunk(
             });
             pending -= 1;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn results_are_made_one_per_op() {
+        let ops = [
+            Operation::AddService,
+            Operation::AddDestination,
+            Operation::DeleteService,
+        ];
+        let r = one_per_op(vec![Ok(())], &ops);
+        assert_eq!(r.len(), 3);
+        assert!(r[0].is_ok());
+        assert!(matches!(
+            r[2],
+            Err(Error::Io {
+                op: Operation::DeleteService,
+                ..
+            })
+        ));
+        assert_eq!(one_per_op((0..5).map(|_| Ok(())).collect(), &ops).len(), 3);
+        let failed = failed_all(&ops, "worker died");
+        assert_eq!(failed.len(), 3);
+        assert!(matches!(
+            failed[1],
+            Err(Error::Io {
+                op: Operation::AddDestination,
+                ..
+            })
+        ));
     }
 }

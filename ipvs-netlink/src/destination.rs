@@ -25,9 +25,9 @@ impl TunnelType {
     /// Wire value.
     pub fn number(self) -> u8 {
         match self {
-            TunnelType::Ipip => crate::message::consts::IP_VS_CONN_F_TUNNEL_TYPE_IPIP,
-            TunnelType::Gue => crate::message::consts::IP_VS_CONN_F_TUNNEL_TYPE_GUE,
-            TunnelType::Gre => crate::message::consts::IP_VS_CONN_F_TUNNEL_TYPE_GRE,
+            TunnelType::Ipip => 0,
+            TunnelType::Gue => 1,
+            TunnelType::Gre => 2,
         }
     }
 
@@ -50,10 +50,9 @@ impl TunnelFlags {
     /// No checksum (the default).
     pub const NOCSUM: TunnelFlags = TunnelFlags(0);
     /// Outer checksum.
-    pub const CSUM: TunnelFlags = TunnelFlags(crate::message::consts::IP_VS_TUNNEL_ENCAP_FLAG_CSUM);
+    pub const CSUM: TunnelFlags = TunnelFlags(1 << 0);
     /// Remote checksum offload.
-    pub const REMCSUM: TunnelFlags =
-        TunnelFlags(crate::message::consts::IP_VS_TUNNEL_ENCAP_FLAG_REMCSUM);
+    pub const REMCSUM: TunnelFlags = TunnelFlags(1 << 1);
 }
 
 /// Tunnel parameters, used with [`ForwardMethod::Tunnel`].
@@ -65,6 +64,36 @@ pub struct Tunnel {
     pub port: u16,
     /// Encapsulation flags.
     pub flags: TunnelFlags,
+}
+
+impl Tunnel {
+    /// IP-in-IP, no checksum (the kernel's default).
+    pub fn ipip() -> Self {
+        Tunnel::default()
+    }
+
+    /// GRE encapsulation, no checksum.
+    pub fn gre() -> Self {
+        Tunnel {
+            kind: TunnelType::Gre,
+            ..Tunnel::default()
+        }
+    }
+
+    /// Generic UDP encapsulation to `port` (not 0), no checksum.
+    pub fn gue(port: u16) -> Self {
+        Tunnel {
+            kind: TunnelType::Gue,
+            port,
+            flags: TunnelFlags::NOCSUM,
+        }
+    }
+
+    /// The same tunnel with another checksum mode.
+    pub fn with_checksum(mut self, flags: TunnelFlags) -> Self {
+        self.flags = flags;
+        self
+    }
 }
 
 /// A real server's configuration (what `add_destination`/`update_destination` send). Its
@@ -110,6 +139,59 @@ impl Destination {
     /// The same destination with another forwarding method.
     pub fn with_forward(mut self, forward: ForwardMethod) -> Self {
         self.forward = forward;
+        self
+    }
+
+    /// The same destination with another port.
+    pub fn with_port(mut self, port: u16) -> Self {
+        self.port = port;
+        self
+    }
+
+    /// Connection thresholds: the kernel stops sending new connections when the
+    /// destination has more than `upper` and resumes below `lower` (0 = no limit; `lower`
+    /// must not exceed `upper`, both at most [`MAX_WEIGHT`]).
+    pub fn with_thresholds(mut self, upper: u32, lower: u32) -> Self {
+        self.upper_threshold = upper;
+        self.lower_threshold = lower;
+        self
+    }
+
+    /// The upper connection threshold alone (see [`with_thresholds`](Self::with_thresholds)).
+    pub fn with_upper_threshold(mut self, upper: u32) -> Self {
+        self.upper_threshold = upper;
+        self
+    }
+
+    /// The lower connection threshold alone (see [`with_thresholds`](Self::with_thresholds)).
+    pub fn with_lower_threshold(mut self, lower: u32) -> Self {
+        self.lower_threshold = lower;
+        self
+    }
+
+    /// Tunnel forwarding with these parameters (sets [`ForwardMethod::Tunnel`]).
+    pub fn with_tunnel(mut self, tunnel: Tunnel) -> Self {
+        self.forward = ForwardMethod::Tunnel;
+        self.tunnel = tunnel;
+        self
+    }
+
+    /// The tunnel's encapsulation (IPIP, GUE, GRE), keeping the other tunnel parameters.
+    pub fn with_tunnel_type(mut self, kind: TunnelType) -> Self {
+        self.tunnel.kind = kind;
+        self
+    }
+
+    /// The tunnel's destination UDP port (needed, not 0, with [`TunnelType::Gue`]).
+    pub fn with_tunnel_port(mut self, port: u16) -> Self {
+        self.tunnel.port = port;
+        self
+    }
+
+    /// The tunnel's checksum mode: [`TunnelFlags::NOCSUM`], [`TunnelFlags::CSUM`] or
+    /// [`TunnelFlags::REMCSUM`].
+    pub fn with_tunnel_checksum(mut self, flags: TunnelFlags) -> Self {
+        self.tunnel.flags = flags;
         self
     }
 }

@@ -97,6 +97,13 @@ pub enum Object {
     Destination(ServiceKey, DestinationKey),
     /// A sync daemon.
     SyncDaemon(SyncState),
+    /// A sync daemon being started, with the interface it names.
+    SyncDaemonConfig {
+        /// Master or backup.
+        state: SyncState,
+        /// The multicast interface.
+        interface: String,
+    },
 }
 
 impl fmt::Display for Object {
@@ -106,6 +113,9 @@ impl fmt::Display for Object {
             Object::Service(key) | Object::ServiceConfig { key, .. } => write!(f, "service {key}"),
             Object::Destination(svc, dest) => write!(f, "destination {dest} of service {svc}"),
             Object::SyncDaemon(state) => write!(f, "{state:?} sync daemon"),
+            Object::SyncDaemonConfig { state, interface } => {
+                write!(f, "{state:?} sync daemon on {interface}")
+            }
         }
     }
 }
@@ -224,14 +234,18 @@ pub enum Error {
         /// What was observed.
         reason: String,
     },
-    /// The request was refused as invalid, by this library or by the kernel (`EINVAL`).
-    #[error("{op}: invalid argument for {object}: {reason}")]
-    InvalidArgument {
+    /// A field of the request holds something the kernel refuses (a name too long, fwmark
+    /// 0, a netmask of the other family, ...); refused by this library before anything was
+    /// sent. Numeric fields outside their range are [`Error::OutOfRange`].
+    #[error("{op}: {object}: invalid {field}: {reason}")]
+    InvalidField {
         /// Operation.
         op: Operation,
-        /// The object, as text.
-        object: String,
-        /// Why.
+        /// The object.
+        object: Object,
+        /// The field, e.g. `"scheduler name"`.
+        field: &'static str,
+        /// What is wrong with it.
         reason: String,
     },
     /// A numeric field lies outside the range the kernel can hold; refused by this library
@@ -240,14 +254,37 @@ pub enum Error {
     OutOfRange {
         /// Operation.
         op: Operation,
-        /// The object, as text.
-        object: String,
+        /// The object.
+        object: Object,
         /// The field, e.g. `"persistence timeout"`.
         field: &'static str,
         /// The value that was given.
         value: u64,
         /// The values the kernel accepts.
         range: RangeInclusive<u64>,
+    },
+    /// The kernel refused the request as invalid: `EINVAL` (e.g. a destination of another
+    /// family without tunnelling, a masquerading destination without a route),
+    /// `ERANGE` (a lower threshold above the upper one) or `EAFNOSUPPORT` (a family this
+    /// kernel's IPVS was built without).
+    #[error("{op} on {object}: refused by the kernel as invalid ({})", io::Error::from_raw_os_error(*errno))]
+    InvalidArgument {
+        /// Operation.
+        op: Operation,
+        /// The object.
+        object: Object,
+        /// The errno (positive): `EINVAL`, `ERANGE` or `EAFNOSUPPORT`.
+        errno: i32,
+    },
+    /// The network interface a sync daemon was to use does not exist (`ENODEV`).
+    #[error("{op}: {state:?} sync daemon: no interface named {interface:?}")]
+    InterfaceNotFound {
+        /// Operation.
+        op: Operation,
+        /// Master or backup.
+        state: SyncState,
+        /// The interface name that was given.
+        interface: String,
     },
     /// No dump agreed with the earlier ones: IPVS kept changing in this or another network
     /// namespace while it was read (see [`IpvsHandle::table_verified`](crate::IpvsHandle::table_verified)).
@@ -265,8 +302,8 @@ pub enum Error {
     Kernel {
         /// Operation.
         op: Operation,
-        /// The object, as text.
-        object: String,
+        /// The object.
+        object: Object,
         /// Positive errno.
         errno: i32,
     },
@@ -302,14 +339,14 @@ impl Error {
                 service: *s,
                 destination: *d,
             },
-            (libc::EEXIST, Object::SyncDaemon(state)) => {
+            (libc::EEXIST, Object::SyncDaemon(state) | Object::SyncDaemonConfig { state, .. }) => {
                 Error::SyncDaemonExists { op, state: *state }
             }
             (libc::ESRCH, Object::Service(key) | Object::ServiceConfig { key, .. }) => {
                 Error::ServiceNotFound { op, service: *key }
             }
             (libc::ESRCH, Object::Destination(s, _)) => Error::ServiceNotFound { op, service: *s },
-            (libc::ESRCH, Object::SyncDaemon(state)) => {
+            (libc::ESRCH, Object::SyncDaemon(state) | Object::SyncDaemonConfig { state, .. }) => {
                 Error::SyncDaemonNotFound { op, state: *state }
             }
             (libc::ENOENT, Object::ServiceConfig { key, scheduler, pe })
@@ -330,24 +367,21 @@ impl Error {
                 service: *s,
                 destination: *d,
             },
-            (libc::EINVAL, obj) => Error::InvalidArgument {
+            (libc::ENODEV, Object::SyncDaemonConfig { state, interface }) => {
+                Error::InterfaceNotFound {
+                    op,
+                    state: *state,
+                    interface: interface.clone(),
+                }
+            }
+            (libc::EINVAL | libc::ERANGE | libc::EAFNOSUPPORT, obj) => Error::InvalidArgument {
                 op,
-                object: obj.to_string(),
-                reason: "rejected by the kernel (EINVAL)".into(),
-            },
-            (libc::ERANGE, obj) => Error::InvalidArgument {
-                op,
-                object: obj.to_string(),
-                reason: "lower threshold above upper threshold (ERANGE)".into(),
-            },
-            (libc::EAFNOSUPPORT, obj) => Error::InvalidArgument {
-                op,
-                object: obj.to_string(),
-                reason: "address family not supported (EAFNOSUPPORT)".into(),
+                object: obj.clone(),
+                errno,
             },
             (errno, obj) => Error::Kernel {
                 op,
-                object: obj.to_string(),
+                object: obj.clone(),
                 errno,
             },
         }
@@ -382,20 +416,17 @@ impl Error {
                 range,
             }) => Error::OutOfRange {
                 op,
-                object: object.to_string(),
+                object: object.clone(),
                 field,
                 value,
                 range,
             },
-            EncodeError::Invalid(reason) => Error::invalid(op, object, reason),
-        }
-    }
-
-    pub(crate) fn invalid(op: Operation, object: &Object, reason: impl Into<String>) -> Error {
-        Error::InvalidArgument {
-            op,
-            object: object.to_string(),
-            reason: reason.into(),
+            EncodeError::Invalid { field, reason } => Error::InvalidField {
+                op,
+                object: object.clone(),
+                field,
+                reason,
+            },
         }
     }
 }
@@ -452,7 +483,33 @@ mod tests {
             Error::PermissionDenied { .. }
         ));
         let e = Error::from_errno(Operation::AddDestination, &dest, libc::EINVAL);
-        assert!(matches!(e, Error::InvalidArgument { .. }));
+        assert!(matches!(
+            e,
+            Error::InvalidArgument { op: Operation::AddDestination, object: Object::Destination(s, d), errno: libc::EINVAL }
+                if s == key() && d.port == 8080
+        ));
+        assert!(matches!(
+            Error::from_errno(Operation::UpdateDestination, &dest, libc::ERANGE),
+            Error::InvalidArgument {
+                errno: libc::ERANGE,
+                ..
+            }
+        ));
+        let daemon = Object::SyncDaemonConfig {
+            state: SyncState::Master,
+            interface: "nosuch0".into(),
+        };
+        assert!(matches!(
+            Error::from_errno(Operation::StartSyncDaemon, &daemon, libc::ENODEV),
+            Error::InterfaceNotFound { ref interface, .. } if interface == "nosuch0"
+        ));
+        assert!(matches!(
+            Error::from_errno(Operation::StartSyncDaemon, &daemon, libc::EEXIST),
+            Error::SyncDaemonExists {
+                state: SyncState::Master,
+                ..
+            }
+        ));
         let text = e.to_string();
         assert!(text.contains("add destination"), "{text}");
         assert!(text.contains("10.1.0.1:8080"), "{text}");

@@ -15,21 +15,76 @@ use netlink_proto::sys::{AsyncSocket, SocketAddr, TokioSocket, protocols::NETLIN
 use crate::batch::{self, Op};
 use crate::destination::{Destination, DestinationEntry, DestinationKey};
 use crate::error::{Error, Object, Operation};
-use crate::message::consts::*;
 use crate::message::{self, IpvsMessage, WireError};
 use crate::netns::{self, NetnsTarget};
 use crate::service::{Service, ServiceEntry, ServiceKey};
 use crate::sync_daemon::{SyncDaemon, SyncState};
-use crate::transport::{self, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, SyncSocket};
+use crate::transport::{self, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, RawIpvs, SyncSocket};
 use crate::{Info, Timeouts};
 
-type Msg = GenlMessage<IpvsMessage>;
+type Msg = GenlMessage<RawIpvs>;
 
 /// Most worker threads (each with its own socket) used by [`IpvsHandle::table`].
 const MAX_DUMP_WORKERS: usize = 4;
 
 /// Most service dumps [`IpvsHandle::table_verified`] makes before giving up.
 pub const MAX_TABLE_ATTEMPTS: u32 = 8;
+
+/// The netlink connection behind an [`IpvsHandle`]: a future that moves requests and
+/// replies between the handle and the kernel. Spawn it (or poll it) for the handle's
+/// single requests and dumps to make progress; it ends when every handle is dropped.
+/// [`batch`](IpvsHandle::batch) and [`table`](IpvsHandle::table) use sockets of their own
+/// and do not depend on it.
+#[must_use = "the connection does nothing unless it is spawned or polled"]
+pub struct IpvsConnection {
+    inner: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
+}
+
+impl std::fmt::Debug for IpvsConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IpvsConnection").finish_non_exhaustive()
+    }
+}
+
+impl std::future::Future for IpvsConnection {
+    type Output = ();
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        self.inner.as_mut().poll(cx)
+    }
+}
+
+/// Connects in the caller's network namespace without spawning anything, as rtnetlink's
+/// `new_connection` does: returns the connection, which the caller spawns on the runtime
+/// of its choice, and the handle. Must be called within a tokio runtime (the socket is a
+/// tokio socket).
+///
+/// ```no_run
+/// # async fn example() -> Result<(), ipvs_netlink::Error> {
+/// let (connection, ipvs) = ipvs_netlink::new_connection().await?;
+/// tokio::spawn(connection);
+/// println!("{}", ipvs.info().await?);
+/// # Ok(())
+/// # }
+/// ```
+pub async fn new_connection() -> Result<(IpvsConnection, IpvsHandle), Error> {
+    IpvsHandle::build(None).await
+}
+
+/// [`new_connection`] inside the given network namespace (path or fd), without moving the
+/// caller's thread.
+pub async fn new_connection_in_netns(
+    target: impl Into<NetnsTarget>,
+) -> Result<(IpvsConnection, IpvsHandle), Error> {
+    let fd = target
+        .into()
+        .open()
+        .map_err(|e| Error::io(Operation::Connect, e))?;
+    IpvsHandle::build(Some(Arc::new(fd))).await
+}
 
 /// Every service with its destinations, as [`IpvsHandle::table`] returns it.
 pub type Table = Vec<(ServiceEntry, Vec<DestinationEntry>)>;
@@ -77,9 +132,13 @@ impl std::fmt::Debug for IpvsHandle {
 }
 
 impl IpvsHandle {
-    /// Connects in the caller's network namespace. Must be called within a tokio runtime.
+    /// Connects in the caller's network namespace and spawns the connection task on the
+    /// current tokio runtime (see [`new_connection`] to drive it yourself). Must be called
+    /// within a tokio runtime.
     pub async fn new() -> Result<IpvsHandle, Error> {
-        Self::build(None).await
+        let (conn, handle) = Self::build(None).await?;
+        tokio::spawn(conn);
+        Ok(handle)
     }
 
     /// Connects inside the given network namespace (path or fd) without moving the
@@ -89,15 +148,17 @@ impl IpvsHandle {
             .into()
             .open()
             .map_err(|e| Error::io(Operation::Connect, e))?;
-        Self::build(Some(Arc::new(fd))).await
+        let (conn, handle) = Self::build(Some(Arc::new(fd))).await?;
+        tokio::spawn(conn);
+        Ok(handle)
     }
 
-    async fn build(netns: Option<Arc<OwnedFd>>) -> Result<IpvsHandle, Error> {
+    async fn build(netns: Option<Arc<OwnedFd>>) -> Result<(IpvsConnection, IpvsHandle), Error> {
         let rt = tokio::runtime::Handle::current();
         let (sync_socket, family, socket) = netns::run_in(netns.clone(), move || {
             let _guard = rt.enter();
             let mut sync_socket = SyncSocket::open()?;
-            let family = sync_socket.resolve_family(IPVS_GENL_NAME)?;
+            let family = sync_socket.resolve_family(message::FAMILY_NAME)?;
             let mut socket = TokioSocket::new(NETLINK_GENERIC)?;
             socket.socket_mut().bind_auto()?;
             transport::tune_rcvbuf(socket.socket_ref());
@@ -123,8 +184,10 @@ impl IpvsHandle {
             );
         conn.set_forward_ack(true);
         conn.set_forward_done(true);
-        tokio::spawn(conn);
-        Ok(IpvsHandle {
+        let conn = IpvsConnection {
+            inner: Box::pin(conn),
+        };
+        let handle = IpvsHandle {
             inner: Arc::new(Inner {
                 conn: handle,
                 family,
@@ -132,7 +195,8 @@ impl IpvsHandle {
                 netns,
                 pool: Mutex::new(vec![sync_socket]),
             }),
-        })
+        };
+        Ok((conn, handle))
     }
 
     /// The generic-netlink family id the kernel gave IPVS.
@@ -146,7 +210,7 @@ impl IpvsHandle {
         msg: IpvsMessage,
         flags: u16,
     ) -> Result<impl futures::Stream<Item = NetlinkMessage<Msg>> + use<>, Error> {
-        let mut genl = GenlMessage::from_payload(msg);
+        let mut genl = GenlMessage::from_payload(RawIpvs::from_message(&msg));
         genl.set_resolved_family_id(self.inner.family);
         let mut nl = NetlinkMessage::from(genl);
         nl.header.flags = flags;
@@ -182,13 +246,15 @@ impl IpvsHandle {
         let mut answer = None;
         while let Some(m) = replies.next().await {
             match m.payload {
-                NetlinkPayload::InnerMessage(g) if answer.is_none() => answer = Some(g.payload),
+                NetlinkPayload::InnerMessage(g) if answer.is_none() => {
+                    answer = Some(g.payload.parse())
+                }
                 NetlinkPayload::Error(e) => {
                     return match (e.code, answer) {
                         (Some(code), _) => {
                             Err(Error::from_errno(op, object, code.get().saturating_neg()))
                         }
-                        (None, Some(a)) => Ok(a),
+                        (None, Some(a)) => a.map_err(|source| Error::Decode { op, source }),
                         (None, None) => Err(Error::Decode {
                             op,
                             source: WireError::new("acknowledged without an answer"),
@@ -231,7 +297,9 @@ impl IpvsHandle {
                                 None => Some(Err(connection_lost(op))),
                                 Some(m) => match m.payload {
                                     NetlinkPayload::InnerMessage(g) => Some(
-                                        decode(&g.payload)
+                                        g.payload
+                                            .parse()
+                                            .and_then(|m| decode(&m))
                                             .map_err(|source| Error::Decode { op, source }),
                                     ),
                                     NetlinkPayload::Done(_) => {
@@ -268,21 +336,22 @@ impl IpvsHandle {
         .boxed()
     }
 
-    /// Escape hatch: runs any dump request on the shared connection and returns the raw
-    /// reply messages (e.g. to inspect attributes this library does not model).
+    /// Escape hatch: runs any dump request on the shared connection and returns the reply
+    /// messages as typed attributes, unknown ones included (e.g. to inspect attributes of a
+    /// newer kernel that this library does not model).
     pub fn dump_raw(&self, msg: IpvsMessage) -> BoxStream<'static, Result<IpvsMessage, Error>> {
         self.dump(Operation::ListServices, Object::Table, msg, |m| {
             Ok(m.clone())
         })
     }
 
-    /// IPVS version and connection table size.
+    /// The kernel's IPVS version and connection table size (`GET_INFO`).
     pub async fn info(&self) -> Result<Info, Error> {
         let op = Operation::Info;
         let reply = self
             .query(op, &Object::Table, IpvsMessage::get_info())
             .await?;
-        message::decode_info(&reply).map_err(|source| Error::Decode { op, source })
+        reply.info().map_err(|source| Error::Decode { op, source })
     }
 
     /// All services, as a stream: one dump, **best-effort**.
@@ -300,7 +369,7 @@ impl IpvsHandle {
             Operation::ListServices,
             Object::Table,
             IpvsMessage::get_services(),
-            message::decode_service_message,
+            IpvsMessage::service_entry,
         )
         .filter(move |r| {
             let keep = match r {
@@ -316,11 +385,11 @@ impl IpvsHandle {
     pub async fn service(&self, key: &ServiceKey) -> Result<ServiceEntry, Error> {
         let op = Operation::GetService;
         let object = Object::Service(*key);
-        let mut msg = IpvsMessage::new(IPVS_CMD_GET_SERVICE);
-        message::encode_service_key(&mut msg, key)
-            .map_err(|e| Error::from_encode(op, &object, e))?;
+        let msg = IpvsMessage::get_service(key).map_err(|e| Error::from_encode(op, &object, e))?;
         let reply = self.query(op, &object, msg).await?;
-        message::decode_service_message(&reply).map_err(|source| Error::Decode { op, source })
+        reply
+            .service_entry()
+            .map_err(|source| Error::Decode { op, source })
     }
 
     async fn run_op(&self, op: Op) -> Result<(), Error> {
@@ -332,17 +401,22 @@ impl IpvsHandle {
         self.ack(operation, &object, msg).await
     }
 
-    /// Adds a service.
+    /// Adds a service (`NEW_SERVICE`). The kernel loads the scheduler module on demand and
+    /// answers [`Error::ServiceExists`] if the key is taken, [`Error::SchedulerNotFound`] if
+    /// it has no such scheduler or persistence engine.
     pub async fn add_service(&self, service: &Service) -> Result<(), Error> {
         self.run_op(Op::AddService(service.clone())).await
     }
 
-    /// Changes a service's scheduler, flags, timeout, netmask or persistence engine.
+    /// Changes a service's scheduler, flags, timeout, netmask or persistence engine
+    /// (`SET_SERVICE`; the kernel replaces all of them, the destinations stay).
+    /// [`Error::ServiceNotFound`] if it does not exist.
     pub async fn update_service(&self, service: &Service) -> Result<(), Error> {
         self.run_op(Op::UpdateService(service.clone())).await
     }
 
-    /// Deletes a service and its destinations.
+    /// Deletes a service and its destinations (`DEL_SERVICE`; the destinations go to the
+    /// kernel's destination trash while connections still use them).
     pub async fn delete_service(&self, key: &ServiceKey) -> Result<(), Error> {
         self.run_op(Op::DeleteService(*key)).await
     }
@@ -354,17 +428,17 @@ impl IpvsHandle {
     ) -> BoxStream<'static, Result<DestinationEntry, Error>> {
         let op = Operation::ListDestinations;
         let object = Object::Service(*key);
-        let mut msg = IpvsMessage::new(IPVS_CMD_GET_DEST);
-        if let Err(e) = message::encode_service_key(&mut msg, key) {
-            return stream::iter([Err(Error::from_encode(op, &object, e))]).boxed();
-        }
-        let key = *key;
-        self.dump(op, object, msg, move |m| {
-            message::decode_dest_message(m, &key)
-        })
+        let msg = match IpvsMessage::get_destinations(key) {
+            Ok(msg) => msg,
+            Err(e) => return stream::iter([Err(Error::from_encode(op, &object, e))]).boxed(),
+        };
+        let family = key.family();
+        self.dump(op, object, msg, move |m| m.destination_entry(family))
     }
 
-    /// Adds a destination to a service.
+    /// Adds a destination to a service (`NEW_DEST`): [`Error::ServiceNotFound`] without the
+    /// service, [`Error::DestinationExists`] if it is there, [`Error::InvalidArgument`] for
+    /// a family other than the service's without tunnelling.
     pub async fn add_destination(
         &self,
         service: &ServiceKey,
@@ -374,7 +448,8 @@ impl IpvsHandle {
             .await
     }
 
-    /// Changes a destination's forwarding method, weight, thresholds or tunnel.
+    /// Changes a destination's forwarding method, weight, thresholds or tunnel (`SET_DEST`;
+    /// existing connections stay on it). [`Error::DestinationNotFound`] if it is not there.
     pub async fn update_destination(
         &self,
         service: &ServiceKey,
@@ -384,7 +459,8 @@ impl IpvsHandle {
             .await
     }
 
-    /// Deletes a destination.
+    /// Deletes a destination (`DEL_DEST`; the kernel keeps it in its destination trash for
+    /// about two minutes while connections use it).
     pub async fn delete_destination(
         &self,
         service: &ServiceKey,
@@ -393,19 +469,20 @@ impl IpvsHandle {
         self.run_op(Op::DeleteDestination(*service, *dest)).await
     }
 
-    /// Connection timeouts.
+    /// The connection table's timeouts (`GET_CONFIG`, like `ipvsadm -L --timeout`).
     pub async fn timeouts(&self) -> Result<Timeouts, Error> {
         let op = Operation::GetTimeouts;
         let reply = self
             .query(op, &Object::Table, IpvsMessage::get_config())
             .await?;
-        message::decode_timeouts(&reply).map_err(|source| Error::Decode { op, source })
+        Ok(reply.timeouts())
     }
 
-    /// Sets connection timeouts; a 0 keeps the current value.
+    /// Sets the connection table's timeouts (`SET_CONFIG`); the kernel keeps the current
+    /// value for a 0.
     pub async fn set_timeouts(&self, timeouts: &Timeouts) -> Result<(), Error> {
         let op = Operation::SetTimeouts;
-        let msg = message::encode_set_timeouts(timeouts)
+        let msg = IpvsMessage::set_timeouts(timeouts)
             .map_err(|e| Error::from_encode(op, &Object::Table, e))?;
         self.ack(op, &Object::Table, msg).await
     }
@@ -413,49 +490,50 @@ impl IpvsHandle {
     /// Zeroes the counters of one service, or of every service with `None`.
     pub async fn zero(&self, service: Option<&ServiceKey>) -> Result<(), Error> {
         let op = Operation::Zero;
-        let mut msg = IpvsMessage::new(IPVS_CMD_ZERO);
         let object = match service {
-            Some(key) => {
-                let object = Object::Service(*key);
-                message::encode_service_key(&mut msg, key)
-                    .map_err(|e| Error::from_encode(op, &object, e))?;
-                object
-            }
+            Some(key) => Object::Service(*key),
             None => Object::Table,
         };
+        let msg = IpvsMessage::zero(service).map_err(|e| Error::from_encode(op, &object, e))?;
         self.ack(op, &object, msg).await
     }
 
-    /// Deletes every service (of this namespace).
+    /// Deletes every service of the handle's network namespace (`FLUSH`), including
+    /// services other programs created.
     pub async fn flush(&self) -> Result<(), Error> {
         self.ack(Operation::Flush, &Object::Table, IpvsMessage::flush())
             .await
     }
 
-    /// Starts a connection sync daemon.
+    /// Starts a connection sync daemon (`NEW_DAEMON`): a kernel thread that multicasts
+    /// (master) or receives (backup) connection state. [`Error::SyncDaemonExists`] if one of
+    /// that state runs, [`Error::InterfaceNotFound`] for an unknown interface.
     pub async fn start_sync_daemon(&self, daemon: &SyncDaemon) -> Result<(), Error> {
         let op = Operation::StartSyncDaemon;
-        let object = Object::SyncDaemon(daemon.state);
-        let mut msg = IpvsMessage::new(IPVS_CMD_NEW_DAEMON);
-        message::encode_daemon(&mut msg, daemon).map_err(|e| Error::from_encode(op, &object, e))?;
+        let object = Object::SyncDaemonConfig {
+            state: daemon.state,
+            interface: daemon.interface.clone(),
+        };
+        let msg =
+            IpvsMessage::new_daemon(daemon).map_err(|e| Error::from_encode(op, &object, e))?;
         self.ack(op, &object, msg).await
     }
 
-    /// Stops the sync daemon of that state.
+    /// Stops the sync daemon of that state (`DEL_DAEMON`); [`Error::SyncDaemonNotFound`]
+    /// if none runs.
     pub async fn stop_sync_daemon(&self, state: SyncState) -> Result<(), Error> {
-        let mut msg = IpvsMessage::new(IPVS_CMD_DEL_DAEMON);
-        message::encode_daemon_state(&mut msg, state);
+        let msg = IpvsMessage::del_daemon(state);
         self.ack(Operation::StopSyncDaemon, &Object::SyncDaemon(state), msg)
             .await
     }
 
-    /// Running sync daemons.
+    /// The running sync daemons (`GET_DAEMON` dump), with every parameter the kernel uses.
     pub async fn sync_daemons(&self) -> Result<Vec<SyncDaemon>, Error> {
         let mut s = self.dump(
             Operation::ListSyncDaemons,
             Object::Table,
             IpvsMessage::get_daemons(),
-            message::decode_daemon_message,
+            IpvsMessage::sync_daemon,
         );
         let mut out = Vec::new();
         while let Some(d) = s.next().await {
@@ -492,25 +570,22 @@ impl IpvsHandle {
     }
 
     /// Applies many changes with as few round trips as the kernel allows (many requests per
-    /// datagram). Returns one result per op, in order; a failing op does not stop the others.
-    /// Ops are applied in order, so a service may be added and filled in one batch.
+    /// datagram, each acknowledged by the kernel on its own).
+    ///
+    /// **Always returns exactly one result per op, in the order of `ops`**, whatever fails:
+    /// an op the library refuses to encode gets its own error and is not sent; an op the
+    /// kernel refuses gets the kernel's error; when the socket or the worker thread fails,
+    /// every op without an answer gets an [`Error::Io`]. A failing op does not stop the
+    /// others. The kernel applies the ops in order, so a service may be added and filled in
+    /// one batch.
     pub async fn batch(&self, ops: Vec<Op>) -> Vec<Result<(), Error>> {
         if ops.is_empty() {
             return Vec::new();
         }
+        let operations: Vec<Operation> = ops.iter().map(Op::operation).collect();
         let mut sockets = match self.take_sockets(1).await {
             Ok(s) => s,
-            Err(e) => {
-                return ops
-                    .iter()
-                    .map(|op| {
-                        Err(Error::io(
-                            op.operation(),
-                            io::Error::new(e.kind(), e.to_string()),
-                        ))
-                    })
-                    .collect();
-            }
+            Err(e) => return batch::failed_all(&operations, &e.to_string()),
         };
         let family = self.inner.family;
         let joined = tokio::task::spawn_blocking(move || {
@@ -518,20 +593,17 @@ impl IpvsHandle {
                 Some(socket) => batch::run(socket, family, &ops),
                 None => Vec::new(),
             };
-            (results, sockets, ops)
+            (results, sockets)
         })
         .await;
         match joined {
-            Ok((results, sockets, _)) => {
+            Ok((results, sockets)) => {
                 if results.iter().all(|r| !matches!(r, Err(Error::Io { .. }))) {
                     self.give_back(sockets);
                 }
-                results
+                batch::one_per_op(results, &operations)
             }
-            Err(e) => vec![Err(Error::io(
-                Operation::AddService,
-                io::Error::other(format!("batch worker failed: {e}")),
-            ))],
+            Err(e) => batch::failed_all(&operations, &format!("batch worker failed: {e}")),
         }
     }
 
@@ -620,7 +692,7 @@ fn dump_services(socket: &mut SyncSocket, family: u16) -> Result<Vec<ServiceEntr
     let mut decode_err = None;
     let mut seen = std::collections::HashSet::new();
     match socket.dump(family, &IpvsMessage::get_services(), |m| {
-        match message::decode_service_message(m) {
+        match m.and_then(|m| m.service_entry()) {
             // Repeats can come from concurrent changes in other namespaces (see `services`).
             Ok(s) => {
                 if seen.insert(s.service.key) {
@@ -649,12 +721,11 @@ fn get_service(
 ) -> Result<Option<ServiceEntry>, Error> {
     let op = Operation::GetService;
     let object = Object::Service(*key);
-    let mut msg = IpvsMessage::new(IPVS_CMD_GET_SERVICE);
-    message::encode_service_key(&mut msg, key).map_err(|e| Error::from_encode(op, &object, e))?;
+    let msg = IpvsMessage::get_service(key).map_err(|e| Error::from_encode(op, &object, e))?;
     let mut found = None;
     match socket.query(family, &msg, |m| {
         if found.is_none() {
-            found = Some(message::decode_service_message(m));
+            found = Some(m.and_then(|m| m.service_entry()));
         }
     }) {
         Err(e) => Err(Error::io(op, e)),
@@ -786,13 +857,13 @@ fn dump_destinations(
                         };
                         let key = entry.service.key;
                         let object = Object::Service(key);
-                        let mut msg = IpvsMessage::new(IPVS_CMD_GET_DEST);
-                        message::encode_service_key(&mut msg, &key)
+                        let msg = IpvsMessage::get_destinations(&key)
                             .map_err(|e| Error::from_encode(op, &object, e))?;
+                        let key_family = key.family();
                         let mut dests = Vec::new();
                         let mut bad = None;
                         match socket.dump(family, &msg, |m| {
-                            match message::decode_dest_message(m, &key) {
+                            match m.and_then(|m| m.destination_entry(key_family)) {
                                 Ok(d) => dests.push(d),
                                 Err(e) => bad = Some(e),
                             }

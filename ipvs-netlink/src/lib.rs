@@ -1,5 +1,8 @@
 //! Async client for the Linux kernel's IPVS generic-netlink family.
 //!
+//! See the README for the three common tasks (listing, programming a table, batching);
+//! the crate has no Cargo features and needs a tokio runtime.
+//!
 //! Covers the whole protocol: services (tuple and fwmark, IPv4 and IPv6), destinations
 //! (all forwarding methods, mixed-family tunnels), statistics, timeouts, counters, flush,
 //! sync daemons and global info; with typed errors per operation, network-namespace-aware
@@ -34,6 +37,11 @@
 //! # }
 //! ```
 
+/// The examples of the crate's README, compiled as doc tests.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
+
 pub mod batch;
 pub mod destination;
 pub mod error;
@@ -56,7 +64,10 @@ pub use destination::{
 };
 pub use error::{Error, Object, Operation, RangeError};
 pub use forward::ForwardMethod;
-pub use handle::{IpvsHandle, MAX_TABLE_ATTEMPTS, Table, VerifiedTable};
+pub use handle::{
+    IpvsConnection, IpvsHandle, MAX_TABLE_ATTEMPTS, Table, VerifiedTable, new_connection,
+    new_connection_in_netns,
+};
 pub use info::Info;
 pub use netns::NetnsTarget;
 pub use protocol::Protocol;

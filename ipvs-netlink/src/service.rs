@@ -5,7 +5,6 @@ use std::hash::{Hash, Hasher};
 use std::net::{IpAddr, Ipv4Addr};
 
 use crate::error::RangeError;
-use crate::message::consts::*;
 use crate::{Protocol, Scheduler, Stats};
 
 /// An address family, for fwmark services (tuple services take it from their address).
@@ -19,19 +18,19 @@ pub enum AddressFamily {
 }
 
 impl AddressFamily {
-    /// The `AF_*` number.
+    /// The `AF_*` number (`AF_INET` 2, `AF_INET6` 10).
     pub fn number(self) -> u16 {
         match self {
-            AddressFamily::Inet => AF_INET,
-            AddressFamily::Inet6 => AF_INET6,
+            AddressFamily::Inet => 2,
+            AddressFamily::Inet6 => 10,
         }
     }
 
     /// The family for an `AF_*` number.
     pub fn from_number(n: u16) -> Option<Self> {
         match n {
-            AF_INET => Some(AddressFamily::Inet),
-            AF_INET6 => Some(AddressFamily::Inet6),
+            2 => Some(AddressFamily::Inet),
+            10 => Some(AddressFamily::Inet6),
             _ => None,
         }
     }
@@ -142,6 +141,13 @@ impl fmt::Display for ServiceKey {
     }
 }
 
+const F_PERSISTENT: u32 = 0x0001;
+const F_HASHED: u32 = 0x0002;
+const F_ONEPACKET: u32 = 0x0004;
+const F_SCHED1: u32 = 0x0008;
+const F_SCHED2: u32 = 0x0010;
+const F_SCHED3: u32 = 0x0020;
+
 /// Service flags (`IP_VS_SVC_F_*`). The kernel-internal `HASHED` bit is kept but ignored by
 /// `==` and `Hash`, so a service read back from the kernel equals the one that was written.
 #[derive(Debug, Clone, Copy, Default)]
@@ -149,25 +155,25 @@ pub struct ServiceFlags(u32);
 
 impl ServiceFlags {
     /// Persistent service (`-p`).
-    pub const PERSISTENT: ServiceFlags = ServiceFlags(IP_VS_SVC_F_PERSISTENT);
+    pub const PERSISTENT: ServiceFlags = ServiceFlags(F_PERSISTENT);
     /// Set by the kernel on every hashed (installed) service; never sent.
-    pub const HASHED: ServiceFlags = ServiceFlags(IP_VS_SVC_F_HASHED);
+    pub const HASHED: ServiceFlags = ServiceFlags(F_HASHED);
     /// One-packet scheduling (`-o`).
-    pub const ONE_PACKET: ServiceFlags = ServiceFlags(IP_VS_SVC_F_ONEPACKET);
-    /// Scheduler flag 1: `sh-fallback` / `mh-fallback`.
-    pub const SH_FALLBACK: ServiceFlags = ServiceFlags(IP_VS_SVC_F_SCHED1);
-    /// Scheduler flag 2: `sh-port` / `mh-port`.
-    pub const SH_PORT: ServiceFlags = ServiceFlags(IP_VS_SVC_F_SCHED2);
+    pub const ONE_PACKET: ServiceFlags = ServiceFlags(F_ONEPACKET);
+    /// Scheduler flag 1 for `sh`: `sh-fallback` (pick another server when the hashed one
+    /// is unavailable).
+    pub const SH_FALLBACK: ServiceFlags = ServiceFlags(F_SCHED1);
+    /// Scheduler flag 2 for `sh`: `sh-port` (hash the source port too).
+    pub const SH_PORT: ServiceFlags = ServiceFlags(F_SCHED2);
+    /// Scheduler flag 1 for `mh`: `mh-fallback` (the same bit as [`SH_FALLBACK`](Self::SH_FALLBACK)).
+    pub const MH_FALLBACK: ServiceFlags = ServiceFlags(F_SCHED1);
+    /// Scheduler flag 2 for `mh`: `mh-port` (the same bit as [`SH_PORT`](Self::SH_PORT)).
+    pub const MH_PORT: ServiceFlags = ServiceFlags(F_SCHED2);
     /// Scheduler flag 3.
-    pub const SCHED3: ServiceFlags = ServiceFlags(IP_VS_SVC_F_SCHED3);
+    pub const SCHED3: ServiceFlags = ServiceFlags(F_SCHED3);
     /// Every flag a client may set (everything but `HASHED`).
-    pub const SETTABLE: ServiceFlags = ServiceFlags(
-        IP_VS_SVC_F_PERSISTENT
-            | IP_VS_SVC_F_ONEPACKET
-            | IP_VS_SVC_F_SCHED1
-            | IP_VS_SVC_F_SCHED2
-            | IP_VS_SVC_F_SCHED3,
-    );
+    pub const SETTABLE: ServiceFlags =
+        ServiceFlags(F_PERSISTENT | F_ONEPACKET | F_SCHED1 | F_SCHED2 | F_SCHED3);
 
     /// No flags.
     pub const fn empty() -> Self {
@@ -191,7 +197,7 @@ impl ServiceFlags {
 
     /// Whether the kernel reported the service as hashed.
     pub const fn is_hashed(self) -> bool {
-        self.0 & IP_VS_SVC_F_HASHED != 0
+        self.0 & F_HASHED != 0
     }
 
     /// These flags with `other` set too.
@@ -200,7 +206,7 @@ impl ServiceFlags {
     }
 
     fn comparable(self) -> u32 {
-        self.0 & !IP_VS_SVC_F_HASHED
+        self.0 & !F_HASHED
     }
 }
 
@@ -354,9 +360,71 @@ impl Service {
         self
     }
 
-    /// The same service with another persistence netmask.
+    /// The same service with another persistence netmask (of the service's family; which
+    /// client addresses share a persistence template).
     pub fn with_netmask(mut self, netmask: Netmask) -> Self {
         self.netmask = netmask;
+        self
+    }
+
+    /// The same service with another scheduler.
+    pub fn with_scheduler(mut self, scheduler: Scheduler) -> Self {
+        self.scheduler = scheduler;
+        self
+    }
+
+    /// The same service with exactly these flags (replacing the current ones).
+    pub fn with_flags(mut self, flags: ServiceFlags) -> Self {
+        self.flags = flags;
+        self
+    }
+
+    /// The same service with these flags set too.
+    pub fn with_flag(mut self, flag: ServiceFlags) -> Self {
+        self.flags |= flag;
+        self
+    }
+
+    /// One-packet scheduling (`ipvsadm -o`): the kernel schedules every UDP datagram on its
+    /// own instead of keeping a connection entry.
+    pub fn one_packet(self) -> Self {
+        self.with_flag(ServiceFlags::ONE_PACKET)
+    }
+
+    /// `mh-fallback` (for the `mh` scheduler): the kernel picks another destination when
+    /// the hashed one is unavailable (weight 0 or overloaded).
+    pub fn mh_fallback(self) -> Self {
+        self.with_flag(ServiceFlags::MH_FALLBACK)
+    }
+
+    /// `mh-port` (for the `mh` scheduler): the kernel hashes the source port too.
+    pub fn mh_port(self) -> Self {
+        self.with_flag(ServiceFlags::MH_PORT)
+    }
+
+    /// `sh-fallback` (for the `sh` scheduler): like [`mh_fallback`](Self::mh_fallback).
+    pub fn sh_fallback(self) -> Self {
+        self.with_flag(ServiceFlags::SH_FALLBACK)
+    }
+
+    /// `sh-port` (for the `sh` scheduler): like [`mh_port`](Self::mh_port).
+    pub fn sh_port(self) -> Self {
+        self.with_flag(ServiceFlags::SH_PORT)
+    }
+
+    /// The persistence timeout in seconds without changing the flags (at most
+    /// [`MAX_PERSISTENCE_TIMEOUT`]); see [`persistent`](Self::persistent).
+    pub fn with_timeout(mut self, timeout: u32) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// A persistence engine (e.g. `sip`, module `ip_vs_pe_sip`): the kernel groups
+    /// connections into persistence templates by what the engine extracts. At most 15
+    /// bytes; the kernel answers `ENOENT` ([`Error::SchedulerNotFound`](crate::Error::SchedulerNotFound))
+    /// when it has no such module.
+    pub fn with_persistence_engine(mut self, name: impl Into<String>) -> Self {
+        self.pe_name = Some(name.into());
         self
     }
 }

@@ -16,16 +16,16 @@ impl SyncState {
     /// The `IP_VS_STATE_*` value.
     pub fn bits(self) -> u32 {
         match self {
-            SyncState::Master => crate::message::consts::IP_VS_STATE_MASTER,
-            SyncState::Backup => crate::message::consts::IP_VS_STATE_BACKUP,
+            SyncState::Master => 0x0001,
+            SyncState::Backup => 0x0002,
         }
     }
 
     /// The state for an `IP_VS_STATE_*` value.
     pub fn from_bits(bits: u32) -> Option<Self> {
         match bits {
-            crate::message::consts::IP_VS_STATE_MASTER => Some(SyncState::Master),
-            crate::message::consts::IP_VS_STATE_BACKUP => Some(SyncState::Backup),
+            0x0001 => Some(SyncState::Master),
+            0x0002 => Some(SyncState::Backup),
             _ => None,
         }
     }
@@ -67,6 +67,32 @@ impl SyncDaemon {
 }
 
 impl SyncDaemon {
+    /// The same daemon with a maximum sync message length (see
+    /// [`max_len_range`](Self::max_len_range)).
+    pub fn with_max_len(mut self, len: u16) -> Self {
+        self.max_len = Some(len);
+        self
+    }
+
+    /// The same daemon with a multicast group (IPv4 or IPv6; the kernel's default is
+    /// 224.0.0.81).
+    pub fn with_group(mut self, group: IpAddr) -> Self {
+        self.group = Some(group);
+        self
+    }
+
+    /// The same daemon with a multicast UDP port (not 0; the kernel's default is 8848).
+    pub fn with_port(mut self, port: u16) -> Self {
+        self.port = Some(port);
+        self
+    }
+
+    /// The same daemon with a multicast TTL (not 0; the kernel's default is 1).
+    pub fn with_ttl(mut self, ttl: u8) -> Self {
+        self.ttl = Some(ttl);
+        self
+    }
+
     /// The maximum message lengths the kernel keeps as given: from 1 (master) or 1024
     /// (backup) to 65535 less the IP and UDP headers of the group's family.
     pub fn max_len_range(&self) -> RangeInclusive<u64> {

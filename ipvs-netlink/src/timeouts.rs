@@ -15,3 +15,11 @@ pub struct Timeouts {
     /// UDP "sessions".
     pub udp: u32,
 }
+
+impl Timeouts {
+    /// Timeouts in seconds for established TCP, TCP after FIN, and UDP (0 keeps the
+    /// kernel's current value when setting).
+    pub fn new(tcp: u32, tcp_fin: u32, udp: u32) -> Self {
+        Timeouts { tcp, tcp_fin, udp }
+    }
+}

@@ -6,8 +6,13 @@ use std::io;
 
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_GENERIC};
 
-use crate::message::IpvsMessage;
-use crate::message::consts::IPVS_GENL_VERSION;
+use netlink_packet_core::{DecodeError, Emitable, ParseableParametrized};
+use netlink_packet_generic::{GenlFamily, GenlHeader};
+
+use crate::message::{self, IpvsMessage, WireError};
+
+/// Version of the IPVS generic-netlink family.
+const IPVS_GENL_VERSION: u8 = 1;
 
 /// `struct nlmsghdr` size.
 pub(crate) const NLMSG_HDRLEN: usize = 16;
@@ -54,17 +59,84 @@ pub(crate) fn encode_request(
     }
 }
 
-/// Appends an IPVS request.
+/// Appends an IPVS request, emitting the attributes in place.
 pub(crate) fn encode_ipvs(buf: &mut Vec<u8>, family: u16, flags: u16, seq: u32, msg: &IpvsMessage) {
+    let start = buf.len();
     encode_request(
         buf,
         family,
         flags,
         seq,
-        msg.cmd,
+        msg.cmd.number(),
         IPVS_GENL_VERSION,
-        &msg.attrs,
+        &[],
     );
+    let attrs = msg.buffer_len();
+    let at = buf.len();
+    buf.resize(at + attrs, 0);
+    msg.emit(&mut buf[at..]);
+    let len = u32::try_from(buf.len() - start).unwrap_or(u32::MAX);
+    buf[start..start + 4].copy_from_slice(&len.to_ne_bytes());
+}
+
+/// An IPVS generic-netlink payload kept as bytes, for the netlink-proto connection: parsing
+/// it never fails there, so a reply this library cannot decode is reported as a decoding
+/// error of the request instead of being dropped by the codec.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RawIpvs {
+    /// `IPVS_CMD_*`.
+    pub(crate) cmd: u8,
+    /// The attributes.
+    pub(crate) attrs: Vec<u8>,
+}
+
+impl RawIpvs {
+    /// The bytes of a typed message.
+    pub(crate) fn from_message(msg: &IpvsMessage) -> Self {
+        RawIpvs {
+            cmd: msg.cmd.number(),
+            attrs: msg.to_bytes(),
+        }
+    }
+
+    /// The typed message.
+    pub(crate) fn parse(&self) -> Result<IpvsMessage, WireError> {
+        IpvsMessage::parse(self.cmd, &self.attrs)
+    }
+}
+
+impl GenlFamily for RawIpvs {
+    fn family_name() -> &'static str {
+        message::FAMILY_NAME
+    }
+
+    fn command(&self) -> u8 {
+        self.cmd
+    }
+
+    fn version(&self) -> u8 {
+        IPVS_GENL_VERSION
+    }
+}
+
+impl Emitable for RawIpvs {
+    fn buffer_len(&self) -> usize {
+        self.attrs.len()
+    }
+
+    fn emit(&self, buffer: &mut [u8]) {
+        let n = self.attrs.len().min(buffer.len());
+        buffer[..n].copy_from_slice(&self.attrs[..n]);
+    }
+}
+
+impl ParseableParametrized<[u8], GenlHeader> for RawIpvs {
+    fn parse_with_param(buf: &[u8], header: GenlHeader) -> Result<Self, DecodeError> {
+        Ok(RawIpvs {
+            cmd: header.cmd,
+            attrs: buf.to_vec(),
+        })
+    }
 }
 
 /// One received netlink message.
@@ -98,15 +170,12 @@ impl RawMessage<'_> {
         Some((code, seq))
     }
 
-    /// For a generic-netlink message: the IPVS payload.
-    pub(crate) fn ipvs(&self) -> Option<IpvsMessage> {
+    /// For a generic-netlink message: the IPVS payload, parsed.
+    pub(crate) fn ipvs(&self) -> Option<Result<IpvsMessage, WireError>> {
         if self.payload.len() < 4 {
             return None;
         }
-        Some(IpvsMessage {
-            cmd: self.payload[0],
-            attrs: self.payload[4..].to_vec(),
-        })
+        Some(IpvsMessage::parse(self.payload[0], &self.payload[4..]))
     }
 }
 
@@ -235,13 +304,10 @@ impl SyncSocket {
                     return Err(io::Error::from_raw_os_error(-code));
                 }
                 if m.kind == GENL_ID_CTRL && m.payload.len() >= 4 {
-                    let ctrl = IpvsMessage {
-                        cmd: 0,
-                        attrs: m.payload[4..].to_vec(),
-                    };
-                    for a in ctrl.attributes().flatten() {
-                        if a.0 == CTRL_ATTR_FAMILY_ID && a.1.len() >= 2 {
-                            family = Some(u16::from_ne_bytes([a.1[0], a.1[1]]));
+                    for a in message::nla_buffers(&m.payload[4..]).flatten() {
+                        let v = a.value();
+                        if a.kind() == CTRL_ATTR_FAMILY_ID && v.len() >= 2 {
+                            family = Some(u16::from_ne_bytes([v[0], v[1]]));
                         }
                     }
                 }
@@ -255,7 +321,7 @@ impl SyncSocket {
         &mut self,
         family: u16,
         msg: &IpvsMessage,
-        f: impl FnMut(&IpvsMessage),
+        f: impl FnMut(Result<IpvsMessage, WireError>),
     ) -> io::Result<Result<(), i32>> {
         self.exchange(family, msg, NLM_F_REQUEST | NLM_F_DUMP, f)
     }
@@ -266,7 +332,7 @@ impl SyncSocket {
         &mut self,
         family: u16,
         msg: &IpvsMessage,
-        f: impl FnMut(&IpvsMessage),
+        f: impl FnMut(Result<IpvsMessage, WireError>),
     ) -> io::Result<Result<(), i32>> {
         self.exchange(family, msg, NLM_F_REQUEST | NLM_F_ACK, f)
     }
@@ -276,10 +342,10 @@ impl SyncSocket {
         family: u16,
         msg: &IpvsMessage,
         flags: u16,
-        mut f: impl FnMut(&IpvsMessage),
+        mut f: impl FnMut(Result<IpvsMessage, WireError>),
     ) -> io::Result<Result<(), i32>> {
         let seq = self.next_seq();
-        let mut req = Vec::with_capacity(64 + msg.attrs.len());
+        let mut req = Vec::with_capacity(64 + msg.buffer_len());
         encode_ipvs(&mut req, family, flags, seq, msg);
         self.send(&req)?;
         loop {
@@ -297,7 +363,7 @@ impl SyncSocket {
                     NLMSG_OVERRUN => return Err(io::Error::from_raw_os_error(libc::ENOBUFS)),
                     _ => {
                         if let Some(ipvs) = m.ipvs() {
-                            f(&ipvs);
+                            f(ipvs);
                         }
                     }
                 }

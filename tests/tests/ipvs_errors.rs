@@ -7,8 +7,8 @@ use std::net::IpAddr;
 
 use futures::TryStreamExt;
 use ipvs_netlink::{
-    AddressFamily, Destination, DestinationKey, Error, ForwardMethod, IpvsHandle, Op, Operation,
-    Scheduler, Service, ServiceKey, SyncDaemon, SyncState,
+    AddressFamily, Destination, DestinationKey, Error, ForwardMethod, IpvsHandle, Object, Op,
+    Operation, Scheduler, Service, ServiceKey, SyncDaemon, SyncState,
 };
 use ipvs_proxier_tests::{Netns, require_kernel};
 use ipvs_support::*;
@@ -164,8 +164,9 @@ fn ipvs_errors_are_typed_per_operation() {
         assert!(
             matches!(
                 e,
-                Error::InvalidArgument {
+                Error::InvalidField {
                     op: Operation::AddService,
+                    field: "scheduler name",
                     ..
                 }
             ),
@@ -244,11 +245,19 @@ fn ipvs_errors_are_typed_per_operation() {
         .await
         .unwrap_err();
         match &e {
-            Error::InvalidArgument { op, object, .. } => {
+            Error::InvalidArgument {
+                op,
+                object: Object::Destination(service, dest),
+                errno,
+            } => {
                 assert_eq!(*op, Operation::AddDestination);
+                assert_eq!(*errno, libc::EINVAL);
+                assert_eq!(*service, existing);
+                assert_eq!(dest.to_string(), "[fd00:1::9]:80");
+                let text = e.to_string();
                 assert!(
-                    object.contains("[fd00:1::9]:80") && object.contains("TCP 10.0.0.1:80"),
-                    "{object}"
+                    text.contains("[fd00:1::9]:80") && text.contains("TCP 10.0.0.1:80"),
+                    "{text}"
                 );
             }
             other => panic!("expected InvalidArgument, got {other:?}"),
@@ -298,6 +307,24 @@ fn ipvs_errors_are_typed_per_operation() {
         step("stop_sync_daemon", h.stop_sync_daemon(SyncState::Master))
             .await
             .unwrap();
+        // An interface that does not exist: ENODEV, its own variant.
+        let e = step(
+            "start_sync_daemon",
+            h.start_sync_daemon(&SyncDaemon::new(SyncState::Backup, "nosuch0", 1)),
+        )
+        .await
+        .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::InterfaceNotFound {
+                    op: Operation::StartSyncDaemon,
+                    state: SyncState::Backup,
+                    ref interface,
+                } if interface == "nosuch0"
+            ),
+            "{e:?}"
+        );
 
         // The dump of a missing service's destinations is empty, not an error.
         let none: Vec<_> = step("destinations", h.destinations(&missing).try_collect())
@@ -392,7 +419,13 @@ fn ipvs_batch_reports_each_failure_and_applies_the_rest() {
             r[9]
         );
         assert!(
-            matches!(r[10], Err(Error::InvalidArgument { .. })),
+            matches!(
+                r[10],
+                Err(Error::InvalidField {
+                    field: "scheduler name",
+                    ..
+                })
+            ),
             "{:?}",
             r[10]
         );

@@ -453,3 +453,36 @@ fn ipvs_stats_zero_timeouts_info_daemons_flush() {
     with_handle(&ns, |h| async move { h.flush().await.unwrap() });
     assert!(saved_rules(&ns).is_empty());
 }
+
+/// A connection the caller spawns itself (as rtnetlink's `new_connection`): the handle
+/// works once the connection runs, on a current-thread runtime too.
+#[test]
+fn ipvs_new_connection_driven_by_the_caller() {
+    require_kernel!();
+    let ns = Netns::new();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let path = ns.path();
+    rt.block_on(async move {
+        let (connection, h) = ipvs_netlink::new_connection_in_netns(path)
+            .await
+            .expect("connection in netns");
+        let driver = tokio::spawn(connection);
+        let key = ServiceKey::udp("10.0.0.7".parse().expect("addr"), 53);
+        h.add_service(&Service::new(key, Scheduler::RoundRobin))
+            .await
+            .expect("add");
+        let services: Vec<_> = h.services().try_collect().await.expect("dump");
+        assert_eq!(services.len(), 1);
+        assert_eq!(services[0].service.key, key);
+        assert!(h.info().await.expect("info").version > 0);
+        drop(h);
+        // The connection ends once every handle is gone.
+        tokio::time::timeout(std::time::Duration::from_secs(10), driver)
+            .await
+            .expect("connection ends")
+            .expect("connection task");
+    });
+}

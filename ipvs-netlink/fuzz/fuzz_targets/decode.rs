@@ -1,26 +1,35 @@
-//! Feeds arbitrary bytes to every IPVS decoder: none may panic.
+//! Feeds arbitrary bytes to every IPVS parser and decoder: none may panic.
 #![no_main]
 
 use ipvs_netlink::message::{
-    IpvsMessage, decode_daemon_message, decode_dest_message, decode_destination, decode_info,
-    decode_service, decode_service_message, decode_stats, decode_timeouts,
+    DaemonAttr, DestAttr, IpvsMessage, ServiceAttr, StatsAttr, destination_entry, parse_nlas,
+    service_entry, stats, sync_daemon,
 };
 use ipvs_netlink::{AddressFamily, ServiceKey};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let _ = decode_service(data);
-    let _ = decode_destination(data, AddressFamily::Inet);
-    let _ = decode_destination(data, AddressFamily::Inet6);
-    let _ = decode_stats(data);
-    let msg = IpvsMessage {
-        cmd: data.first().copied().unwrap_or(0),
-        attrs: data.to_vec(),
-    };
-    let _ = decode_service_message(&msg);
-    let key = ServiceKey::fwmark(1, AddressFamily::Inet6);
-    let _ = decode_dest_message(&msg, &key);
-    let _ = decode_daemon_message(&msg);
-    let _ = decode_info(&msg);
-    let _ = decode_timeouts(&msg);
+    if let Ok(nlas) = parse_nlas::<ServiceAttr>(data) {
+        let _ = service_entry(&nlas);
+    }
+    if let Ok(nlas) = parse_nlas::<DestAttr>(data) {
+        let _ = destination_entry(&nlas, AddressFamily::Inet);
+        let _ = destination_entry(&nlas, AddressFamily::Inet6);
+    }
+    if let Ok(nlas) = parse_nlas::<StatsAttr>(data) {
+        let _ = stats(&nlas);
+    }
+    if let Ok(nlas) = parse_nlas::<DaemonAttr>(data) {
+        let _ = sync_daemon(&nlas);
+    }
+    let cmd = data.first().copied().unwrap_or(0);
+    if let Ok(msg) = IpvsMessage::parse(cmd, data) {
+        let _ = msg.service_entry();
+        let key = ServiceKey::fwmark(1, AddressFamily::Inet6);
+        let _ = msg.destination_entry(key.family());
+        let _ = msg.sync_daemon();
+        let _ = msg.info();
+        let _ = msg.timeouts();
+        let _ = msg.to_bytes();
+    }
 });

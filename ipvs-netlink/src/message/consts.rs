@@ -1,4 +1,7 @@
-//! Numeric constants of the IPVS generic-netlink protocol (`include/uapi/linux/ip_vs.h`).
+//! Numeric constants of the IPVS generic-netlink protocol (`include/uapi/linux/ip_vs.h`),
+//! private to the message layer: the rest of the crate and its users work with the typed
+//! commands and attributes. Values carried inside attributes (address families, flags,
+//! tunnel types) belong to the domain types that hold them.
 #![allow(missing_docs)]
 
 /// Name of the generic-netlink family.
@@ -85,34 +88,14 @@ pub const IPVS_STATS_ATTR_INPPS: u16 = 7;
 pub const IPVS_STATS_ATTR_OUTPPS: u16 = 8;
 pub const IPVS_STATS_ATTR_INBPS: u16 = 9;
 pub const IPVS_STATS_ATTR_OUTBPS: u16 = 10;
-pub const IPVS_STATS_ATTR_PAD: u16 = 11;
 
 // GET_INFO reply attributes (top level).
 pub const IPVS_INFO_ATTR_VERSION: u16 = 1;
 pub const IPVS_INFO_ATTR_CONN_TAB_SIZE: u16 = 2;
 
-// Address families.
-pub const AF_INET: u16 = 2;
-pub const AF_INET6: u16 = 10;
-
-// Service flags.
-pub const IP_VS_SVC_F_PERSISTENT: u32 = 0x0001;
-pub const IP_VS_SVC_F_HASHED: u32 = 0x0002;
-pub const IP_VS_SVC_F_ONEPACKET: u32 = 0x0004;
-pub const IP_VS_SVC_F_SCHED1: u32 = 0x0008;
-pub const IP_VS_SVC_F_SCHED2: u32 = 0x0010;
-pub const IP_VS_SVC_F_SCHED3: u32 = 0x0020;
-
 // Sync daemon states.
 pub const IP_VS_STATE_MASTER: u32 = 0x0001;
 pub const IP_VS_STATE_BACKUP: u32 = 0x0002;
-
-// Tunnel types and flags.
-pub const IP_VS_CONN_F_TUNNEL_TYPE_IPIP: u8 = 0;
-pub const IP_VS_CONN_F_TUNNEL_TYPE_GUE: u8 = 1;
-pub const IP_VS_CONN_F_TUNNEL_TYPE_GRE: u8 = 2;
-pub const IP_VS_TUNNEL_ENCAP_FLAG_CSUM: u16 = 1 << 0;
-pub const IP_VS_TUNNEL_ENCAP_FLAG_REMCSUM: u16 = 1 << 1;
 
 /// Longest persistence-engine name (`IP_VS_PENAME_MAXLEN` minus the NUL).
 pub const PE_NAME_MAX: usize = 15;

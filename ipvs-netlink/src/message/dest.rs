@@ -1,37 +1,167 @@
-//! Destination attributes (`IPVS_CMD_ATTR_DEST`).
+//! Destination attributes (`IPVS_CMD_ATTR_DEST`, `IPVS_DEST_ATTR_*`).
 
-use super::attr::{AttrIter, AttrWriter, get_addr, get_be16, get_u8, get_u16, get_u32};
+use netlink_packet_core::{DecodeError, DefaultNla, Nla, NlaBuffer, Parseable};
+
 use super::consts::*;
-use super::stats::decode_stats;
-use super::{EncodeError, IpvsMessage, WireError};
-use crate::destination::MAX_WEIGHT;
+use super::service::InetAddr;
+use super::stats::{StatsAttr, stats};
+use super::{
+    EncodeError, WireError, emit_nested, get_be16, get_u8, get_u16, get_u32, nested_len,
+    parse_nested,
+};
 use crate::destination::{
-    Destination, DestinationEntry, DestinationKey, Tunnel, TunnelFlags, TunnelType,
+    Destination, DestinationEntry, DestinationKey, MAX_WEIGHT, Tunnel, TunnelFlags, TunnelType,
 };
 use crate::error::RangeError;
-use crate::service::{AddressFamily, ServiceKey};
+use crate::service::AddressFamily;
 use crate::{ForwardMethod, Stats};
 
-/// Appends `IPVS_CMD_ATTR_DEST` holding only what identifies the destination (DEL_DEST).
-pub fn encode_dest_key(msg: &mut IpvsMessage, key: &DestinationKey) -> Result<(), EncodeError> {
-    let mut w = AttrWriter::new();
-    w.nested(IPVS_CMD_ATTR_DEST, |w| {
-        w.inet_addr(IPVS_DEST_ATTR_ADDR, key.addr);
-        w.be16(IPVS_DEST_ATTR_PORT, key.port);
-        w.u16(
-            IPVS_DEST_ATTR_ADDR_FAMILY,
-            AddressFamily::of(&key.addr).number(),
-        );
-    });
-    msg.attrs.extend_from_slice(&w.buf);
-    Ok(())
+/// An attribute of a destination (`IPVS_DEST_ATTR_*`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DestAttr {
+    /// `ADDR`: the real server's address.
+    Addr(InetAddr),
+    /// `PORT`: the real server's port (big-endian on the wire).
+    Port(u16),
+    /// `FWD_METHOD`: `IP_VS_CONN_F_*` forwarding bits.
+    FwdMethod(u32),
+    /// `WEIGHT`.
+    Weight(u32),
+    /// `U_THRESH`: upper connection threshold.
+    UpperThreshold(u32),
+    /// `L_THRESH`: lower connection threshold.
+    LowerThreshold(u32),
+    /// `ACTIVE_CONNS` (reported only).
+    ActiveConns(u32),
+    /// `INACT_CONNS` (reported only).
+    InactiveConns(u32),
+    /// `PERSIST_CONNS` (reported only).
+    PersistentConns(u32),
+    /// `STATS`: 32-bit statistics.
+    Stats(Vec<StatsAttr>),
+    /// `ADDR_FAMILY`: the address family (may differ from the service's when tunnelling).
+    AddressFamily(u16),
+    /// `STATS64`: 64-bit statistics.
+    Stats64(Vec<StatsAttr>),
+    /// `TUN_TYPE`: `IP_VS_CONN_F_TUNNEL_TYPE_*`.
+    TunnelType(u8),
+    /// `TUN_PORT`: the tunnel's UDP port (big-endian on the wire).
+    TunnelPort(u16),
+    /// `TUN_FLAGS`: `IP_VS_TUNNEL_ENCAP_FLAG_*`.
+    TunnelFlags(u16),
+    /// An attribute this library does not know, kept as it came.
+    Other(DefaultNla),
 }
 
-/// Appends `IPVS_CMD_ATTR_DEST` with the full configuration (NEW/SET_DEST).
-pub fn encode_dest_full(msg: &mut IpvsMessage, dest: &Destination) -> Result<(), EncodeError> {
+impl Nla for DestAttr {
+    fn value_len(&self) -> usize {
+        match self {
+            DestAttr::Addr(_) => 16,
+            DestAttr::Port(_)
+            | DestAttr::AddressFamily(_)
+            | DestAttr::TunnelPort(_)
+            | DestAttr::TunnelFlags(_) => 2,
+            DestAttr::TunnelType(_) => 1,
+            DestAttr::FwdMethod(_)
+            | DestAttr::Weight(_)
+            | DestAttr::UpperThreshold(_)
+            | DestAttr::LowerThreshold(_)
+            | DestAttr::ActiveConns(_)
+            | DestAttr::InactiveConns(_)
+            | DestAttr::PersistentConns(_) => 4,
+            DestAttr::Stats(v) | DestAttr::Stats64(v) => nested_len(v),
+            DestAttr::Other(a) => a.value_len(),
+        }
+    }
+
+    fn kind(&self) -> u16 {
+        match self {
+            DestAttr::Addr(_) => IPVS_DEST_ATTR_ADDR,
+            DestAttr::Port(_) => IPVS_DEST_ATTR_PORT,
+            DestAttr::FwdMethod(_) => IPVS_DEST_ATTR_FWD_METHOD,
+            DestAttr::Weight(_) => IPVS_DEST_ATTR_WEIGHT,
+            DestAttr::UpperThreshold(_) => IPVS_DEST_ATTR_U_THRESH,
+            DestAttr::LowerThreshold(_) => IPVS_DEST_ATTR_L_THRESH,
+            DestAttr::ActiveConns(_) => IPVS_DEST_ATTR_ACTIVE_CONNS,
+            DestAttr::InactiveConns(_) => IPVS_DEST_ATTR_INACT_CONNS,
+            DestAttr::PersistentConns(_) => IPVS_DEST_ATTR_PERSIST_CONNS,
+            DestAttr::Stats(_) => IPVS_DEST_ATTR_STATS,
+            DestAttr::AddressFamily(_) => IPVS_DEST_ATTR_ADDR_FAMILY,
+            DestAttr::Stats64(_) => IPVS_DEST_ATTR_STATS64,
+            DestAttr::TunnelType(_) => IPVS_DEST_ATTR_TUN_TYPE,
+            DestAttr::TunnelPort(_) => IPVS_DEST_ATTR_TUN_PORT,
+            DestAttr::TunnelFlags(_) => IPVS_DEST_ATTR_TUN_FLAGS,
+            DestAttr::Other(a) => a.kind(),
+        }
+    }
+
+    fn emit_value(&self, buffer: &mut [u8]) {
+        match self {
+            DestAttr::Addr(a) => buffer.copy_from_slice(&a.0),
+            DestAttr::Port(v) | DestAttr::TunnelPort(v) => buffer.copy_from_slice(&v.to_be_bytes()),
+            DestAttr::AddressFamily(v) | DestAttr::TunnelFlags(v) => {
+                buffer.copy_from_slice(&v.to_ne_bytes())
+            }
+            DestAttr::TunnelType(v) => buffer[0] = *v,
+            DestAttr::FwdMethod(v)
+            | DestAttr::Weight(v)
+            | DestAttr::UpperThreshold(v)
+            | DestAttr::LowerThreshold(v)
+            | DestAttr::ActiveConns(v)
+            | DestAttr::InactiveConns(v)
+            | DestAttr::PersistentConns(v) => buffer.copy_from_slice(&v.to_ne_bytes()),
+            DestAttr::Stats(v) | DestAttr::Stats64(v) => emit_nested(v, buffer),
+            DestAttr::Other(a) => a.emit_value(buffer),
+        }
+    }
+}
+
+impl<'a> Parseable<NlaBuffer<&'a [u8]>> for DestAttr {
+    fn parse(buf: &NlaBuffer<&'a [u8]>) -> Result<Self, DecodeError> {
+        let v = buf.value();
+        Ok(match buf.kind() {
+            IPVS_DEST_ATTR_ADDR => DestAttr::Addr(InetAddr::parse("destination address", v)?),
+            IPVS_DEST_ATTR_PORT => DestAttr::Port(get_be16("destination port", v)?),
+            IPVS_DEST_ATTR_FWD_METHOD => DestAttr::FwdMethod(get_u32("forwarding method", v)?),
+            IPVS_DEST_ATTR_WEIGHT => DestAttr::Weight(get_u32("weight", v)?),
+            IPVS_DEST_ATTR_U_THRESH => DestAttr::UpperThreshold(get_u32("upper threshold", v)?),
+            IPVS_DEST_ATTR_L_THRESH => DestAttr::LowerThreshold(get_u32("lower threshold", v)?),
+            IPVS_DEST_ATTR_ACTIVE_CONNS => DestAttr::ActiveConns(get_u32("active connections", v)?),
+            IPVS_DEST_ATTR_INACT_CONNS => {
+                DestAttr::InactiveConns(get_u32("inactive connections", v)?)
+            }
+            IPVS_DEST_ATTR_PERSIST_CONNS => {
+                DestAttr::PersistentConns(get_u32("persistent connections", v)?)
+            }
+            IPVS_DEST_ATTR_STATS => DestAttr::Stats(parse_nested(buf)?),
+            IPVS_DEST_ATTR_ADDR_FAMILY => {
+                DestAttr::AddressFamily(get_u16("destination family", v)?)
+            }
+            IPVS_DEST_ATTR_STATS64 => DestAttr::Stats64(parse_nested(buf)?),
+            IPVS_DEST_ATTR_TUN_TYPE => DestAttr::TunnelType(get_u8("tunnel type", v)?),
+            IPVS_DEST_ATTR_TUN_PORT => DestAttr::TunnelPort(get_be16("tunnel port", v)?),
+            IPVS_DEST_ATTR_TUN_FLAGS => DestAttr::TunnelFlags(get_u16("tunnel flags", v)?),
+            _ => DestAttr::Other(DefaultNla::parse(buf)?),
+        })
+    }
+}
+
+/// The attributes identifying a destination (DEL_DEST).
+pub(crate) fn key_nlas(key: &DestinationKey) -> Vec<DestAttr> {
+    vec![
+        DestAttr::Addr(InetAddr::from_ip(key.addr)),
+        DestAttr::Port(key.port),
+        DestAttr::AddressFamily(AddressFamily::of(&key.addr).number()),
+    ]
+}
+
+/// The attributes of a destination's full configuration (NEW/SET_DEST), validated.
+pub(crate) fn dest_nlas(dest: &Destination) -> Result<Vec<DestAttr>, EncodeError> {
     if dest.forward == ForwardMethod::Bypass {
         return Err(EncodeError::invalid(
-            "the bypass method cannot be configured",
+            "forwarding method",
+            "bypass is only ever reported by the kernel, never configured",
         ));
     }
     let max = u64::from(MAX_WEIGHT);
@@ -50,32 +180,29 @@ pub fn encode_dest_full(msg: &mut IpvsMessage, dest: &Destination) -> Result<(),
     if sends_tunnel && dest.tunnel.kind == TunnelType::Gue {
         RangeError::check("GUE tunnel port", dest.tunnel.port, 1..=u64::from(u16::MAX))?;
     }
-    let mut w = AttrWriter::new();
-    w.nested(IPVS_CMD_ATTR_DEST, |w| {
-        w.inet_addr(IPVS_DEST_ATTR_ADDR, dest.addr);
-        w.be16(IPVS_DEST_ATTR_PORT, dest.port);
-        w.u32(IPVS_DEST_ATTR_FWD_METHOD, dest.forward.bits());
-        w.u32(IPVS_DEST_ATTR_WEIGHT, dest.weight);
-        w.u32(IPVS_DEST_ATTR_U_THRESH, dest.upper_threshold);
-        w.u32(IPVS_DEST_ATTR_L_THRESH, dest.lower_threshold);
-        w.u16(
-            IPVS_DEST_ATTR_ADDR_FAMILY,
-            AddressFamily::of(&dest.addr).number(),
-        );
-        if sends_tunnel {
-            w.u8(IPVS_DEST_ATTR_TUN_TYPE, dest.tunnel.kind.number());
-            w.be16(IPVS_DEST_ATTR_TUN_PORT, dest.tunnel.port);
-            w.u16(IPVS_DEST_ATTR_TUN_FLAGS, dest.tunnel.flags.0);
-        }
-    });
-    msg.attrs.extend_from_slice(&w.buf);
-    Ok(())
+    let mut out = Vec::with_capacity(10);
+    out.push(DestAttr::Addr(InetAddr::from_ip(dest.addr)));
+    out.push(DestAttr::Port(dest.port));
+    out.push(DestAttr::FwdMethod(dest.forward.bits()));
+    out.push(DestAttr::Weight(dest.weight));
+    out.push(DestAttr::UpperThreshold(dest.upper_threshold));
+    out.push(DestAttr::LowerThreshold(dest.lower_threshold));
+    out.push(DestAttr::AddressFamily(
+        AddressFamily::of(&dest.addr).number(),
+    ));
+    if sends_tunnel {
+        out.push(DestAttr::TunnelType(dest.tunnel.kind.number()));
+        out.push(DestAttr::TunnelPort(dest.tunnel.port));
+        out.push(DestAttr::TunnelFlags(dest.tunnel.flags.0));
+    }
+    Ok(out)
 }
 
-/// Decodes the content of an `IPVS_CMD_ATTR_DEST`; `service_family` is used when the
-/// kernel does not send `IPVS_DEST_ATTR_ADDR_FAMILY` (kernels before 4.x).
-pub fn decode_destination(
-    buf: &[u8],
+/// A destination as the kernel describes it (the content of `IPVS_CMD_ATTR_DEST` in a
+/// reply); `service_family` is used when the kernel does not send
+/// `IPVS_DEST_ATTR_ADDR_FAMILY` (kernels before 4.x).
+pub fn destination_entry(
+    nlas: &[DestAttr],
     service_family: AddressFamily,
 ) -> Result<DestinationEntry, WireError> {
     let mut addr = None;
@@ -91,42 +218,43 @@ pub fn decode_destination(
     let mut stats32 = None;
     let mut stats64 = None;
     let mut tunnel = Tunnel::default();
-    for a in AttrIter::new(buf) {
-        let (kind, v) = a?;
-        match kind {
-            IPVS_DEST_ATTR_ADDR => addr = Some(v),
-            IPVS_DEST_ATTR_PORT => port = Some(get_be16("destination port", v)?),
-            IPVS_DEST_ATTR_FWD_METHOD => fwd = get_u32("forwarding method", v)?,
-            IPVS_DEST_ATTR_WEIGHT => weight = get_u32("weight", v)?,
-            IPVS_DEST_ATTR_U_THRESH => upper = get_u32("upper threshold", v)?,
-            IPVS_DEST_ATTR_L_THRESH => lower = get_u32("lower threshold", v)?,
-            IPVS_DEST_ATTR_ACTIVE_CONNS => active = get_u32("active connections", v)?,
-            IPVS_DEST_ATTR_INACT_CONNS => inactive = get_u32("inactive connections", v)?,
-            IPVS_DEST_ATTR_PERSIST_CONNS => persistent = get_u32("persistent connections", v)?,
-            IPVS_DEST_ATTR_ADDR_FAMILY => af = Some(get_u16("destination family", v)?),
-            IPVS_DEST_ATTR_STATS => stats32 = Some(v),
-            IPVS_DEST_ATTR_STATS64 => stats64 = Some(v),
-            IPVS_DEST_ATTR_TUN_TYPE => {
-                let n = get_u8("tunnel type", v)?;
-                tunnel.kind = TunnelType::from_number(n)
+    for a in nlas {
+        match a {
+            DestAttr::Addr(v) => addr = Some(*v),
+            DestAttr::Port(v) => port = Some(*v),
+            DestAttr::FwdMethod(v) => fwd = *v,
+            DestAttr::Weight(v) => weight = *v,
+            DestAttr::UpperThreshold(v) => upper = *v,
+            DestAttr::LowerThreshold(v) => lower = *v,
+            DestAttr::ActiveConns(v) => active = *v,
+            DestAttr::InactiveConns(v) => inactive = *v,
+            DestAttr::PersistentConns(v) => persistent = *v,
+            DestAttr::AddressFamily(v) => af = Some(*v),
+            DestAttr::Stats(v) => stats32 = Some(v),
+            DestAttr::Stats64(v) => stats64 = Some(v),
+            DestAttr::TunnelType(n) => {
+                tunnel.kind = TunnelType::from_number(*n)
                     .ok_or_else(|| WireError::new(format!("unknown tunnel type {n}")))?;
             }
-            IPVS_DEST_ATTR_TUN_PORT => tunnel.port = get_be16("tunnel port", v)?,
-            IPVS_DEST_ATTR_TUN_FLAGS => tunnel.flags = TunnelFlags(get_u16("tunnel flags", v)?),
-            _ => {}
+            DestAttr::TunnelPort(v) => tunnel.port = *v,
+            DestAttr::TunnelFlags(v) => tunnel.flags = TunnelFlags(*v),
+            DestAttr::Other(_) => {}
         }
     }
-    let af = af.unwrap_or(service_family.number());
-    let addr = get_addr(
-        "destination address",
-        af,
-        addr.ok_or_else(|| WireError::new("destination without address"))?,
-    )?;
+    let family = match af {
+        None => service_family,
+        Some(n) => AddressFamily::from_number(n).ok_or_else(|| {
+            WireError::new(format!("destination address: unknown address family {n}"))
+        })?,
+    };
+    let addr = addr
+        .ok_or_else(|| WireError::new("destination without address"))?
+        .to_ip(family);
     let port = port.ok_or_else(|| WireError::new("destination without port"))?;
     let forward = ForwardMethod::from_bits(fwd)
         .ok_or_else(|| WireError::new(format!("unknown forwarding method {fwd:#x}")))?;
     let stats = match (stats64, stats32) {
-        (Some(v), _) | (None, Some(v)) => decode_stats(v)?,
+        (Some(v), _) | (None, Some(v)) => stats(v),
         (None, None) => Stats::default(),
     };
     Ok(DestinationEntry {
@@ -144,15 +272,4 @@ pub fn decode_destination(
         persistent_conns: persistent,
         stats,
     })
-}
-
-/// Decodes a `NEW_DEST` dump part of a destination dump for `service`.
-pub fn decode_dest_message(
-    msg: &IpvsMessage,
-    service: &ServiceKey,
-) -> Result<DestinationEntry, WireError> {
-    let v = msg
-        .attribute(IPVS_CMD_ATTR_DEST)?
-        .ok_or_else(|| WireError::new("reply without a destination attribute"))?;
-    decode_destination(v, service.family())
 }

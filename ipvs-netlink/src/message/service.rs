@@ -1,11 +1,15 @@
-//! Service attributes (`IPVS_CMD_ATTR_SERVICE`).
+//! Service attributes (`IPVS_CMD_ATTR_SERVICE`, `IPVS_SVC_ATTR_*`).
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use super::attr::{AttrIter, AttrWriter, get_addr, get_be16, get_string, get_u16, get_u32};
+use netlink_packet_core::{DecodeError, DefaultNla, Nla, NlaBuffer, Parseable};
+
 use super::consts::*;
-use super::stats::decode_stats;
-use super::{EncodeError, IpvsMessage, WireError};
+use super::stats::{StatsAttr, stats};
+use super::{
+    EncodeError, WireError, emit_nested, emit_string, get_be16, get_string, get_u16, get_u32,
+    nested_len, parse_nested,
+};
 use crate::error::RangeError;
 use crate::service::{
     AddressFamily, MAX_PERSISTENCE_TIMEOUT, Netmask, Service, ServiceEntry, ServiceFlags,
@@ -13,32 +17,189 @@ use crate::service::{
 };
 use crate::{Protocol, Scheduler, Stats};
 
-fn key_attrs(w: &mut AttrWriter, key: &ServiceKey) {
-    w.u16(IPVS_SVC_ATTR_AF, key.family().number());
+/// An address as the kernel carries it (`union nf_inet_addr`): 16 bytes, an IPv4 address
+/// in the first 4. Which family it is comes from a sibling attribute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct InetAddr(pub [u8; 16]);
+
+impl InetAddr {
+    /// The wire form of an address.
+    pub fn from_ip(addr: IpAddr) -> Self {
+        let mut v = [0u8; 16];
+        match addr {
+            IpAddr::V4(a) => v[..4].copy_from_slice(&a.octets()),
+            IpAddr::V6(a) => v.copy_from_slice(&a.octets()),
+        }
+        InetAddr(v)
+    }
+
+    /// The address, read as the given family.
+    pub fn to_ip(self, family: AddressFamily) -> IpAddr {
+        match family {
+            AddressFamily::Inet => {
+                IpAddr::V4(Ipv4Addr::new(self.0[0], self.0[1], self.0[2], self.0[3]))
+            }
+            AddressFamily::Inet6 => IpAddr::V6(Ipv6Addr::from(self.0)),
+        }
+    }
+
+    /// Parses a value of 16 bytes (or 4, an IPv4 address from a short-form sender).
+    pub(crate) fn parse(what: &str, v: &[u8]) -> Result<Self, DecodeError> {
+        let mut out = [0u8; 16];
+        match v.len() {
+            16 | 4 => out[..v.len()].copy_from_slice(v),
+            n => {
+                return Err(DecodeError::from(format!("{what}: need 16 bytes, got {n}")));
+            }
+        }
+        Ok(InetAddr(out))
+    }
+}
+
+/// An attribute of a service (`IPVS_SVC_ATTR_*`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ServiceAttr {
+    /// `AF`: the address family (`AF_INET` or `AF_INET6`).
+    AddressFamily(u16),
+    /// `PROTOCOL`: the IP protocol number of a tuple service.
+    Protocol(u16),
+    /// `ADDR`: the virtual address of a tuple service.
+    Addr(InetAddr),
+    /// `PORT`: the virtual port (big-endian on the wire).
+    Port(u16),
+    /// `FWMARK`: the mark of a firewall-mark service.
+    Fwmark(u32),
+    /// `SCHED_NAME`: the scheduler module's name (`ip_vs_<name>`).
+    SchedName(String),
+    /// `FLAGS`: `struct ip_vs_flags` — the flags and the mask of flags to change.
+    Flags {
+        /// `IP_VS_SVC_F_*` bits.
+        flags: u32,
+        /// Which bits the kernel changes.
+        mask: u32,
+    },
+    /// `TIMEOUT`: the persistence timeout in seconds.
+    Timeout(u32),
+    /// `NETMASK`: IPv4 mask in network order, or IPv6 prefix length in host order.
+    Netmask([u8; 4]),
+    /// `STATS`: 32-bit statistics.
+    Stats(Vec<StatsAttr>),
+    /// `PE_NAME`: the persistence engine's name.
+    PeName(String),
+    /// `STATS64`: 64-bit statistics.
+    Stats64(Vec<StatsAttr>),
+    /// An attribute this library does not know, kept as it came.
+    Other(DefaultNla),
+}
+
+impl Nla for ServiceAttr {
+    fn value_len(&self) -> usize {
+        match self {
+            ServiceAttr::AddressFamily(_) | ServiceAttr::Protocol(_) | ServiceAttr::Port(_) => 2,
+            ServiceAttr::Addr(_) => 16,
+            ServiceAttr::Fwmark(_) | ServiceAttr::Timeout(_) | ServiceAttr::Netmask(_) => 4,
+            ServiceAttr::SchedName(s) | ServiceAttr::PeName(s) => s.len() + 1,
+            ServiceAttr::Flags { .. } => 8,
+            ServiceAttr::Stats(v) | ServiceAttr::Stats64(v) => nested_len(v),
+            ServiceAttr::Other(a) => a.value_len(),
+        }
+    }
+
+    fn kind(&self) -> u16 {
+        match self {
+            ServiceAttr::AddressFamily(_) => IPVS_SVC_ATTR_AF,
+            ServiceAttr::Protocol(_) => IPVS_SVC_ATTR_PROTOCOL,
+            ServiceAttr::Addr(_) => IPVS_SVC_ATTR_ADDR,
+            ServiceAttr::Port(_) => IPVS_SVC_ATTR_PORT,
+            ServiceAttr::Fwmark(_) => IPVS_SVC_ATTR_FWMARK,
+            ServiceAttr::SchedName(_) => IPVS_SVC_ATTR_SCHED_NAME,
+            ServiceAttr::Flags { .. } => IPVS_SVC_ATTR_FLAGS,
+            ServiceAttr::Timeout(_) => IPVS_SVC_ATTR_TIMEOUT,
+            ServiceAttr::Netmask(_) => IPVS_SVC_ATTR_NETMASK,
+            ServiceAttr::Stats(_) => IPVS_SVC_ATTR_STATS,
+            ServiceAttr::PeName(_) => IPVS_SVC_ATTR_PE_NAME,
+            ServiceAttr::Stats64(_) => IPVS_SVC_ATTR_STATS64,
+            ServiceAttr::Other(a) => a.kind(),
+        }
+    }
+
+    fn emit_value(&self, buffer: &mut [u8]) {
+        match self {
+            ServiceAttr::AddressFamily(v) | ServiceAttr::Protocol(v) => {
+                buffer.copy_from_slice(&v.to_ne_bytes())
+            }
+            ServiceAttr::Port(v) => buffer.copy_from_slice(&v.to_be_bytes()),
+            ServiceAttr::Addr(a) => buffer.copy_from_slice(&a.0),
+            ServiceAttr::Fwmark(v) | ServiceAttr::Timeout(v) => {
+                buffer.copy_from_slice(&v.to_ne_bytes())
+            }
+            ServiceAttr::Netmask(v) => buffer.copy_from_slice(v),
+            ServiceAttr::SchedName(s) | ServiceAttr::PeName(s) => emit_string(s, buffer),
+            ServiceAttr::Flags { flags, mask } => {
+                buffer[..4].copy_from_slice(&flags.to_ne_bytes());
+                buffer[4..].copy_from_slice(&mask.to_ne_bytes());
+            }
+            ServiceAttr::Stats(v) | ServiceAttr::Stats64(v) => emit_nested(v, buffer),
+            ServiceAttr::Other(a) => a.emit_value(buffer),
+        }
+    }
+}
+
+impl<'a> Parseable<NlaBuffer<&'a [u8]>> for ServiceAttr {
+    fn parse(buf: &NlaBuffer<&'a [u8]>) -> Result<Self, DecodeError> {
+        let v = buf.value();
+        Ok(match buf.kind() {
+            IPVS_SVC_ATTR_AF => ServiceAttr::AddressFamily(get_u16("service family", v)?),
+            IPVS_SVC_ATTR_PROTOCOL => ServiceAttr::Protocol(get_u16("service protocol", v)?),
+            IPVS_SVC_ATTR_ADDR => ServiceAttr::Addr(InetAddr::parse("service address", v)?),
+            IPVS_SVC_ATTR_PORT => ServiceAttr::Port(get_be16("service port", v)?),
+            IPVS_SVC_ATTR_FWMARK => ServiceAttr::Fwmark(get_u32("service fwmark", v)?),
+            IPVS_SVC_ATTR_SCHED_NAME => ServiceAttr::SchedName(get_string("scheduler name", v)?),
+            IPVS_SVC_ATTR_FLAGS => {
+                let b = super::fixed::<8>("service flags", v)?;
+                ServiceAttr::Flags {
+                    flags: u32::from_ne_bytes([b[0], b[1], b[2], b[3]]),
+                    mask: u32::from_ne_bytes([b[4], b[5], b[6], b[7]]),
+                }
+            }
+            IPVS_SVC_ATTR_TIMEOUT => ServiceAttr::Timeout(get_u32("service timeout", v)?),
+            IPVS_SVC_ATTR_NETMASK => ServiceAttr::Netmask(super::fixed("service netmask", v)?),
+            IPVS_SVC_ATTR_STATS => ServiceAttr::Stats(parse_nested(buf)?),
+            IPVS_SVC_ATTR_PE_NAME => ServiceAttr::PeName(get_string("pe name", v)?),
+            IPVS_SVC_ATTR_STATS64 => ServiceAttr::Stats64(parse_nested(buf)?),
+            _ => ServiceAttr::Other(DefaultNla::parse(buf)?),
+        })
+    }
+}
+
+/// The attributes identifying a service.
+pub(crate) fn key_nlas(key: &ServiceKey) -> Result<Vec<ServiceAttr>, EncodeError> {
+    let mut out = Vec::with_capacity(4);
+    push_key(&mut out, key)?;
+    Ok(out)
+}
+
+fn push_key(out: &mut Vec<ServiceAttr>, key: &ServiceKey) -> Result<(), EncodeError> {
+    out.push(ServiceAttr::AddressFamily(key.family().number()));
     match key {
         ServiceKey::Tuple {
             addr,
             port,
             protocol,
         } => {
-            w.u16(IPVS_SVC_ATTR_PROTOCOL, protocol.number());
-            w.inet_addr(IPVS_SVC_ATTR_ADDR, *addr);
-            w.be16(IPVS_SVC_ATTR_PORT, *port);
+            out.push(ServiceAttr::Protocol(protocol.number()));
+            out.push(ServiceAttr::Addr(InetAddr::from_ip(*addr)));
+            out.push(ServiceAttr::Port(*port));
         }
-        ServiceKey::Fwmark { mark, .. } => {
-            w.u32(IPVS_SVC_ATTR_FWMARK, *mark);
+        ServiceKey::Fwmark { mark: 0, .. } => {
+            return Err(EncodeError::invalid(
+                "fwmark",
+                "0 does not identify a service",
+            ));
         }
+        ServiceKey::Fwmark { mark, .. } => out.push(ServiceAttr::Fwmark(*mark)),
     }
-}
-
-/// Appends `IPVS_CMD_ATTR_SERVICE` holding only what identifies the service.
-pub fn encode_service_key(msg: &mut IpvsMessage, key: &ServiceKey) -> Result<(), EncodeError> {
-    if let ServiceKey::Fwmark { mark: 0, .. } = key {
-        return Err(EncodeError::invalid("fwmark 0 does not identify a service"));
-    }
-    let mut w = AttrWriter::new();
-    w.nested(IPVS_CMD_ATTR_SERVICE, |w| key_attrs(w, key));
-    msg.attrs.extend_from_slice(&w.buf);
     Ok(())
 }
 
@@ -51,27 +212,26 @@ fn netmask_value(service: &Service) -> Result<[u8; 4], EncodeError> {
             RangeError::check("IPv6 netmask prefix length", len, 1..=128)?;
             Ok(u32::from(len).to_ne_bytes())
         }
-        (family, netmask) => Err(EncodeError::Invalid(format!(
-            "netmask {netmask} is not of the service's family {family:?}"
-        ))),
+        (family, netmask) => Err(EncodeError::invalid(
+            "netmask",
+            format!("{netmask} is not of the service's family {family:?}"),
+        )),
     }
 }
 
-/// Appends `IPVS_CMD_ATTR_SERVICE` with the full configuration (for NEW/SET_SERVICE).
-pub fn encode_service_full(msg: &mut IpvsMessage, service: &Service) -> Result<(), EncodeError> {
-    if let ServiceKey::Fwmark { mark: 0, .. } = service.key {
-        return Err(EncodeError::invalid("fwmark 0 does not identify a service"));
-    }
+/// The attributes of a service's full configuration (NEW/SET_SERVICE), validated.
+pub(crate) fn service_nlas(service: &Service) -> Result<Vec<ServiceAttr>, EncodeError> {
     service
         .scheduler
         .validate()
-        .map_err(|e| EncodeError::invalid(e.to_string()))?;
+        .map_err(|e| EncodeError::invalid("scheduler name", e.to_string()))?;
     if let Some(pe) = &service.pe_name
         && (pe.is_empty() || pe.len() > PE_NAME_MAX || pe.contains('\0'))
     {
-        return Err(EncodeError::invalid(format!(
-            "persistence engine name {pe:?} must be 1..={PE_NAME_MAX} bytes without NUL"
-        )));
+        return Err(EncodeError::invalid(
+            "persistence engine name",
+            format!("{pe:?} must be 1..={PE_NAME_MAX} bytes without NUL"),
+        ));
     }
     RangeError::check(
         "persistence timeout",
@@ -79,27 +239,24 @@ pub fn encode_service_full(msg: &mut IpvsMessage, service: &Service) -> Result<(
         0..=u64::from(MAX_PERSISTENCE_TIMEOUT),
     )?;
     let netmask = netmask_value(service)?;
-    let mut flags = [0u8; 8];
-    let settable = service.flags.bits() & ServiceFlags::SETTABLE.bits();
-    flags[..4].copy_from_slice(&settable.to_ne_bytes());
-    flags[4..].copy_from_slice(&u32::MAX.to_ne_bytes());
-    let mut w = AttrWriter::new();
-    w.nested(IPVS_CMD_ATTR_SERVICE, |w| {
-        key_attrs(w, &service.key);
-        w.string(IPVS_SVC_ATTR_SCHED_NAME, service.scheduler.name());
-        if let Some(pe) = &service.pe_name {
-            w.string(IPVS_SVC_ATTR_PE_NAME, pe);
-        }
-        w.bytes(IPVS_SVC_ATTR_FLAGS, &flags);
-        w.u32(IPVS_SVC_ATTR_TIMEOUT, service.timeout);
-        w.bytes(IPVS_SVC_ATTR_NETMASK, &netmask);
+    let mut out = Vec::with_capacity(9);
+    push_key(&mut out, &service.key)?;
+    out.push(ServiceAttr::SchedName(service.scheduler.name().to_owned()));
+    if let Some(pe) = &service.pe_name {
+        out.push(ServiceAttr::PeName(pe.clone()));
+    }
+    out.push(ServiceAttr::Flags {
+        flags: service.flags.bits() & ServiceFlags::SETTABLE.bits(),
+        mask: u32::MAX,
     });
-    msg.attrs.extend_from_slice(&w.buf);
-    Ok(())
+    out.push(ServiceAttr::Timeout(service.timeout));
+    out.push(ServiceAttr::Netmask(netmask));
+    Ok(out)
 }
 
-/// Decodes the content of an `IPVS_CMD_ATTR_SERVICE` attribute.
-pub fn decode_service(buf: &[u8]) -> Result<ServiceEntry, WireError> {
+/// A service as the kernel describes it (the content of `IPVS_CMD_ATTR_SERVICE` in a
+/// reply). 64-bit statistics are preferred to 32-bit ones; unknown attributes are ignored.
+pub fn service_entry(nlas: &[ServiceAttr]) -> Result<ServiceEntry, WireError> {
     let mut af = None;
     let mut protocol = None;
     let mut addr = None;
@@ -112,22 +269,21 @@ pub fn decode_service(buf: &[u8]) -> Result<ServiceEntry, WireError> {
     let mut pe_name = None;
     let mut stats32 = None;
     let mut stats64 = None;
-    for a in AttrIter::new(buf) {
-        let (kind, v) = a?;
-        match kind {
-            IPVS_SVC_ATTR_AF => af = Some(get_u16("service family", v)?),
-            IPVS_SVC_ATTR_PROTOCOL => protocol = Some(get_u16("service protocol", v)?),
-            IPVS_SVC_ATTR_ADDR => addr = Some(v),
-            IPVS_SVC_ATTR_PORT => port = Some(get_be16("service port", v)?),
-            IPVS_SVC_ATTR_FWMARK => fwmark = Some(get_u32("service fwmark", v)?),
-            IPVS_SVC_ATTR_SCHED_NAME => sched = Some(get_string("scheduler name", v)?),
-            IPVS_SVC_ATTR_FLAGS => flags = get_u32("service flags", v)?,
-            IPVS_SVC_ATTR_TIMEOUT => timeout = get_u32("service timeout", v)?,
-            IPVS_SVC_ATTR_NETMASK => netmask = Some(v),
-            IPVS_SVC_ATTR_PE_NAME => pe_name = Some(get_string("pe name", v)?),
-            IPVS_SVC_ATTR_STATS => stats32 = Some(v),
-            IPVS_SVC_ATTR_STATS64 => stats64 = Some(v),
-            _ => {}
+    for a in nlas {
+        match a {
+            ServiceAttr::AddressFamily(v) => af = Some(*v),
+            ServiceAttr::Protocol(v) => protocol = Some(*v),
+            ServiceAttr::Addr(v) => addr = Some(*v),
+            ServiceAttr::Port(v) => port = Some(*v),
+            ServiceAttr::Fwmark(v) => fwmark = Some(*v),
+            ServiceAttr::SchedName(v) => sched = Some(v),
+            ServiceAttr::Flags { flags: f, .. } => flags = *f,
+            ServiceAttr::Timeout(v) => timeout = *v,
+            ServiceAttr::Netmask(v) => netmask = Some(*v),
+            ServiceAttr::PeName(v) => pe_name = Some(v.clone()),
+            ServiceAttr::Stats(v) => stats32 = Some(v),
+            ServiceAttr::Stats64(v) => stats64 = Some(v),
+            ServiceAttr::Other(_) => {}
         }
     }
     let af = af.ok_or_else(|| WireError::new("service without address family"))?;
@@ -139,11 +295,9 @@ pub fn decode_service(buf: &[u8]) -> Result<ServiceEntry, WireError> {
             let number = protocol.ok_or_else(|| WireError::new("service without protocol"))?;
             let protocol = Protocol::from_number(number)
                 .ok_or_else(|| WireError::new(format!("service with protocol {number}")))?;
-            let addr = get_addr(
-                "service address",
-                af,
-                addr.ok_or_else(|| WireError::new("service without address"))?,
-            )?;
+            let addr = addr
+                .ok_or_else(|| WireError::new("service without address"))?
+                .to_ip(family);
             let port = port.ok_or_else(|| WireError::new("service without port"))?;
             ServiceKey::Tuple {
                 addr,
@@ -155,24 +309,19 @@ pub fn decode_service(buf: &[u8]) -> Result<ServiceEntry, WireError> {
     let netmask = match netmask {
         None => Netmask::host(family),
         Some(v) => match family {
-            AddressFamily::Inet => Netmask::V4(Ipv4Addr::from(
-                v.get(..4)
-                    .and_then(|s| <[u8; 4]>::try_from(s).ok())
-                    .ok_or_else(|| WireError::new("service netmask: need 4 bytes"))?,
-            )),
+            AddressFamily::Inet => Netmask::V4(Ipv4Addr::from(v)),
+            // The kernel only holds 1..=128 here.
             AddressFamily::Inet6 => {
-                // The kernel only holds 1..=128 here.
-                let len = get_u32("service netmask", v)?;
-                Netmask::V6Prefix(u8::try_from(len).unwrap_or(u8::MAX))
+                Netmask::V6Prefix(u8::try_from(u32::from_ne_bytes(v)).unwrap_or(u8::MAX))
             }
         },
     };
     let scheduler = match sched {
-        Some(name) => Scheduler::from_name(&name),
+        Some(name) => Scheduler::from_name(name),
         None => Scheduler::Other(String::new()),
     };
     let stats = match (stats64, stats32) {
-        (Some(v), _) | (None, Some(v)) => decode_stats(v)?,
+        (Some(v), _) | (None, Some(v)) => stats(v),
         (None, None) => Stats::default(),
     };
     Ok(ServiceEntry {
@@ -186,12 +335,4 @@ pub fn decode_service(buf: &[u8]) -> Result<ServiceEntry, WireError> {
         },
         stats,
     })
-}
-
-/// Decodes a `NEW_SERVICE` reply (dump part or `GET_SERVICE` answer).
-pub fn decode_service_message(msg: &IpvsMessage) -> Result<ServiceEntry, WireError> {
-    let v = msg
-        .attribute(IPVS_CMD_ATTR_SERVICE)?
-        .ok_or_else(|| WireError::new("reply without a service attribute"))?;
-    decode_service(v)
 }
