@@ -4,6 +4,8 @@ use std::fmt;
 use std::io;
 use std::ops::RangeInclusive;
 
+pub use crate::range::RangeError;
+
 use crate::destination::DestinationKey;
 use crate::message::{EncodeError, WireError};
 use crate::service::ServiceKey;
@@ -116,39 +118,6 @@ impl fmt::Display for Object {
             Object::SyncDaemonConfig { state, interface } => {
                 write!(f, "{state:?} sync daemon on {interface}")
             }
-        }
-    }
-}
-
-/// A numeric field whose value the kernel cannot hold (it would refuse it, or store a
-/// different value). Found before anything is sent.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{field} {value} is outside the range the kernel accepts ({}..={})", range.start(), range.end())]
-pub struct RangeError {
-    /// The field, e.g. `"persistence timeout"`.
-    pub field: &'static str,
-    /// The value that was given.
-    pub value: u64,
-    /// The values the kernel accepts.
-    pub range: RangeInclusive<u64>,
-}
-
-impl RangeError {
-    /// `Ok` when `value` lies in `range`, else the error naming `field`.
-    pub fn check(
-        field: &'static str,
-        value: impl Into<u64>,
-        range: RangeInclusive<u64>,
-    ) -> Result<(), RangeError> {
-        let value = value.into();
-        if range.contains(&value) {
-            Ok(())
-        } else {
-            Err(RangeError {
-                field,
-                value,
-                range,
-            })
         }
     }
 }

@@ -51,6 +51,7 @@ pub mod info;
 pub mod message;
 pub mod netns;
 pub mod protocol;
+pub mod range;
 pub mod scheduler;
 pub mod service;
 pub mod stats;

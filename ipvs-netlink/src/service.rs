@@ -4,7 +4,7 @@ use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::net::{IpAddr, Ipv4Addr};
 
-use crate::error::RangeError;
+use crate::range::RangeError;
 use crate::{Protocol, Scheduler, Stats};
 
 /// An address family, for fwmark services (tuple services take it from their address).

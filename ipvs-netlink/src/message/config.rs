@@ -4,7 +4,7 @@ use netlink_packet_core::{DecodeError, DefaultNla, Nla, NlaBuffer, Parseable};
 
 use super::consts::*;
 use super::{EncodeError, IpvsAttr, IpvsCmd, IpvsMessage, WireError, get_u32};
-use crate::error::RangeError;
+use crate::range::RangeError;
 use crate::{Info, Timeouts};
 
 /// A top-level attribute of a `GET_INFO` reply (`IPVS_INFO_ATTR_*`).

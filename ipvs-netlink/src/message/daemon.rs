@@ -6,7 +6,7 @@ use netlink_packet_core::{DecodeError, DefaultNla, Nla, NlaBuffer, Parseable};
 
 use super::consts::*;
 use super::{EncodeError, WireError, emit_string, fixed, get_string, get_u8, get_u16, get_u32};
-use crate::error::RangeError;
+use crate::range::RangeError;
 use crate::sync_daemon::{SyncDaemon, SyncState};
 
 /// An attribute of a sync daemon (`IPVS_DAEMON_ATTR_*`).

@@ -12,7 +12,7 @@ use super::{
 use crate::destination::{
     Destination, DestinationEntry, DestinationKey, MAX_WEIGHT, Tunnel, TunnelFlags, TunnelType,
 };
-use crate::error::RangeError;
+use crate::range::RangeError;
 use crate::service::AddressFamily;
 use crate::{ForwardMethod, Stats};
 

@@ -76,7 +76,7 @@ pub enum EncodeError {
     },
     /// A numeric field the kernel cannot hold.
     #[error(transparent)]
-    OutOfRange(#[from] crate::error::RangeError),
+    OutOfRange(#[from] crate::range::RangeError),
 }
 
 impl EncodeError {

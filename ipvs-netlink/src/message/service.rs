@@ -10,7 +10,7 @@ use super::{
     EncodeError, WireError, emit_nested, emit_string, get_be16, get_string, get_u16, get_u32,
     nested_len, parse_nested,
 };
-use crate::error::RangeError;
+use crate::range::RangeError;
 use crate::service::{
     AddressFamily, MAX_PERSISTENCE_TIMEOUT, Netmask, Service, ServiceEntry, ServiceFlags,
     ServiceKey,
