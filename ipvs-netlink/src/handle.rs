@@ -97,9 +97,9 @@ pub struct VerifiedTable {
     pub table: Table,
     /// How many service dumps were made.
     pub attempts: u32,
-    /// Whether a service dump agreed with the earlier ones (brought no key and no
-    /// configuration they had not shown). `false` when [`MAX_TABLE_ATTEMPTS`] dumps each
-    /// brought something new, and for a single dump ([`IpvsHandle::table_best_effort`]).
+    /// Whether two service dumps in a row agreed with the earlier ones (brought no key and
+    /// no configuration they had not shown). `false` when that did not happen within
+    /// [`MAX_TABLE_ATTEMPTS`] dumps, and for a single dump ([`IpvsHandle::table_best_effort`]).
     pub verified: bool,
 }
 
@@ -360,8 +360,8 @@ impl IpvsHandle {
     /// of every network namespace, so IPVS changes in another namespace during the dump can
     /// make it repeat entries (dropped here) or skip them (undetectable in one dump). For a
     /// complete list use [`table`](IpvsHandle::table) or
-    /// [`table_verified`](IpvsHandle::table_verified), which repeat the dump until one
-    /// agrees with the earlier ones. Destination dumps ([`destinations`](IpvsHandle::destinations)) are per service
+    /// [`table_verified`](IpvsHandle::table_verified), which repeat the dump until two in
+    /// a row agree with the earlier ones. Destination dumps ([`destinations`](IpvsHandle::destinations)) are per service
     /// and not affected.
     pub fn services(&self) -> BoxStream<'static, Result<ServiceEntry, Error>> {
         let mut seen = std::collections::HashSet::new();
@@ -610,7 +610,8 @@ impl IpvsHandle {
     /// The whole table: every service with its destinations, **verified** against the
     /// kernel's cross-namespace dump flaw (see [`table_verified`](IpvsHandle::table_verified)).
     ///
-    /// Fails with [`Error::DumpUnstable`] when no dump agreed within [`MAX_TABLE_ATTEMPTS`];
+    /// Fails with [`Error::DumpUnstable`] when no two dumps in a row agreed within
+    /// [`MAX_TABLE_ATTEMPTS`];
     /// [`table_verified`](IpvsHandle::table_verified) returns the merged table instead.
     pub async fn table(&self) -> Result<Table, Error> {
         let read = self.read_table(MAX_TABLE_ATTEMPTS).await?;
@@ -624,8 +625,8 @@ impl IpvsHandle {
         }
     }
 
-    /// The whole table, with the service list dumped until a dump agrees with the earlier
-    /// ones.
+    /// The whole table, with the service list dumped until two dumps in a row agree with the
+    /// earlier ones.
     ///
     /// The kernel resumes a multi-part service dump by a position that counts the services
     /// of every network namespace: while IPVS changes in another namespace, one dump can
@@ -745,10 +746,13 @@ fn get_service(
 ///
 /// A dump disturbed by another namespace only repeats or skips services; it never shows one
 /// that did not exist. So the dumps are merged (the latest configuration of each key wins)
-/// until one brings no key and no configuration that the earlier ones had not shown, at
-/// most `max_attempts` dumps. Services merged from earlier dumps but absent from the last
+/// until two in a row bring no key and no configuration that the earlier ones had not
+/// shown, at most `max_attempts` dumps. Services merged from earlier dumps but absent from the last
 /// one (skipped by it, or deleted meanwhile) are then read one by one with `get`, which is
-/// exact. Returns the services, the number of dumps, and whether a dump agreed.
+/// exact. Returns the services, the number of dumps, and whether the dumps agreed.
+/// Consecutive service dumps that must add nothing before a merged read counts as complete.
+const QUIET_DUMPS: u32 = 2;
+
 fn merge_dumps(
     max_attempts: u32,
     mut dump: impl FnMut() -> Result<Vec<ServiceEntry>, Error>,
@@ -756,6 +760,7 @@ fn merge_dumps(
 ) -> Result<(Vec<ServiceEntry>, u32, bool), Error> {
     let mut merged: BTreeMap<ServiceKey, ServiceEntry> = BTreeMap::new();
     let mut attempts = 0;
+    let mut quiet_in_a_row = 0;
     let (latest, verified) = loop {
         let latest = dump()?;
         attempts += 1;
@@ -765,12 +770,16 @@ fn merge_dumps(
                     .get(&e.service.key)
                     .is_some_and(|m| m.service == e.service)
             });
+        quiet_in_a_row = if nothing_new { quiet_in_a_row + 1 } else { 0 };
         let keys: BTreeSet<ServiceKey> = latest.iter().map(|e| e.service.key).collect();
         for e in latest {
             merged.insert(e.service.key, e);
         }
-        if nothing_new || attempts >= max_attempts.max(1) {
-            break (keys, nothing_new);
+        // One quiet dump can still have skipped what the previous one skipped (both resumed
+        // at positions shifted the same way): ask for two in a row.
+        let verified = quiet_in_a_row >= QUIET_DUMPS;
+        if verified || attempts >= max_attempts.max(1) {
+            break (keys, verified);
         }
     };
     if attempts > 1 {
@@ -967,20 +976,20 @@ mod tests {
                 .cloned()
                 .collect()
         };
-        // Nothing disturbed: two dumps agree, nothing is read one by one.
+        // Nothing disturbed: two dumps in a row bring nothing new, nothing is read one by one.
         let (got, attempts, verified, asked) = run(vec![all.clone()], &all, 8);
-        assert_eq!((attempts, verified), (2, true));
+        assert_eq!((attempts, verified), (3, true));
         assert_eq!(got, all);
         assert!(asked.is_empty());
 
-        // Every dump skips something, never the same service twice: the third dump
-        // brings nothing new; what it skipped is read exactly.
+        // Every dump skips something, never the same service twice: the third and fourth
+        // dumps bring nothing new; what the last one skipped is read exactly.
         let (got, attempts, verified, asked) = run(
             vec![without(&[2]), without(&[4]), without(&[1, 5])],
             &all,
             8,
         );
-        assert_eq!((attempts, verified), (3, true));
+        assert_eq!((attempts, verified), (4, true));
         assert_eq!(keys(&got), keys(&all));
         assert_eq!(asked.len(), 2);
 
@@ -988,13 +997,13 @@ mod tests {
         let mut busier = all.clone();
         busier[0].stats.in_packets = 7;
         let (_, attempts, verified, _) = run(vec![all.clone(), busier], &all, 8);
-        assert_eq!((attempts, verified), (2, true));
+        assert_eq!((attempts, verified), (3, true));
 
         // A configuration change is new information: one more dump.
         let mut changed = all.clone();
         changed[1].service.scheduler = Scheduler::WeightedLeastConnection;
         let (got, attempts, verified, _) = run(vec![all.clone(), changed.clone()], &changed, 8);
-        assert_eq!((attempts, verified), (3, true));
+        assert_eq!((attempts, verified), (4, true));
         assert_eq!(got, changed);
 
         // A service deleted meanwhile (in an earlier dump, not in the last ones, and gone
