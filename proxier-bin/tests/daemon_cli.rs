@@ -3,21 +3,12 @@
 //! health and metrics on loopback only when asked, follows the source file printing only what
 //! changed, and stops cleanly on SIGTERM.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+mod support;
+
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
-const BIN: &str = env!("CARGO_BIN_EXE_ipvs-proxier");
-const CLUSTER: &str = include_str!("../../examples/cluster.yaml");
-
-fn temp_file(tag: &str, content: &str) -> PathBuf {
-    let path = std::env::temp_dir().join(format!("ipvs-proxier-cli-{tag}-{}", std::process::id()));
-    std::fs::write(&path, content).expect("write temp file");
-    path
-}
+use support::process::{BIN, CLUSTER, Daemon, http_get, listening_address, temp_file, wait_line};
 
 fn exit_code(args: &[&str]) -> (i32, String) {
     let out = Command::new(BIN).args(args).output().expect("run binary");
@@ -142,101 +133,19 @@ fn dry_run_json_and_yaml_are_the_documented_schema() {
     assert_eq!(from_yaml, doc);
 }
 
-struct Daemon {
-    child: Child,
-    stdout_lines: mpsc::Receiver<String>,
-    stderr_lines: mpsc::Receiver<String>,
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn lines_of(stream: impl Read + Send + 'static) -> mpsc::Receiver<String> {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stream).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    rx
-}
-
-fn wait_line(rx: &mpsc::Receiver<String>, what: &str, pred: impl Fn(&str) -> bool) -> String {
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        let left = deadline.saturating_duration_since(std::time::Instant::now());
-        match rx.recv_timeout(left) {
-            Ok(line) if pred(&line) => return line,
-            Ok(_) => continue,
-            Err(e) => panic!("no line for {what} within 20 s: {e}"),
-        }
-    }
-}
-
-fn listening_address(rx: &mpsc::Receiver<String>, message: &str) -> SocketAddr {
-    let line = wait_line(rx, message, |l| l.contains(message));
-    let v: serde_json::Value = serde_json::from_str(&line).expect("JSON log line");
-    let addr: SocketAddr = v["address"]
-        .as_str()
-        .expect("address field")
-        .parse()
-        .expect("socket address");
-    assert!(addr.ip().is_loopback());
-    addr
-}
-
-fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let mut stream = TcpStream::connect(addr).expect("connect");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .expect("timeout");
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .expect("send");
-    let mut text = String::new();
-    stream.read_to_string(&mut text).expect("read");
-    let status = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .expect("status code");
-    let body = text.split("\r\n\r\n").nth(1).unwrap_or("").to_owned();
-    (status, body)
-}
-
 #[test]
 fn dry_run_watch_serves_follows_the_file_and_stops_on_sigterm() {
     let path = temp_file("daemon", CLUSTER);
-    let mut child = Command::new(BIN)
-        .args([
-            "--dry-run",
-            "--watch",
-            "--hostname-override=node-a",
-            "--healthz-bind-address=127.0.0.1:0",
-            "--metrics-bind-address=127.0.0.1:0",
-            "--ipvs-min-sync-period=0s",
-            "--log-format=json",
-        ])
-        .arg(format!("--source-file={}", path.display()))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn daemon");
-    let stdout_lines = lines_of(child.stdout.take().expect("stdout"));
-    let stderr_lines = lines_of(child.stderr.take().expect("stderr"));
-    let mut daemon = Daemon {
-        child,
-        stdout_lines,
-        stderr_lines,
-    };
+    let mut daemon = Daemon::start(&[
+        "--dry-run".into(),
+        "--watch".into(),
+        "--hostname-override=node-a".into(),
+        "--healthz-bind-address=127.0.0.1:0".into(),
+        "--metrics-bind-address=127.0.0.1:0".into(),
+        "--ipvs-min-sync-period=0s".into(),
+        "--log-format=json".into(),
+        format!("--source-file={}", path.display()),
+    ]);
     let metrics = listening_address(&daemon.stderr_lines, "metrics server listening");
     let health = listening_address(&daemon.stderr_lines, "health server listening");
 
@@ -352,25 +261,13 @@ fn socket_inodes(pid: u32) -> std::collections::BTreeSet<String> {
 #[test]
 fn dry_run_watch_listens_on_nothing_by_default() {
     let path = temp_file("quiet", CLUSTER);
-    let mut child = Command::new(BIN)
-        .args([
-            "--dry-run",
-            "--watch",
-            "--hostname-override=node-a",
-            "--log-format=json",
-        ])
-        .arg(format!("--source-file={}", path.display()))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn daemon");
-    let stdout_lines = lines_of(child.stdout.take().expect("stdout"));
-    let stderr_lines = lines_of(child.stderr.take().expect("stderr"));
-    let daemon = Daemon {
-        child,
-        stdout_lines,
-        stderr_lines,
-    };
+    let daemon = Daemon::start(&[
+        "--dry-run".into(),
+        "--watch".into(),
+        "--hostname-override=node-a".into(),
+        "--log-format=json".into(),
+        format!("--source-file={}", path.display()),
+    ]);
     wait_line(&daemon.stdout_lines, "first plan", |l| {
         l.starts_with("dry-run")
     });

@@ -4,15 +4,12 @@
 //! and `/livez` request each (their counters are labeled by answer code and appear with the
 //! first answer).
 
-use std::collections::BTreeSet;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
-use std::time::Duration;
+mod support;
 
-const BIN: &str = env!("CARGO_BIN_EXE_ipvs-proxier");
-const CLUSTER: &str = include_str!("../../examples/cluster.yaml");
+use std::collections::BTreeSet;
+
+use support::process::{CLUSTER, Daemon, http_get, listening_address, temp_file, wait_line};
+
 const DASHBOARD: &str = include_str!("../../deploy/grafana/ipvs-proxier.json");
 
 /// Identifiers with an underscore in the queries that are not metric names.
@@ -160,95 +157,26 @@ fn metric_names_are_found_in_queries() {
     );
 }
 
-struct Daemon(Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn lines_of(stream: impl Read + Send + 'static) -> mpsc::Receiver<String> {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stream).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    rx
-}
-
-fn wait_line(rx: &mpsc::Receiver<String>, what: &str, pred: impl Fn(&str) -> bool) -> String {
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let left = deadline.saturating_duration_since(std::time::Instant::now());
-        match rx.recv_timeout(left) {
-            Ok(line) if pred(&line) => return line,
-            Ok(_) => continue,
-            Err(e) => panic!("no line for {what} within 30 s: {e}"),
-        }
-    }
-}
-
-fn address(rx: &mpsc::Receiver<String>, message: &str) -> SocketAddr {
-    let line = wait_line(rx, message, |l| l.contains(message));
-    let v: serde_json::Value = serde_json::from_str(&line).expect("JSON log line");
-    let addr: SocketAddr = v["address"]
-        .as_str()
-        .expect("address")
-        .parse()
-        .expect("addr");
-    assert!(addr.ip().is_loopback());
-    addr
-}
-
-fn get(addr: SocketAddr, path: &str) -> String {
-    let mut stream = TcpStream::connect(addr).expect("connect");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .expect("timeout");
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .expect("send");
-    let mut text = String::new();
-    stream.read_to_string(&mut text).expect("read");
-    text.split("\r\n\r\n").nth(1).unwrap_or("").to_owned()
-}
-
 #[test]
 fn every_metric_the_dashboard_queries_is_exported() {
-    let path =
-        std::env::temp_dir().join(format!("ipvs-proxier-grafana-{}.yaml", std::process::id()));
-    std::fs::write(&path, CLUSTER).expect("write source");
-    let mut child = Command::new(BIN)
-        .args([
-            "--dry-run",
-            "--watch",
-            "--hostname-override=node-a",
-            "--metrics-bind-address=127.0.0.1:0",
-            "--healthz-bind-address=127.0.0.1:0",
-            "--log-format=json",
-        ])
-        .arg(format!("--source-file={}", path.display()))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn daemon");
-    let stdout = lines_of(child.stdout.take().expect("stdout"));
-    let stderr = lines_of(child.stderr.take().expect("stderr"));
-    let daemon = Daemon(child);
-    let metrics = address(&stderr, "metrics server listening");
-    let health = address(&stderr, "health server listening");
-    wait_line(&stdout, "first plan", |l| l.starts_with("dry-run"));
-    get(health, "/healthz");
-    get(health, "/livez");
-    let text = get(metrics, "/metrics");
+    let path = temp_file("grafana", CLUSTER);
+    let daemon = Daemon::start(&[
+        "--dry-run".into(),
+        "--watch".into(),
+        "--hostname-override=node-a".into(),
+        "--metrics-bind-address=127.0.0.1:0".into(),
+        "--healthz-bind-address=127.0.0.1:0".into(),
+        "--log-format=json".into(),
+        format!("--source-file={}", path.display()),
+    ]);
+    let metrics = listening_address(&daemon.stderr_lines, "metrics server listening");
+    let health = listening_address(&daemon.stderr_lines, "health server listening");
+    wait_line(&daemon.stdout_lines, "first plan", |l| {
+        l.starts_with("dry-run")
+    });
+    http_get(health, "/healthz");
+    http_get(health, "/livez");
+    let (_, text) = http_get(metrics, "/metrics");
     drop(daemon);
     let _ = std::fs::remove_file(path);
 

@@ -14,18 +14,11 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
-use std::time::Duration;
+use std::net::SocketAddr;
 
 use serde_json::json;
 use support::apiserver::{FakeApiServer, Kind};
-
-const BIN: &str = env!("CARGO_BIN_EXE_ipvs-proxier");
-const CLUSTER: &str = include_str!("../../examples/cluster.yaml");
+use support::process::{CLUSTER, Daemon, http_get, listening_address, temp_file, wait_line};
 
 /// Series (sample names, i.e. with `_bucket`/`_count` for histograms) queried by the
 /// kubernetes-mixin proxy dashboard, and the labels its queries filter or group by.
@@ -166,101 +159,28 @@ fn check(text: &str, consumer: &str, list: &[(&str, &[&str])], with_rest_client:
     }
 }
 
-struct Daemon {
-    child: Child,
-    stdout_lines: mpsc::Receiver<String>,
-    stderr_lines: mpsc::Receiver<String>,
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn lines_of(stream: impl Read + Send + 'static) -> mpsc::Receiver<String> {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stream).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    rx
-}
-
-fn wait_line(rx: &mpsc::Receiver<String>, what: &str, pred: impl Fn(&str) -> bool) -> String {
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let left = deadline.saturating_duration_since(std::time::Instant::now());
-        match rx.recv_timeout(left) {
-            Ok(line) if pred(&line) => return line,
-            Ok(_) => continue,
-            Err(e) => panic!("no line for {what} within 30 s: {e}"),
-        }
-    }
-}
-
 fn start(source_args: &[String]) -> (Daemon, SocketAddr) {
-    let mut child = Command::new(BIN)
-        .args([
-            "--dry-run",
-            "--watch",
-            "--hostname-override=node-a",
-            "--healthz-bind-address=127.0.0.1:0",
-            "--metrics-bind-address=127.0.0.1:0",
-            "--log-format=json",
-        ])
-        .args(source_args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn daemon");
-    let stdout_lines = lines_of(child.stdout.take().expect("stdout"));
-    let stderr_lines = lines_of(child.stderr.take().expect("stderr"));
-    let daemon = Daemon {
-        child,
-        stdout_lines,
-        stderr_lines,
-    };
-    let line = wait_line(&daemon.stderr_lines, "metrics address", |l| {
-        l.contains("metrics server listening")
-    });
-    let v: serde_json::Value = serde_json::from_str(&line).expect("JSON log line");
-    let addr: SocketAddr = v["address"]
-        .as_str()
-        .expect("address field")
-        .parse()
-        .expect("socket address");
-    assert!(addr.ip().is_loopback());
+    let mut args: Vec<String> = [
+        "--dry-run",
+        "--watch",
+        "--hostname-override=node-a",
+        "--healthz-bind-address=127.0.0.1:0",
+        "--metrics-bind-address=127.0.0.1:0",
+        "--log-format=json",
+    ]
+    .iter()
+    .map(|a| (*a).to_owned())
+    .collect();
+    args.extend_from_slice(source_args);
+    let daemon = Daemon::start(&args);
+    let addr = listening_address(&daemon.stderr_lines, "metrics server listening");
     (daemon, addr)
 }
 
 fn scrape(addr: SocketAddr) -> String {
-    let mut stream = TcpStream::connect(addr).expect("connect");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .expect("timeout");
-    write!(
-        stream,
-        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .expect("send");
-    let mut text = String::new();
-    stream.read_to_string(&mut text).expect("read");
-    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
-    text.split("\r\n\r\n").nth(1).unwrap_or("").to_owned()
-}
-
-fn temp_file(tag: &str, content: &str) -> PathBuf {
-    let path = std::env::temp_dir().join(format!(
-        "ipvs-proxier-dashboards-{tag}-{}",
-        std::process::id()
-    ));
-    std::fs::write(&path, content).expect("write temp file");
-    path
+    let (status, body) = http_get(addr, "/metrics");
+    assert_eq!(status, 200, "{body}");
+    body
 }
 
 #[test]

@@ -1,3 +1,6 @@
-//! Test support shared by the integration tests of proxier-bin.
+//! Test support shared by the integration tests of proxier-bin (each test binary uses a
+//! part of it).
+#![allow(dead_code)]
 
 pub mod apiserver;
+pub mod process;
