@@ -111,19 +111,7 @@ struct CrateInfo {
 /// The guarded crates' lib targets and default feature sets, from `cargo metadata`
 /// (which reads manifests only: nothing is compiled).
 fn guarded_crates(workspace: &Workspace) -> Result<Vec<CrateInfo>> {
-    let output = workspace
-        .cargo()
-        .args(["metadata", "--format-version", "1", "--no-deps"])
-        .output()
-        .context("running cargo metadata")?;
-    if !output.status.success() {
-        bail!(
-            "cargo metadata failed: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-    }
-    let metadata: serde_json::Value =
-        serde_json::from_slice(&output.stdout).context("parsing cargo metadata output")?;
+    let metadata = &workspace.metadata;
     let packages = metadata["packages"]
         .as_array()
         .context("cargo metadata has no packages")?;

@@ -13,6 +13,8 @@ pub struct Workspace {
     pub root: PathBuf,
     /// Cargo's target directory.
     pub target_dir: PathBuf,
+    /// `cargo metadata --no-deps` of the workspace, as read by [`Workspace::locate`].
+    pub metadata: serde_json::Value,
     cargo: OsString,
 }
 
@@ -45,6 +47,7 @@ impl Workspace {
         Ok(Workspace {
             root,
             target_dir,
+            metadata,
             cargo,
         })
     }
