@@ -101,7 +101,7 @@ fn dry_run_prints_the_plan_once_and_exits_0() {
 fn dry_run_json_and_yaml_are_the_documented_schema() {
     let (status, json, stderr) = dry_run(&["--dry-run", "--output=json"]);
     assert!(status.success(), "{stderr}");
-    let doc: proxier_bin::dry_run::PlanDocument =
+    let doc: proxier_core::view::PlanDocument =
         serde_json::from_str(&json).unwrap_or_else(|e| panic!("{e}: {json}"));
     assert_eq!(doc.api_version, "ipvs-proxier.dry-run/v1");
     assert_eq!(doc.kind, "Plan");
@@ -127,7 +127,7 @@ fn dry_run_json_and_yaml_are_the_documented_schema() {
     let (status, yaml, stderr) = dry_run(&["--dry-run", "-o", "yaml"]);
     assert!(status.success(), "{stderr}");
     assert!(yaml.starts_with("---\n"), "{yaml}");
-    let from_yaml: proxier_bin::dry_run::PlanDocument =
+    let from_yaml: proxier_core::view::PlanDocument =
         serde_yaml::from_str(&yaml).unwrap_or_else(|e| panic!("{e}: {yaml}"));
     // The same plan either way (the write counts too: each run starts from empty memory).
     assert_eq!(from_yaml, doc);

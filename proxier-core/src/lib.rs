@@ -69,6 +69,7 @@ pub mod state;
 pub mod sysctl;
 #[doc(hidden)]
 pub mod testing;
+pub mod view;
 
 pub use desired::{
     Desired, RealServer, RealServerKey, ServicePortName, ServicePortPlan, VirtualServer,
