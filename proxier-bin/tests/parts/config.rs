@@ -1,0 +1,166 @@
+//! Tests of `proxier_bin::config`.
+
+use proxier_bin::config::*;
+use std::path::Path;
+use std::time::Duration;
+
+fn parse(text: &str) -> Result<KubeProxyConfiguration, ConfigError> {
+    parse_config(text, Path::new("test.yaml"))
+}
+
+const KUBEADM_LIKE: &str = r#"
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+bindAddress: 0.0.0.0
+clientConnection:
+  acceptContentTypes: ""
+  burst: 10
+  contentType: application/vnd.kubernetes.protobuf
+  kubeconfig: /var/lib/kube-proxy/kubeconfig.conf
+  qps: 5
+clusterCIDR: 10.244.0.0/16
+configSyncPeriod: 15m0s
+conntrack:
+  maxPerCore: 32768
+  min: 131072
+healthzBindAddress: 0.0.0.0:10256
+hostnameOverride: ""
+iptables:
+  masqueradeAll: false
+  syncPeriod: 30s
+ipvs:
+  excludeCIDRs:
+  - 198.51.100.0/24
+  minSyncPeriod: 2s
+  scheduler: "wrr"
+  strictARP: true
+  syncPeriod: 45s
+  tcpFinTimeout: 0s
+  tcpTimeout: 15m
+  udpTimeout: 300ms
+masqueradeAll: true
+metricsBindAddress: 127.0.0.1:10249
+mode: ipvs
+nodePortAddresses:
+- 192.0.2.0/24
+"#;
+
+#[test]
+fn reads_the_ipvs_relevant_fields() {
+    let cfg = parse(KUBEADM_LIKE).expect("valid file");
+    assert_eq!(cfg.bind_address.as_deref(), Some("0.0.0.0"));
+    assert_eq!(
+        cfg.kubeconfig.as_deref(),
+        Some("/var/lib/kube-proxy/kubeconfig.conf")
+    );
+    assert_eq!(cfg.cluster_cidr.as_deref(), Some("10.244.0.0/16"));
+    assert_eq!(cfg.healthz_bind_address.as_deref(), Some("0.0.0.0:10256"));
+    assert_eq!(cfg.metrics_bind_address.as_deref(), Some("127.0.0.1:10249"));
+    assert_eq!(cfg.hostname_override, None, "empty string means unset");
+    assert_eq!(cfg.mode.as_deref(), Some("ipvs"));
+    assert_eq!(cfg.masquerade_all, Some(true));
+    assert_eq!(
+        cfg.node_port_addresses,
+        Some(vec!["192.0.2.0/24".to_owned()])
+    );
+    assert_eq!(cfg.ipvs.scheduler.as_deref(), Some("wrr"));
+    assert_eq!(cfg.ipvs.sync_period, Some(Duration::from_secs(45)));
+    assert_eq!(cfg.ipvs.min_sync_period, Some(Duration::from_secs(2)));
+    assert_eq!(
+        cfg.ipvs.exclude_cidrs,
+        Some(vec!["198.51.100.0/24".to_owned()])
+    );
+    assert_eq!(cfg.ipvs.strict_arp, Some(true));
+    assert_eq!(cfg.ipvs.tcp_timeout, Some(Duration::from_secs(900)));
+    assert_eq!(cfg.ipvs.tcp_fin_timeout, Some(Duration::ZERO));
+    assert_eq!(cfg.ipvs.udp_timeout, Some(Duration::from_millis(300)));
+}
+
+#[test]
+fn unknown_fields_are_listed_not_fatal() {
+    let cfg = parse(KUBEADM_LIKE).expect("valid file");
+    for field in [
+        "configSyncPeriod",
+        "conntrack",
+        "iptables",
+        "clientConnection.qps",
+    ] {
+        assert!(
+            cfg.ignored_fields.iter().any(|f| f == field),
+            "{field} missing from {:?}",
+            cfg.ignored_fields
+        );
+    }
+    assert!(
+        !cfg.ignored_fields
+            .iter()
+            .any(|f| f == "ipvs" || f == "mode")
+    );
+    let with_typo = parse(
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nipvs:\n  shceduler: rr\n",
+    )
+    .expect("typo tolerated");
+    assert_eq!(with_typo.ignored_fields, vec!["ipvs.shceduler".to_owned()]);
+}
+
+#[test]
+fn reads_detect_local_fields() {
+    let cfg = parse(
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nclusterCIDR: 10.244.0.0/16\ndetectLocalMode: BridgeInterface\ndetectLocal:\n  bridgeInterface: cbr0\n  interfaceNamePrefix: \"\"\n  futureField: 1\n",
+    )
+    .expect("valid");
+    assert_eq!(cfg.detect_local_mode.as_deref(), Some("BridgeInterface"));
+    assert_eq!(cfg.detect_local_bridge_interface.as_deref(), Some("cbr0"));
+    assert_eq!(cfg.detect_local_interface_name_prefix, None);
+    assert_eq!(
+        cfg.ignored_fields,
+        vec!["detectLocal.futureField".to_owned()]
+    );
+    let empty = parse(
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\ndetectLocalMode: \"\"\n",
+    )
+    .expect("valid");
+    assert_eq!(empty.detect_local_mode, None, "empty string means unset");
+}
+
+#[test]
+fn top_level_sync_periods_are_a_fallback() {
+    let cfg = parse(
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nsyncPeriod: 1m\nminSyncPeriod: 1s\nipvs:\n  minSyncPeriod: 5s\n",
+    )
+    .expect("valid");
+    assert_eq!(cfg.ipvs.sync_period, Some(Duration::from_secs(60)));
+    assert_eq!(cfg.ipvs.min_sync_period, Some(Duration::from_secs(5)));
+}
+
+#[test]
+fn wrong_api_version_or_kind_is_an_error() {
+    let err = parse("apiVersion: kubeproxy.config.k8s.io/v1beta1\nkind: KubeProxyConfiguration\n")
+        .expect_err("wrong version");
+    assert!(matches!(err, ConfigError::ApiVersion { .. }), "{err}");
+    let err = parse("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeletConfiguration\n")
+        .expect_err("wrong kind");
+    assert!(matches!(err, ConfigError::Kind { .. }), "{err}");
+    let err = parse("kind: KubeProxyConfiguration\n").expect_err("missing version");
+    assert!(matches!(err, ConfigError::ApiVersion { .. }), "{err}");
+}
+
+#[test]
+fn bad_duration_names_the_field() {
+    let err = parse(
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nipvs:\n  syncPeriod: thirty\n",
+    )
+    .expect_err("bad duration");
+    assert!(err.to_string().contains("ipvs.syncPeriod"), "{err}");
+}
+
+#[test]
+fn malformed_yaml_is_a_parse_error() {
+    let err = parse("apiVersion: [unclosed\n").expect_err("bad yaml");
+    assert!(matches!(err, ConfigError::Parse { .. }), "{err}");
+    let err = parse(
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmasqueradeAll: sometimes\n",
+    )
+    .expect_err("bad bool");
+    assert!(matches!(err, ConfigError::Parse { .. }), "{err}");
+}
