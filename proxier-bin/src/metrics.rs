@@ -66,6 +66,11 @@ pub const FULL_RESYNC_DRIFT_REPAIRED: &str = "ipvs_proxier_full_resync_drift_rep
 pub const WATCH_ERRORS_TOTAL: &str = "ipvs_proxier_watch_errors_total";
 /// Reads of the source file refused whole (malformed document, unreadable file).
 pub const SOURCE_FILE_REJECTED_TOTAL: &str = "ipvs_proxier_source_file_rejected_total";
+/// Whole-table IPVS reads, by whether their dumps agreed (`verified`: true / false).
+pub const IPVS_TABLE_READS_TOTAL: &str = "ipvs_proxier_ipvs_table_reads_total";
+/// IPVS service dumps beyond an undisturbed read's three: retries forced by churn in other
+/// network namespaces.
+pub const IPVS_DUMP_RETRIES_TOTAL: &str = "ipvs_proxier_ipvs_dump_retries_total";
 
 /// API requests by status code (`<error>` when no answer came), method and host (client-go's
 /// `rest_client_requests_total`).
@@ -264,6 +269,15 @@ pub fn register() {
         "Reads of the source file refused whole (the last good state stayed in force)"
     );
     counter!(SOURCE_FILE_REJECTED_TOTAL).absolute(0);
+    describe_counter!(
+        IPVS_TABLE_READS_TOTAL,
+        "Whole-table IPVS reads, by whether their repeated service dumps agreed"
+    );
+    describe_counter!(
+        IPVS_DUMP_RETRIES_TOTAL,
+        "IPVS service dumps repeated because IPVS changed in another network namespace meanwhile"
+    );
+    set_table_reads(proxier_core::backend::TableReads::default());
     describe_counter!(
         REST_CLIENT_REQUESTS_TOTAL,
         "Number of HTTP requests, partitioned by status code, method, and host."
@@ -475,6 +489,14 @@ pub fn record_netlink_operations(op: &'static str, result: OpResult, count: u64)
 /// Sets how much drift the last full resync repaired.
 pub fn set_full_resync_drift_repaired(differences: usize) {
     gauge!(FULL_RESYNC_DRIFT_REPAIRED).set(differences as f64);
+}
+
+/// Exports the IPVS backend's table-read counters (totals since start).
+pub fn set_table_reads(reads: proxier_core::backend::TableReads) {
+    let verified = reads.reads.saturating_sub(reads.unverified);
+    counter!(IPVS_TABLE_READS_TOTAL, "verified" => "true").absolute(verified);
+    counter!(IPVS_TABLE_READS_TOTAL, "verified" => "false").absolute(reads.unverified);
+    counter!(IPVS_DUMP_RETRIES_TOTAL).absolute(reads.retries);
 }
 
 /// Counts a watch failure of one kind of object.

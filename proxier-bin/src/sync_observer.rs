@@ -115,6 +115,7 @@ where
             }
         }
         self.exported_ops = stats.ops.clone();
+        metrics::set_table_reads(stats.table_reads);
         metrics::set_data_plane_size(proxier.plan_size());
         let no_local = proxier.no_local_endpoints();
         metrics::set_no_local_endpoints(TrafficPolicy::Internal, no_local.internal);

@@ -84,7 +84,7 @@ fn full_syncs_under_foreign_ipvs_churn_never_fail_and_end_exact() {
          ipvsadm -C; done'",
     );
 
-    let (reports, contradictions) = node.block_on(|| async {
+    let (reports, contradictions, reads) = node.block_on(|| async {
         let backends = Backends::kernel("kube-ipvs0").await.unwrap();
         let config = ProxierConfig::new("node-a", Config::default());
         let mut proxier = Proxier::new(config, backends).unwrap();
@@ -107,7 +107,8 @@ fn full_syncs_under_foreign_ipvs_churn_never_fail_and_end_exact() {
         }
         // One more full sync with no change: whatever a skip left is repaired by now.
         reports.push(proxier.sync(SyncKind::Full).await.unwrap());
-        (reports, proxier.reconciler_stats().contradictions)
+        let stats = proxier.reconciler_stats();
+        (reports, stats.contradictions, stats.table_reads)
     });
     let churn_pid = churn.last();
     churn.kill(churn_pid);
@@ -115,9 +116,21 @@ fn full_syncs_under_foreign_ipvs_churn_never_fail_and_end_exact() {
     std::thread::sleep(std::time::Duration::from_millis(500));
 
     eprintln!(
-        "engine_dump_churn: {} full syncs, {} contradicted writes re-read",
+        "engine_dump_churn: {} full syncs, {} contradicted writes re-read, table reads {reads:?}",
         reports.len(),
         contradictions
+    );
+    // Every full sync read the table once; the foreign churn forced repeated dumps, and the
+    // counters that the daemon exports as metrics say so.
+    assert_eq!(
+        reads.reads,
+        u64::try_from(reports.len()).unwrap(),
+        "{reads:?}"
+    );
+    assert!(reads.dumps >= 3 * reads.reads, "{reads:?}");
+    assert!(
+        reads.retries > 0,
+        "churn elsewhere must force retries: {reads:?}"
     );
     for (i, report) in reports.iter().enumerate() {
         assert!(

@@ -166,8 +166,17 @@ fn typed_recorders_write_the_right_series() {
         set_full_resync_drift_repaired(3);
         set_no_local_endpoints(TrafficPolicy::Internal, 2);
         record_network_programming(Duration::from_millis(700));
+        set_table_reads(proxier_core::backend::TableReads {
+            reads: 4,
+            unverified: 1,
+            dumps: 19,
+            retries: 7,
+        });
     });
     for expected in [
+        "ipvs_proxier_ipvs_table_reads_total{verified=\"true\"} 3",
+        "ipvs_proxier_ipvs_table_reads_total{verified=\"false\"} 1",
+        "ipvs_proxier_ipvs_dump_retries_total 7",
         "kubeproxy_sync_proxy_rules_service_changes_total 2",
         "kubeproxy_sync_proxy_rules_service_changes_pending 0",
         "kubeproxy_sync_proxy_rules_endpoint_changes_total 1",

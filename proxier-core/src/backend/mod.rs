@@ -165,6 +165,37 @@ impl fmt::Display for IpvsOp {
     }
 }
 
+/// How the backend's whole-table reads went, since it was made (counters).
+///
+/// The kernel's service dump can skip entries while another network namespace changes its
+/// IPVS table, so the kernel backend reads the table with repeated dumps until they agree
+/// (ipvs-netlink's verified read). An undisturbed read takes [`TableReads::UNDISTURBED_DUMPS`]
+/// dumps; every further dump is a retry forced by churn elsewhere.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TableReads {
+    /// Whole-table reads.
+    pub reads: u64,
+    /// Of those, reads whose dumps never agreed within the bound (the merged table was used).
+    pub unverified: u64,
+    /// Service dumps made by all reads.
+    pub dumps: u64,
+    /// Dumps beyond the undisturbed [`TableReads::UNDISTURBED_DUMPS`] per read.
+    pub retries: u64,
+}
+
+impl TableReads {
+    /// Dumps of an undisturbed verified read: the first, then two that bring nothing new.
+    pub const UNDISTURBED_DUMPS: u32 = 3;
+
+    /// Counts one read that took `dumps` dumps and was (or was not) verified.
+    pub fn record(&mut self, dumps: u32, verified: bool) {
+        self.reads += 1;
+        self.unverified += u64::from(!verified);
+        self.dumps += u64::from(dumps);
+        self.retries += u64::from(dumps.saturating_sub(Self::UNDISTURBED_DUMPS));
+    }
+}
+
 /// Reads and writes IPVS virtual servers and their real servers.
 ///
 /// Only tuple (address, port, protocol) virtual servers are reported; firewall-mark
@@ -176,6 +207,12 @@ pub trait IpvsBackend: Send {
     ) -> impl Future<
         Output = Result<BTreeMap<VirtualServerKey, ObservedVirtualServer>, BackendError>,
     > + Send;
+
+    /// How the whole-table reads of [`IpvsBackend::list_virtual_servers`] went so far
+    /// (all zero for backends whose reads are exact, like the in-memory one).
+    fn table_reads(&self) -> TableReads {
+        TableReads::default()
+    }
 
     /// One virtual server with its real servers, `None` when it does not exist.
     fn get_virtual_server(
@@ -257,4 +294,28 @@ pub trait AddressBackend: Send {
 
     /// Deletes the link with its addresses; `Ok(false)` when it did not exist.
     fn delete_link(&mut self) -> impl Future<Output = Result<bool, BackendError>> + Send;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TableReads;
+
+    #[test]
+    fn table_reads_count_dumps_beyond_an_undisturbed_read_as_retries() {
+        let mut reads = TableReads::default();
+        reads.record(3, true);
+        assert_eq!(
+            (reads.reads, reads.dumps, reads.retries, reads.unverified),
+            (1, 3, 0, 0)
+        );
+        reads.record(5, true);
+        reads.record(8, false);
+        assert_eq!(
+            (reads.reads, reads.dumps, reads.retries, reads.unverified),
+            (3, 16, 7, 1)
+        );
+        // A single best-effort dump is no retry.
+        reads.record(1, false);
+        assert_eq!((reads.dumps, reads.retries), (17, 7));
+    }
 }

@@ -48,7 +48,7 @@ use std::time::Duration;
 use ipnet::IpNet;
 use tokio::time::Instant;
 
-use crate::backend::{AddressBackend, BackendError, IpvsBackend, IpvsOp, OpKind};
+use crate::backend::{AddressBackend, BackendError, IpvsBackend, IpvsOp, OpKind, TableReads};
 use crate::desired::{
     Desired, ServicePortName, ServicePortPlan, VirtualServer, VirtualServerKey, VirtualServerRole,
 };
@@ -201,6 +201,9 @@ pub struct ReconcilerStats {
     /// that exists, e.g. after a dump skipped it), each followed by a re-read and a fresh
     /// diff of that virtual server.
     pub contradictions: u64,
+    /// How the IPVS backend's whole-table reads went (dumps, retries forced by churn in
+    /// other network namespaces, reads that never verified).
+    pub table_reads: TableReads,
 }
 
 /// What one sync did.
@@ -376,11 +379,10 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
             .list_addresses()
             .await
             .map_err(|source| ReconcileError::ListAddresses { link, source })?;
-        let virtual_servers = self
-            .ipvs
-            .list_virtual_servers()
-            .await
-            .map_err(|source| ReconcileError::ListVirtualServers { source })?;
+        let listed = self.ipvs.list_virtual_servers().await;
+        self.stats.table_reads = self.ipvs.table_reads();
+        let virtual_servers =
+            listed.map_err(|source| ReconcileError::ListVirtualServers { source })?;
         let fresh = Observed {
             virtual_servers,
             bound_addresses,
@@ -585,7 +587,9 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
                 .errors
                 .push(format!("listing the node's addresses: {error}")),
         }
-        match self.ipvs.list_virtual_servers().await {
+        let listed = self.ipvs.list_virtual_servers().await;
+        self.stats.table_reads = self.ipvs.table_reads();
+        match listed {
             Ok(table) => {
                 let planned: HashSet<VirtualServerKey> = self
                     .claimants
