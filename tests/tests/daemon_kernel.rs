@@ -123,82 +123,15 @@ addressType: IPv4
     out
 }
 
-/// The starting cluster of most tests, written by hand.
-const BASE: &str = "\
-apiVersion: v1
-kind: Service
-metadata:
-  name: web
-  namespace: default
-spec:
-  type: ClusterIP
-  clusterIP: 10.96.0.10
-  clusterIPs:
-  - 10.96.0.10
-  ports:
-  - name: http
-    port: 80
-    protocol: TCP
-    targetPort: 8080
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata:
-  name: web-abcde
-  namespace: default
-  labels:
-    kubernetes.io/service-name: web
-addressType: IPv4
-endpoints:
-- addresses:
-  - 10.244.0.2
-  conditions:
-    ready: true
-- addresses:
-  - 10.244.0.3
-  conditions:
-    ready: true
-ports:
-- name: http
-  port: 8080
-  protocol: TCP
----
-apiVersion: v1
-kind: Service
-metadata:
-  name: dns
-  namespace: default
-spec:
-  type: ClusterIP
-  clusterIP: 10.96.0.20
-  clusterIPs:
-  - 10.96.0.20
-  ports:
-  - name: dns
-    port: 53
-    protocol: UDP
-    targetPort: 5353
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata:
-  name: dns-fghij
-  namespace: default
-  labels:
-    kubernetes.io/service-name: dns
-addressType: IPv4
-endpoints:
-- addresses:
-  - 10.244.0.2
-  conditions:
-    ready: true
-ports:
-- name: dns
-  port: 5353
-  protocol: UDP
-";
+/// The starting cluster of most tests, written by hand (shared with least_privilege).
+const BASE_TEMPLATE: &str = include_str!("../fixtures/web-and-dns.yaml");
 
-/// `ipvsadm -Sn` lines expected for [`BASE`].
+/// [`BASE_TEMPLATE`] with dns served by 10.244.0.2.
+fn base() -> String {
+    BASE_TEMPLATE.replace("DNS_ENDPOINT", "10.244.0.2")
+}
+
+/// `ipvsadm -Sn` lines expected for [`base`].
 const BASE_IPVS: &[&str] = &[
     "-A -t 10.96.0.10:80 -s rr",
     "-a -t 10.96.0.10:80 -r 10.244.0.2:8080 -m -w 1",
@@ -397,7 +330,7 @@ fn once_from_empty_programs_services_addresses_and_table() {
         return;
     }
     let node = Node::new().with_pod_route();
-    node.write_source(BASE);
+    node.write_source(&base());
     assert_eq!(
         node.ipvsadm_save().trim(),
         "",
@@ -431,7 +364,7 @@ fn once_again_with_unchanged_input_changes_nothing() {
         return;
     }
     let node = Node::new().with_pod_route();
-    node.write_source(BASE);
+    node.write_source(&base());
     node.once_ok();
     let before = node.ipvsadm_save();
     let vips_before = node.vips();
@@ -461,7 +394,7 @@ fn running_daemon_follows_file_edits() {
         return;
     }
     let node = Node::new().with_pod_route();
-    node.write_source(BASE);
+    node.write_source(&base());
     let started = Instant::now();
     let daemon = node.spawn_daemon();
     let first = node.wait_for(Duration::from_secs(90), "initial programming", |n| {
@@ -470,11 +403,11 @@ fn running_daemon_follows_file_edits() {
     note(&format!("daemon start to programmed: {first:?}"));
 
     // Remove web's second endpoint, add a Service.
-    let edited = BASE.replace(
+    let edited = base().replace(
         "- addresses:\n  - 10.244.0.3\n  conditions:\n    ready: true\n",
         "",
     ) + &manifests(&[Svc::tcp("api", "10.96.0.30", 443, 8443).with(&["10.244.0.4"])]);
-    assert_ne!(edited, BASE);
+    assert_ne!(edited, base());
     node.write_source(&edited);
     let mut expected = lines(BASE_IPVS);
     expected.remove("-a -t 10.96.0.10:80 -r 10.244.0.3:8080 -m -w 1");
@@ -665,7 +598,7 @@ fn cleanup_removes_virtual_servers_link_and_table() {
         return;
     }
     let node = Node::new().with_pod_route();
-    node.write_source(BASE);
+    node.write_source(&base());
     node.once_ok();
     assert_our_table(&node);
     // A virtual server someone else made, on an address that is not on our link.

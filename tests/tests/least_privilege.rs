@@ -65,82 +65,10 @@ struct CapData {
     inheritable: u32,
 }
 
-const SOURCE: &str = "\
-apiVersion: v1
-kind: Service
-metadata:
-  name: web
-  namespace: default
-spec:
-  type: ClusterIP
-  clusterIP: 10.96.0.10
-  clusterIPs:
-  - 10.96.0.10
-  ports:
-  - name: http
-    port: 80
-    protocol: TCP
-    targetPort: 8080
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata:
-  name: web-abcde
-  namespace: default
-  labels:
-    kubernetes.io/service-name: web
-addressType: IPv4
-endpoints:
-- addresses:
-  - 10.244.0.2
-  conditions:
-    ready: true
-- addresses:
-  - 10.244.0.3
-  conditions:
-    ready: true
-ports:
-- name: http
-  port: 8080
-  protocol: TCP
----
-apiVersion: v1
-kind: Service
-metadata:
-  name: dns
-  namespace: default
-spec:
-  type: ClusterIP
-  clusterIP: 10.96.0.20
-  clusterIPs:
-  - 10.96.0.20
-  ports:
-  - name: dns
-    port: 53
-    protocol: UDP
-    targetPort: 5353
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata:
-  name: dns-fghij
-  namespace: default
-  labels:
-    kubernetes.io/service-name: dns
-addressType: IPv4
-endpoints:
-- addresses:
-  - ENDPOINT
-  conditions:
-    ready: true
-ports:
-- name: dns
-  port: 5353
-  protocol: UDP
-";
+const SOURCE: &str = include_str!("../fixtures/web-and-dns.yaml");
 
 fn source(dns_endpoint: &str) -> String {
-    SOURCE.replace("ENDPOINT", dns_endpoint)
+    SOURCE.replace("DNS_ENDPOINT", dns_endpoint)
 }
 
 fn expected_ipvs(dns_endpoint: &str) -> BTreeSet<String> {
