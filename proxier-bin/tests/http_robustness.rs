@@ -6,15 +6,15 @@
 //! The daemon is the file-source dry run with both servers on `127.0.0.1:0`. All traffic goes
 //! to 127.0.0.1.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_ipvs-proxier");
-const CLUSTER: &str = include_str!("../../examples/cluster.yaml");
+mod support;
+
+use support::process::{CLUSTER, Daemon, listening_address, temp_file, wait_line};
 
 /// Connections opened at once against each server.
 const FLOOD: usize = 10_000;
@@ -29,25 +29,22 @@ fn note(line: &str) {
         .write_all(format!("http_robustness: {line}\n").as_bytes());
 }
 
-struct Daemon {
-    child: Child,
-    stdout_lines: mpsc::Receiver<String>,
-    stderr_lines: mpsc::Receiver<String>,
+/// The dry-run daemon and its source file (removed when dropped).
+struct Running {
+    daemon: Daemon,
     source: PathBuf,
 }
 
-impl Drop for Daemon {
+impl Drop for Running {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
         let _ = std::fs::remove_file(&self.source);
     }
 }
 
-impl Daemon {
+impl Running {
     fn assert_running(&mut self, when: &str) {
-        if let Some(status) = self.child.try_wait().expect("wait") {
-            let stderr: Vec<String> = self.stderr_lines.try_iter().collect();
+        if let Some(status) = self.daemon.child.try_wait().expect("wait") {
+            let stderr: Vec<String> = self.daemon.stderr_lines.try_iter().collect();
             panic!(
                 "the daemon exited ({status}) {when}; stderr:\n{}",
                 stderr.join("\n")
@@ -74,7 +71,7 @@ impl Daemon {
         std::fs::rename(&tmp, &self.source).expect("rename source");
         let wanted = format!("{services} services");
         let started = Instant::now();
-        let line = wait_line(&self.stdout_lines, Duration::from_secs(30), when, |l| {
+        let line = wait_line(&self.daemon.stdout_lines, when, |l| {
             l.starts_with("dry-run") && l.contains(&wanted)
         });
         note(&format!(
@@ -84,86 +81,23 @@ impl Daemon {
     }
 }
 
-fn lines_of(stream: impl Read + Send + 'static) -> mpsc::Receiver<String> {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stream).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    rx
-}
-
-fn wait_line(
-    rx: &mpsc::Receiver<String>,
-    limit: Duration,
-    what: &str,
-    pred: impl Fn(&str) -> bool,
-) -> String {
-    let deadline = Instant::now() + limit;
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match rx.recv_timeout(left) {
-            Ok(line) if pred(&line) => return line,
-            Ok(_) => continue,
-            Err(e) => panic!("no line for {what} within {limit:?}: {e}"),
-        }
-    }
-}
-
-fn listening_address(rx: &mpsc::Receiver<String>, message: &str) -> SocketAddr {
-    let line = wait_line(rx, Duration::from_secs(20), message, |l| {
-        l.contains(message)
-    });
-    let v: serde_json::Value = serde_json::from_str(&line).expect("JSON log line");
-    let addr: SocketAddr = v["address"]
-        .as_str()
-        .expect("address field")
-        .parse()
-        .expect("socket address");
-    assert!(addr.ip().is_loopback(), "loopback only: {addr}");
-    addr
-}
-
-/// Whether `--watch` is a flag of this build (a dry run without it may stop after one plan).
-fn has_watch_flag() -> bool {
-    let out = Command::new(BIN).arg("--help").output().expect("--help");
-    String::from_utf8_lossy(&out.stdout).contains("--watch")
-}
-
-fn start_daemon() -> Daemon {
-    let source = std::env::temp_dir().join(format!(
-        "ipvs-proxier-http-robustness-{}.yaml",
-        std::process::id()
-    ));
-    std::fs::write(&source, CLUSTER).expect("write source");
-    let mut command = Command::new(BIN);
-    command.args([
+fn start_daemon() -> Running {
+    let source = temp_file("http-robustness", CLUSTER);
+    let args = [
         "--dry-run",
+        "--watch",
         "--hostname-override=node-a",
         "--healthz-bind-address=127.0.0.1:0",
         "--metrics-bind-address=127.0.0.1:0",
         "--ipvs-min-sync-period=0s",
         "--log-format=json",
-    ]);
-    if has_watch_flag() {
-        command.arg("--watch");
-    }
-    let mut child = command
-        .arg(format!("--source-file={}", source.display()))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn daemon");
-    let stdout_lines = lines_of(child.stdout.take().expect("stdout"));
-    let stderr_lines = lines_of(child.stderr.take().expect("stderr"));
-    Daemon {
-        child,
-        stdout_lines,
-        stderr_lines,
+    ]
+    .map(str::to_owned)
+    .into_iter()
+    .chain([format!("--source-file={}", source.display())])
+    .collect::<Vec<_>>();
+    Running {
+        daemon: Daemon::start(&args),
         source,
     }
 }
@@ -391,14 +325,11 @@ fn flood(addr: SocketAddr, n: usize, limit: Duration) -> Vec<TcpStream> {
 fn servers_survive_garbage_stalls_and_floods_while_the_daemon_syncs() {
     let n = flood_size();
     let mut daemon = start_daemon();
-    let metrics = listening_address(&daemon.stderr_lines, "metrics server listening");
-    let health = listening_address(&daemon.stderr_lines, "health server listening");
-    wait_line(
-        &daemon.stdout_lines,
-        Duration::from_secs(30),
-        "first sync",
-        |l| l.starts_with("dry-run") && l.contains("9 services"),
-    );
+    let metrics = listening_address(&daemon.daemon.stderr_lines, "metrics server listening");
+    let health = listening_address(&daemon.daemon.stderr_lines, "health server listening");
+    wait_line(&daemon.daemon.stdout_lines, "first sync", |l| {
+        l.starts_with("dry-run") && l.contains("9 services")
+    });
     wait_ok(health, "/healthz", Duration::from_secs(5), "at start");
 
     // Malformed requests: an error answer or a closed connection, never a stuck or dead server.
