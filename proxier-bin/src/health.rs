@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use http::StatusCode;
 use k8s_openapi::api::core::v1::Node;
@@ -26,42 +26,12 @@ pub const TO_BE_DELETED_TAINT: &str = "ToBeDeletedByClusterAutoscaler";
 /// Formats a time the way Go's `time.Time.String()` prints a UTC time
 /// (`2006-01-02 15:04:05.999999999 +0000 UTC`); `None` is Go's zero time.
 pub fn format_go_time(t: Option<SystemTime>) -> String {
-    let Some(t) = t else {
-        return "0001-01-01 00:00:00 +0000 UTC".to_owned();
-    };
-    let since = t.duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO);
-    let secs = since.as_secs();
-    let nanos = since.subsec_nanos();
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    let (year, month, day) = civil_from_days(days);
-    let mut out = format!(
-        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}",
-        rem / 3600,
-        (rem / 60) % 60,
-        rem % 60
-    );
-    if nanos != 0 {
-        let frac = format!("{nanos:09}");
-        out.push('.');
-        out.push_str(frac.trim_end_matches('0'));
-    }
-    out.push_str(" +0000 UTC");
-    out
-}
-
-/// Days since 1970-01-01 to (year, month, day) in the proleptic Gregorian calendar.
-fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    (year, month, day)
+    t.and_then(|t| jiff::Timestamp::try_from(t).ok())
+        .map_or_else(
+            || "0001-01-01 00:00:00 +0000 UTC".to_owned(),
+            // `%.f`: the fraction without trailing zeros, nothing when it is zero (as Go).
+            |t| t.strftime("%Y-%m-%d %H:%M:%S%.f +0000 UTC").to_string(),
+        )
 }
 
 #[derive(Debug)]
