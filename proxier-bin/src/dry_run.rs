@@ -566,6 +566,24 @@ pub fn render_report(proxier: &MemoryProxier, outcome: &SyncOutcome<'_>) -> Stri
     render_plan_report(&plan_document(proxier, outcome))
 }
 
+/// `--take-over-kube-proxy --dry-run`: lists what the takeover would remove from this node
+/// (read only). On standard output before the plan table; on standard error with
+/// `--output json|yaml`, which keep standard output one document.
+pub async fn print_takeover(
+    takeover: &proxier_core::takeover::KubeProxyTakeover,
+    format: OutputFormat,
+) {
+    let text = match takeover.plan().await {
+        Ok(plan) => format!("kube-proxy takeover would:\n{plan}"),
+        Err(error) => format!("kube-proxy takeover: cannot read the node: {error}\n"),
+    };
+    if format == OutputFormat::Table {
+        print!("{text}");
+    } else {
+        eprint!("{text}");
+    }
+}
+
 /// What changed in one sync, for people: a summary line, one line per virtual server added
 /// (`+`), removed (`-`) or changed (`~`, with its real servers added, removed or re-weighted
 /// and its settings before and after), and the addresses bound or unbound.

@@ -39,7 +39,8 @@ mod tests {
 
     #[test]
     fn only_kube_proxys_unused_sets_go() {
-        let listed = "KUBE-CLUSTER-IP\nKUBE-6-CLUSTER-IP\nKUBE-LOOP-BACK\nKUBE-SRC-ABC\nmy-allowlist\n\n";
+        let listed =
+            "KUBE-CLUSTER-IP\nKUBE-6-CLUSTER-IP\nKUBE-LOOP-BACK\nKUBE-SRC-ABC\nmy-allowlist\n\n";
         let in_use: BTreeSet<String> = ["KUBE-LOOP-BACK".to_owned(), "my-allowlist".to_owned()]
             .into_iter()
             .collect();

@@ -51,7 +51,9 @@ pub struct SavedTable {
 
 impl SavedTable {
     fn is_builtin(&self, chain: &str) -> bool {
-        self.chains.iter().any(|(c, builtin)| c == chain && *builtin)
+        self.chains
+            .iter()
+            .any(|(c, builtin)| c == chain && *builtin)
     }
 }
 
@@ -241,8 +243,8 @@ pub fn plan_iptables(tables: &[SavedTable]) -> IptablesPlan {
             let is_kept = |chain: &str| kept.iter().any(|k| k.chain == chain);
             let next = table.rules.iter().find_map(|rule| {
                 let target = rule.target.as_deref()?;
-                let from_other = !candidates.contains(rule.chain.as_str())
-                    && !table.is_builtin(&rule.chain);
+                let from_other =
+                    !candidates.contains(rule.chain.as_str()) && !table.is_builtin(&rule.chain);
                 let pinned = from_other || is_kept(&rule.chain);
                 (pinned && candidates.contains(target) && !is_kept(target)).then(|| KeptChain {
                     table: table.name.clone(),
@@ -313,8 +315,8 @@ mod tests {
 
     #[test]
     fn unreadable_dumps_are_refused_with_the_line() {
-        let err = parse_save("*nat\n:PREROUTING ACCEPT [0:0]\n-I PREROUTING -j X\nCOMMIT\n")
-            .unwrap_err();
+        let err =
+            parse_save("*nat\n:PREROUTING ACCEPT [0:0]\n-I PREROUTING -j X\nCOMMIT\n").unwrap_err();
         assert_eq!(err.line, 3);
         assert!(parse_save("*nat\n:PREROUTING ACCEPT [0:0]\n").is_err());
         assert!(parse_save("-A X -j Y\n").is_err());

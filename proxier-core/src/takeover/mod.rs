@@ -104,10 +104,15 @@ impl Default for KubeProxyTakeover {
     /// kube-proxy may have used either backend, and a node can hold rules in both.
     fn default() -> Self {
         KubeProxyTakeover {
-            iptables: ["iptables-legacy", "iptables-nft", "ip6tables-legacy", "ip6tables-nft"]
-                .into_iter()
-                .map(IptablesTool::named)
-                .collect(),
+            iptables: [
+                "iptables-legacy",
+                "iptables-nft",
+                "ip6tables-legacy",
+                "ip6tables-nft",
+            ]
+            .into_iter()
+            .map(IptablesTool::named)
+            .collect(),
             ipset: PathBuf::from("ipset"),
         }
     }
@@ -159,11 +164,7 @@ impl fmt::Display for TakeoverPlan {
                 )?;
             }
             for chain in &table.chains {
-                writeln!(
-                    f,
-                    "remove chain  {} -t {} {chain}",
-                    tool.name, table.table
-                )?;
+                writeln!(f, "remove chain  {} -t {} {chain}", tool.name, table.table)?;
             }
         }
         for set in &self.ipsets.destroy {
@@ -189,7 +190,7 @@ impl fmt::Display for TakeoverPlan {
 }
 
 /// What [`KubeProxyTakeover::apply`] removed.
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TakeoverReport {
     /// iptables rules deleted (jumps from built-in chains).
     pub rules_deleted: usize,
@@ -199,8 +200,9 @@ pub struct TakeoverReport {
     pub sets_destroyed: usize,
     /// kube-proxy chains and sets left because another program's rule uses them.
     pub kept: usize,
-    /// What failed (the rest was still removed; a later run can finish the job).
-    pub errors: Vec<TakeoverError>,
+    /// What failed, as [`TakeoverError`] messages (the rest was still removed; a later run
+    /// can finish the job).
+    pub errors: Vec<String>,
 }
 
 impl TakeoverReport {
@@ -321,11 +323,14 @@ impl KubeProxyTakeover {
                         report.chains_deleted += table.chains.len();
                     }
                 }
-                Ok(None) => report.errors.push(TakeoverError::Spawn {
-                    program: tool.restore.clone(),
-                    source: std::io::ErrorKind::NotFound.into(),
-                }),
-                Err(error) => report.errors.push(error),
+                Ok(None) => report.errors.push(
+                    TakeoverError::Spawn {
+                        program: tool.restore.clone(),
+                        source: std::io::ErrorKind::NotFound.into(),
+                    }
+                    .to_string(),
+                ),
+                Err(error) => report.errors.push(error.to_string()),
             }
         }
         if !report.errors.is_empty() {
@@ -335,7 +340,7 @@ impl KubeProxyTakeover {
             match run(&self.ipset, &["destroy", set], None).await {
                 Ok(Some(_)) => report.sets_destroyed += 1,
                 Ok(None) => {}
-                Err(error) => report.errors.push(error),
+                Err(error) => report.errors.push(error.to_string()),
             }
         }
         report
@@ -351,7 +356,7 @@ impl KubeProxyTakeover {
                 self.apply(&plan).await
             }
             Err(error) => TakeoverReport {
-                errors: vec![error],
+                errors: vec![error.to_string()],
                 ..TakeoverReport::default()
             },
         }

@@ -97,8 +97,16 @@ fn the_kubelets_and_foreign_chains_and_rules_stay() {
         assert!(!removed.contains(kept), "{kept} must stay");
     }
     let deleted: Vec<&Rule> = plan.tables.iter().flat_map(|t| &t.rules).collect();
-    assert!(deleted.iter().all(|r| r.target.as_deref() != Some("KUBE-FIREWALL")));
-    assert!(deleted.iter().all(|r| r.target.as_deref() != Some("FOREIGN-INPUT")));
+    assert!(
+        deleted
+            .iter()
+            .all(|r| r.target.as_deref() != Some("KUBE-FIREWALL"))
+    );
+    assert!(
+        deleted
+            .iter()
+            .all(|r| r.target.as_deref() != Some("FOREIGN-INPUT"))
+    );
 }
 
 #[test]
@@ -117,7 +125,11 @@ fn the_restore_script_deletes_jumps_then_flushes_then_deletes_chains() {
     let first_flush = nat.iter().position(|l| l.starts_with("-F ")).unwrap();
     let first_delete = nat.iter().position(|l| l.starts_with("-X ")).unwrap();
     assert!(nat[..first_flush].iter().all(|l| l.starts_with("-D ")));
-    assert!(nat[first_flush..first_delete].iter().all(|l| l.starts_with("-F ")));
+    assert!(
+        nat[first_flush..first_delete]
+            .iter()
+            .all(|l| l.starts_with("-F "))
+    );
     assert!(nat[first_delete..].iter().all(|l| l.starts_with("-X ")));
     // Jump rules are deleted by their exact specification, quotes as iptables-save wrote them.
     assert!(nat.contains(
@@ -231,7 +243,10 @@ fn a_kept_chain_keeps_what_it_leads_to() {
     let plan = plan_iptables(&parse_save(dump).unwrap());
     assert!(plan.is_empty(), "{plan:?}");
     let kept: BTreeSet<&str> = plan.kept.iter().map(|k| k.chain.as_str()).collect();
-    assert_eq!(kept, ["KUBE-NODE-PORT", "KUBE-SERVICES"].into_iter().collect());
+    assert_eq!(
+        kept,
+        ["KUBE-NODE-PORT", "KUBE-SERVICES"].into_iter().collect()
+    );
     assert_eq!(plan.sets_in_use, set(&["KUBE-CLUSTER-IP"]));
     let ipsets = plan_ipsets("KUBE-CLUSTER-IP\n", &plan.sets_in_use);
     assert_eq!(ipsets.kept, ["KUBE-CLUSTER-IP"]);

@@ -1,5 +1,5 @@
-# kube-proxy's IPVS-mode netfilter footprint on a node, built the way its source
-# (pkg/proxy/ipvs/proxier.go, ipset.go; release 1.31) builds it: every ipset of
+# kube-proxy's IPVS-mode netfilter footprint on a node, as its current source
+# (pkg/proxy/ipvs/proxier.go and ipset.go, with KUBE-IPVS-OUT-FILTER) builds it: every ipset of
 # its ipsetInfo table, its nat and filter chains, the jump rules it prepends to
 # the built-in chains, the rules of writeIptablesRules, and its canary chain;
 # beside them the kubelet's chains (KUBE-FIREWALL, KUBE-KUBELET-CANARY).
@@ -9,60 +9,70 @@
 # LOOP_BACK ("ip,tcp:port,ip"), NODE_PORTS_TCP ("port"), IPVS_IPS ("ip").
 set -euo pipefail
 
-# kube-proxy's sets (ensureIPSet: ipset create NAME TYPE ... comment).
-hashset() { ipset create "$1" "$2" family inet hashsize 1024 maxelem 65536 comment; }
-ports() { ipset create "$1" bitmap:port range 0-65535 comment; }
-hashset KUBE-LOOP-BACK hash:ip,port,ip
-hashset KUBE-CLUSTER-IP hash:ip,port
-hashset KUBE-EXTERNAL-IP hash:ip,port
-hashset KUBE-EXTERNAL-IP-LOCAL hash:ip,port
-hashset KUBE-LOAD-BALANCER hash:ip,port
-hashset KUBE-LOAD-BALANCER-FW hash:ip,port
-hashset KUBE-LOAD-BALANCER-LOCAL hash:ip,port
-hashset KUBE-LOAD-BALANCER-SOURCE-IP hash:ip,port,ip
-hashset KUBE-LOAD-BALANCER-SOURCE-CIDR hash:ip,port,net
-ports KUBE-NODE-PORT-TCP
-ports KUBE-NODE-PORT-LOCAL-TCP
-ports KUBE-NODE-PORT-UDP
-ports KUBE-NODE-PORT-LOCAL-UDP
-hashset KUBE-NODE-PORT-SCTP-HASH hash:ip,port
-hashset KUBE-NODE-PORT-LOCAL-SCTP-HASH hash:ip,port
-ports KUBE-HEALTH-CHECK-NODE-PORT
-hashset KUBE-IPVS-IPS hash:ip
-add() { local set=$1; while read -r entry; do [ -n "$entry" ] && ipset add "$set" "$entry"; done; }
-add KUBE-CLUSTER-IP <<<"$CLUSTER_IPS"
-add KUBE-LOOP-BACK <<<"$LOOP_BACK"
-add KUBE-NODE-PORT-TCP <<<"$NODE_PORTS_TCP"
-add KUBE-IPVS-IPS <<<"$IPVS_IPS"
+# kube-proxy's sets (ensureIPSet: one create per ipsetInfo entry, then the
+# entries), here in one `ipset restore`: the kernel ends up the same.
+{
+    for set in KUBE-LOOP-BACK:hash:ip,port,ip KUBE-CLUSTER-IP:hash:ip,port \
+        KUBE-EXTERNAL-IP:hash:ip,port KUBE-EXTERNAL-IP-LOCAL:hash:ip,port \
+        KUBE-LOAD-BALANCER:hash:ip,port KUBE-LOAD-BALANCER-FW:hash:ip,port \
+        KUBE-LOAD-BALANCER-LOCAL:hash:ip,port KUBE-LOAD-BALANCER-SOURCE-IP:hash:ip,port,ip \
+        KUBE-LOAD-BALANCER-SOURCE-CIDR:hash:ip,port,net KUBE-NODE-PORT-SCTP-HASH:hash:ip,port \
+        KUBE-NODE-PORT-LOCAL-SCTP-HASH:hash:ip,port KUBE-IPVS-IPS:hash:ip; do
+        echo "create ${set%%:*} ${set#*:} family inet hashsize 1024 maxelem 65536 comment"
+    done
+    for set in KUBE-NODE-PORT-TCP KUBE-NODE-PORT-LOCAL-TCP KUBE-NODE-PORT-UDP \
+        KUBE-NODE-PORT-LOCAL-UDP KUBE-HEALTH-CHECK-NODE-PORT; do
+        echo "create $set bitmap:port range 0-65535 comment"
+    done
+    entries() { while read -r entry; do [ -n "$entry" ] && echo "add $1 $entry"; done; }
+    entries KUBE-CLUSTER-IP <<<"$CLUSTER_IPS"
+    entries KUBE-LOOP-BACK <<<"$LOOP_BACK"
+    entries KUBE-NODE-PORT-TCP <<<"$NODE_PORTS_TCP"
+    entries KUBE-IPVS-IPS <<<"$IPVS_IPS"
+} | ipset restore
 
-# The kubelet's chains, there before kube-proxy starts.
-for table in mangle nat filter; do "$IPT" -t "$table" -N KUBE-KUBELET-CANARY; done
-"$IPT" -t filter -N KUBE-FIREWALL
-"$IPT" -t filter -A KUBE-FIREWALL ! -s 127.0.0.0/8 -d 127.0.0.0/8 \
-    -m comment --comment "block incoming localnet connections" \
-    -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP
-"$IPT" -t filter -I INPUT -j KUBE-FIREWALL
-"$IPT" -t filter -I OUTPUT -j KUBE-FIREWALL
-
-# kube-proxy: its canary, its chains (createAndLinkKubeChain), the jumps.
-for table in mangle nat filter; do "$IPT" -t "$table" -N KUBE-PROXY-CANARY; done
-for chain in KUBE-SERVICES KUBE-POSTROUTING KUBE-NODE-PORT KUBE-LOAD-BALANCER KUBE-MARK-MASQ; do
-    "$IPT" -t nat -N "$chain"
-done
-for chain in KUBE-FORWARD KUBE-NODE-PORT KUBE-PROXY-FIREWALL KUBE-SOURCE-RANGES-FIREWALL \
-    KUBE-IPVS-FILTER KUBE-IPVS-OUT-FILTER; do
-    "$IPT" -t filter -N "$chain"
-done
-jump() { "$IPT" -t "$1" -I "$2" -m comment --comment "$4" -j "$3"; }
-jump nat OUTPUT KUBE-SERVICES "kubernetes service portals"
-jump nat PREROUTING KUBE-SERVICES "kubernetes service portals"
-jump nat POSTROUTING KUBE-POSTROUTING "kubernetes postrouting rules"
-jump filter FORWARD KUBE-FORWARD "kubernetes forwarding rules"
-jump filter INPUT KUBE-NODE-PORT "kubernetes health check rules"
-jump filter INPUT KUBE-PROXY-FIREWALL "kube-proxy firewall rules"
-jump filter FORWARD KUBE-PROXY-FIREWALL "kube-proxy firewall rules"
-jump filter INPUT KUBE-IPVS-FILTER "kubernetes ipvs access filter"
-jump filter OUTPUT KUBE-IPVS-OUT-FILTER "kubernetes ipvs access filter"
+# The kubelet's chains (there before kube-proxy starts), then kube-proxy's
+# canary, its chains (createAndLinkKubeChain) and the jumps it prepends to the
+# built-in chains (EnsureRule Prepend: the last one ends up first). One
+# `iptables-restore --noflush` instead of one call per chain and rule.
+"$IPT-restore" --noflush <<EOF
+*mangle
+:KUBE-KUBELET-CANARY - [0:0]
+:KUBE-PROXY-CANARY - [0:0]
+COMMIT
+*nat
+:KUBE-KUBELET-CANARY - [0:0]
+:KUBE-PROXY-CANARY - [0:0]
+:KUBE-SERVICES - [0:0]
+:KUBE-POSTROUTING - [0:0]
+:KUBE-NODE-PORT - [0:0]
+:KUBE-LOAD-BALANCER - [0:0]
+:KUBE-MARK-MASQ - [0:0]
+-I OUTPUT -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
+-I PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
+-I POSTROUTING -m comment --comment "kubernetes postrouting rules" -j KUBE-POSTROUTING
+COMMIT
+*filter
+:KUBE-KUBELET-CANARY - [0:0]
+:KUBE-FIREWALL - [0:0]
+:KUBE-PROXY-CANARY - [0:0]
+:KUBE-FORWARD - [0:0]
+:KUBE-NODE-PORT - [0:0]
+:KUBE-PROXY-FIREWALL - [0:0]
+:KUBE-SOURCE-RANGES-FIREWALL - [0:0]
+:KUBE-IPVS-FILTER - [0:0]
+:KUBE-IPVS-OUT-FILTER - [0:0]
+-A KUBE-FIREWALL ! -s 127.0.0.0/8 -d 127.0.0.0/8 -m comment --comment "block incoming localnet connections" -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP
+-I INPUT -j KUBE-FIREWALL
+-I OUTPUT -j KUBE-FIREWALL
+-I FORWARD -m comment --comment "kubernetes forwarding rules" -j KUBE-FORWARD
+-I INPUT -m comment --comment "kubernetes health check rules" -j KUBE-NODE-PORT
+-I INPUT -m comment --comment "kube-proxy firewall rules" -j KUBE-PROXY-FIREWALL
+-I FORWARD -m comment --comment "kube-proxy firewall rules" -j KUBE-PROXY-FIREWALL
+-I INPUT -m comment --comment "kubernetes ipvs access filter" -j KUBE-IPVS-FILTER
+-I OUTPUT -m comment --comment "kubernetes ipvs access filter" -j KUBE-IPVS-OUT-FILTER
+COMMIT
+EOF
 
 # writeIptablesRules, for sets that are not empty (one restore per table, as kube-proxy).
 "$IPT-restore" --noflush <<EOF
