@@ -290,6 +290,8 @@ pub fn plan_iptables(tables: &[SavedTable]) -> IptablesPlan {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
     use super::*;
 
     #[test]
