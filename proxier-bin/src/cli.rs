@@ -148,6 +148,13 @@ pub struct Cli {
           default_missing_value = "true", value_parser = BoolishValueParser::new())]
     pub cleanup: Option<bool>,
 
+    /// Take the node over from kube-proxy's IPVS mode: adopt its virtual servers and VIPs,
+    /// then, once this proxier's nftables tables are in place, remove kube-proxy's iptables
+    /// chains, their jump rules and its ipsets (nothing else). With --dry-run: list them.
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
+          default_missing_value = "true", value_parser = BoolishValueParser::new())]
+    pub take_over_kube_proxy: Option<bool>,
+
     /// Read Services, EndpointSlices and Nodes from this YAML file (as `kubectl get -o yaml`
     /// writes them) instead of the API server. The file is watched for changes.
     #[arg(long, value_name = "PATH")]

@@ -9,6 +9,7 @@ use proxier_core::backend::{AddressBackend, IpvsBackend, MemoryAddressBackend};
 use proxier_core::conntrack::ConntrackBackend;
 use proxier_core::engine::driver::{self, DriverConfig, ProxierHandle, SyncObserver};
 use proxier_core::netfilter::NetfilterBackend;
+use proxier_core::takeover::KubeProxyTakeover;
 use proxier_core::{Backends, EngineError, KernelProxier, Proxier, ProxierConfig, SyncKind};
 use tokio::sync::{mpsc, watch};
 
@@ -210,6 +211,9 @@ pub async fn run(settings: Settings) -> Result<(), DaemonError> {
             ..Backends::in_memory()
         };
         let proxier = Proxier::new(config, backends)?;
+        if settings.take_over_kube_proxy {
+            crate::dry_run::print_takeover(&KubeProxyTakeover::default(), settings.output).await;
+        }
         let mut observer =
             DryRunObserver::with_format(observer, std::io::stdout(), settings.output);
         if !once {
@@ -221,7 +225,10 @@ pub async fn run(settings: Settings) -> Result<(), DaemonError> {
             node_addresses_from_kernel: true,
             ..config
         };
-        let proxier = KernelProxier::open(config, &settings.dummy_interface).await?;
+        let mut proxier = KernelProxier::open(config, &settings.dummy_interface).await?;
+        if settings.take_over_kube_proxy {
+            proxier.take_over_kube_proxy(KubeProxyTakeover::default());
+        }
         let mut observer = observer;
         if !once {
             // Health checks of `externalTrafficPolicy: Local` Services, on every address (as

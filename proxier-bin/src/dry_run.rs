@@ -19,6 +19,24 @@ use proxier_core::{Desired, MemoryProxier};
 use crate::cli::OutputFormat;
 use crate::sync_observer::DaemonObserver;
 
+/// `--take-over-kube-proxy --dry-run`: lists what the takeover would remove from this node
+/// (read only). On standard output before the plan table; on standard error with
+/// `--output json|yaml`, which keep standard output one document.
+pub async fn print_takeover(
+    takeover: &proxier_core::takeover::KubeProxyTakeover,
+    format: OutputFormat,
+) {
+    let text = match takeover.plan().await {
+        Ok(plan) => format!("kube-proxy takeover would:\n{plan}"),
+        Err(error) => format!("kube-proxy takeover: cannot read the node: {error}\n"),
+    };
+    if format == OutputFormat::Table {
+        print!("{text}");
+    } else {
+        eprint!("{text}");
+    }
+}
+
 /// Prints every sync of an in-memory proxier (and reports it like the daemon does): the
 /// first as the whole plan, later ones as what changed.
 #[derive(Debug)]

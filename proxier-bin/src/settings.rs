@@ -153,6 +153,8 @@ pub struct Settings {
     pub output: OutputFormat,
     /// The dummy link holding VIPs.
     pub dummy_interface: String,
+    /// Remove kube-proxy's IPVS-mode netfilter part after the first sync (`--take-over-kube-proxy`).
+    pub take_over_kube_proxy: bool,
     /// Logging.
     pub log: LogSettings,
 }
@@ -580,6 +582,7 @@ pub fn resolve(
         dry_run,
         output: cli.output.unwrap_or_default(),
         dummy_interface,
+        take_over_kube_proxy: cli.take_over_kube_proxy.unwrap_or(false),
         log: LogSettings {
             format: cli.log_format.unwrap_or_default(),
             verbosity: cli.verbosity.unwrap_or(0),

@@ -67,6 +67,7 @@ pub mod planner;
 pub mod reconciler;
 pub mod state;
 pub mod sysctl;
+pub mod takeover;
 #[doc(hidden)]
 pub mod testing;
 pub mod view;

@@ -20,6 +20,8 @@ pub const DEBIAN_PACKAGES: &[&str] = &[
     "iproute2",
     "e2fsprogs",
     "cpio",
+    "iptables",
+    "ipset",
 ];
 
 /// A host command the runner uses, and the package that provides it.
@@ -62,6 +64,18 @@ const TOOLS: &[Tool] = &[
         package: "conntrack",
     },
     Tool {
+        command: "iptables-legacy",
+        package: "iptables",
+    },
+    Tool {
+        command: "iptables-nft",
+        package: "iptables",
+    },
+    Tool {
+        command: "ipset",
+        package: "ipset",
+    },
+    Tool {
         command: "mkfs.ext4",
         package: "e2fsprogs",
     },
@@ -100,7 +114,25 @@ pub const GUEST_TOOLS: &[&str] = &[
     "nft",
     "socat",
     "conntrack",
+    // kube-proxy's footprint in the takeover tests, in both iptables flavours.
+    "iptables-legacy",
+    "iptables-legacy-save",
+    "iptables-legacy-restore",
+    "iptables-nft",
+    "iptables-nft-save",
+    "iptables-nft-restore",
+    "ip6tables-legacy",
+    "ip6tables-legacy-save",
+    "ip6tables-legacy-restore",
+    "ip6tables-nft",
+    "ip6tables-nft-save",
+    "ip6tables-nft-restore",
+    "ipset",
 ];
+
+/// Directories of plugins the guest tools load at run time (`dlopen`, so `ldd` does not
+/// list them): iptables' match and target extensions. Copied whole when present.
+pub const GUEST_PLUGIN_DIRS: &[&str] = &["/usr/lib/x86_64-linux-gnu/xtables"];
 
 /// Finds a command on PATH and in the sbin directories (which a non-root PATH may lack).
 pub fn find_command(name: &str) -> Option<PathBuf> {

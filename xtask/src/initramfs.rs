@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 
 use crate::cpio::{CpioWriter, Kind};
-use crate::deps::{GUEST_TOOLS, HostTools};
+use crate::deps::{GUEST_PLUGIN_DIRS, GUEST_TOOLS, HostTools};
 use crate::guest_kernel::GuestKernel;
 use crate::guest_modules;
 use crate::guest_scripts;
@@ -413,6 +413,17 @@ pub fn assemble(
     }
     for binary in extra_binaries {
         root.add_libraries_of(binary)?;
+    }
+    for dir in GUEST_PLUGIN_DIRS {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            continue;
+        };
+        let mut plugins: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();
+        plugins.sort();
+        for plugin in plugins {
+            root.add_host_path(&plugin)?;
+            root.add_libraries_of(&plugin)?;
+        }
     }
     // /bin/sh is bash: busybox's sh prefers its own cut-down applets over PATH.
     let bash = tools

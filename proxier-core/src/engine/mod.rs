@@ -59,6 +59,7 @@ use crate::reconciler::{
 };
 use crate::state::{Change, ClusterState, DirtyPorts};
 use crate::sysctl::{ProcSysctl, SysctlOptions, ensure_sysctls};
+use crate::takeover::KubeProxyTakeover;
 
 /// Settings of a [`Proxier`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -202,6 +203,8 @@ pub struct Proxier<I, A, N, C> {
     synced_once: bool,
     /// The node's addresses as last read from the kernel (with `node_addresses_from_kernel`).
     kernel_addresses: Option<Vec<IpAddr>>,
+    /// kube-proxy's netfilter part, still to be removed.
+    takeover: Option<KubeProxyTakeover>,
 }
 
 impl<I, A, N, C> Proxier<I, A, N, C>
@@ -238,6 +241,7 @@ where
             trigger_times: Vec::new(),
             synced_once: false,
             kernel_addresses: None,
+            takeover: None,
             config,
         })
     }
@@ -269,6 +273,15 @@ where
         if at >= self.started {
             self.trigger_times.push(at);
         }
+    }
+
+    /// Takes the node over from kube-proxy's IPVS mode: after the next full sync that left
+    /// this proxier's nftables tables in place, `takeover` removes kube-proxy's iptables
+    /// chains, their jump rules and its ipsets (see [`crate::takeover`]); until that
+    /// succeeds whole, each full sync tries again. Its virtual servers and `kube-ipvs0`
+    /// addresses need nothing: the full sync adopts those that match the plan.
+    pub fn take_over_kube_proxy(&mut self, takeover: KubeProxyTakeover) {
+        self.takeover = Some(takeover);
     }
 
     /// Whether changes wait for a sync.
@@ -390,6 +403,21 @@ where
             }
         }
         report.timings.netfilter = netfilter_started.elapsed();
+
+        // Only with our own table in place: kube-proxy's rules go after ours are there.
+        if kind == SyncKind::Full
+            && report.netfilter_error.is_none()
+            && let Some(takeover) = &self.takeover
+        {
+            let result = takeover.run().await;
+            if result.is_complete() {
+                tracing::info!(%result, "took over from kube-proxy");
+                self.takeover = None;
+            } else {
+                tracing::warn!(%result, "kube-proxy's netfilter rules not all removed; the next full sync tries again");
+            }
+            report.takeover = Some(result);
+        }
 
         let conntrack_started = Instant::now();
         let filters: BTreeSet<FlowFilter> = before

@@ -4,6 +4,7 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::reconciler::ReconcileReport;
+use crate::takeover::TakeoverReport;
 
 /// What a sync covers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -78,6 +79,9 @@ pub struct SyncReport {
     pub size: PlanSize,
     /// Phase durations.
     pub timings: SyncTimings,
+    /// What this sync removed of kube-proxy's iptables chains and ipsets
+    /// ([`super::Proxier::take_over_kube_proxy`]); `None` when it did not try.
+    pub takeover: Option<TakeoverReport>,
 }
 
 impl SyncReport {
@@ -104,6 +108,9 @@ impl fmt::Display for SyncReport {
         )?;
         if let Some(drift) = self.ipvs.drift {
             write!(f, ", drift repaired {drift}")?;
+        }
+        if let Some(takeover) = &self.takeover {
+            write!(f, ", takeover: {takeover}")?;
         }
         Ok(())
     }
