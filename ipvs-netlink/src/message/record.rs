@@ -4,9 +4,9 @@
 //! configuration (statistics left out) for comparing dumps without decoding them.
 
 use super::consts::*;
-use super::dest::{DestAttr, destination_entry};
-use super::service::{ServiceAttr, service_entry};
-use super::{WireError, nla_buffers, parse_nlas};
+use super::dest::destination_of_record;
+use super::service::service_of_record;
+use super::{WireError, nla_buffers};
 use crate::DestinationEntry;
 use crate::service::{AddressFamily, ServiceEntry};
 
@@ -46,18 +46,20 @@ pub(crate) fn destination_record(genl_payload: &[u8]) -> Result<&[u8], WireError
 }
 
 /// The service of a service nest, as
-/// [`IpvsMessage::service_entry`](super::IpvsMessage::service_entry) decodes it.
+/// [`IpvsMessage::service_entry`](super::IpvsMessage::service_entry) decodes it, without
+/// building the attribute list.
 pub(crate) fn decode_service(record: &[u8]) -> Result<ServiceEntry, WireError> {
-    service_entry(&parse_nlas::<ServiceAttr>(record)?)
+    service_of_record(record)
 }
 
 /// The destination of a destination nest, as
-/// [`IpvsMessage::destination_entry`](super::IpvsMessage::destination_entry) decodes it.
+/// [`IpvsMessage::destination_entry`](super::IpvsMessage::destination_entry) decodes it,
+/// without building the attribute list.
 pub(crate) fn decode_destination(
     record: &[u8],
     service_family: AddressFamily,
 ) -> Result<DestinationEntry, WireError> {
-    destination_entry(&parse_nlas::<DestAttr>(record)?, service_family)
+    destination_of_record(record, service_family)
 }
 
 /// Splits a service nest into the bytes of its key attributes (family, protocol, address,
