@@ -287,9 +287,20 @@ where
             return Err(DaemonError::SourceEnded(source_name(settings)));
         };
         note_node(&health, &first);
-        for change in feed::convert(&first).changes {
+        let started = std::time::Instant::now();
+        let changes = feed::convert(&first).changes;
+        drop(first);
+        let converted = started.elapsed();
+        let count = changes.len();
+        for change in changes {
             proxier.apply(change);
         }
+        tracing::info!(
+            changes = count,
+            convert = ?converted,
+            apply = ?started.elapsed().saturating_sub(converted),
+            "first picture applied"
+        );
         rest = Some((events, _task));
     }
 

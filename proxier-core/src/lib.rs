@@ -84,7 +84,7 @@ pub use health_check::{
 };
 pub use planner::{Planner, plan, plan_service_port};
 pub use reconciler::{
-    CleanupReport, ReconcileError, ReconcileReport, Reconciler, ReconcilerConfig, ReconcilerStats,
-    ServiceSyncError,
+    CleanupReport, ReconcileError, ReconcileReport, ReconcileTimings, Reconciler, ReconcilerConfig,
+    ReconcilerStats, ServiceSyncError,
 };
 pub use state::{Change, ClusterState, DirtyPorts};

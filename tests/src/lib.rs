@@ -9,7 +9,10 @@
 //! [`Netns`] gives each test its own network namespace, so tests running in
 //! parallel do not see each other's IPVS services, links or addresses.
 
+#[path = "../../proxier-bin/tests/support/apiserver.rs"]
+pub mod apiserver;
 mod background;
+pub mod bench;
 mod kernel;
 mod netns;
 

@@ -534,6 +534,7 @@ async fn run(config: FileSourceConfig, tx: mpsc::Sender<SourceEvent>, synced: wa
                 ticker.tick().await;
             }
         }
+        let read_started = std::time::Instant::now();
         let read = stamp_of(&config.path).and_then(|stamp| {
             if detector.needs_read(stamp) {
                 std::fs::read(&config.path).map(|content| Some((stamp, content)))
@@ -578,7 +579,7 @@ async fn run(config: FileSourceConfig, tx: mpsc::Sender<SourceEvent>, synced: wa
         if reported.take().is_some() {
             tracing::info!(path = %config.path.display(), "source file readable and well-formed again");
         }
-        tracing::info!(path = %config.path.display(), changes = events.len(), "source file loaded");
+        tracing::info!(path = %config.path.display(), changes = events.len(), took = ?read_started.elapsed(), "source file loaded");
         for event in events {
             if tx.send(event).await.is_err() {
                 return; // the daemon is gone

@@ -404,6 +404,7 @@ async fn run(
     let mut slices = std::pin::pin!(slices);
     let mut nodes = std::pin::pin!(nodes);
     let mut state = KubeSourceState::default();
+    let started = std::time::Instant::now();
     loop {
         let events = tokio::select! {
             Some(ev) = services.next() => match ev {
@@ -431,6 +432,7 @@ async fn run(
             tracing::info!(
                 services = state.services.len(),
                 endpoint_slices = state.slices.len(),
+                took = ?started.elapsed(),
                 "Services and EndpointSlices synced"
             );
             synced.send_replace(true);

@@ -354,32 +354,39 @@ where
         report.changed_ports = changed.len();
         report.timings.plan = started.elapsed();
 
-        let ipvs_started = Instant::now();
-        report.ipvs = match kind {
-            SyncKind::Full => {
-                self.netfilter.invalidate();
-                self.reconciler.full_sync(&self.desired).await?
-            }
-            SyncKind::Incremental => {
-                let mut ipvs = if changed.is_empty() {
-                    ReconcileReport::default()
-                } else {
-                    self.reconciler
-                        .sync_services(&self.desired, &changed)
-                        .await?
+        // IPVS and the dummy link (netlink) and the nftables transaction (`nft`) are
+        // independent: they are written at the same time.
+        if kind == SyncKind::Full {
+            self.netfilter.invalidate();
+        }
+        let netfilter_changes = self.netfilter_plan.take_changes();
+        let reconciler = &mut self.reconciler;
+        let desired = &self.desired;
+        let netfilter = &mut self.netfilter;
+        let netfilter_plan = self.netfilter_plan.plan();
+        let (ipvs, (netfilter_result, netfilter_time)) = tokio::join!(
+            async {
+                let started = Instant::now();
+                let report = match kind {
+                    SyncKind::Full => reconciler.full_sync(desired).await,
+                    SyncKind::Incremental => {
+                        incremental_reconcile(reconciler, desired, &changed).await
+                    }
                 };
-                if self
-                    .reconciler
-                    .next_deadline()
-                    .is_some_and(|at| at <= Instant::now())
-                    || !self.reconciler.drain_queue().is_empty()
-                {
-                    merge(&mut ipvs, self.reconciler.tick(&self.desired).await?);
-                }
-                ipvs
+                report.map(|report| (report, started.elapsed()))
+            },
+            async {
+                let started = Instant::now();
+                let result = netfilter
+                    .sync_changes(netfilter_plan, &netfilter_changes)
+                    .await;
+                (result, started.elapsed())
             }
-        };
-        report.timings.ipvs = ipvs_started.elapsed();
+        );
+        let (ipvs, ipvs_time) = ipvs?;
+        report.ipvs = ipvs;
+        report.timings.ipvs = ipvs_time;
+        report.timings.reconcile = report.ipvs.timings;
         for (service, error) in &report.ipvs.errors {
             match service {
                 Some(service) => {
@@ -388,21 +395,14 @@ where
                 None => tracing::error!(%error, "cleanup of unplanned kernel objects failed"),
             }
         }
-
-        let netfilter_started = Instant::now();
-        let changes = self.netfilter_plan.take_changes();
-        match self
-            .netfilter
-            .sync_changes(self.netfilter_plan.plan(), &changes)
-            .await
-        {
+        match netfilter_result {
             Ok(written) => report.netfilter_written = written,
             Err(error) => {
                 tracing::error!(%error, "nftables tables not updated");
                 report.netfilter_error = Some(error.to_string());
             }
         }
-        report.timings.netfilter = netfilter_started.elapsed();
+        report.timings.netfilter = netfilter_time;
 
         // Only with our own table in place: kube-proxy's rules go after ours are there.
         if kind == SyncKind::Full
@@ -657,6 +657,7 @@ impl KernelProxier {
     /// proxier goes on), and builds a proxier. Touches no virtual server, address or table.
     pub async fn open(config: ProxierConfig, link: &str) -> Result<Self, EngineError> {
         let backends = Backends::kernel(link).await?;
+        let started = std::time::Instant::now();
         // Only once IPVS is known to be there: a machine without it keeps its sysctls.
         let sysctls = ensure_sysctls(
             &ProcSysctl::default(),
@@ -672,6 +673,7 @@ impl KernelProxier {
             );
         }
         set_ipvs_timeouts(&backends.ipvs, &config.planner).await;
+        tracing::info!(took = ?started.elapsed(), "sysctls and IPVS timeouts set");
         Proxier::new(config, backends)
     }
 }
@@ -699,11 +701,36 @@ async fn set_ipvs_timeouts(ipvs: &KernelIpvsBackend, config: &Config) {
     }
 }
 
+/// An incremental sync's IPVS part: the changed service ports, then due drains and retries.
+async fn incremental_reconcile<I: IpvsBackend, A: AddressBackend>(
+    reconciler: &mut Reconciler<I, A>,
+    desired: &Desired,
+    changed: &DirtyPorts,
+) -> Result<ReconcileReport, ReconcileError> {
+    let mut ipvs = if changed.is_empty() {
+        ReconcileReport::default()
+    } else {
+        reconciler.sync_services(desired, changed).await?
+    };
+    if reconciler
+        .next_deadline()
+        .is_some_and(|at| at <= Instant::now())
+        || !reconciler.drain_queue().is_empty()
+    {
+        merge(&mut ipvs, reconciler.tick(desired).await?);
+    }
+    Ok(ipvs)
+}
+
 fn merge(into: &mut ReconcileReport, more: ReconcileReport) {
     into.writes += more.writes;
     into.deletes += more.deletes;
     into.failed += more.failed;
     into.errors.extend(more.errors);
+    into.timings.read += more.timings.read;
+    into.timings.diff += more.timings.diff;
+    into.timings.addresses += more.timings.addresses;
+    into.timings.ipvs += more.timings.ipvs;
 }
 
 #[cfg(test)]

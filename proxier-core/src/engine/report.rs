@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::reconciler::ReconcileReport;
+use crate::reconciler::{ReconcileReport, ReconcileTimings};
 use crate::takeover::TakeoverReport;
 
 /// What a sync covers.
@@ -36,6 +36,8 @@ pub struct SyncTimings {
     pub plan: Duration,
     /// IPVS and dummy-link reads and writes.
     pub ipvs: Duration,
+    /// Of those, the reconciler's steps: kernel read, diff, address writes, IPVS writes.
+    pub reconcile: ReconcileTimings,
     /// The nftables transaction.
     pub netfilter: Duration,
     /// UDP conntrack cleanup.
@@ -48,8 +50,8 @@ impl fmt::Display for SyncTimings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "plan {:?}, ipvs+addresses {:?}, nftables {:?}, conntrack {:?}, total {:?}",
-            self.plan, self.ipvs, self.netfilter, self.conntrack, self.total
+            "plan {:?}, ipvs+addresses {:?} ({}), nftables {:?}, conntrack {:?}, total {:?}",
+            self.plan, self.ipvs, self.reconcile, self.netfilter, self.conntrack, self.total
         )
     }
 }

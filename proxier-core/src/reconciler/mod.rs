@@ -219,6 +219,32 @@ pub struct ReconcileReport {
     pub drift: Option<usize>,
     /// Errors of this sync, by service port (`None`: cleanup).
     pub errors: Vec<(Option<ServicePortName>, ServiceSyncError)>,
+    /// How long each step took.
+    pub timings: ReconcileTimings,
+}
+
+/// How long each step of a reconciler sync took.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReconcileTimings {
+    /// Reading the kernel: the link, its addresses and the IPVS table on a full sync; the
+    /// virtual servers the cache cannot answer on an incremental one.
+    pub read: Duration,
+    /// Comparing the plan with the kernel's picture into ordered writes.
+    pub diff: Duration,
+    /// Binding and unbinding addresses on the dummy link.
+    pub addresses: Duration,
+    /// IPVS writes (with the re-reads of virtual servers the kernel contradicted).
+    pub ipvs: Duration,
+}
+
+impl std::fmt::Display for ReconcileTimings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "kernel read {:?}, diff {:?}, address writes {:?}, ipvs writes {:?}",
+            self.read, self.diff, self.addresses, self.ipvs
+        )
+    }
 }
 
 /// Full-sync listings in a row that must miss a retired virtual server before it is
@@ -367,6 +393,7 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
         let now = Instant::now();
         self.drains_checked_at = now;
         let link = self.addresses.link_name().to_owned();
+        let read_started = std::time::Instant::now();
         self.addresses
             .ensure_link()
             .await
@@ -387,6 +414,8 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
             virtual_servers,
             bound_addresses,
         };
+        let read = read_started.elapsed();
+        let diff_started = std::time::Instant::now();
 
         for (_, key, vs) in desired.virtual_servers() {
             if vs.role == VirtualServerRole::NodePort {
@@ -466,6 +495,7 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
             };
             self.rejections.entry(key).or_default().push(rejection);
         }
+        let diff = diff_started.elapsed();
         let mut report = self
             .apply(
                 desired,
@@ -478,6 +508,8 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
             )
             .await;
         report.drift = drift;
+        report.timings.read = read;
+        report.timings.diff = diff;
         self.synced = true;
         self.stats.full_syncs += 1;
         self.stats.last_full_sync_drift = drift;
@@ -725,6 +757,7 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
         attempted: &BTreeSet<ServicePortName>,
         now: Instant,
     ) -> ReconcileReport {
+        let read_started = std::time::Instant::now();
         let mut read_errors: Vec<Failed> = Vec::new();
         let mut unreadable = HashSet::new();
         // Re-read what the cache cannot answer: virtual servers whose last write failed,
@@ -763,6 +796,8 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
             }
         }
 
+        let read = read_started.elapsed();
+        let diff_started = std::time::Instant::now();
         let policy = self.drain_policy(now);
         let mut changes = Changes::default();
         let mut addresses = BTreeSet::new();
@@ -827,8 +862,13 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
                 unbind.push(address);
             }
         }
-        self.apply(desired, changes, bind, unbind, attempted, now, read_errors)
-            .await
+        let diff = diff_started.elapsed();
+        let mut report = self
+            .apply(desired, changes, bind, unbind, attempted, now, read_errors)
+            .await;
+        report.timings.read = read;
+        report.timings.diff = diff;
+        report
     }
 
     fn count(&mut self, kind: OpKind, ok: bool) {
@@ -889,7 +929,19 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
         let mut report = ReconcileReport::default();
         let link = self.addresses.link_name().to_owned();
 
-        let bound = self.addresses.add_addresses(&bind).await;
+        // Addresses are bound while the IPVS writes go out (two sockets, two kernel
+        // subsystems): neither waits for the other.
+        let mut contradicted = BTreeMap::new();
+        let bound = self
+            .apply_ops(
+                changes,
+                &bind,
+                now,
+                &mut report,
+                &mut failed,
+                Some(&mut contradicted),
+            )
+            .await;
         for (address, result) in bind.into_iter().zip(bound) {
             report.writes += 1;
             let result = match result {
@@ -920,15 +972,7 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
             }
         }
 
-        let mut contradicted = BTreeMap::new();
-        self.apply_ops(
-            changes,
-            now,
-            &mut report,
-            &mut failed,
-            Some(&mut contradicted),
-        )
-        .await;
+        let retry_started = std::time::Instant::now();
         if !contradicted.is_empty() {
             // The kernel contradicted our picture ("exists" on an add, "not found" on an
             // update): a dump skipped it, or someone changed it. Re-read those virtual
@@ -965,11 +1009,13 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
                 );
             }
             again.order();
-            self.apply_ops(again, now, &mut report, &mut failed, None)
+            self.apply_ops(again, &[], now, &mut report, &mut failed, None)
                 .await;
         }
+        report.timings.ipvs += retry_started.elapsed();
 
         let mut cleanup_failed = false;
+        let unbind_started = std::time::Instant::now();
         let unbound = self.addresses.remove_addresses(&unbind).await;
         for (address, result) in unbind.into_iter().zip(unbound) {
             report.writes += 1;
@@ -996,6 +1042,7 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
                 }
             }
         }
+        report.timings.addresses += unbind_started.elapsed();
 
         let failed_services: HashSet<ServicePortName> = failed
             .iter()
@@ -1033,14 +1080,18 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
     /// `contradicted`, a write the kernel refuses because our picture was wrong (an add
     /// that exists, an update of something gone) is collected there instead of failing; a
     /// delete of something already gone counts as done.
+    ///
+    /// Binds `bind` on the dummy link at the same time; returns one result per address.
+    #[allow(clippy::too_many_arguments)]
     async fn apply_ops(
         &mut self,
         changes: Changes,
+        bind: &[IpAddr],
         now: Instant,
         report: &mut ReconcileReport,
         failed: &mut Vec<Failed>,
         mut contradicted: Option<&mut BTreeMap<VirtualServerKey, Option<ServicePortName>>>,
-    ) {
+    ) -> Vec<Result<(), BackendError>> {
         let (owners, ops): (Vec<Option<ServicePortName>>, Vec<IpvsOp>) = changes
             .ops
             .into_iter()
@@ -1049,6 +1100,7 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
         if let Some(limit) = self.config.pause_after_ops
             && self.ops_sent + ops.len() as u64 > limit
         {
+            let _ = self.addresses.add_addresses(bind).await;
             let allowed = usize::try_from(limit.saturating_sub(self.ops_sent)).unwrap_or(0);
             let _ = self.ipvs.apply(&ops[..allowed.min(ops.len())]).await;
             tracing::warn!(
@@ -1058,8 +1110,32 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
             std::future::pending::<()>().await;
         }
         self.ops_sent += ops.len() as u64;
+        let addresses = &mut self.addresses;
+        let ipvs = &mut self.ipvs;
+        let ((bound, address_time), (results, ipvs_time)) = tokio::join!(
+            async {
+                let started = std::time::Instant::now();
+                let bound = if bind.is_empty() {
+                    Vec::new()
+                } else {
+                    addresses.add_addresses(bind).await
+                };
+                (bound, started.elapsed())
+            },
+            async {
+                let started = std::time::Instant::now();
+                let results = if ops.is_empty() {
+                    Vec::new()
+                } else {
+                    ipvs.apply(&ops).await
+                };
+                (results, started.elapsed())
+            }
+        );
+        report.timings.addresses += address_time;
+        report.timings.ipvs += ipvs_time;
         if !ops.is_empty() {
-            let mut results = self.ipvs.apply(&ops).await;
+            let mut results = results;
             results.resize(
                 ops.len(),
                 Err(BackendError::Other(
@@ -1100,6 +1176,7 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
         for (vs, rs) in changes.drain_stopped {
             self.drains.stop(&vs, &rs);
         }
+        bound
     }
 
     /// Updates the cache after the kernel accepted `op`.

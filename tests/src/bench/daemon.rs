@@ -1,0 +1,148 @@
+//! The daemon under benchmark: started in a network namespace with a file or API source, its
+//! log in a file; waits for its syncs, reads its memory and the phase timings it logs.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+
+use crate::{Netns, proxier_bin};
+
+use super::cluster::NODE;
+use super::phases::Phases;
+
+/// Where the daemon's metrics listen, in its namespace.
+pub const METRICS: &str = "127.0.0.1:10249";
+
+/// Where the daemon reads Services and EndpointSlices.
+#[derive(Debug, Clone)]
+pub enum Source {
+    /// `--source-file PATH`.
+    File(PathBuf),
+    /// `--master URL` (the API server double).
+    Kube(String),
+}
+
+/// The daemon running in a namespace (a child of this process), its log in a file.
+#[derive(Debug)]
+pub struct BenchDaemon {
+    child: Child,
+    log: PathBuf,
+    /// When it was started.
+    pub started: Instant,
+}
+
+impl BenchDaemon {
+    /// Starts `ipvs-proxier` in `ns` on `source`, syncing as soon as something changes
+    /// (`--ipvs-min-sync-period=0s`) and fully every `sync_period` (`--ipvs-sync-period`,
+    /// e.g. `1h`); `extra` flags follow.
+    pub fn start(
+        ns: &Netns,
+        source: &Source,
+        log: &Path,
+        sync_period: &str,
+        extra: &[&str],
+    ) -> anyhow::Result<BenchDaemon> {
+        let file = std::fs::File::create(log).context("daemon log")?;
+        let err = file.try_clone()?;
+        let mut command = Command::new("ip");
+        command
+            .args(["netns", "exec", ns.name()])
+            .arg(proxier_bin());
+        match source {
+            Source::File(path) => command.arg("--source-file").arg(path),
+            Source::Kube(url) => command.arg("--master").arg(url),
+        };
+        let started = Instant::now();
+        let child = command
+            .args([
+                "--hostname-override",
+                NODE,
+                "--cluster-cidr=10.244.0.0/16",
+                "--ipvs-min-sync-period=0s",
+                &format!("--ipvs-sync-period={sync_period}"),
+                &format!("--metrics-bind-address={METRICS}"),
+                "--healthz-bind-address=127.0.0.1:10256",
+            ])
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(file)
+            .stderr(err)
+            .spawn()
+            .context("starting ipvs-proxier")?;
+        Ok(BenchDaemon {
+            child,
+            log: log.to_owned(),
+            started,
+        })
+    }
+
+    /// The log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The `sync done` log lines so far.
+    pub fn syncs(&self) -> Vec<String> {
+        self.log()
+            .lines()
+            .filter(|l| l.contains("sync done") && l.contains("phases="))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// Waits for sync number `n` (1-based); returns its line and when it was seen.
+    pub fn wait_sync(&mut self, n: usize, timeout: Duration) -> anyhow::Result<(String, Instant)> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let syncs = self.syncs();
+            if syncs.len() >= n {
+                return Ok((syncs[n - 1].clone(), Instant::now()));
+            }
+            if let Some(status) = self.child.try_wait()? {
+                bail!("the daemon exited ({status}); log:\n{}", self.log());
+            }
+            if Instant::now() > deadline {
+                bail!("no sync #{n} within {timeout:?}; log:\n{}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The phases of sync `n` (1-based) with the start-up lines before it.
+    pub fn phases(&self, n: usize) -> Phases {
+        Phases::from_log(&self.log(), n)
+    }
+
+    /// `VmRSS` and `VmHWM` (peak) in KiB.
+    pub fn memory_kib(&self) -> anyhow::Result<(u64, u64)> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))?;
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|v| v.parse().ok())
+                .with_context(|| format!("no {name} in /proc/PID/status"))
+        };
+        Ok((field("VmRSS:")?, field("VmHWM:")?))
+    }
+
+    /// Whether it still runs.
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Kills it and waits for it.
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for BenchDaemon {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

@@ -1,0 +1,99 @@
+//! The daemon's Prometheus metrics, fetched inside its namespace.
+
+use std::collections::BTreeMap;
+
+use anyhow::bail;
+
+use crate::Netns;
+
+/// The metrics text served at `address` (`host:port`) in `ns`.
+pub fn scrape(ns: &Netns, address: &str) -> anyhow::Result<String> {
+    let out = ns.sh(&format!(
+        "printf 'GET /metrics HTTP/1.0\\r\\nHost: x\\r\\n\\r\\n' | socat -T10 -t10 - TCP:{address}"
+    ));
+    if !out.status.success() {
+        bail!(
+            "fetching metrics from {address} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The samples of metric `name`, by their label text (quotes removed: `op=x,result=y`).
+pub fn samples(text: &str, name: &str) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix(name) else {
+            continue;
+        };
+        let (labels, value) = if let Some(rest) = rest.strip_prefix('{') {
+            match rest.rsplit_once("} ") {
+                Some((labels, value)) => (labels.replace('"', ""), value),
+                None => continue,
+            }
+        } else if let Some(value) = rest.strip_prefix(' ') {
+            (String::new(), value)
+        } else {
+            continue;
+        };
+        if let Ok(value) = value.trim().parse::<f64>() {
+            out.insert(labels, value);
+        }
+    }
+    out
+}
+
+/// `ipvs_proxier_netlink_operations_total` by `op,result`, as counts.
+pub fn netlink_ops(text: &str) -> BTreeMap<String, u64> {
+    samples(text, "ipvs_proxier_netlink_operations_total")
+        .into_iter()
+        .map(|(k, v)| (k, v as u64))
+        .collect()
+}
+
+/// Per-label `after - before`, non-zero entries only.
+pub fn delta(
+    before: &BTreeMap<String, u64>,
+    after: &BTreeMap<String, u64>,
+) -> BTreeMap<String, u64> {
+    after
+        .iter()
+        .filter_map(|(k, v)| {
+            let d = v.saturating_sub(before.get(k).copied().unwrap_or(0));
+            (d > 0).then(|| (k.clone(), d))
+        })
+        .collect()
+}
+
+/// Sum of the counts whose labels contain `result=error`.
+pub fn failed(ops: &BTreeMap<String, u64>) -> u64 {
+    ops.iter()
+        .filter(|(k, _)| k.contains("result=error"))
+        .map(|(_, v)| v)
+        .sum()
+}
+
+/// `total (label=n, ...)`, or `none`.
+pub fn describe(ops: &BTreeMap<String, u64>) -> String {
+    if ops.is_empty() {
+        return "none".into();
+    }
+    let total: u64 = ops.values().sum();
+    let parts: Vec<String> = ops.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    format!("{total} ({})", parts.join(", "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn samples_are_read_by_label() {
+        let text = "# HELP x\nipvs_proxier_netlink_operations_total{op=\"add_service\",result=\"success\"} 12\nipvs_proxier_netlink_operations_total{op=\"add_service\",result=\"error\"} 1\nother 3\n";
+        let ops = netlink_ops(text);
+        assert_eq!(ops.get("op=add_service,result=success"), Some(&12));
+        assert_eq!(failed(&ops), 1);
+        assert_eq!(samples(text, "other").get(""), Some(&3.0));
+    }
+}

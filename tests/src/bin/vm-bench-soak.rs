@@ -1,0 +1,436 @@
+//! Soak at scale, run inside the test VM by `cargo xtask vm-bench soak [--services N]
+//! [--endpoints M] [--minutes T]` (default 10,000 x 5 for 5 minutes).
+//!
+//! The daemon runs on the kube source (the API server double inside the VM, in the node's
+//! namespace) with kube-proxy's default full resync every 30 s. The first services send
+//! traffic to five pod namespaces answering on TCP 8080; the rest have endpoints that only
+//! need a route. After the first full sync, for T minutes:
+//! - one endpoint of a service without traffic is replaced every 100 ms, timed from the API
+//!   change to the new destination in the kernel;
+//! - a Service (with its slice) is added and the previous one deleted every second, each
+//!   timed to the kernel;
+//! - a client namespace connects to the ClusterIPs of the traffic services, whose endpoints
+//!   all stay, again and again, and each connection must be answered by a pod.
+//!
+//! Reports failed connections (goal 0), failed kernel ops from the daemon's metrics (goal 0),
+//! RSS after convergence and at the end (goal: at most 5 % growth) and the p50/p99 of the
+//! change-to-kernel latencies.
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail, ensure};
+use ipvs_netlink::IpvsHandle;
+use ipvs_proxier_tests::Netns;
+use ipvs_proxier_tests::bench::api::ApiInNetns;
+use ipvs_proxier_tests::bench::cluster::{self, ENDPOINT_ROUTE};
+use ipvs_proxier_tests::bench::daemon::{BenchDaemon, METRICS, Source};
+use ipvs_proxier_tests::bench::latency::{Percentiles, wait_for_destination, wait_for_service};
+use ipvs_proxier_tests::bench::metrics;
+
+/// Services whose endpoints are the pods (never churned).
+const TRAFFIC_SERVICES: usize = 10;
+/// Pod namespaces answering on 8080.
+const PODS: usize = 5;
+const GOAL_RSS_GROWTH: f64 = 0.05;
+
+struct Args {
+    services: usize,
+    endpoints: usize,
+    minutes: f64,
+}
+
+fn parse_args() -> anyhow::Result<Args> {
+    let mut a = Args {
+        services: 10_000,
+        endpoints: 5,
+        minutes: 5.0,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let mut value = || args.next().with_context(|| format!("{arg} needs a value"));
+        match arg.as_str() {
+            "--services" => a.services = value()?.parse()?,
+            "--endpoints" => a.endpoints = value()?.parse()?,
+            "--minutes" => a.minutes = value()?.parse()?,
+            other => bail!("unknown argument {other} (use --services N --endpoints M --minutes T)"),
+        }
+    }
+    ensure!(
+        a.services > TRAFFIC_SERVICES + 10 && a.services <= 200_000,
+        "--services must be between {} and 200000",
+        TRAFFIC_SERVICES + 11
+    );
+    ensure!(
+        (1..=100).contains(&a.endpoints),
+        "--endpoints must be 1..=100"
+    );
+    ensure!(
+        a.minutes > 0.0 && a.minutes <= 60.0,
+        "--minutes must be in (0, 60]"
+    );
+    Ok(a)
+}
+
+fn pod_ip(p: usize) -> Ipv4Addr {
+    Ipv4Addr::new(10, 244, p as u8 + 1, 2)
+}
+
+/// The endpoints of service `i` at churn generation `g` (0: as first programmed).
+fn endpoints_at(i: usize, m: usize, g: usize) -> Vec<Ipv4Addr> {
+    if i < TRAFFIC_SERVICES {
+        return (0..PODS).map(pod_ip).collect();
+    }
+    let mut e = cluster::initial_endpoints(i, m);
+    if g > 0 {
+        e[0] = Ipv4Addr::new(10, 200, 100 + (g % 150) as u8, (i % 250 + 1) as u8);
+    }
+    e
+}
+
+/// Enters `ns` on the current thread.
+fn enter(ns_path: &Path) -> anyhow::Result<()> {
+    let file = std::fs::File::open(ns_path)?;
+    nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
+        .with_context(|| format!("setns into {}", ns_path.display()))?;
+    Ok(())
+}
+
+/// A pod: answers every connection on 8080 with its name, from a thread in its namespace.
+fn serve_pod(ns: &Netns, name: String) -> anyhow::Result<()> {
+    let path = ns.path();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let listener = enter(&path)
+            .and_then(|()| TcpListener::bind("0.0.0.0:8080").context("pod listens on 8080"));
+        let listener = match listener {
+            Ok(l) => {
+                let _ = tx.send(Ok(()));
+                l
+            }
+            Err(e) => {
+                let _ = tx.send(Err(e));
+                return;
+            }
+        };
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let _ = stream.write_all(format!("{name}\n").as_bytes());
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(10))
+        .context("pod server did not start")?
+}
+
+/// Client traffic counters.
+#[derive(Default)]
+struct Traffic {
+    ok: AtomicU64,
+    failed: AtomicU64,
+}
+
+/// Connects to the traffic services' ClusterIPs in turn from the client namespace until
+/// `stop`, each connection answered by a pod or counted as failed.
+fn client_loop(
+    path: std::path::PathBuf,
+    traffic: Arc<Traffic>,
+    stop: Arc<AtomicBool>,
+    failures: Arc<std::sync::Mutex<Vec<String>>>,
+) -> anyhow::Result<()> {
+    enter(&path)?;
+    let started = Instant::now();
+    let mut n = 0usize;
+    while !stop.load(Ordering::Relaxed) {
+        let vip = cluster::vip(n % TRAFFIC_SERVICES);
+        n += 1;
+        let addr = SocketAddr::new(IpAddr::V4(vip), 80);
+        let result = (|| -> anyhow::Result<String> {
+            let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(3))?;
+            stream.set_read_timeout(Some(Duration::from_secs(3)))?;
+            let mut answer = String::new();
+            stream.read_to_string(&mut answer)?;
+            ensure!(answer.starts_with("pod-"), "answer {answer:?}");
+            Ok(answer)
+        })();
+        match result {
+            Ok(_) => {
+                traffic.ok.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => {
+                traffic.failed.fetch_add(1, Ordering::Relaxed);
+                if let Ok(mut f) = failures.lock()
+                    && f.len() < 20
+                {
+                    f.push(format!(
+                        "{:.1} s: {addr}: {e}",
+                        started.elapsed().as_secs_f64()
+                    ));
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+fn rss_mib(daemon: &BenchDaemon) -> anyhow::Result<f64> {
+    Ok(daemon.memory_kib()?.0 as f64 / 1024.0)
+}
+
+fn main() -> anyhow::Result<()> {
+    let a = parse_args()?;
+    let n = a.services;
+    let m = a.endpoints;
+    println!(
+        "vm-bench-soak: {n} services x {m} endpoints (kube source), churn for {} min: one endpoint replaced every 100 ms, a Service added and deleted every second, client traffic to {TRAFFIC_SERVICES} services",
+        a.minutes
+    );
+    for module in [
+        "nf_reject_ipv4",
+        "nf_reject_ipv6",
+        "nft_reject_ipv4",
+        "nft_reject_ipv6",
+    ] {
+        let _ = Command::new("modprobe").arg(module).status();
+    }
+
+    // Topology: node, pods on veths (routed), a client on a veth.
+    let node = Netns::new();
+    let pods: Vec<Netns> = (0..PODS).map(|_| Netns::new()).collect();
+    let client = Netns::new();
+    let mut script = String::from("echo 1 > /proc/sys/net/ipv4/ip_forward && ");
+    script.push_str(ENDPOINT_ROUTE);
+    for (p, pod) in pods.iter().enumerate() {
+        script.push_str(&format!(
+            " && ip link add vp{p} type veth peer name eth0 netns {ns} && ip addr add 10.244.{o}.1/24 dev vp{p} && ip link set vp{p} up",
+            ns = pod.name(),
+            o = p + 1
+        ));
+    }
+    script.push_str(&format!(
+        " && ip link add vcli type veth peer name eth0 netns {} && ip addr add 10.10.0.1/24 dev vcli && ip link set vcli up",
+        client.name()
+    ));
+    let out = node.sh(&script);
+    ensure!(
+        out.status.success(),
+        "wiring the node: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for (p, pod) in pods.iter().enumerate() {
+        let out = pod.sh(&format!(
+            "ip addr add {}/24 dev eth0 && ip link set eth0 up && ip route add default via 10.244.{}.1",
+            pod_ip(p),
+            p + 1
+        ));
+        ensure!(out.status.success(), "wiring pod {p}");
+        serve_pod(pod, format!("pod-{p}"))?;
+    }
+    let out = client.sh(
+        "ip addr add 10.10.0.2/24 dev eth0 && ip link set eth0 up && ip route add default via 10.10.0.1",
+    );
+    ensure!(out.status.success(), "wiring the client");
+
+    // The API double and the daemon.
+    let api = ApiInNetns::start(&node)?;
+    {
+        use ipvs_proxier_tests::apiserver::Kind;
+        let t = Instant::now();
+        api.api().apply_silently(Kind::Node, cluster::node_object());
+        for i in 0..n {
+            api.api()
+                .apply_silently(Kind::Service, cluster::service_object(i));
+            api.api().apply_silently(
+                Kind::EndpointSlice,
+                cluster::slice_object(i, &endpoints_at(i, m, 0)),
+            );
+        }
+        println!("API double filled in {:.2} s", t.elapsed().as_secs_f64());
+    }
+    let log = std::env::temp_dir().join("vm-bench-soak.log");
+    let mut daemon = BenchDaemon::start(&node, &Source::Kube(api.api().url()), &log, "30s", &[])?;
+    let timeout = Duration::from_secs(300 + n as u64 / 10);
+    daemon.wait_sync(1, timeout)?;
+    let programmed = daemon.started.elapsed();
+    let first = daemon.phases(1);
+    println!(
+        "first sync after {:.2} s: {first}",
+        programmed.as_secs_f64()
+    );
+    let expected_rules = n * (m + 1) - TRAFFIC_SERVICES * m + TRAFFIC_SERVICES * PODS;
+    let rules: usize = node
+        .sh_ok("ipvsadm -Sn | wc -l")
+        .trim()
+        .parse()
+        .unwrap_or(0);
+    ensure!(
+        rules == expected_rules,
+        "{rules} IPVS rules, want {expected_rules}"
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    let rss_start = rss_mib(&daemon)?;
+    let ops_start = metrics::netlink_ops(&metrics::scrape(&node, METRICS)?);
+    println!(
+        "converged: RSS {rss_start:.1} MiB, kernel ops {}",
+        metrics::describe(&ops_start)
+    );
+
+    // Client traffic.
+    let traffic = Arc::new(Traffic::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let failures = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let client_thread = {
+        let (path, traffic, stop, failures) = (
+            client.path(),
+            Arc::clone(&traffic),
+            Arc::clone(&stop),
+            Arc::clone(&failures),
+        );
+        std::thread::spawn(move || client_loop(path, traffic, stop, failures))
+    };
+
+    // Churn.
+    let duration = Duration::from_secs_f64(a.minutes * 60.0);
+    let churn_services = n - TRAFFIC_SERVICES;
+    let (endpoint_samples, service_samples, rss_samples) = node.block_on(|| async {
+        let handle = IpvsHandle::new().await?;
+        let mut endpoint_samples = Vec::new();
+        let mut service_samples = Vec::new();
+        let mut rss_samples = Vec::new();
+        let mut generation = vec![0usize; n];
+        let mut ticker = tokio::time::interval(Duration::from_millis(100));
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let started = Instant::now();
+        let mut tick = 0usize;
+        let mut added: Option<usize> = None;
+        while started.elapsed() < duration {
+            ticker.tick().await;
+            // One endpoint replaced.
+            let i = TRAFFIC_SERVICES + tick % churn_services;
+            generation[i] += 1;
+            let endpoints = endpoints_at(i, m, generation[i]);
+            let t = Instant::now();
+            api.set_endpoints(i, &endpoints);
+            let seen = wait_for_destination(
+                &handle,
+                &cluster::service_key(i),
+                IpAddr::V4(endpoints[0]),
+                Duration::from_secs(60),
+            )
+            .await?;
+            endpoint_samples.push(seen - t);
+            // Every second: a new Service added, the previous one deleted.
+            if tick % 10 == 5 {
+                let new = n + tick / 10;
+                let t = Instant::now();
+                api.add_service(new, &cluster::initial_endpoints(new, m));
+                if let Some(old) = added.replace(new) {
+                    api.delete_service(old);
+                    let gone = wait_for_service(
+                        &handle,
+                        &cluster::service_key(old),
+                        false,
+                        Duration::from_secs(60),
+                    )
+                    .await?;
+                    service_samples.push(gone - t);
+                }
+                let seen = wait_for_service(
+                    &handle,
+                    &cluster::service_key(new),
+                    true,
+                    Duration::from_secs(60),
+                )
+                .await?;
+                service_samples.push(seen - t);
+            }
+            if tick.is_multiple_of(300) {
+                rss_samples.push((started.elapsed(), rss_mib(&daemon)?));
+            }
+            tick += 1;
+        }
+        anyhow::Ok((endpoint_samples, service_samples, rss_samples))
+    })?;
+    stop.store(true, Ordering::Relaxed);
+    match client_thread.join() {
+        Ok(result) => result?,
+        Err(_) => bail!("the client thread panicked"),
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    ensure!(
+        daemon.running(),
+        "the daemon exited; log:\n{}",
+        daemon.log()
+    );
+    let rss_end = rss_mib(&daemon)?;
+    let ops_end = metrics::netlink_ops(&metrics::scrape(&node, METRICS)?);
+    let churn_ops = metrics::delta(&ops_start, &ops_end);
+    let failed_ops = metrics::failed(&ops_end);
+    let syncs = daemon.syncs().len();
+    let full_syncs = daemon
+        .syncs()
+        .iter()
+        .filter(|l| l.contains("kind=Full"))
+        .count();
+    let error_syncs = daemon
+        .log()
+        .lines()
+        .filter(|l| l.contains("sync finished with errors"))
+        .count();
+
+    let ok = traffic.ok.load(Ordering::Relaxed);
+    let failed = traffic.failed.load(Ordering::Relaxed);
+    let endpoint = Percentiles::of(&endpoint_samples);
+    let service = Percentiles::of(&service_samples);
+    let growth = (rss_end - rss_start) / rss_start;
+    println!(
+        "\nRSS during churn: {}",
+        rss_samples
+            .iter()
+            .map(|(t, r)| format!("{:.0} s {r:.1} MiB", t.as_secs_f64()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    println!(
+        "syncs: {syncs} ({full_syncs} full), {error_syncs} with errors; kernel ops during churn: {}",
+        metrics::describe(&churn_ops)
+    );
+    for f in failures.lock().map(|f| f.clone()).unwrap_or_default() {
+        println!("failed connection: {f}");
+    }
+    let met = |ok: bool| if ok { "met" } else { "NOT met" };
+    println!(
+        "\n| soak ({n} svc x {m} ep, {} min, kube source) | measured | goal | status |",
+        a.minutes
+    );
+    println!("|---|---|---|---|");
+    println!(
+        "| connections to endpoints that stay | {ok} answered, {failed} failed | 0 failed | {} |",
+        met(failed == 0 && ok > 0)
+    );
+    println!(
+        "| failed kernel ops | {failed_ops} (of {} during churn) | 0 | {} |",
+        churn_ops.values().sum::<u64>(),
+        met(failed_ops == 0 && error_syncs == 0)
+    );
+    println!(
+        "| RSS after convergence -> end | {rss_start:.1} -> {rss_end:.1} MiB ({:+.1} %) | <= +5 % | {} |",
+        growth * 100.0,
+        met(growth <= GOAL_RSS_GROWTH)
+    );
+    println!(
+        "| endpoint change -> kernel | {} | (report) | |",
+        endpoint.map_or("none".into(), |p| p.to_string())
+    );
+    println!(
+        "| Service add/delete -> kernel | {} | (report) | |",
+        service.map_or("none".into(), |p| p.to_string())
+    );
+    println!("vm-bench-soak: done");
+    Ok(())
+}
