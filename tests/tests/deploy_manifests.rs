@@ -188,6 +188,8 @@ fn alerts_and_dashboard_use_metrics_the_daemon_exports() {
         m::NETLINK_OPERATIONS_TOTAL,
         m::GRACEFUL_DRAIN_QUEUE_LENGTH,
         m::FULL_RESYNC_DRIFT_REPAIRED,
+        m::IPVS_TABLE_READS_TOTAL,
+        m::IPVS_DUMP_RETRIES_TOTAL,
     ];
     let mut checked = 0;
     for text in [ALERTS, METRICS_DOC] {
