@@ -349,7 +349,7 @@ fn main() -> anyhow::Result<()> {
                 .await?;
                 service_samples.push(seen - t);
             }
-            if tick % 300 == 0 {
+            if tick.is_multiple_of(300) {
                 rss_samples.push((started.elapsed(), rss_mib(&daemon)?));
             }
             tick += 1;
