@@ -56,9 +56,8 @@ pub mod scheduler;
 pub mod service;
 pub mod stats;
 pub mod sync_daemon;
-mod table;
 pub mod timeouts;
-pub mod transport;
+mod transport;
 
 pub use batch::Op;
 pub use destination::{
