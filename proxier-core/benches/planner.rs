@@ -10,47 +10,18 @@
 //! The reconciler's diff step can be added after [`Planner::apply_and_plan`] in
 //! [`one_change`].
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::BTreeMap;
 use std::hint::black_box;
-use std::sync::atomic::{AtomicIsize, Ordering};
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion};
 use proxier_core::state::Change;
 use proxier_core::{ClusterState, Planner, ServicePortName, ServicePortPlan, testing};
 
-/// Counts live heap bytes.
-struct CountingAllocator;
+#[path = "../tests/support/counting_allocator.rs"]
+mod counting_allocator;
 
-static LIVE_BYTES: AtomicIsize = AtomicIsize::new(0);
-
-fn delta(size: usize) -> isize {
-    isize::try_from(size).unwrap_or(isize::MAX)
-}
-
-// SAFETY: every call is forwarded unchanged to the system allocator; the counter is only
-// bookkeeping and never affects the returned memory.
-#[allow(unsafe_code)]
-unsafe impl GlobalAlloc for CountingAllocator {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LIVE_BYTES.fetch_add(delta(layout.size()), Ordering::Relaxed);
-        // SAFETY: same contract as the caller's.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        LIVE_BYTES.fetch_sub(delta(layout.size()), Ordering::Relaxed);
-        // SAFETY: same contract as the caller's.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        LIVE_BYTES.fetch_add(delta(new_size) - delta(layout.size()), Ordering::Relaxed);
-        // SAFETY: same contract as the caller's.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
+use counting_allocator::{CountingAllocator, live_bytes};
 
 #[global_allocator]
 static GLOBAL: CountingAllocator = CountingAllocator;
@@ -124,9 +95,9 @@ fn median_step(services: usize) -> Duration {
 }
 
 fn report() {
-    let before = LIVE_BYTES.load(Ordering::Relaxed);
+    let before = live_bytes();
     let state = testing::state(10_000, ENDPOINTS);
-    let after = LIVE_BYTES.load(Ordering::Relaxed);
+    let after = live_bytes();
     let bytes = after - before;
     let endpoints = 10_000 * ENDPOINTS;
     println!(
@@ -138,9 +109,9 @@ fn report() {
         bytes as f64 / endpoints as f64
     );
     drop(state);
-    let before = LIVE_BYTES.load(Ordering::Relaxed);
+    let before = live_bytes();
     let state = testing::state(1_000, 100);
-    let after = LIVE_BYTES.load(Ordering::Relaxed);
+    let after = live_bytes();
     println!(
         "state size for comparison: 1000 Services x 100 endpoints = {:.1} bytes per endpoint",
         (after - before) as f64 / 100_000.0

@@ -1,0 +1,163 @@
+//! The engine's heap does not grow under endpoint and Service churn: what it holds after
+//! thousands of changes is what a cluster of the same size needs, not a history of them.
+//!
+//! A counting global allocator (this test binary's own) measures the live heap; the churn is
+//! the soak benchmark's (`vm-bench soak`) in miniature: one endpoint replaced per change, a
+//! Service added and deleted now and then, incremental syncs, a full resync every few hundred
+//! changes.
+#![allow(clippy::unwrap_used)]
+
+use std::net::{IpAddr, Ipv4Addr};
+
+use proxier_core::conntrack::{ConntrackBackend, ConntrackError, FlowFilter};
+use proxier_core::model::{Config, Endpoint, EndpointPort, EndpointSlice, Protocol};
+use proxier_core::model::{Service, ServiceName, ServicePortSpec, SliceKey};
+use proxier_core::netfilter::{NetfilterBackend, NetfilterError};
+use proxier_core::{Backends, Change, Proxier, ProxierConfig, SyncKind};
+
+#[path = "support/counting_allocator.rs"]
+mod counting_allocator;
+
+use counting_allocator::{CountingAllocator, live_bytes};
+
+#[global_allocator]
+static ALLOCATOR: CountingAllocator = CountingAllocator;
+
+fn live_kib() -> isize {
+    live_bytes() / 1024
+}
+
+/// nftables that accepts every script and keeps none of them (the in-memory backend keeps
+/// them all, for tests that read them).
+struct Accepting;
+
+impl NetfilterBackend for Accepting {
+    async fn apply(&mut self, _script: &str) -> Result<(), NetfilterError> {
+        Ok(())
+    }
+}
+
+/// A conntrack table with no entries.
+struct Empty;
+
+impl ConntrackBackend for Empty {
+    fn delete_flows(&mut self, _filters: &[FlowFilter]) -> Result<usize, ConntrackError> {
+        Ok(0)
+    }
+}
+
+const SERVICES: u32 = 1_000;
+const ENDPOINTS: u32 = 5;
+
+fn cluster_ip(i: u32) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 96, 0, 0)) + i))
+}
+
+fn pod_ip(n: u32) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 128, 0, 0)) + n))
+}
+
+fn service(name: &str, i: u32) -> Service {
+    let port = ServicePortSpec {
+        name: "http".into(),
+        port: 80,
+        protocol: Protocol::Tcp,
+        node_port: None,
+    };
+    Service::new(
+        ServiceName::new("churn", name),
+        vec![cluster_ip(i)],
+        vec![port],
+    )
+}
+
+fn slice(name: &str, first_pod: u32) -> EndpointSlice {
+    EndpointSlice {
+        key: SliceKey::new("churn", format!("{name}-abc")),
+        service: ServiceName::new("churn", name),
+        ports: vec![EndpointPort {
+            name: "http".into(),
+            port: 8080,
+            protocol: Protocol::Tcp,
+        }],
+        endpoints: (0..ENDPOINTS)
+            .map(|e| Endpoint::ready(pod_ip(first_pod + e)))
+            .collect(),
+        warnings: Vec::new(),
+    }
+}
+
+#[test]
+fn the_engines_heap_does_not_grow_under_churn() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let memory = Backends::in_memory();
+        let (ipvs, addresses) = (memory.ipvs.clone(), memory.addresses.clone());
+        ipvs.set_recording(false);
+        let backends = Backends {
+            ipvs: memory.ipvs,
+            addresses: memory.addresses,
+            netfilter: Accepting,
+            conntrack: Empty,
+        };
+        let mut proxier =
+            Proxier::new(ProxierConfig::new("node-a", Config::default()), backends).unwrap();
+        let mut slices = Vec::new();
+        for i in 0..SERVICES {
+            let name = format!("svc-{i}");
+            proxier.apply(Change::UpsertService(service(&name, i)));
+            let s = slice(&name, i * ENDPOINTS);
+            proxier.apply(Change::UpsertSlice(s.clone()));
+            slices.push(s);
+        }
+        proxier.sync(SyncKind::Full).await.unwrap();
+
+        let mut next_pod = SERVICES * ENDPOINTS;
+        let mut round = |proxier: &mut proxier_core::Proxier<_, _, _, _>, step: u32| {
+            // One endpoint replaced.
+            let s = &mut slices[(step % SERVICES) as usize];
+            let at = (step / SERVICES % ENDPOINTS) as usize;
+            s.endpoints[at] = Endpoint::ready(pod_ip(next_pod));
+            next_pod += 1;
+            proxier.apply(Change::UpsertSlice(s.clone()));
+            // Every tenth change, a Service that comes and goes (a new name each time).
+            if step.is_multiple_of(10) {
+                let name = format!("tmp-{step}");
+                proxier.apply(Change::UpsertService(service(&name, SERVICES + step % 100)));
+                proxier.apply(Change::UpsertSlice(slice(&name, 1_000_000 + step)));
+            }
+            if step % 10 == 5 {
+                let name = format!("tmp-{}", step - 5);
+                proxier.apply(Change::DeleteSlice(SliceKey::new(
+                    "churn",
+                    format!("{name}-abc"),
+                )));
+                proxier.apply(Change::DeleteService(ServiceName::new("churn", name)));
+            }
+            if step % 500 == 499 {
+                SyncKind::Full
+            } else {
+                SyncKind::Incremental
+            }
+        };
+
+        let mut checkpoints = Vec::new();
+        for step in 0..20_000 {
+            let kind = round(&mut proxier, step);
+            proxier.sync(kind).await.unwrap();
+            addresses.take_applied_ops();
+            if step % 5_000 == 4_999 {
+                checkpoints.push(live_kib());
+            }
+        }
+        println!("live heap after 5k, 10k, 15k, 20k changes: {checkpoints:?} KiB");
+        let (warm, end) = (checkpoints[0], checkpoints[checkpoints.len() - 1]);
+        assert!(
+            end - warm <= warm / 50,
+            "the heap grew from {warm} KiB to {end} KiB over 15,000 changes: {checkpoints:?}"
+        );
+    });
+}
