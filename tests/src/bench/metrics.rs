@@ -6,18 +6,27 @@ use anyhow::bail;
 
 use crate::Netns;
 
-/// The metrics text served at `address` (`host:port`) in `ns`.
+/// The metrics text served at `address` (`host:port`) in `ns`: an answer with status 200,
+/// asked up to five times (a daemon busy with a full resync under TCG can miss socat's 10 s
+/// idle timeout, and an empty answer must not read as "no operations").
 pub fn scrape(ns: &Netns, address: &str) -> anyhow::Result<String> {
-    let out = ns.sh(&format!(
-        "printf 'GET /metrics HTTP/1.0\\r\\nHost: x\\r\\n\\r\\n' | socat -T10 -t10 - TCP:{address}"
-    ));
-    if !out.status.success() {
-        bail!(
-            "fetching metrics from {address} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
+    let mut last = String::new();
+    for _ in 0..5 {
+        let out = ns.sh(&format!(
+            "printf 'GET /metrics HTTP/1.0\\r\\nHost: x\\r\\n\\r\\n' | socat -T30 -t30 - TCP:{address}"
+        ));
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let status = text.lines().next().unwrap_or_default();
+        if out.status.success() && status.starts_with("HTTP/1.") && status.contains(" 200") {
+            return Ok(text);
+        }
+        last = format!(
+            "status line {status:?}, socat: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
         );
+        std::thread::sleep(std::time::Duration::from_secs(2));
     }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    bail!("fetching metrics from {address} failed five times; last: {last}")
 }
 
 /// The samples of metric `name`, by their label text (quotes removed: `op=x,result=y`).

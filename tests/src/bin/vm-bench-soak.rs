@@ -369,6 +369,10 @@ fn main() -> anyhow::Result<()> {
     );
     let rss_end = rss_mib(&daemon)?;
     let ops_end = metrics::netlink_ops(&metrics::scrape(&node, METRICS)?);
+    ensure!(
+        !ops_end.is_empty(),
+        "the metrics at the end have no ipvs_proxier_netlink_operations_total samples"
+    );
     let churn_ops = metrics::delta(&ops_start, &ops_end);
     let failed_ops = metrics::failed(&ops_end);
     let syncs = daemon.syncs().len();
