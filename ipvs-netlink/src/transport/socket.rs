@@ -1,0 +1,223 @@
+//! The blocking socket: one request at a time, or many pipelined.
+
+use std::io;
+
+use netlink_packet_core::{NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NetlinkSerializable};
+use netlink_sys::{Socket, SocketAddr};
+
+use super::{End, Reply, push_message, replies};
+
+/// Receive buffer asked for (the kernel doubles it); sized so that the acks of a whole
+/// pipelined chunk and large dump replies never overflow.
+const RCVBUF: usize = 16 * 1024 * 1024;
+/// The user-space buffer one datagram is read into.
+pub(super) const DATAGRAM: usize = 1 << 20;
+/// Most bytes of requests sent in one datagram (below the default 208 KiB send buffer).
+const CHUNK_BYTES: usize = 160 * 1024;
+/// Most requests per datagram, bounding the acks queued at once.
+const CHUNK_REQUESTS: usize = 2048;
+
+/// What became of one request of a [`pipeline`](NetlinkSocket::pipeline).
+#[derive(Debug)]
+pub enum Answer<'a> {
+    /// The kernel acknowledged it.
+    Ack,
+    /// The kernel refused it with this errno (positive).
+    Errno(i32),
+    /// It was never sent: sending its datagram failed.
+    NotSent(&'a io::Error),
+    /// It was sent, but receiving the acknowledgements failed.
+    Unanswered(&'a io::Error),
+}
+
+/// A blocking netlink socket of any protocol, in the network namespace of the thread that
+/// opened it: bound, connected to the kernel, with `NETLINK_CAP_ACK` (acks do not echo the
+/// request), a large receive buffer and a 30 s receive timeout.
+#[derive(Debug)]
+pub struct NetlinkSocket {
+    socket: Socket,
+    sequence: u32,
+    buf: Vec<u8>,
+    out: Vec<u8>,
+}
+
+impl NetlinkSocket {
+    /// Opens a socket of `protocol` (e.g. `netlink_sys::protocols::NETLINK_GENERIC`).
+    pub fn open(protocol: isize) -> io::Result<NetlinkSocket> {
+        let mut socket = Socket::new(protocol)?;
+        configure(&mut socket)?;
+        nix::sys::socket::setsockopt(
+            &socket,
+            nix::sys::socket::sockopt::ReceiveTimeout,
+            &nix::sys::time::TimeVal::new(30, 0),
+        )
+        .map_err(io::Error::from)?;
+        Ok(NetlinkSocket {
+            socket,
+            sequence: 0,
+            buf: Vec::with_capacity(DATAGRAM),
+            out: Vec::new(),
+        })
+    }
+
+    /// The next sequence number (never 0).
+    fn next_sequence(&mut self) -> u32 {
+        self.sequence = self.sequence.wrapping_add(1).max(1);
+        self.sequence
+    }
+
+    fn send_out(&mut self) -> io::Result<()> {
+        let n = self.socket.send(&self.out, 0)?;
+        if n != self.out.len() {
+            return Err(io::Error::other(format!(
+                "short netlink send: {n} of {} bytes",
+                self.out.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Receives one datagram into the internal buffer and returns it.
+    fn recv(&mut self) -> io::Result<&[u8]> {
+        self.buf.clear();
+        self.buf.reserve(DATAGRAM);
+        let n = self.socket.recv(&mut self.buf, 0)?;
+        Ok(&self.buf[..n.min(self.buf.len())])
+    }
+
+    /// Sends one request with `flags` and hands every reply message to `f` until the one
+    /// that ends it. `Ok(Err(errno))`: the kernel refused it.
+    fn exchange<P: NetlinkSerializable>(
+        &mut self,
+        payload: P,
+        flags: u16,
+        mut f: impl FnMut(&Reply<'_>),
+    ) -> io::Result<Result<(), i32>> {
+        let sequence = self.next_sequence();
+        self.out.clear();
+        push_message(&mut self.out, payload, flags, sequence);
+        self.send_out()?;
+        loop {
+            for reply in replies(self.recv()?) {
+                if reply.header.sequence_number != sequence {
+                    continue;
+                }
+                match reply.end() {
+                    End::No => f(&reply),
+                    End::Done => return Ok(Ok(())),
+                    End::Errno(errno) => return Ok(Err(errno)),
+                    End::Overrun => return Err(io::Error::from_raw_os_error(libc::ENOBUFS)),
+                }
+            }
+        }
+    }
+
+    /// Runs a dump (`NLM_F_DUMP`), handing every reply message to `f`. `Ok(Err(errno))`:
+    /// the kernel refused or aborted it.
+    pub fn dump<P: NetlinkSerializable>(
+        &mut self,
+        payload: P,
+        f: impl FnMut(&Reply<'_>),
+    ) -> io::Result<Result<(), i32>> {
+        self.exchange(payload, NLM_F_REQUEST | NLM_F_DUMP, f)
+    }
+
+    /// Sends a request asking for an acknowledgement, handing the messages that come
+    /// before it (e.g. the answer to a `GET`) to `f`. `Ok(Err(errno))`: the kernel
+    /// refused it.
+    pub fn request<P: NetlinkSerializable>(
+        &mut self,
+        payload: P,
+        f: impl FnMut(&Reply<'_>),
+    ) -> io::Result<Result<(), i32>> {
+        self.exchange(payload, NLM_F_REQUEST | NLM_F_ACK, f)
+    }
+
+    /// Sends `requests` with as few `sendmsg` calls as the kernel allows (up to 160 KiB or
+    /// 2,048 requests per datagram), each asking for an acknowledgement, and calls
+    /// `answer` exactly once for every request with its tag, in order within a datagram.
+    /// Requests are pulled from the iterator as they are sent. A datagram that fails to
+    /// send or whose acks cannot be read fails only its own requests.
+    pub fn pipeline<T, P, I>(&mut self, requests: I, mut answer: impl FnMut(T, Answer<'_>))
+    where
+        P: NetlinkSerializable,
+        I: IntoIterator<Item = (T, P)>,
+    {
+        let mut requests = requests.into_iter().peekable();
+        let mut tags: Vec<Option<T>> = Vec::new();
+        while requests.peek().is_some() {
+            self.out.clear();
+            tags.clear();
+            let first = self.sequence.wrapping_add(1).max(1);
+            while self.out.len() < CHUNK_BYTES && tags.len() < CHUNK_REQUESTS {
+                let Some((tag, payload)) = requests.next() else {
+                    break;
+                };
+                // Sequence numbers of a chunk are consecutive, so that an ack maps back
+                // to its request by subtraction (wrapping).
+                let sequence = first.wrapping_add(tags.len() as u32);
+                self.sequence = sequence;
+                push_message(&mut self.out, payload, NLM_F_REQUEST | NLM_F_ACK, sequence);
+                tags.push(Some(tag));
+            }
+            if let Err(e) = self.send_out() {
+                for tag in tags.drain(..).flatten() {
+                    answer(tag, Answer::NotSent(&e));
+                }
+                continue;
+            }
+            let mut pending = tags.len();
+            while pending > 0 {
+                let datagram = match self.socket.recv(
+                    {
+                        self.buf.clear();
+                        self.buf.reserve(DATAGRAM);
+                        &mut self.buf
+                    },
+                    0,
+                ) {
+                    Ok(n) => &self.buf[..n.min(self.buf.len())],
+                    Err(e) => {
+                        for tag in tags.drain(..).flatten() {
+                            answer(tag, Answer::Unanswered(&e));
+                        }
+                        break;
+                    }
+                };
+                for reply in replies(datagram) {
+                    let Some(result) = reply.ack() else {
+                        continue;
+                    };
+                    let k = reply.header.sequence_number.wrapping_sub(first) as usize;
+                    let Some(tag) = tags.get_mut(k).and_then(Option::take) else {
+                        continue;
+                    };
+                    pending -= 1;
+                    match result {
+                        Ok(()) => answer(tag, Answer::Ack),
+                        Err(errno) => answer(tag, Answer::Errno(errno)),
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Binds and connects a new socket to the kernel, asks for small acks (no echo of the
+/// request payload; best effort) and raises its receive buffer.
+pub(super) fn configure(socket: &mut Socket) -> io::Result<()> {
+    socket.bind_auto()?;
+    socket.connect(&SocketAddr::new(0, 0))?;
+    let _ = socket.set_cap_ack(true);
+    tune_rcvbuf(socket);
+    Ok(())
+}
+
+/// Raises a socket's receive buffer: `SO_RCVBUFFORCE` when privileged, else `SO_RCVBUF`.
+fn tune_rcvbuf(socket: &Socket) {
+    let forced =
+        nix::sys::socket::setsockopt(socket, nix::sys::socket::sockopt::RcvBufForce, &RCVBUF);
+    if forced.is_err() {
+        let _ = socket.set_rx_buf_sz(RCVBUF);
+    }
+}

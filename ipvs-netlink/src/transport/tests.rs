@@ -1,0 +1,110 @@
+use netlink_packet_core::{NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST};
+
+use super::*;
+
+/// A payload of fixed bytes with a fixed message type.
+#[derive(Debug)]
+struct Bytes(u16, &'static [u8]);
+
+impl NetlinkSerializable for Bytes {
+    fn message_type(&self) -> u16 {
+        self.0
+    }
+
+    fn buffer_len(&self) -> usize {
+        self.1.len()
+    }
+
+    fn serialize(&self, buffer: &mut [u8]) {
+        buffer.copy_from_slice(self.1);
+    }
+}
+
+#[test]
+fn request_header_layout() {
+    // A genl request: nlmsghdr (len 20, type 0x1c, flags REQUEST|ACK, seq 7, port 0), then
+    // genlmsghdr (cmd 17, version 1).
+    let bytes = encode(Bytes(0x1c, &[17, 1, 0, 0]), NLM_F_REQUEST | NLM_F_ACK, 7);
+    let expected: [u8; 20] = [
+        20, 0, 0, 0, 0x1c, 0, 5, 0, 7, 0, 0, 0, 0, 0, 0, 0, 17, 1, 0, 0,
+    ];
+    assert_eq!(bytes, expected);
+}
+
+#[test]
+fn messages_are_padded_to_four_bytes_in_a_datagram() {
+    let mut buf = Vec::new();
+    push_message(&mut buf, Bytes(0x20, &[1, 2, 3, 4, 5]), NLM_F_REQUEST, 1);
+    push_message(&mut buf, Bytes(0x21, &[9]), NLM_F_REQUEST | NLM_F_DUMP, 2);
+    // 16 + 5 = 21, padded to 24; the header keeps the unpadded length.
+    assert_eq!(buf.len(), 24 + 20);
+    assert_eq!(buf[0], 21);
+    let parsed: Vec<_> = replies(&buf).collect();
+    assert_eq!(parsed.len(), 2);
+    assert_eq!(parsed[0].payload, &[1, 2, 3, 4, 5]);
+    assert_eq!(parsed[1].header.message_type, 0x21);
+    assert_eq!(parsed[1].header.flags, NLM_F_REQUEST | NLM_F_DUMP);
+    assert_eq!(parsed[1].header.sequence_number, 2);
+    assert_eq!(parsed[1].payload, &[9]);
+}
+
+/// An `NLMSG_ERROR` for `sequence` with `code` (capped: the echoed header only).
+fn error_message(sequence: u32, code: i32) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    bytes.extend_from_slice(&36u32.to_ne_bytes());
+    bytes.extend_from_slice(&NLMSG_ERROR.to_ne_bytes());
+    bytes.extend_from_slice(&0x100u16.to_ne_bytes()); // NLM_F_CAPPED
+    bytes.extend_from_slice(&sequence.to_ne_bytes());
+    bytes.extend_from_slice(&0u32.to_ne_bytes());
+    bytes.extend_from_slice(&code.to_ne_bytes());
+    // The echoed request header.
+    bytes.extend_from_slice(&[20, 0, 0, 0, 0x1c, 0, 5, 0]);
+    bytes.extend_from_slice(&sequence.to_ne_bytes());
+    bytes.extend_from_slice(&[0; 4]);
+    bytes
+}
+
+#[test]
+fn acks_errors_and_dump_ends_are_read() {
+    let mut datagram = error_message(42, -libc::ESRCH);
+    datagram.extend(error_message(43, 0));
+    // NLMSG_DONE of a dump that failed with EINTR, then a plain one.
+    for code in [-libc::EINTR, 0] {
+        datagram.extend_from_slice(&20u32.to_ne_bytes());
+        datagram.extend_from_slice(&NLMSG_DONE.to_ne_bytes());
+        datagram.extend_from_slice(&[2, 0, 44, 0, 0, 0, 0, 0, 0, 0]);
+        datagram.extend_from_slice(&code.to_ne_bytes());
+    }
+    let parsed: Vec<_> = replies(&datagram).collect();
+    assert_eq!(parsed.len(), 4);
+    assert_eq!(parsed[0].header.sequence_number, 42);
+    assert_eq!(parsed[0].ack(), Some(Err(libc::ESRCH)));
+    assert_eq!(parsed[0].end(), End::Errno(libc::ESRCH));
+    assert_eq!(parsed[1].ack(), Some(Ok(())));
+    assert_eq!(parsed[1].end(), End::Done);
+    assert_eq!(parsed[2].ack(), None);
+    assert_eq!(parsed[2].end(), End::Errno(libc::EINTR));
+    assert_eq!(parsed[3].end(), End::Done);
+}
+
+#[test]
+fn splitting_stops_at_garbage() {
+    assert_eq!(replies(&[0xff; 40]).count(), 0);
+    assert_eq!(replies(&[0; 8]).count(), 0);
+    // A good message, then a header claiming more bytes than there are.
+    let mut datagram = error_message(1, 0);
+    datagram.extend_from_slice(&[0xff, 0, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0]);
+    assert_eq!(replies(&datagram).count(), 1);
+}
+
+#[test]
+fn family_request_layout() {
+    let bytes = encode(GetFamily("IPVS"), NLM_F_REQUEST | NLM_F_ACK, 3);
+    // nlmsghdr, genlmsghdr (GETFAMILY, v1), CTRL_ATTR_FAMILY_NAME "IPVS\0" (len 9, padded).
+    let expected: [u8; 32] = [
+        32, 0, 0, 0, 0x10, 0, 5, 0, 3, 0, 0, 0, 0, 0, 0, 0, //
+        3, 1, 0, 0, //
+        9, 0, 2, 0, b'I', b'P', b'V', b'S', 0, 0, 0, 0,
+    ];
+    assert_eq!(bytes, expected);
+}
