@@ -314,7 +314,9 @@ impl KernelConntrack {
                         },
                     },
                 };
-                failure.get_or_insert(error);
+                if failure.is_none() {
+                    failure = Some(error);
+                }
             },
         );
         match failure {

@@ -1,17 +1,24 @@
 //! The blocking socket: one request at a time, or many pipelined.
 
-use std::io;
+use std::io::{self, IoSliceMut};
+use std::os::fd::AsRawFd;
 
 use netlink_packet_core::{NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NetlinkSerializable};
 use netlink_sys::{Socket, SocketAddr};
+use nix::sys::socket::{MsgFlags, MultiHeaders, recvmmsg};
 
 use super::{End, Reply, push_message, replies};
 
 /// Receive buffer asked for (the kernel doubles it); sized so that the acks of a whole
 /// pipelined chunk and large dump replies never overflow.
 const RCVBUF: usize = 16 * 1024 * 1024;
-/// The user-space buffer one datagram is read into.
+/// The user-space buffer the async connection reads one datagram into.
 pub(super) const DATAGRAM: usize = 1 << 20;
+/// The buffer for one datagram of a `recvmmsg`: the kernel makes dump datagrams of at most
+/// 32 KiB (the largest receive buffer it sizes them to), acks are far smaller.
+const SLOT: usize = 32 * 1024;
+/// Datagrams taken by one `recvmmsg`.
+const SLOTS: usize = 32;
 /// Most bytes of requests sent in one datagram (below the default 208 KiB send buffer).
 const CHUNK_BYTES: usize = 160 * 1024;
 /// Most requests per datagram, bounding the acks queued at once.
@@ -37,8 +44,71 @@ pub enum Answer<'a> {
 pub struct NetlinkSocket {
     socket: Socket,
     sequence: u32,
-    buf: Vec<u8>,
+    inbox: Inbox,
     out: Vec<u8>,
+}
+
+/// The datagrams one `recvmmsg` took.
+struct Inbox {
+    /// [`SLOTS`] buffers of [`SLOT`] bytes.
+    buf: Vec<u8>,
+    /// The length of each datagram received, in order.
+    lens: Vec<usize>,
+}
+
+impl std::fmt::Debug for Inbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inbox").field("lens", &self.lens).finish()
+    }
+}
+
+impl Inbox {
+    fn new() -> Inbox {
+        Inbox {
+            buf: vec![0; SLOT * SLOTS],
+            lens: Vec::with_capacity(SLOTS),
+        }
+    }
+
+    /// Waits for a datagram, then takes every one already queued (up to [`SLOTS`]) in the
+    /// same `recvmmsg` (`MSG_WAITFORONE`). Each datagram the kernel hands out lets it
+    /// queue the next part of a dump (or its `NLMSG_DONE`) before the next one is taken,
+    /// so a dump of a few parts, or the acks of many pipelined requests, arrive in one
+    /// system call instead of one each.
+    fn fill(&mut self, socket: &Socket) -> io::Result<()> {
+        self.lens.clear();
+        let mut headers = MultiHeaders::<()>::preallocate(SLOTS, None);
+        let mut slots: Vec<[IoSliceMut<'_>; 1]> = self
+            .buf
+            .chunks_mut(SLOT)
+            .map(|slot| [IoSliceMut::new(slot)])
+            .collect();
+        let received = recvmmsg(
+            socket.as_raw_fd(),
+            &mut headers,
+            slots.iter_mut(),
+            MsgFlags::MSG_WAITFORONE,
+            None,
+        )
+        .map_err(io::Error::from)?;
+        for datagram in received {
+            if datagram.flags.contains(MsgFlags::MSG_TRUNC) {
+                return Err(io::Error::other(format!(
+                    "netlink datagram larger than {SLOT} bytes"
+                )));
+            }
+            self.lens.push(datagram.bytes.min(SLOT));
+        }
+        Ok(())
+    }
+
+    /// The datagrams taken by the last [`fill`](Inbox::fill).
+    fn datagrams(&self) -> impl Iterator<Item = &[u8]> {
+        self.lens
+            .iter()
+            .enumerate()
+            .map(|(i, &len)| &self.buf[i * SLOT..i * SLOT + len])
+    }
 }
 
 impl NetlinkSocket {
@@ -55,7 +125,7 @@ impl NetlinkSocket {
         Ok(NetlinkSocket {
             socket,
             sequence: 0,
-            buf: Vec::with_capacity(DATAGRAM),
+            inbox: Inbox::new(),
             out: Vec::new(),
         })
     }
@@ -77,14 +147,6 @@ impl NetlinkSocket {
         Ok(())
     }
 
-    /// Receives one datagram into the internal buffer and returns it.
-    fn recv(&mut self) -> io::Result<&[u8]> {
-        self.buf.clear();
-        self.buf.reserve(DATAGRAM);
-        let n = self.socket.recv(&mut self.buf, 0)?;
-        Ok(&self.buf[..n.min(self.buf.len())])
-    }
-
     /// Sends one request with `flags` and hands every reply message to `f` until the one
     /// that ends it. `Ok(Err(errno))`: the kernel refused it.
     fn exchange<P: NetlinkSerializable>(
@@ -98,7 +160,8 @@ impl NetlinkSocket {
         push_message(&mut self.out, payload, flags, sequence);
         self.send_out()?;
         loop {
-            for reply in replies(self.recv()?) {
+            self.inbox.fill(&self.socket)?;
+            for reply in self.inbox.datagrams().flat_map(replies) {
                 if reply.header.sequence_number != sequence {
                     continue;
                 }
@@ -168,23 +231,13 @@ impl NetlinkSocket {
             }
             let mut pending = tags.len();
             while pending > 0 {
-                let datagram = match self.socket.recv(
-                    {
-                        self.buf.clear();
-                        self.buf.reserve(DATAGRAM);
-                        &mut self.buf
-                    },
-                    0,
-                ) {
-                    Ok(n) => &self.buf[..n.min(self.buf.len())],
-                    Err(e) => {
-                        for tag in tags.drain(..).flatten() {
-                            answer(tag, Answer::Unanswered(&e));
-                        }
-                        break;
+                if let Err(e) = self.inbox.fill(&self.socket) {
+                    for tag in tags.drain(..).flatten() {
+                        answer(tag, Answer::Unanswered(&e));
                     }
-                };
-                for reply in replies(datagram) {
+                    break;
+                }
+                for reply in self.inbox.datagrams().flat_map(replies) {
                     let Some(result) = reply.ack() else {
                         continue;
                     };
