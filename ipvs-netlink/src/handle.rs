@@ -124,6 +124,7 @@ impl std::fmt::Debug for IpvsHandle {
         f.debug_struct("IpvsHandle")
             .field("family", &self.inner.family)
             .field("in_netns", &self.inner.netns.is_some())
+            .field("connection", &format_args!("{}", self.inner.conn.counts()))
             .finish()
     }
 }
@@ -480,10 +481,22 @@ impl IpvsHandle {
 
     /// Stops the sync daemon of that state (`DEL_DAEMON`); [`Error::SyncDaemonNotFound`]
     /// if none runs.
+    ///
+    /// A daemon stopped right after it was started may not have run yet: the kernel then
+    /// stops and frees it all the same but answers `-EINTR` (what stopping a kernel thread
+    /// that never ran returns), and netlink sends no reply for that errno. The request is
+    /// still answered (see the transport's barrier), and that answer means stopped.
     pub async fn stop_sync_daemon(&self, state: SyncState) -> Result<(), Error> {
         let msg = IpvsMessage::del_daemon(state);
-        self.ack(Operation::StopSyncDaemon, &Object::SyncDaemon(state), msg)
+        match self
+            .ack(Operation::StopSyncDaemon, &Object::SyncDaemon(state), msg)
             .await
+        {
+            Err(Error::Kernel {
+                errno: libc::EINTR, ..
+            }) => Ok(()),
+            other => other,
+        }
     }
 
     /// The running sync daemons (`GET_DAEMON` dump), with every parameter the kernel uses.

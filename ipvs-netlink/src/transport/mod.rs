@@ -13,16 +13,29 @@
 //!   turn and acknowledges each, continuing after errors).
 //! - [`NetlinkSocket::dump`] and [`NetlinkSocket::request`]: one request and its replies.
 //! - [`resolve_family`]: a generic-netlink family id by name.
+//!
+//! **Requests the kernel does not answer.** The kernel acknowledges a request unless its
+//! handler returns `-EINTR`, which netlink reserves for "a dump was started" (the dump's
+//! own messages follow). A handler that returns `-EINTR` for any other reason gets no
+//! reply at all: IPVS's `DEL_DAEMON` does when the sync thread it stops had not run yet
+//! (`kthread_stop` of a thread that never started says `-EINTR`), which happens when the
+//! daemon is stopped right after it was started. So every request that is not a dump is
+//! sent with a [`Barrier`] behind it in the same datagram: the kernel handles the messages
+//! of a datagram in order, synchronously, and queues each one's replies before it handles
+//! the next, so once the barrier is acknowledged, a request still without its end will
+//! never get one; it ends with `EINTR`, the only errno the kernel swallows.
 
 mod connection;
 mod socket;
 
 use netlink_packet_core::{
-    ErrorBuffer, NLMSG_DONE, NLMSG_ERROR, NLMSG_OVERRUN, NetlinkBuffer, NetlinkHeader,
-    NetlinkMessage, NetlinkPayload, NetlinkSerializable, Parseable,
+    ErrorBuffer, NLM_F_ACK, NLM_F_DUMP, NLMSG_DONE, NLMSG_ERROR, NLMSG_NOOP, NLMSG_OVERRUN,
+    NetlinkBuffer, NetlinkHeader, NetlinkMessage, NetlinkPayload, NetlinkSerializable, Parseable,
 };
 
 pub(crate) use connection::{Connection, ConnectionHandle, Part};
+#[cfg(test)]
+use connection::{Counts, InFlight};
 pub use socket::{Answer, NetlinkSocket};
 
 /// `struct nlmsghdr` size.
@@ -62,6 +75,31 @@ pub(crate) fn push_message<P: NetlinkSerializable>(
     // Messages are 4-aligned in a datagram.
     buf.resize(at + ((len + 3) & !3), 0);
     message.serialize(&mut buf[at..at + len]);
+}
+
+/// An `NLMSG_NOOP` asking for an acknowledgement, sent right behind a request in the same
+/// datagram: its acknowledgement comes after every reply of the request, or proves that
+/// the request will get none (see the module documentation).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Barrier;
+
+impl NetlinkSerializable for Barrier {
+    fn message_type(&self) -> u16 {
+        NLMSG_NOOP
+    }
+
+    fn buffer_len(&self) -> usize {
+        0
+    }
+
+    fn serialize(&self, _buffer: &mut [u8]) {}
+}
+
+/// Whether a request with these flags needs a [`Barrier`] behind it: it asks for an
+/// acknowledgement and is not a dump (a dump's start is the kernel's own `-EINTR`; its
+/// messages come after the barrier's acknowledgement).
+pub(crate) fn needs_barrier(flags: u16) -> bool {
+    flags & NLM_F_ACK != 0 && flags & NLM_F_DUMP != NLM_F_DUMP
 }
 
 /// One message of a datagram the kernel sent.

@@ -7,7 +7,7 @@ use netlink_packet_core::{NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NetlinkSerializa
 use netlink_sys::{Socket, SocketAddr};
 use nix::sys::socket::{MsgFlags, MultiHeaders, recvmmsg};
 
-use super::{End, Reply, push_message, replies};
+use super::{Barrier, End, Reply, needs_barrier, push_message, replies};
 
 /// Receive buffer asked for (the kernel doubles it); sized so that the acks of a whole
 /// pipelined chunk and large dump replies never overflow.
@@ -29,7 +29,8 @@ const CHUNK_REQUESTS: usize = 2048;
 pub enum Answer<'a> {
     /// The kernel acknowledged it.
     Ack,
-    /// The kernel refused it with this errno (positive).
+    /// The kernel refused it with this errno (positive); `EINTR` when it sent no
+    /// acknowledgement at all (see [the module documentation](super)).
     Errno(i32),
     /// It was never sent: sending its datagram failed.
     NotSent(&'a io::Error),
@@ -148,7 +149,8 @@ impl NetlinkSocket {
     }
 
     /// Sends one request with `flags` and hands every reply message to `f` until the one
-    /// that ends it. `Ok(Err(errno))`: the kernel refused it.
+    /// that ends it. `Ok(Err(errno))`: the kernel refused it (`EINTR`: it sent no reply;
+    /// a request that is not a dump goes with a [`Barrier`] that shows it).
     fn exchange<P: NetlinkSerializable>(
         &mut self,
         payload: P,
@@ -158,18 +160,35 @@ impl NetlinkSocket {
         let sequence = self.next_sequence();
         self.out.clear();
         push_message(&mut self.out, payload, flags, sequence);
+        let barrier = needs_barrier(flags).then(|| {
+            let barrier = self.next_sequence();
+            push_message(&mut self.out, Barrier, NLM_F_REQUEST | NLM_F_ACK, barrier);
+            barrier
+        });
         self.send_out()?;
+        let mut result = None;
         loop {
             self.inbox.fill(&self.socket)?;
             for reply in self.inbox.datagrams().flat_map(replies) {
-                if reply.header.sequence_number != sequence {
+                let end = reply.end();
+                if Some(reply.header.sequence_number) == barrier {
+                    if end != End::No {
+                        // Every reply of the request came before this one.
+                        return Ok(result.unwrap_or(Err(libc::EINTR)));
+                    }
                     continue;
                 }
-                match reply.end() {
+                if reply.header.sequence_number != sequence || result.is_some() {
+                    continue;
+                }
+                match end {
                     End::No => f(&reply),
-                    End::Done => return Ok(Ok(())),
-                    End::Errno(errno) => return Ok(Err(errno)),
+                    End::Done => result = Some(Ok(())),
+                    End::Errno(errno) => result = Some(Err(errno)),
                     End::Overrun => return Err(io::Error::from_raw_os_error(libc::ENOBUFS)),
+                }
+                if let (None, Some(result)) = (barrier, result) {
+                    return Ok(result);
                 }
             }
         }
@@ -199,6 +218,8 @@ impl NetlinkSocket {
     /// Sends `requests` with as few `sendmsg` calls as the kernel allows (up to 160 KiB or
     /// 2,048 requests per datagram), each asking for an acknowledgement, and calls
     /// `answer` exactly once for every request with its tag, in order within a datagram.
+    /// Each datagram ends with a [`Barrier`]: a request the kernel sent no acknowledgement
+    /// for is answered `Errno(EINTR)` once the barrier's comes, after the datagram's others.
     /// Requests are pulled from the iterator as they are sent. A datagram that fails to
     /// send or whose acks cannot be read fails only its own requests.
     pub fn pipeline<T, P, I>(&mut self, requests: I, mut answer: impl FnMut(T, Answer<'_>))
@@ -223,6 +244,11 @@ impl NetlinkSocket {
                 push_message(&mut self.out, payload, NLM_F_REQUEST | NLM_F_ACK, sequence);
                 tags.push(Some(tag));
             }
+            // The barrier's sequence number follows the chunk's.
+            let barrier_index = tags.len();
+            let barrier = first.wrapping_add(barrier_index as u32);
+            self.sequence = barrier;
+            push_message(&mut self.out, Barrier, NLM_F_REQUEST | NLM_F_ACK, barrier);
             if let Err(e) = self.send_out() {
                 for tag in tags.drain(..).flatten() {
                     answer(tag, Answer::NotSent(&e));
@@ -242,6 +268,14 @@ impl NetlinkSocket {
                         continue;
                     };
                     let k = reply.header.sequence_number.wrapping_sub(first) as usize;
+                    if k == barrier_index {
+                        // The barrier: every acknowledgement of the chunk came before it.
+                        for tag in tags.iter_mut().filter_map(Option::take) {
+                            answer(tag, Answer::Errno(libc::EINTR));
+                        }
+                        pending = 0;
+                        continue;
+                    }
                     let Some(tag) = tags.get_mut(k).and_then(Option::take) else {
                         continue;
                     };

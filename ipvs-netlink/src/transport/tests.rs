@@ -87,6 +87,110 @@ fn acks_errors_and_dump_ends_are_read() {
     assert_eq!(parsed[3].end(), End::Done);
 }
 
+/// A generic-netlink data message (the controller's type, a 4-byte genl header) for
+/// `sequence`.
+fn data_message(sequence: u32) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    bytes.extend_from_slice(&20u32.to_ne_bytes());
+    bytes.extend_from_slice(&GENL_ID_CTRL.to_ne_bytes());
+    bytes.extend_from_slice(&0u16.to_ne_bytes());
+    bytes.extend_from_slice(&sequence.to_ne_bytes());
+    bytes.extend_from_slice(&0u32.to_ne_bytes());
+    bytes.extend_from_slice(&[1, 2, 0, 0]);
+    bytes
+}
+
+/// Everything a request's channel holds now, and whether its sender is gone.
+fn drained(rx: &mut tokio::sync::mpsc::UnboundedReceiver<Part>) -> (Vec<String>, bool) {
+    let mut parts = Vec::new();
+    loop {
+        match rx.try_recv() {
+            Ok(part) => parts.push(match part {
+                Part::Data(payload) => format!("data {payload:?}"),
+                Part::Done => "done".to_owned(),
+                Part::Errno(errno) => format!("errno {errno}"),
+                Part::Failed(e) => format!("failed {e}"),
+            }),
+            Err(tokio::sync::mpsc::error::TryRecvError::Empty) => return (parts, false),
+            Err(tokio::sync::mpsc::error::TryRecvError::Disconnected) => return (parts, true),
+        }
+    }
+}
+
+#[test]
+fn needs_barrier_for_acknowledged_requests_that_are_not_dumps() {
+    assert!(needs_barrier(NLM_F_REQUEST | NLM_F_ACK));
+    assert!(!needs_barrier(NLM_F_REQUEST | NLM_F_DUMP));
+    assert!(!needs_barrier(NLM_F_REQUEST | NLM_F_ACK | NLM_F_DUMP));
+    assert!(!needs_barrier(NLM_F_REQUEST));
+    // A barrier is a bare header: NLMSG_NOOP, asking for an ack.
+    let bytes = encode(Barrier, NLM_F_REQUEST | NLM_F_ACK, 9);
+    let expected: [u8; 16] = [16, 0, 0, 0, 1, 0, 5, 0, 9, 0, 0, 0, 0, 0, 0, 0];
+    assert_eq!(bytes, expected);
+}
+
+/// The kernel sends no reply for a request whose handler returned -EINTR (IPVS's
+/// DEL_DAEMON of a sync thread that never ran): the acknowledgement of the barrier behind
+/// it ends it with EINTR instead of leaving its caller waiting forever.
+#[test]
+fn a_request_the_kernel_never_answers_is_ended_by_its_barrier() {
+    let counts = std::sync::Arc::new(Counts::default());
+    let mut in_flight = InFlight::new(counts.clone());
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    in_flight.sent(5, Some(6), tx);
+    assert!(in_flight.route(&error_message(6, 0)));
+    assert_eq!(drained(&mut rx), (vec!["errno 4".to_owned()], true));
+    assert!(in_flight.is_empty());
+    assert!(counts.to_string().contains("ended 1 "), "{counts}");
+    assert!(
+        counts.to_string().contains("unanswered requests 1"),
+        "{counts}"
+    );
+}
+
+#[test]
+fn barriers_leave_answered_requests_alone() {
+    let counts = std::sync::Arc::new(Counts::default());
+    let mut in_flight = InFlight::new(counts.clone());
+    // Request 7: an answer, its ack and the barrier's ack in one datagram.
+    let (tx7, mut rx7) = tokio::sync::mpsc::unbounded_channel();
+    in_flight.sent(7, Some(8), tx7);
+    // Request 9: refused; the barrier's ack comes in a later datagram.
+    let (tx9, mut rx9) = tokio::sync::mpsc::unbounded_channel();
+    in_flight.sent(9, Some(10), tx9);
+    // Request 11: a dump, no barrier; its data comes after the others' acks.
+    let (tx11, mut rx11) = tokio::sync::mpsc::unbounded_channel();
+    in_flight.sent(11, None, tx11);
+    let mut datagram = data_message(7);
+    datagram.extend(error_message(7, 0));
+    datagram.extend(error_message(8, 0));
+    datagram.extend(error_message(9, -libc::ENOENT));
+    assert!(in_flight.route(&datagram));
+    assert!(in_flight.route(&error_message(10, 0)));
+    assert!(in_flight.route(&data_message(11)));
+    assert_eq!(
+        drained(&mut rx7),
+        (
+            vec!["data [1, 2, 0, 0]".to_owned(), "done".to_owned()],
+            true
+        )
+    );
+    assert_eq!(drained(&mut rx9), (vec!["errno 2".to_owned()], true));
+    assert_eq!(
+        drained(&mut rx11),
+        (vec!["data [1, 2, 0, 0]".to_owned()], false)
+    );
+    let text = counts.to_string();
+    assert!(text.contains("ended 2 "), "{text}");
+    assert!(
+        text.contains("unmatched replies 0, unanswered requests 0"),
+        "{text}"
+    );
+    // A reply nobody waits for is counted, not routed.
+    assert!(in_flight.route(&error_message(7, 0)));
+    assert!(counts.to_string().contains("unmatched replies 1"));
+}
+
 #[test]
 fn splitting_stops_at_garbage() {
     assert_eq!(replies(&[0xff; 40]).count(), 0);
@@ -173,6 +277,69 @@ mod generic_netlink_controller {
                 .expect("answered")
                 .is_some()
         );
+    }
+
+    /// All parts of one request on the async connection, up to its end.
+    async fn parts(mut rx: tokio::sync::mpsc::UnboundedReceiver<Part>) -> Vec<Part> {
+        let mut parts = Vec::new();
+        while let Some(part) = rx.recv().await {
+            let end = !matches!(part, Part::Data(_));
+            parts.push(part);
+            if end {
+                break;
+            }
+        }
+        parts
+    }
+
+    #[test]
+    fn the_connection_answers_requests_and_dumps_with_barriers_in_between() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            let (connection, handle) = Connection::open(NETLINK_GENERIC).expect("connection");
+            let task = tokio::spawn(connection.run());
+            let acked = NLM_F_REQUEST | NLM_F_ACK;
+            // Queued together: each non-dump request has a barrier behind it, the dump none.
+            let found = handle.request(GetFamily("nlctrl"), acked).expect("queued");
+            let missing = handle
+                .request(GetFamily("no-such-family"), acked)
+                .expect("queued");
+            let dump = handle
+                .request(AllFamilies, NLM_F_REQUEST | NLM_F_DUMP)
+                .expect("queued");
+            let again = handle.request(GetFamily("nlctrl"), acked).expect("queued");
+            let found = parts(found).await;
+            assert!(
+                matches!(found.as_slice(), [Part::Data(_), Part::Done]),
+                "{found:?}"
+            );
+            let missing = parts(missing).await;
+            assert!(
+                matches!(missing.as_slice(), [Part::Errno(libc::ENOENT)]),
+                "{missing:?}"
+            );
+            let dump = parts(dump).await;
+            assert!(dump.len() > 1, "{dump:?}");
+            assert!(matches!(dump.last(), Some(Part::Done)), "{dump:?}");
+            let again = parts(again).await;
+            assert!(
+                matches!(again.as_slice(), [Part::Data(_), Part::Done]),
+                "{again:?}"
+            );
+            let counts = handle.counts().to_string();
+            assert!(counts.contains("queued 4,"), "{counts}");
+            assert!(counts.contains("ended 4 "), "{counts}");
+            assert!(
+                counts.contains("unmatched replies 0, unanswered requests 0"),
+                "{counts}"
+            );
+            drop(handle);
+            task.await
+                .expect("the connection ends once its handles are gone");
+        });
     }
 
     #[test]
