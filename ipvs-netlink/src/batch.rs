@@ -7,14 +7,10 @@
 
 use crate::destination::{Destination, DestinationKey};
 use crate::error::{Error, Object, Operation};
+use crate::message;
 use crate::message::{EncodeError, IpvsMessage};
 use crate::service::{Service, ServiceKey};
-use crate::transport::{NLM_F_ACK, NLM_F_REQUEST, SyncSocket, encode_ipvs, parse_messages};
-
-/// Most bytes of requests sent in one datagram (below the default 208 KiB send buffer).
-const CHUNK_BYTES: usize = 160 * 1024;
-/// Most requests per datagram, bounding the acks queued at once.
-const CHUNK_OPS: usize = 2048;
+use crate::transport::{Answer, NetlinkSocket};
 
 /// One change in a [`batch`](crate::IpvsHandle::batch).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -98,37 +94,37 @@ pub(crate) fn one_per_op(
     results
 }
 
-/// Runs `ops` on a blocking socket. Returns one result per op, in order.
-pub(crate) fn run(socket: &mut SyncSocket, family: u16, ops: &[Op]) -> Vec<Result<(), Error>> {
+/// Runs `ops` on a blocking socket, pipelined. Returns one result per op, in order.
+pub(crate) fn run(socket: &mut NetlinkSocket, family: u16, ops: &[Op]) -> Vec<Result<(), Error>> {
     let mut results: Vec<Option<Result<(), Error>>> = (0..ops.len()).map(|_| None).collect();
-    let mut buf = Vec::with_capacity(CHUNK_BYTES + 4096);
-    // Indices of the ops in the current chunk; op k of the chunk has seq `first_seq + k`.
-    let mut chunk: Vec<usize> = Vec::with_capacity(CHUNK_OPS);
-    let mut first_seq = 0u32;
-    for (i, op) in ops.iter().enumerate() {
-        let msg = match op.encode() {
-            Ok(m) => m,
+    let mut refused = Vec::new();
+    let requests = ops
+        .iter()
+        .enumerate()
+        .filter_map(|(i, op)| match op.encode() {
+            Ok(msg) => Some((i, message::genl(family, msg))),
             Err(e) => {
-                results[i] = Some(Err(Error::from_encode(op.operation(), &op.object(), e)));
-                continue;
+                refused.push((i, Error::from_encode(op.operation(), &op.object(), e)));
+                None
             }
-        };
-        if chunk.is_empty() {
-            first_seq = socket.next_seq();
-        } else {
-            socket.next_seq();
-        }
-        let seq = first_seq.wrapping_add(chunk.len() as u32);
-        encode_ipvs(&mut buf, family, NLM_F_REQUEST | NLM_F_ACK, seq, &msg);
-        chunk.push(i);
-        if buf.len() >= CHUNK_BYTES || chunk.len() >= CHUNK_OPS {
-            flush_chunk(socket, ops, &buf, &chunk, first_seq, &mut results);
-            buf.clear();
-            chunk.clear();
-        }
-    }
-    if !chunk.is_empty() {
-        flush_chunk(socket, ops, &buf, &chunk, first_seq, &mut results);
+        });
+    socket.pipeline(requests, |i, answer| {
+        let op = &ops[i];
+        results[i] = Some(match answer {
+            Answer::Ack => Ok(()),
+            Answer::Errno(errno) => Err(Error::from_errno(op.operation(), &op.object(), errno)),
+            Answer::NotSent(e) => Err(match e.raw_os_error() {
+                Some(errno) => Error::from_errno(op.operation(), &op.object(), errno),
+                None => Error::io(op.operation(), std::io::Error::other(e.to_string())),
+            }),
+            Answer::Unanswered(e) => Err(Error::io(
+                op.operation(),
+                std::io::Error::other(format!("waiting for acknowledgements: {e}")),
+            )),
+        });
+    });
+    for (i, e) in refused {
+        results[i] = Some(Err(e));
     }
     results
         .into_iter()
@@ -142,65 +138,6 @@ pub(crate) fn run(socket: &mut SyncSocket, family: u16, ops: &[Op]) -> Vec<Resul
             })
         })
         .collect()
-}
-
-fn flush_chunk(
-    socket: &mut SyncSocket,
-    ops: &[Op],
-    buf: &[u8],
-    chunk: &[usize],
-    first_seq: u32,
-    results: &mut [Option<Result<(), Error>>],
-) {
-    if let Err(e) = socket.send(buf) {
-        let errno = e.raw_os_error();
-        for &i in chunk {
-            results[i] = Some(Err(match errno {
-                Some(n) => Error::from_errno(ops[i].operation(), &ops[i].object(), n),
-                None => Error::io(ops[i].operation(), std::io::Error::other(e.to_string())),
-            }));
-        }
-        return;
-    }
-    let mut pending = chunk.len();
-    while pending > 0 {
-        let data = match socket.recv() {
-            Ok(d) => d,
-            Err(e) => {
-                for &i in chunk {
-                    if results[i].is_none() {
-                        results[i] = Some(Err(Error::io(
-                            ops[i].operation(),
-                            std::io::Error::other(format!("waiting for acknowledgements: {e}")),
-                        )));
-                    }
-                }
-                return;
-            }
-        };
-        for m in parse_messages(data) {
-            let Some((code, seq)) = m.error_code() else {
-                continue;
-            };
-            let k = seq.wrapping_sub(first_seq) as usize;
-            let Some(&i) = chunk.get(k) else {
-                continue;
-            };
-            if results[i].is_some() {
-                continue;
-            }
-            results[i] = Some(if code == 0 {
-                Ok(())
-            } else {
-                Err(Error::from_errno(
-                    ops[i].operation(),
-                    &ops[i].object(),
-                    code.saturating_neg(),
-                ))
-            });
-            pending -= 1;
-        }
-    }
 }
 
 #[cfg(test)]

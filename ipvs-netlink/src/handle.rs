@@ -1,16 +1,13 @@
 //! The async handle.
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use futures::stream::{self, BoxStream, StreamExt};
-use netlink_packet_core::{NetlinkMessage, NetlinkPayload};
-use netlink_packet_generic::GenlMessage;
-use netlink_proto::ConnectionHandle;
-use netlink_proto::sys::{AsyncSocket, SocketAddr, TokioSocket, protocols::NETLINK_GENERIC};
+use netlink_packet_core::{NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST};
+use netlink_sys::protocols::NETLINK_GENERIC;
+use tokio::sync::mpsc;
 
 use crate::batch::{self, Op};
 use crate::destination::{Destination, DestinationEntry, DestinationKey};
@@ -19,10 +16,9 @@ use crate::message::{self, IpvsMessage, WireError};
 use crate::netns::{self, NetnsTarget};
 use crate::service::{Service, ServiceEntry, ServiceKey};
 use crate::sync_daemon::{SyncDaemon, SyncState};
-use crate::transport::{self, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, RawIpvs, SyncSocket};
+use crate::table;
+use crate::transport::{self, Connection, ConnectionHandle, NetlinkSocket, Part};
 use crate::{Info, Timeouts};
-
-type Msg = GenlMessage<RawIpvs>;
 
 /// Most worker threads (each with its own socket) used by [`IpvsHandle::table`].
 const MAX_DUMP_WORKERS: usize = 4;
@@ -30,11 +26,12 @@ const MAX_DUMP_WORKERS: usize = 4;
 /// Most service dumps [`IpvsHandle::table_verified`] makes before giving up.
 pub const MAX_TABLE_ATTEMPTS: u32 = 8;
 
-/// The netlink connection behind an [`IpvsHandle`]: a future that moves requests and
-/// replies between the handle and the kernel. Spawn it (or poll it) for the handle's
-/// single requests and dumps to make progress; it ends when every handle is dropped.
-/// [`batch`](IpvsHandle::batch) and [`table`](IpvsHandle::table) use sockets of their own
-/// and do not depend on it.
+/// The netlink connection behind an [`IpvsHandle`]: a future that owns the handle's
+/// socket, sends its single requests and dumps (many in flight at once) and routes the
+/// replies back by sequence number. Spawn it (or poll it) for the handle's single requests
+/// and dumps to make progress; it ends when every handle is dropped and nothing is in
+/// flight. [`batch`](IpvsHandle::batch) and [`table`](IpvsHandle::table) run on blocking
+/// sockets of the same transport ([`crate::transport`]) and do not depend on it.
 #[must_use = "the connection does nothing unless it is spawned or polled"]
 pub struct IpvsConnection {
     inner: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
@@ -115,11 +112,11 @@ pub struct IpvsHandle {
 }
 
 struct Inner {
-    conn: ConnectionHandle<Msg>,
+    conn: ConnectionHandle,
     family: u16,
     dump_lock: Arc<tokio::sync::Mutex<()>>,
     netns: Option<Arc<OwnedFd>>,
-    pool: Mutex<Vec<SyncSocket>>,
+    pool: Mutex<Vec<NetlinkSocket>>,
 }
 
 impl std::fmt::Debug for IpvsHandle {
@@ -127,6 +124,7 @@ impl std::fmt::Debug for IpvsHandle {
         f.debug_struct("IpvsHandle")
             .field("family", &self.inner.family)
             .field("in_netns", &self.inner.netns.is_some())
+            .field("connection", &format_args!("{}", self.inner.conn.counts()))
             .finish()
     }
 }
@@ -155,14 +153,12 @@ impl IpvsHandle {
 
     async fn build(netns: Option<Arc<OwnedFd>>) -> Result<(IpvsConnection, IpvsHandle), Error> {
         let rt = tokio::runtime::Handle::current();
-        let (sync_socket, family, socket) = netns::run_in(netns.clone(), move || {
+        let (socket, family, connection) = netns::run_in(netns.clone(), move || {
             let _guard = rt.enter();
-            let mut sync_socket = SyncSocket::open()?;
-            let family = sync_socket.resolve_family(message::FAMILY_NAME)?;
-            let mut socket = TokioSocket::new(NETLINK_GENERIC)?;
-            socket.socket_mut().bind_auto()?;
-            transport::tune_rcvbuf(socket.socket_ref());
-            Ok((sync_socket, family, socket))
+            let mut socket = NetlinkSocket::open(NETLINK_GENERIC)?;
+            let family = transport::resolve_family(&mut socket, message::FAMILY_NAME)?;
+            let connection = Connection::open(NETLINK_GENERIC)?;
+            Ok((socket, family, connection))
         })
         .await
         .map_err(|e| match e.raw_os_error() {
@@ -178,25 +174,20 @@ impl IpvsHandle {
             reason: "the generic netlink family \"IPVS\" is not registered (ip_vs not loaded?)"
                 .into(),
         })?;
-        let (mut conn, handle, _unsolicited) =
-            netlink_proto::from_socket_with_codec::<Msg, TokioSocket, netlink_proto::NetlinkCodec>(
-                socket,
-            );
-        conn.set_forward_ack(true);
-        conn.set_forward_done(true);
-        let conn = IpvsConnection {
-            inner: Box::pin(conn),
+        let (connection, conn) = connection;
+        let connection = IpvsConnection {
+            inner: Box::pin(connection.run()),
         };
         let handle = IpvsHandle {
             inner: Arc::new(Inner {
-                conn: handle,
+                conn,
                 family,
                 dump_lock: Arc::new(tokio::sync::Mutex::new(())),
                 netns,
-                pool: Mutex::new(vec![sync_socket]),
+                pool: Mutex::new(vec![socket]),
             }),
         };
-        Ok((conn, handle))
+        Ok((connection, handle))
     }
 
     /// The generic-netlink family id the kernel gave IPVS.
@@ -209,27 +200,22 @@ impl IpvsHandle {
         op: Operation,
         msg: IpvsMessage,
         flags: u16,
-    ) -> Result<impl futures::Stream<Item = NetlinkMessage<Msg>> + use<>, Error> {
-        let mut genl = GenlMessage::from_payload(RawIpvs::from_message(&msg));
-        genl.set_resolved_family_id(self.inner.family);
-        let mut nl = NetlinkMessage::from(genl);
-        nl.header.flags = flags;
-        nl.finalize();
+    ) -> Result<mpsc::UnboundedReceiver<Part>, Error> {
         self.inner
             .conn
-            .request(nl, SocketAddr::new(0, 0))
-            .map_err(|e| Error::io(op, io::Error::other(e.to_string())))
+            .request(message::genl(self.inner.family, msg), flags)
+            .map_err(|e| Error::io(op, e))
     }
 
     /// Sends a request that is answered by an ack only.
     async fn ack(&self, op: Operation, object: &Object, msg: IpvsMessage) -> Result<(), Error> {
         let mut replies = self.send(op, msg, NLM_F_REQUEST | NLM_F_ACK)?;
-        while let Some(m) = replies.next().await {
-            if let NetlinkPayload::Error(e) = m.payload {
-                return match e.code {
-                    None => Ok(()),
-                    Some(code) => Err(Error::from_errno(op, object, code.get().saturating_neg())),
-                };
+        while let Some(part) = replies.recv().await {
+            match part {
+                Part::Data(_) => {}
+                Part::Done => return Ok(()),
+                Part::Errno(errno) => return Err(Error::from_errno(op, object, errno)),
+                Part::Failed(e) => return Err(Error::io(op, e)),
             }
         }
         Err(connection_lost(op))
@@ -244,24 +230,23 @@ impl IpvsHandle {
     ) -> Result<IpvsMessage, Error> {
         let mut replies = self.send(op, msg, NLM_F_REQUEST | NLM_F_ACK)?;
         let mut answer = None;
-        while let Some(m) = replies.next().await {
-            match m.payload {
-                NetlinkPayload::InnerMessage(g) if answer.is_none() => {
-                    answer = Some(g.payload.parse())
+        while let Some(part) = replies.recv().await {
+            match part {
+                Part::Data(payload) if answer.is_none() => {
+                    answer = Some(IpvsMessage::from_genl(&payload))
                 }
-                NetlinkPayload::Error(e) => {
-                    return match (e.code, answer) {
-                        (Some(code), _) => {
-                            Err(Error::from_errno(op, object, code.get().saturating_neg()))
-                        }
-                        (None, Some(a)) => a.map_err(|source| Error::Decode { op, source }),
-                        (None, None) => Err(Error::Decode {
+                Part::Data(_) => {}
+                Part::Done => {
+                    return match answer {
+                        Some(a) => a.map_err(|source| Error::Decode { op, source }),
+                        None => Err(Error::Decode {
                             op,
                             source: WireError::new("acknowledged without an answer"),
                         }),
                     };
                 }
-                _ => {}
+                Part::Errno(errno) => return Err(Error::from_errno(op, object, errno)),
+                Part::Failed(e) => return Err(Error::io(op, e)),
             }
         }
         Err(connection_lost(op))
@@ -281,55 +266,30 @@ impl IpvsHandle {
     {
         let this = self.clone();
         stream::once(async move {
+            // The kernel runs one dump per socket at a time; the lock is held until the
+            // stream ends or is dropped.
             let guard = this.inner.dump_lock.clone().lock_owned().await;
             match this.send(op, msg, NLM_F_REQUEST | NLM_F_DUMP) {
                 Err(e) => stream::iter(vec![Err(e)]).boxed(),
-                Ok(replies) => {
-                    let mut finished = false;
-                    let guard = Some(guard);
-                    replies
-                        .map(Some)
-                        .chain(stream::iter([None]))
-                        .filter_map(move |m| {
-                            let _held = &guard;
-                            let out = match m {
-                                _ if finished => None,
-                                None => Some(Err(connection_lost(op))),
-                                Some(m) => match m.payload {
-                                    NetlinkPayload::InnerMessage(g) => Some(
-                                        g.payload
-                                            .parse()
-                                            .and_then(|m| decode(&m))
-                                            .map_err(|source| Error::Decode { op, source }),
-                                    ),
-                                    NetlinkPayload::Done(_) => {
-                                        finished = true;
-                                        None
-                                    }
-                                    NetlinkPayload::Error(e) => {
-                                        finished = true;
-                                        e.code.map(|code| {
-                                            Err(Error::from_errno(
-                                                op,
-                                                &object,
-                                                code.get().saturating_neg(),
-                                            ))
-                                        })
-                                    }
-                                    NetlinkPayload::Overrun(_) => {
-                                        finished = true;
-                                        Some(Err(Error::io(
-                                            op,
-                                            io::Error::from_raw_os_error(libc::ENOBUFS),
-                                        )))
-                                    }
-                                    _ => None,
-                                },
-                            };
-                            futures::future::ready(out)
-                        })
-                        .boxed()
-                }
+                Ok(replies) => stream::unfold(
+                    Some((replies, guard, Arc::new(decode), object)),
+                    move |state| async move {
+                        let (mut replies, guard, decode, object) = state?;
+                        let item = match replies.recv().await {
+                            None => Err(connection_lost(op)),
+                            Some(Part::Data(payload)) => IpvsMessage::from_genl(&payload)
+                                .and_then(|m| decode(&m))
+                                .map_err(|source| Error::Decode { op, source }),
+                            Some(Part::Done) => return None,
+                            Some(Part::Errno(errno)) => Err(Error::from_errno(op, &object, errno)),
+                            Some(Part::Failed(e)) => Err(Error::io(op, e)),
+                        };
+                        // A decoding error is one bad message; any other error ends the dump.
+                        let more = matches!(item, Ok(_) | Err(Error::Decode { .. }));
+                        Some((item, more.then_some((replies, guard, decode, object))))
+                    },
+                )
+                .boxed(),
             }
         })
         .flatten()
@@ -521,10 +481,22 @@ impl IpvsHandle {
 
     /// Stops the sync daemon of that state (`DEL_DAEMON`); [`Error::SyncDaemonNotFound`]
     /// if none runs.
+    ///
+    /// A daemon stopped right after it was started may not have run yet: the kernel then
+    /// stops and frees it all the same but answers `-EINTR` (what stopping a kernel thread
+    /// that never ran returns), and netlink sends no reply for that errno. The request is
+    /// still answered (see the transport's barrier), and that answer means stopped.
     pub async fn stop_sync_daemon(&self, state: SyncState) -> Result<(), Error> {
         let msg = IpvsMessage::del_daemon(state);
-        self.ack(Operation::StopSyncDaemon, &Object::SyncDaemon(state), msg)
+        match self
+            .ack(Operation::StopSyncDaemon, &Object::SyncDaemon(state), msg)
             .await
+        {
+            Err(Error::Kernel {
+                errno: libc::EINTR, ..
+            }) => Ok(()),
+            other => other,
+        }
     }
 
     /// The running sync daemons (`GET_DAEMON` dump), with every parameter the kernel uses.
@@ -543,7 +515,7 @@ impl IpvsHandle {
     }
 
     /// Takes `n` blocking sockets from the pool, opening missing ones in the namespace.
-    async fn take_sockets(&self, n: usize) -> io::Result<Vec<SyncSocket>> {
+    async fn take_sockets(&self, n: usize) -> io::Result<Vec<NetlinkSocket>> {
         let mut got = {
             let mut pool = self.inner.pool.lock().unwrap_or_else(|p| p.into_inner());
             let k = pool.len().min(n);
@@ -554,7 +526,7 @@ impl IpvsHandle {
         if missing > 0 {
             let more = netns::run_in(self.inner.netns.clone(), move || {
                 (0..missing)
-                    .map(|_| SyncSocket::open())
+                    .map(|_| NetlinkSocket::open(NETLINK_GENERIC))
                     .collect::<io::Result<Vec<_>>>()
             })
             .await?;
@@ -563,7 +535,7 @@ impl IpvsHandle {
         Ok(got)
     }
 
-    fn give_back(&self, sockets: Vec<SyncSocket>) {
+    fn give_back(&self, sockets: Vec<NetlinkSocket>) {
         let mut pool = self.inner.pool.lock().unwrap_or_else(|p| p.into_inner());
         pool.extend(sockets);
         pool.truncate(MAX_DUMP_WORKERS + 1);
@@ -633,17 +605,21 @@ impl IpvsHandle {
     /// repeat and skip services of ours, and a skip cannot be seen in one dump. (Measured in
     /// the VM: one add or delete every 10 ms elsewhere made every single dump of 3,000
     /// services miss some, so no two dumps were ever identical.) A disturbed dump never
-    /// shows a service that does not exist, so the dumps are merged, by key, until one
-    /// brings no key and no configuration (statistics aside) that the earlier ones had not
-    /// shown, at most [`MAX_TABLE_ATTEMPTS`] dumps; services the last dump lacked (skipped,
-    /// or deleted meanwhile) are then read one by one with an exact `GET_SERVICE`. Every
-    /// service's destinations are dumped once, with a few parallel sockets (destination
-    /// dumps are per service and not disturbed by other namespaces).
+    /// shows a service that does not exist, so the dumps are merged, by key, until two in a
+    /// row bring no key and no configuration (statistics aside) that the earlier ones had
+    /// not shown, at most [`MAX_TABLE_ATTEMPTS`] dumps; services the last dump lacked
+    /// (skipped, or deleted meanwhile) are then read one by one with an exact
+    /// `GET_SERVICE`. Only the first dump is decoded whole: later ones are compared with
+    /// what was merged on their raw bytes, and only a record that differs is decoded.
+    /// Every service's destinations are dumped once, on a few parallel sockets, from the
+    /// moment a dump first shows the service (destination dumps are per service and not
+    /// disturbed by other namespaces).
     ///
-    /// Without disturbance this costs one service dump more than
-    /// [`table_best_effort`](IpvsHandle::table_best_effort). A service skipped by every
-    /// dump made stays unseen; each further dump makes that less likely. Changes in this
-    /// namespace during the read are not excluded (no IPVS dump is atomic).
+    /// Without disturbance this costs two service dumps more than
+    /// [`table_best_effort`](IpvsHandle::table_best_effort), made while the destinations
+    /// are being dumped. A service skipped by every dump made stays unseen; each further
+    /// dump makes that less likely. Changes in this namespace during the read are not
+    /// excluded (no IPVS dump is atomic).
     pub async fn table_verified(&self) -> Result<VerifiedTable, Error> {
         self.read_table(MAX_TABLE_ATTEMPTS).await
     }
@@ -666,9 +642,13 @@ impl IpvsHandle {
             .await
             .map_err(|e| Error::io(Operation::ListServices, e))?;
         let family = self.inner.family;
-        let joined = tokio::task::spawn_blocking(move || dump_table(sockets, family, max_attempts))
-            .await
-            .map_err(|e| Error::io(Operation::ListServices, io::Error::other(e.to_string())))?;
+        let joined = tokio::task::spawn_blocking(move || {
+            let mut sockets = sockets;
+            let result = table::read(&mut sockets, family, max_attempts);
+            (result, sockets)
+        })
+        .await
+        .map_err(|e| Error::io(Operation::ListServices, io::Error::other(e.to_string())))?;
         let (result, sockets) = joined;
         if result.is_ok() {
             self.give_back(sockets);
@@ -682,349 +662,4 @@ fn connection_lost(op: Operation) -> Error {
         op,
         io::Error::new(io::ErrorKind::BrokenPipe, "netlink connection closed"),
     )
-}
-
-type WorkerResult = Result<Vec<(usize, Vec<DestinationEntry>)>, Error>;
-
-/// One service dump, repeats dropped.
-fn dump_services(socket: &mut SyncSocket, family: u16) -> Result<Vec<ServiceEntry>, Error> {
-    let op = Operation::ListServices;
-    let mut services = Vec::new();
-    let mut decode_err = None;
-    let mut seen = std::collections::HashSet::new();
-    match socket.dump(family, &IpvsMessage::get_services(), |m| {
-        match m.and_then(|m| m.service_entry()) {
-            // Repeats can come from concurrent changes in other namespaces (see `services`).
-            Ok(s) => {
-                if seen.insert(s.service.key) {
-                    services.push(s);
-                }
-            }
-            Err(e) => decode_err = Some(e),
-        }
-    }) {
-        Err(e) => return Err(Error::io(op, e)),
-        Ok(Err(errno)) => return Err(Error::from_errno(op, &Object::Table, errno)),
-        Ok(Ok(())) => {}
-    }
-    if let Some(source) = decode_err {
-        return Err(Error::Decode { op, source });
-    }
-    Ok(services)
-}
-
-/// One service read with `GET_SERVICE` (exact, unaffected by the dump flaw); `None` when
-/// it does not exist.
-fn get_service(
-    socket: &mut SyncSocket,
-    family: u16,
-    key: &ServiceKey,
-) -> Result<Option<ServiceEntry>, Error> {
-    let op = Operation::GetService;
-    let object = Object::Service(*key);
-    let msg = IpvsMessage::get_service(key).map_err(|e| Error::from_encode(op, &object, e))?;
-    let mut found = None;
-    match socket.query(family, &msg, |m| {
-        if found.is_none() {
-            found = Some(m.and_then(|m| m.service_entry()));
-        }
-    }) {
-        Err(e) => Err(Error::io(op, e)),
-        Ok(Err(errno)) => match Error::from_errno(op, &object, errno) {
-            e if e.is_not_found() => Ok(None),
-            e => Err(e),
-        },
-        Ok(Ok(())) => match found {
-            Some(Ok(entry)) => Ok(Some(entry)),
-            Some(Err(source)) => Err(Error::Decode { op, source }),
-            None => Ok(None),
-        },
-    }
-}
-
-/// The verified service list: service dumps merged until a dump brings nothing new.
-///
-/// A dump disturbed by another namespace only repeats or skips services; it never shows one
-/// that did not exist. So the dumps are merged (the latest configuration of each key wins)
-/// until two in a row bring no key and no configuration that the earlier ones had not
-/// shown, at most `max_attempts` dumps. Services merged from earlier dumps but absent from the last
-/// one (skipped by it, or deleted meanwhile) are then read one by one with `get`, which is
-/// exact. Returns the services, the number of dumps, and whether the dumps agreed.
-/// Consecutive service dumps that must add nothing before a merged read counts as complete.
-const QUIET_DUMPS: u32 = 2;
-
-fn merge_dumps(
-    max_attempts: u32,
-    mut dump: impl FnMut() -> Result<Vec<ServiceEntry>, Error>,
-    mut get: impl FnMut(&ServiceKey) -> Result<Option<ServiceEntry>, Error>,
-) -> Result<(Vec<ServiceEntry>, u32, bool), Error> {
-    let mut merged: BTreeMap<ServiceKey, ServiceEntry> = BTreeMap::new();
-    let mut attempts = 0;
-    let mut quiet_in_a_row = 0;
-    let (latest, verified) = loop {
-        let latest = dump()?;
-        attempts += 1;
-        let nothing_new = attempts > 1
-            && latest.iter().all(|e| {
-                merged
-                    .get(&e.service.key)
-                    .is_some_and(|m| m.service == e.service)
-            });
-        quiet_in_a_row = if nothing_new { quiet_in_a_row + 1 } else { 0 };
-        let keys: BTreeSet<ServiceKey> = latest.iter().map(|e| e.service.key).collect();
-        for e in latest {
-            merged.insert(e.service.key, e);
-        }
-        // One quiet dump can still have skipped what the previous one skipped (both resumed
-        // at positions shifted the same way): ask for two in a row.
-        let verified = quiet_in_a_row >= QUIET_DUMPS;
-        if verified || attempts >= max_attempts.max(1) {
-            break (keys, verified);
-        }
-    };
-    if attempts > 1 {
-        let unconfirmed: Vec<ServiceKey> = merged
-            .keys()
-            .filter(|k| !latest.contains(k))
-            .copied()
-            .collect();
-        for key in unconfirmed {
-            match get(&key)? {
-                Some(entry) => {
-                    merged.insert(key, entry);
-                }
-                None => {
-                    merged.remove(&key);
-                }
-            }
-        }
-    }
-    Ok((merged.into_values().collect(), attempts, verified))
-}
-
-/// Reads the service list with [`merge_dumps`] (a single dump when `max_attempts` is 1),
-/// then every service's destinations.
-fn dump_table(
-    mut sockets: Vec<SyncSocket>,
-    family: u16,
-    max_attempts: u32,
-) -> (Result<VerifiedTable, Error>, Vec<SyncSocket>) {
-    let Some(first) = sockets.first_mut() else {
-        return (
-            Ok(VerifiedTable {
-                table: Vec::new(),
-                attempts: 0,
-                verified: false,
-            }),
-            sockets,
-        );
-    };
-    // Both closures need the socket, never at the same time.
-    let first = std::cell::RefCell::new(first);
-    let read = merge_dumps(
-        max_attempts,
-        || dump_services(&mut first.borrow_mut(), family),
-        |key| get_service(&mut first.borrow_mut(), family, key),
-    );
-    let (services, attempts, verified) = match read {
-        Ok(read) => read,
-        Err(e) => return (Err(e), sockets),
-    };
-    match dump_destinations(&mut sockets, family, &services) {
-        Ok(dests) => (
-            Ok(VerifiedTable {
-                table: services.into_iter().zip(dests).collect(),
-                attempts,
-                verified,
-            }),
-            sockets,
-        ),
-        Err(e) => (Err(e), sockets),
-    }
-}
-
-/// Every service's destinations, in the order of `services`, with one thread per socket.
-fn dump_destinations(
-    sockets: &mut [SyncSocket],
-    family: u16,
-    services: &[ServiceEntry],
-) -> Result<Vec<Vec<DestinationEntry>>, Error> {
-    let next = AtomicUsize::new(0);
-    let services_ref = services;
-    let parts: Vec<WorkerResult> = std::thread::scope(|scope| {
-        let handles: Vec<_> = sockets
-            .iter_mut()
-            .map(|socket| {
-                let next = &next;
-                scope.spawn(move || {
-                    let op = Operation::ListDestinations;
-                    let mut out = Vec::new();
-                    loop {
-                        let i = next.fetch_add(1, Ordering::Relaxed);
-                        let Some(entry) = services_ref.get(i) else {
-                            return Ok(out);
-                        };
-                        let key = entry.service.key;
-                        let object = Object::Service(key);
-                        let msg = IpvsMessage::get_destinations(&key)
-                            .map_err(|e| Error::from_encode(op, &object, e))?;
-                        let key_family = key.family();
-                        let mut dests = Vec::new();
-                        let mut bad = None;
-                        match socket.dump(family, &msg, |m| {
-                            match m.and_then(|m| m.destination_entry(key_family)) {
-                                Ok(d) => dests.push(d),
-                                Err(e) => bad = Some(e),
-                            }
-                        }) {
-                            Err(e) => return Err(Error::io(op, e)),
-                            Ok(Err(errno)) => {
-                                return Err(Error::from_errno(op, &object, errno));
-                            }
-                            Ok(Ok(())) => {}
-                        }
-                        if let Some(source) = bad {
-                            return Err(Error::Decode { op, source });
-                        }
-                        out.push((i, dests));
-                    }
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join().unwrap_or_else(|_| {
-                    Err(Error::io(
-                        Operation::ListDestinations,
-                        io::Error::other("dump worker panicked"),
-                    ))
-                })
-            })
-            .collect()
-    });
-    let mut dests: Vec<Vec<DestinationEntry>> = services.iter().map(|_| Vec::new()).collect();
-    for part in parts {
-        for (i, d) in part? {
-            if let Some(slot) = dests.get_mut(i) {
-                *slot = d;
-            }
-        }
-    }
-    Ok(dests)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::{Scheduler, Stats};
-    use std::net::{IpAddr, Ipv4Addr};
-
-    fn entry(i: u8, scheduler: Scheduler, packets: u64) -> ServiceEntry {
-        let key = ServiceKey::tcp(IpAddr::V4(Ipv4Addr::new(10, 0, 0, i)), 80);
-        ServiceEntry {
-            service: Service::new(key, scheduler),
-            stats: Stats {
-                in_packets: packets,
-                ..Stats::default()
-            },
-        }
-    }
-
-    /// Runs `merge_dumps` over a fixed sequence of dumps (the last one repeated), with
-    /// `exists` answering the exact reads; also returns the keys read exactly.
-    fn run(
-        dumps: Vec<Vec<ServiceEntry>>,
-        exists: &[ServiceEntry],
-        max: u32,
-    ) -> (Vec<ServiceEntry>, u32, bool, Vec<ServiceKey>) {
-        let mut i = 0;
-        let mut asked = Vec::new();
-        let (got, attempts, verified) = merge_dumps(
-            max,
-            || {
-                let d = dumps[i.min(dumps.len() - 1)].clone();
-                i += 1;
-                Ok(d)
-            },
-            |key| {
-                asked.push(*key);
-                Ok(exists.iter().find(|e| e.service.key == *key).cloned())
-            },
-        )
-        .expect("no error");
-        (got, attempts, verified, asked)
-    }
-
-    fn keys(entries: &[ServiceEntry]) -> Vec<ServiceKey> {
-        let mut k: Vec<ServiceKey> = entries.iter().map(|e| e.service.key).collect();
-        k.sort();
-        k
-    }
-
-    #[test]
-    fn skipped_services_are_found_by_merging_dumps() {
-        let rr = Scheduler::RoundRobin;
-        let all: Vec<ServiceEntry> = (1..=5).map(|i| entry(i, rr.clone(), 0)).collect();
-        let without = |skip: &[u8]| -> Vec<ServiceEntry> {
-            all.iter()
-                .filter(|e| {
-                    !skip
-                        .iter()
-                        .any(|&i| e.service.key == entry(i, rr.clone(), 0).service.key)
-                })
-                .cloned()
-                .collect()
-        };
-        // Nothing disturbed: two dumps in a row bring nothing new, nothing is read one by one.
-        let (got, attempts, verified, asked) = run(vec![all.clone()], &all, 8);
-        assert_eq!((attempts, verified), (3, true));
-        assert_eq!(got, all);
-        assert!(asked.is_empty());
-
-        // Every dump skips something, never the same service twice: the third and fourth
-        // dumps bring nothing new; what the last one skipped is read exactly.
-        let (got, attempts, verified, asked) = run(
-            vec![without(&[2]), without(&[4]), without(&[1, 5])],
-            &all,
-            8,
-        );
-        assert_eq!((attempts, verified), (4, true));
-        assert_eq!(keys(&got), keys(&all));
-        assert_eq!(asked.len(), 2);
-
-        // Counters differ between dumps: not a disagreement.
-        let mut busier = all.clone();
-        busier[0].stats.in_packets = 7;
-        let (_, attempts, verified, _) = run(vec![all.clone(), busier], &all, 8);
-        assert_eq!((attempts, verified), (3, true));
-
-        // A configuration change is new information: one more dump.
-        let mut changed = all.clone();
-        changed[1].service.scheduler = Scheduler::WeightedLeastConnection;
-        let (got, attempts, verified, _) = run(vec![all.clone(), changed.clone()], &changed, 8);
-        assert_eq!((attempts, verified), (4, true));
-        assert_eq!(got, changed);
-
-        // A service deleted meanwhile (in an earlier dump, not in the last ones, and gone
-        // when read) is dropped.
-        let gone = without(&[3]);
-        let (got, _, verified, asked) = run(vec![all.clone(), gone.clone()], &gone, 8);
-        assert!(verified);
-        assert_eq!(keys(&got), keys(&gone));
-        assert_eq!(asked, vec![all[2].service.key]);
-
-        // New services in every dump: bounded, unverified.
-        let growing: Vec<Vec<ServiceEntry>> = (1..=10)
-            .map(|n| (1..=n).map(|i| entry(i, rr.clone(), 0)).collect())
-            .collect();
-        let (got, attempts, verified, _) = run(growing, &all, 8);
-        assert_eq!((attempts, verified), (8, false));
-        assert_eq!(got.len(), 8);
-
-        // A single dump is taken as it is.
-        let (got, attempts, verified, asked) = run(vec![without(&[2])], &all, 1);
-        assert_eq!((attempts, verified, got.len()), (1, false, 4));
-        assert!(asked.is_empty());
-    }
 }

@@ -56,8 +56,9 @@ pub mod scheduler;
 pub mod service;
 pub mod stats;
 pub mod sync_daemon;
+mod table;
 pub mod timeouts;
-mod transport;
+pub mod transport;
 
 pub use batch::Op;
 pub use destination::{

@@ -16,15 +16,18 @@
 //! conntrack table of its network namespace and deletes the matching entries;
 //! [`MemoryConntrack`] is the in-memory stand-in.
 //!
-//! The wire format (nfnetlink header, `IPCTNL_MSG_CT_GET` dump, `IPCTNL_MSG_CT_DELETE` by
-//! original tuple and zone) is encoded here on netlink-packet-core's attribute buffers: the
-//! few messages involved do not justify a second netfilter codec crate in the tree.
+//! The ctnetlink messages (`IPCTNL_MSG_CT_GET` dump, `IPCTNL_MSG_CT_DELETE` by original
+//! tuple and zone, each an nfgenmsg and attributes) are encoded here on netlink-packet-core's
+//! attribute buffers: the few messages involved do not justify a netfilter codec crate in
+//! the tree. Framing, dumps and pipelined deletes go through ipvs-netlink's transport, the
+//! workspace's one netlink socket layer.
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
 
-use netlink_packet_core::{NLA_F_NESTED, NlaBuffer, NlasIterator};
-use netlink_sys::{Socket, SocketAddr as NetlinkAddr, protocols::NETLINK_NETFILTER};
+use ipvs_netlink::transport::{Answer, NetlinkSocket};
+use netlink_packet_core::{NLA_F_NESTED, NetlinkSerializable, NlaBuffer, NlasIterator};
+use netlink_sys::protocols::NETLINK_NETFILTER;
 
 use crate::desired::{Desired, Protocol, ServicePortPlan};
 
@@ -205,22 +208,13 @@ impl ConntrackBackend for MemoryConntrack {
 /// code, run them with `tokio::task::spawn_blocking`.
 #[derive(Debug)]
 pub struct KernelConntrack {
-    socket: Socket,
-    sequence: u32,
-    buffer: Vec<u8>,
+    socket: NetlinkSocket,
 }
 
 const NFNL_SUBSYS_CTNETLINK: u16 = 1;
 const IPCTNL_MSG_CT_GET: u16 = 1;
 const IPCTNL_MSG_CT_DELETE: u16 = 2;
 const NFNETLINK_V0: u8 = 0;
-
-const NLMSG_ERROR: u16 = 2;
-const NLMSG_DONE: u16 = 3;
-const NLM_F_REQUEST: u16 = 0x1;
-const NLM_F_ACK: u16 = 0x4;
-const NLM_F_DUMP: u16 = 0x300;
-const NLMSG_HEADER_LEN: usize = 16;
 const NFGENMSG_LEN: usize = 4;
 
 const CTA_TUPLE_ORIG: u16 = 1;
@@ -239,68 +233,52 @@ const CTA_PROTO_DST_PORT: u16 = 3;
 const AF_INET: u8 = 2;
 const AF_INET6: u8 = 10;
 
-/// Deletes sent before their acknowledgements are read.
-const DELETE_WINDOW: usize = 64;
-
 impl KernelConntrack {
     /// Opens a ctnetlink socket in the calling thread's network namespace.
     pub fn new() -> Result<Self, ConntrackError> {
-        let mut socket = Socket::new(NETLINK_NETFILTER).map_err(ConntrackError::Socket)?;
-        socket.bind_auto().map_err(ConntrackError::Socket)?;
-        socket
-            .connect(&NetlinkAddr::new(0, 0))
-            .map_err(ConntrackError::Socket)?;
-        Ok(KernelConntrack {
-            socket,
-            sequence: 1,
-            buffer: Vec::with_capacity(64 * 1024),
-        })
+        let socket = NetlinkSocket::open(NETLINK_NETFILTER).map_err(ConntrackError::Socket)?;
+        Ok(KernelConntrack { socket })
     }
 
     /// Every conntrack entry of one family (`V4` or `V6` by `ipv6`).
     pub fn list(&mut self, ipv6: bool) -> Result<Vec<ConntrackFlow>, ConntrackError> {
         const OP: &str = "dump";
-        let family = if ipv6 { AF_INET6 } else { AF_INET };
-        let sequence = self.next_sequence();
-        let request = encode_request(
-            IPCTNL_MSG_CT_GET,
-            NLM_F_REQUEST | NLM_F_DUMP,
-            sequence,
-            family,
-            &[],
-        );
-        self.send(OP, &request)?;
+        let request = CtRequest {
+            kind: IPCTNL_MSG_CT_GET,
+            family: if ipv6 { AF_INET6 } else { AF_INET },
+            attributes: Vec::new(),
+        };
         let mut flows = Vec::new();
-        loop {
-            let messages = self.receive(OP)?;
-            for message in messages {
-                if message.sequence != sequence {
-                    continue;
+        let mut malformed = None;
+        let answer = self
+            .socket
+            .dump(request, |reply| {
+                if malformed.is_some() {
+                    return;
                 }
-                match message.kind {
-                    NLMSG_DONE => return Ok(flows),
-                    NLMSG_ERROR => {
-                        let errno = error_code(&message.payload, OP)?;
-                        if errno != 0 {
-                            return Err(ConntrackError::Kernel {
-                                operation: OP,
-                                errno,
-                            });
-                        }
-                    }
-                    _ => {
-                        if let Some(flow) = decode_flow(&message.payload).map_err(|detail| {
-                            ConntrackError::Malformed {
-                                operation: OP,
-                                detail,
-                            }
-                        })? {
-                            flows.push(flow);
-                        }
-                    }
+                match decode_flow(reply.payload) {
+                    Ok(Some(flow)) => flows.push(flow),
+                    Ok(None) => {}
+                    Err(detail) => malformed = Some(detail),
                 }
-            }
+            })
+            .map_err(|source| ConntrackError::Io {
+                operation: OP,
+                source,
+            })?;
+        if let Err(errno) = answer {
+            return Err(ConntrackError::Kernel {
+                operation: OP,
+                errno,
+            });
         }
+        if let Some(detail) = malformed {
+            return Err(ConntrackError::Malformed {
+                operation: OP,
+                detail,
+            });
+        }
+        Ok(flows)
     }
 
     /// Deletes one entry by its original tuple and zone. `Ok(false)`: it was already gone.
@@ -308,57 +286,43 @@ impl KernelConntrack {
         Ok(self.delete_all(std::slice::from_ref(flow))? == 1)
     }
 
+    /// Deletes entries, pipelined (many per datagram, one acknowledgement each). Entries
+    /// already gone are not counted; the first other failure is returned after every
+    /// delete was tried.
     fn delete_all(&mut self, flows: &[ConntrackFlow]) -> Result<usize, ConntrackError> {
         const OP: &str = "delete";
         let mut deleted = 0;
-        for window in flows.chunks(DELETE_WINDOW) {
-            let mut pending = BTreeSet::new();
-            for flow in window {
-                let sequence = self.next_sequence();
-                self.send(OP, &encode_delete(flow, sequence))?;
-                pending.insert(sequence);
-            }
-            while !pending.is_empty() {
-                for message in self.receive(OP)? {
-                    if message.kind != NLMSG_ERROR || !pending.remove(&message.sequence) {
-                        continue;
+        let mut failure = None;
+        self.socket.pipeline(
+            flows.iter().map(|flow| ((), delete_request(flow))),
+            |(), answer| {
+                let error = match answer {
+                    Answer::Ack => {
+                        deleted += 1;
+                        return;
                     }
-                    match error_code(&message.payload, OP)? {
-                        0 => deleted += 1,
-                        libc::ENOENT => {}
-                        errno => {
-                            return Err(ConntrackError::Kernel {
-                                operation: OP,
-                                errno,
-                            });
-                        }
-                    }
+                    Answer::Errno(libc::ENOENT) => return,
+                    Answer::Errno(errno) => ConntrackError::Kernel {
+                        operation: OP,
+                        errno,
+                    },
+                    Answer::NotSent(e) | Answer::Unanswered(e) => ConntrackError::Io {
+                        operation: OP,
+                        source: match e.raw_os_error() {
+                            Some(errno) => std::io::Error::from_raw_os_error(errno),
+                            None => std::io::Error::new(e.kind(), e.to_string()),
+                        },
+                    },
+                };
+                if failure.is_none() {
+                    failure = Some(error);
                 }
-            }
+            },
+        );
+        match failure {
+            Some(error) => Err(error),
+            None => Ok(deleted),
         }
-        Ok(deleted)
-    }
-
-    fn next_sequence(&mut self) -> u32 {
-        self.sequence = self.sequence.wrapping_add(1).max(1);
-        self.sequence
-    }
-
-    fn send(&mut self, operation: &'static str, bytes: &[u8]) -> Result<(), ConntrackError> {
-        self.socket
-            .send(bytes, 0)
-            .map(|_| ())
-            .map_err(|source| ConntrackError::Io { operation, source })
-    }
-
-    fn receive(&mut self, operation: &'static str) -> Result<Vec<RawMessage>, ConntrackError> {
-        self.buffer.clear();
-        self.buffer.reserve(64 * 1024);
-        self.socket
-            .recv(&mut self.buffer, 0)
-            .map_err(|source| ConntrackError::Io { operation, source })?;
-        split_messages(&self.buffer)
-            .map_err(|detail| ConntrackError::Malformed { operation, detail })
     }
 }
 
@@ -395,58 +359,29 @@ fn filter_is_v6(filter: &FlowFilter) -> bool {
         .is_some_and(|a| a.is_ipv6())
 }
 
+/// A ctnetlink request: the message kind (`IPCTNL_MSG_CT_*`), the nfgenmsg family and the
+/// attributes.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct RawMessage {
+struct CtRequest {
     kind: u16,
-    sequence: u32,
-    payload: Vec<u8>,
+    family: u8,
+    attributes: Vec<u8>,
 }
 
-fn split_messages(mut bytes: &[u8]) -> Result<Vec<RawMessage>, String> {
-    let mut out = Vec::new();
-    while bytes.len() >= NLMSG_HEADER_LEN {
-        let length = u32::from_ne_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]) as usize;
-        if length < NLMSG_HEADER_LEN || length > bytes.len() {
-            return Err(format!(
-                "netlink message length {length} with {} bytes left",
-                bytes.len()
-            ));
-        }
-        out.push(RawMessage {
-            kind: u16::from_ne_bytes([bytes[4], bytes[5]]),
-            sequence: u32::from_ne_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]),
-            payload: bytes[NLMSG_HEADER_LEN..length].to_vec(),
-        });
-        let aligned = (length + 3) & !3;
-        bytes = &bytes[aligned.min(bytes.len())..];
+impl NetlinkSerializable for CtRequest {
+    fn message_type(&self) -> u16 {
+        (NFNL_SUBSYS_CTNETLINK << 8) | self.kind
     }
-    Ok(out)
-}
 
-/// The errno of an NLMSG_ERROR payload (0 = acknowledgement), as a positive number.
-fn error_code(payload: &[u8], operation: &'static str) -> Result<i32, ConntrackError> {
-    let raw: [u8; 4] =
-        payload
-            .get(..4)
-            .and_then(|b| b.try_into().ok())
-            .ok_or(ConntrackError::Malformed {
-                operation,
-                detail: "short NLMSG_ERROR".to_owned(),
-            })?;
-    Ok(-i32::from_ne_bytes(raw))
-}
+    fn buffer_len(&self) -> usize {
+        NFGENMSG_LEN + self.attributes.len()
+    }
 
-fn encode_request(kind: u16, flags: u16, sequence: u32, family: u8, attributes: &[u8]) -> Vec<u8> {
-    let length = NLMSG_HEADER_LEN + NFGENMSG_LEN + attributes.len();
-    let mut out = Vec::with_capacity(length);
-    out.extend_from_slice(&u32::try_from(length).unwrap_or(u32::MAX).to_ne_bytes());
-    out.extend_from_slice(&((NFNL_SUBSYS_CTNETLINK << 8) | kind).to_ne_bytes());
-    out.extend_from_slice(&flags.to_ne_bytes());
-    out.extend_from_slice(&sequence.to_ne_bytes());
-    out.extend_from_slice(&0u32.to_ne_bytes());
-    out.extend_from_slice(&[family, NFNETLINK_V0, 0, 0]);
-    out.extend_from_slice(attributes);
-    out
+    fn serialize(&self, buffer: &mut [u8]) {
+        // nfgenmsg: family, version, resource id 0 (big-endian).
+        buffer[..NFGENMSG_LEN].copy_from_slice(&[self.family, NFNETLINK_V0, 0, 0]);
+        buffer[NFGENMSG_LEN..].copy_from_slice(&self.attributes);
+    }
 }
 
 fn push_attribute(out: &mut Vec<u8>, kind: u16, value: &[u8]) {
@@ -498,7 +433,7 @@ fn ipv6_octets(ip: IpAddr) -> [u8; 16] {
     }
 }
 
-fn encode_delete(flow: &ConntrackFlow, sequence: u32) -> Vec<u8> {
+fn delete_request(flow: &ConntrackFlow) -> CtRequest {
     let family = if flow.original.source.is_ipv6() {
         AF_INET6
     } else {
@@ -511,13 +446,11 @@ fn encode_delete(flow: &ConntrackFlow, sequence: u32) -> Vec<u8> {
     if flow.zone != 0 {
         push_attribute(&mut attributes, CTA_ZONE, &flow.zone.to_be_bytes());
     }
-    encode_request(
-        IPCTNL_MSG_CT_DELETE,
-        NLM_F_REQUEST | NLM_F_ACK,
-        sequence,
+    CtRequest {
+        kind: IPCTNL_MSG_CT_DELETE,
         family,
-        &attributes,
-    )
+        attributes,
+    }
 }
 
 /// Decodes one conntrack message payload (nfgenmsg + attributes). `Ok(None)`: an entry the

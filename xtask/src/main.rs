@@ -76,7 +76,8 @@ enum Command {
         test_args: Vec<String>,
     },
     /// Boot the test VM and run one program in it (a host file is copied in;
-    /// otherwise the name is looked up on the guest's PATH).
+    /// otherwise the name is looked up on the guest's PATH). Arguments that name
+    /// host files are copied in too and passed by their path in the guest.
     VmRun {
         /// Use the release build of ipvs-proxier as IPVS_PROXIER_BIN.
         #[arg(long)]

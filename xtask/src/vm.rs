@@ -378,7 +378,24 @@ fn run_program(
     } else {
         program.to_owned()
     };
-    let script = guest_scripts::program_run_script(&layout, &program, args);
+    // Arguments that name host files (a script's inputs, test binaries to loop) are
+    // copied in as well and passed by their guest path.
+    let mut guest_args = Vec::with_capacity(args.len());
+    for arg in args {
+        let host = Path::new(arg);
+        if host.is_file() {
+            let absolute = std::fs::canonicalize(host)?;
+            files.push(absolute.clone());
+            guest_args.push(
+                guest_path(workspace, &absolute)
+                    .to_string_lossy()
+                    .into_owned(),
+            );
+        } else {
+            guest_args.push(arg.clone());
+        }
+    }
+    let script = guest_scripts::program_run_script(&layout, &program, &guest_args);
     let outcome = boot_with(prepared, config, &files, &script, &mut timings)?;
     timings.print(total.elapsed());
     match run_verdict(&outcome, config.timeout) {

@@ -4,10 +4,10 @@ use netlink_packet_core::{DecodeError, DefaultNla, Nla, NlaBuffer, Parseable};
 
 use super::consts::*;
 use super::service::InetAddr;
-use super::stats::{StatsAttr, stats};
+use super::stats::{StatsAttr, stats, stats_of_nest};
 use super::{
     EncodeError, WireError, emit_nested, get_be16, get_u8, get_u16, get_u32, nested_len,
-    parse_nested,
+    nla_buffers, parse_nested,
 };
 use crate::destination::{
     Destination, DestinationEntry, DestinationKey, MAX_WEIGHT, Tunnel, TunnelFlags, TunnelType,
@@ -205,71 +205,106 @@ pub fn destination_entry(
     nlas: &[DestAttr],
     service_family: AddressFamily,
 ) -> Result<DestinationEntry, WireError> {
-    let mut addr = None;
-    let mut port = None;
-    let mut fwd = 0u32;
-    let mut weight = 0u32;
-    let mut upper = 0u32;
-    let mut lower = 0u32;
-    let mut active = 0u32;
-    let mut inactive = 0u32;
-    let mut persistent = 0u32;
-    let mut af = None;
-    let mut stats32 = None;
-    let mut stats64 = None;
-    let mut tunnel = Tunnel::default();
+    let mut fields = DestFields::default();
     for a in nlas {
-        match a {
-            DestAttr::Addr(v) => addr = Some(*v),
-            DestAttr::Port(v) => port = Some(*v),
-            DestAttr::FwdMethod(v) => fwd = *v,
-            DestAttr::Weight(v) => weight = *v,
-            DestAttr::UpperThreshold(v) => upper = *v,
-            DestAttr::LowerThreshold(v) => lower = *v,
-            DestAttr::ActiveConns(v) => active = *v,
-            DestAttr::InactiveConns(v) => inactive = *v,
-            DestAttr::PersistentConns(v) => persistent = *v,
-            DestAttr::AddressFamily(v) => af = Some(*v),
-            DestAttr::Stats(v) => stats32 = Some(v),
-            DestAttr::Stats64(v) => stats64 = Some(v),
-            DestAttr::TunnelType(n) => {
-                tunnel.kind = TunnelType::from_number(*n)
-                    .ok_or_else(|| WireError::new(format!("unknown tunnel type {n}")))?;
-            }
-            DestAttr::TunnelPort(v) => tunnel.port = *v,
-            DestAttr::TunnelFlags(v) => tunnel.flags = TunnelFlags(*v),
-            DestAttr::Other(_) => {}
+        fields.take(a)?;
+    }
+    fields.finish(service_family)
+}
+
+/// [`destination_entry`] of the raw `IPVS_CMD_ATTR_DEST` value, attribute by attribute,
+/// without building the attribute list (the table read's hot path).
+pub(crate) fn destination_of_record(
+    record: &[u8],
+    service_family: AddressFamily,
+) -> Result<DestinationEntry, WireError> {
+    let mut fields = DestFields::default();
+    for nla in nla_buffers(record) {
+        let nla = nla?;
+        match nla.kind() {
+            IPVS_DEST_ATTR_STATS => fields.stats32 = Some(stats_of_nest(nla.value())?),
+            IPVS_DEST_ATTR_STATS64 => fields.stats64 = Some(stats_of_nest(nla.value())?),
+            _ => fields.take(&DestAttr::parse(&nla)?)?,
         }
     }
-    let family = match af {
-        None => service_family,
-        Some(n) => AddressFamily::from_number(n).ok_or_else(|| {
-            WireError::new(format!("destination address: unknown address family {n}"))
-        })?,
-    };
-    let addr = addr
-        .ok_or_else(|| WireError::new("destination without address"))?
-        .to_ip(family);
-    let port = port.ok_or_else(|| WireError::new("destination without port"))?;
-    let forward = ForwardMethod::from_bits(fwd)
-        .ok_or_else(|| WireError::new(format!("unknown forwarding method {fwd:#x}")))?;
-    let stats = match (stats64, stats32) {
-        (Some(v), _) | (None, Some(v)) => stats(v),
-        (None, None) => Stats::default(),
-    };
-    Ok(DestinationEntry {
-        destination: Destination {
-            addr,
-            port,
-            forward,
-            weight,
-            upper_threshold: upper,
-            lower_threshold: lower,
-            tunnel,
-        },
-        active_conns: active,
-        inactive_conns: inactive,
-        persistent_conns: persistent,
-        stats,
-    })
+    fields.finish(service_family)
+}
+
+/// The fields of a destination, gathered one attribute at a time.
+#[derive(Debug, Default)]
+struct DestFields {
+    addr: Option<InetAddr>,
+    port: Option<u16>,
+    fwd: u32,
+    weight: u32,
+    upper: u32,
+    lower: u32,
+    active: u32,
+    inactive: u32,
+    persistent: u32,
+    af: Option<u16>,
+    stats32: Option<Stats>,
+    stats64: Option<Stats>,
+    tunnel: Tunnel,
+}
+
+impl DestFields {
+    fn take(&mut self, a: &DestAttr) -> Result<(), WireError> {
+        match a {
+            DestAttr::Addr(v) => self.addr = Some(*v),
+            DestAttr::Port(v) => self.port = Some(*v),
+            DestAttr::FwdMethod(v) => self.fwd = *v,
+            DestAttr::Weight(v) => self.weight = *v,
+            DestAttr::UpperThreshold(v) => self.upper = *v,
+            DestAttr::LowerThreshold(v) => self.lower = *v,
+            DestAttr::ActiveConns(v) => self.active = *v,
+            DestAttr::InactiveConns(v) => self.inactive = *v,
+            DestAttr::PersistentConns(v) => self.persistent = *v,
+            DestAttr::AddressFamily(v) => self.af = Some(*v),
+            DestAttr::Stats(v) => self.stats32 = Some(stats(v)),
+            DestAttr::Stats64(v) => self.stats64 = Some(stats(v)),
+            DestAttr::TunnelType(n) => {
+                self.tunnel.kind = TunnelType::from_number(*n)
+                    .ok_or_else(|| WireError::new(format!("unknown tunnel type {n}")))?;
+            }
+            DestAttr::TunnelPort(v) => self.tunnel.port = *v,
+            DestAttr::TunnelFlags(v) => self.tunnel.flags = TunnelFlags(*v),
+            DestAttr::Other(_) => {}
+        }
+        Ok(())
+    }
+
+    fn finish(self, service_family: AddressFamily) -> Result<DestinationEntry, WireError> {
+        let family = match self.af {
+            None => service_family,
+            Some(n) => AddressFamily::from_number(n).ok_or_else(|| {
+                WireError::new(format!("destination address: unknown address family {n}"))
+            })?,
+        };
+        let addr = self
+            .addr
+            .ok_or_else(|| WireError::new("destination without address"))?
+            .to_ip(family);
+        let port = self
+            .port
+            .ok_or_else(|| WireError::new("destination without port"))?;
+        let fwd = self.fwd;
+        let forward = ForwardMethod::from_bits(fwd)
+            .ok_or_else(|| WireError::new(format!("unknown forwarding method {fwd:#x}")))?;
+        Ok(DestinationEntry {
+            destination: Destination {
+                addr,
+                port,
+                forward,
+                weight: self.weight,
+                upper_threshold: self.upper,
+                lower_threshold: self.lower,
+                tunnel: self.tunnel,
+            },
+            active_conns: self.active,
+            inactive_conns: self.inactive,
+            persistent_conns: self.persistent,
+            stats: self.stats64.or(self.stats32).unwrap_or_default(),
+        })
+    }
 }

@@ -20,13 +20,14 @@ mod config;
 mod consts;
 mod daemon;
 mod dest;
+pub(crate) mod record;
 mod service;
 mod stats;
 
 use netlink_packet_core::{
     DecodeError, DefaultNla, Emitable, Nla, NlaBuffer, Parseable, ParseableParametrized,
 };
-use netlink_packet_generic::{GenlFamily, GenlHeader};
+use netlink_packet_generic::{GenlFamily, GenlHeader, GenlMessage};
 
 pub use config::InfoAttr;
 pub use daemon::{DaemonAttr, sync_daemon};
@@ -393,6 +394,15 @@ impl IpvsMessage {
         Ok(IpvsMessage { cmd, nlas })
     }
 
+    /// Parses a generic-netlink payload: the genl header (whose command is used), then the
+    /// attributes.
+    pub(crate) fn from_genl(payload: &[u8]) -> Result<Self, WireError> {
+        match payload {
+            [cmd, _version, _, _, attrs @ ..] => IpvsMessage::parse(*cmd, attrs),
+            _ => Err(WireError::new("message shorter than the genl header")),
+        }
+    }
+
     /// The emitted attributes (what follows the generic-netlink header).
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut buf = vec![0; self.buffer_len()];
@@ -599,6 +609,13 @@ impl IpvsMessage {
     pub fn info(&self) -> Result<Info, WireError> {
         config::info(&self.nlas)
     }
+}
+
+/// `msg` as a generic-netlink message of the family the kernel gave IPVS.
+pub(crate) fn genl(family: u16, msg: IpvsMessage) -> GenlMessage<IpvsMessage> {
+    let mut genl = GenlMessage::from_payload(msg);
+    genl.set_resolved_family_id(family);
+    genl
 }
 
 impl GenlFamily for IpvsMessage {

@@ -5,10 +5,10 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use netlink_packet_core::{DecodeError, DefaultNla, Nla, NlaBuffer, Parseable};
 
 use super::consts::*;
-use super::stats::{StatsAttr, stats};
+use super::stats::{StatsAttr, stats, stats_of_nest};
 use super::{
     EncodeError, WireError, emit_nested, emit_string, get_be16, get_string, get_u16, get_u32,
-    nested_len, parse_nested,
+    nested_len, nla_buffers, parse_nested,
 };
 use crate::range::RangeError;
 use crate::service::{
@@ -257,82 +257,114 @@ pub(crate) fn service_nlas(service: &Service) -> Result<Vec<ServiceAttr>, Encode
 /// A service as the kernel describes it (the content of `IPVS_CMD_ATTR_SERVICE` in a
 /// reply). 64-bit statistics are preferred to 32-bit ones; unknown attributes are ignored.
 pub fn service_entry(nlas: &[ServiceAttr]) -> Result<ServiceEntry, WireError> {
-    let mut af = None;
-    let mut protocol = None;
-    let mut addr = None;
-    let mut port = None;
-    let mut fwmark = None;
-    let mut sched = None;
-    let mut flags = 0u32;
-    let mut timeout = 0u32;
-    let mut netmask = None;
-    let mut pe_name = None;
-    let mut stats32 = None;
-    let mut stats64 = None;
+    let mut fields = ServiceFields::default();
     for a in nlas {
+        fields.take(a);
+    }
+    fields.finish()
+}
+
+/// [`service_entry`] of the raw `IPVS_CMD_ATTR_SERVICE` value, attribute by attribute,
+/// without building the attribute list (the table read's hot path).
+pub(crate) fn service_of_record(record: &[u8]) -> Result<ServiceEntry, WireError> {
+    let mut fields = ServiceFields::default();
+    for nla in nla_buffers(record) {
+        let nla = nla?;
+        match nla.kind() {
+            IPVS_SVC_ATTR_STATS => fields.stats32 = Some(stats_of_nest(nla.value())?),
+            IPVS_SVC_ATTR_STATS64 => fields.stats64 = Some(stats_of_nest(nla.value())?),
+            _ => fields.take(&ServiceAttr::parse(&nla)?),
+        }
+    }
+    fields.finish()
+}
+
+/// The fields of a service, gathered one attribute at a time.
+#[derive(Debug, Default)]
+struct ServiceFields {
+    af: Option<u16>,
+    protocol: Option<u16>,
+    addr: Option<InetAddr>,
+    port: Option<u16>,
+    fwmark: Option<u32>,
+    scheduler: Option<Scheduler>,
+    flags: u32,
+    timeout: u32,
+    netmask: Option<[u8; 4]>,
+    pe_name: Option<String>,
+    stats32: Option<Stats>,
+    stats64: Option<Stats>,
+}
+
+impl ServiceFields {
+    fn take(&mut self, a: &ServiceAttr) {
         match a {
-            ServiceAttr::AddressFamily(v) => af = Some(*v),
-            ServiceAttr::Protocol(v) => protocol = Some(*v),
-            ServiceAttr::Addr(v) => addr = Some(*v),
-            ServiceAttr::Port(v) => port = Some(*v),
-            ServiceAttr::Fwmark(v) => fwmark = Some(*v),
-            ServiceAttr::SchedName(v) => sched = Some(v),
-            ServiceAttr::Flags { flags: f, .. } => flags = *f,
-            ServiceAttr::Timeout(v) => timeout = *v,
-            ServiceAttr::Netmask(v) => netmask = Some(*v),
-            ServiceAttr::PeName(v) => pe_name = Some(v.clone()),
-            ServiceAttr::Stats(v) => stats32 = Some(v),
-            ServiceAttr::Stats64(v) => stats64 = Some(v),
+            ServiceAttr::AddressFamily(v) => self.af = Some(*v),
+            ServiceAttr::Protocol(v) => self.protocol = Some(*v),
+            ServiceAttr::Addr(v) => self.addr = Some(*v),
+            ServiceAttr::Port(v) => self.port = Some(*v),
+            ServiceAttr::Fwmark(v) => self.fwmark = Some(*v),
+            ServiceAttr::SchedName(v) => self.scheduler = Some(Scheduler::from_name(v)),
+            ServiceAttr::Flags { flags: f, .. } => self.flags = *f,
+            ServiceAttr::Timeout(v) => self.timeout = *v,
+            ServiceAttr::Netmask(v) => self.netmask = Some(*v),
+            ServiceAttr::PeName(v) => self.pe_name = Some(v.clone()),
+            ServiceAttr::Stats(v) => self.stats32 = Some(stats(v)),
+            ServiceAttr::Stats64(v) => self.stats64 = Some(stats(v)),
             ServiceAttr::Other(_) => {}
         }
     }
-    let af = af.ok_or_else(|| WireError::new("service without address family"))?;
-    let family = AddressFamily::from_number(af)
-        .ok_or_else(|| WireError::new(format!("service with unknown address family {af}")))?;
-    let key = match fwmark {
-        Some(mark) if mark != 0 => ServiceKey::Fwmark { mark, family },
-        _ => {
-            let number = protocol.ok_or_else(|| WireError::new("service without protocol"))?;
-            let protocol = Protocol::from_number(number)
-                .ok_or_else(|| WireError::new(format!("service with protocol {number}")))?;
-            let addr = addr
-                .ok_or_else(|| WireError::new("service without address"))?
-                .to_ip(family);
-            let port = port.ok_or_else(|| WireError::new("service without port"))?;
-            ServiceKey::Tuple {
-                addr,
-                port,
-                protocol,
+
+    fn finish(self) -> Result<ServiceEntry, WireError> {
+        let af = self
+            .af
+            .ok_or_else(|| WireError::new("service without address family"))?;
+        let family = AddressFamily::from_number(af)
+            .ok_or_else(|| WireError::new(format!("service with unknown address family {af}")))?;
+        let key = match self.fwmark {
+            Some(mark) if mark != 0 => ServiceKey::Fwmark { mark, family },
+            _ => {
+                let number = self
+                    .protocol
+                    .ok_or_else(|| WireError::new("service without protocol"))?;
+                let protocol = Protocol::from_number(number)
+                    .ok_or_else(|| WireError::new(format!("service with protocol {number}")))?;
+                let addr = self
+                    .addr
+                    .ok_or_else(|| WireError::new("service without address"))?
+                    .to_ip(family);
+                let port = self
+                    .port
+                    .ok_or_else(|| WireError::new("service without port"))?;
+                ServiceKey::Tuple {
+                    addr,
+                    port,
+                    protocol,
+                }
             }
-        }
-    };
-    let netmask = match netmask {
-        None => Netmask::host(family),
-        Some(v) => match family {
-            AddressFamily::Inet => Netmask::V4(Ipv4Addr::from(v)),
-            // The kernel only holds 1..=128 here.
-            AddressFamily::Inet6 => {
-                Netmask::V6Prefix(u8::try_from(u32::from_ne_bytes(v)).unwrap_or(u8::MAX))
-            }
-        },
-    };
-    let scheduler = match sched {
-        Some(name) => Scheduler::from_name(name),
-        None => Scheduler::Other(String::new()),
-    };
-    let stats = match (stats64, stats32) {
-        (Some(v), _) | (None, Some(v)) => stats(v),
-        (None, None) => Stats::default(),
-    };
-    Ok(ServiceEntry {
-        service: Service {
-            key,
-            scheduler,
-            flags: ServiceFlags::from_bits(flags),
-            timeout,
-            netmask,
-            pe_name,
-        },
-        stats,
-    })
+        };
+        let netmask = match self.netmask {
+            None => Netmask::host(family),
+            Some(v) => match family {
+                AddressFamily::Inet => Netmask::V4(Ipv4Addr::from(v)),
+                // The kernel only holds 1..=128 here.
+                AddressFamily::Inet6 => {
+                    Netmask::V6Prefix(u8::try_from(u32::from_ne_bytes(v)).unwrap_or(u8::MAX))
+                }
+            },
+        };
+        Ok(ServiceEntry {
+            service: Service {
+                key,
+                scheduler: self
+                    .scheduler
+                    .unwrap_or_else(|| Scheduler::Other(String::new())),
+                flags: ServiceFlags::from_bits(self.flags),
+                timeout: self.timeout,
+                netmask,
+                pe_name: self.pe_name,
+            },
+            stats: self.stats64.or(self.stats32).unwrap_or_default(),
+        })
+    }
 }

@@ -4,6 +4,7 @@
 use netlink_packet_core::{DecodeError, DefaultNla, Nla, NlaBuffer, Parseable};
 
 use super::consts::*;
+use super::{WireError, nla_buffers};
 use crate::Stats;
 
 /// A counter as sent: 32 bits in most of the `STATS` set, 64 bits in `STATS64` (and for
@@ -157,22 +158,37 @@ impl<'a> Parseable<NlaBuffer<&'a [u8]>> for StatsAttr {
 pub fn stats(nlas: &[StatsAttr]) -> Stats {
     let mut s = Stats::default();
     for a in nlas {
-        let slot = match a {
-            StatsAttr::Conns(_) => &mut s.conns,
-            StatsAttr::InPackets(_) => &mut s.in_packets,
-            StatsAttr::OutPackets(_) => &mut s.out_packets,
-            StatsAttr::InBytes(_) => &mut s.in_bytes,
-            StatsAttr::OutBytes(_) => &mut s.out_bytes,
-            StatsAttr::Cps(_) => &mut s.cps,
-            StatsAttr::InPps(_) => &mut s.in_pps,
-            StatsAttr::OutPps(_) => &mut s.out_pps,
-            StatsAttr::InBps(_) => &mut s.in_bps,
-            StatsAttr::OutBps(_) => &mut s.out_bps,
-            StatsAttr::Other(_) => continue,
-        };
-        if let Some(c) = a.counter() {
-            *slot = c.get();
-        }
+        add(&mut s, a);
     }
     s
+}
+
+/// The statistics of a `STATS`/`STATS64` nest's value, read attribute by attribute
+/// without building the list: the same as [`stats`] of the parsed list.
+pub(crate) fn stats_of_nest(value: &[u8]) -> Result<Stats, WireError> {
+    let mut s = Stats::default();
+    for nla in nla_buffers(value) {
+        add(&mut s, &StatsAttr::parse(&nla?)?);
+    }
+    Ok(s)
+}
+
+/// Sets the counter `a` carries in `s` (a later attribute of the same kind wins).
+fn add(s: &mut Stats, a: &StatsAttr) {
+    let slot = match a {
+        StatsAttr::Conns(_) => &mut s.conns,
+        StatsAttr::InPackets(_) => &mut s.in_packets,
+        StatsAttr::OutPackets(_) => &mut s.out_packets,
+        StatsAttr::InBytes(_) => &mut s.in_bytes,
+        StatsAttr::OutBytes(_) => &mut s.out_bytes,
+        StatsAttr::Cps(_) => &mut s.cps,
+        StatsAttr::InPps(_) => &mut s.in_pps,
+        StatsAttr::OutPps(_) => &mut s.out_pps,
+        StatsAttr::InBps(_) => &mut s.in_bps,
+        StatsAttr::OutBps(_) => &mut s.out_bps,
+        StatsAttr::Other(_) => return,
+    };
+    if let Some(c) = a.counter() {
+        *slot = c.get();
+    }
 }

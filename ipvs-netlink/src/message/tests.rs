@@ -432,6 +432,92 @@ fn decode_kernel_style_service_prefers_stats64() {
     assert_eq!(entry.stats.in_bytes, 0, "the 64-bit set had no in_bytes");
 }
 
+/// The table read's decoders (attribute by attribute, no attribute list) give what the
+/// typed ones give, on the kernel-style and the captured replies.
+#[test]
+fn record_decoders_agree_with_the_typed_ones() {
+    let service = kernel_style_service();
+    assert_eq!(
+        record::decode_service(&service).expect("decodes"),
+        decode_service(&service).expect("decodes")
+    );
+    for (cmd, s) in [
+        (IPVS_CMD_NEW_SERVICE, kernel_captures::KERNEL_SVC_SCTP_V6_MH),
+        (
+            IPVS_CMD_NEW_SERVICE,
+            kernel_captures::KERNEL_SVC_UDP_SH_PERSISTENT,
+        ),
+        (IPVS_CMD_NEW_SERVICE, kernel_captures::KERNEL_SVC_FWMARK_V6),
+        (IPVS_CMD_NEW_DEST, kernel_captures::KERNEL_DEST_V6_MASQ),
+        (IPVS_CMD_NEW_DEST, kernel_captures::KERNEL_DEST_GUE),
+        (
+            IPVS_CMD_NEW_DEST,
+            kernel_captures::KERNEL_DEST_MASQ_THRESHOLDS,
+        ),
+    ] {
+        let mut payload = vec![cmd, 1, 0, 0];
+        payload.extend(hex(s));
+        let msg = IpvsMessage::from_genl(&payload).expect("parses");
+        if cmd == IPVS_CMD_NEW_SERVICE {
+            let rec = record::service_record(&payload).expect("has a service");
+            assert_eq!(
+                record::decode_service(rec).expect("decodes"),
+                msg.service_entry().expect("decodes")
+            );
+        } else {
+            let rec = record::destination_record(&payload).expect("has a destination");
+            for family in [AddressFamily::Inet, AddressFamily::Inet6] {
+                assert_eq!(
+                    record::decode_destination(rec, family).expect("decodes"),
+                    msg.destination_entry(family).expect("decodes")
+                );
+            }
+        }
+    }
+}
+
+/// A service record split into key and configuration: statistics do not count, the
+/// scheduler and the address do.
+#[test]
+fn split_service_leaves_statistics_out() {
+    let (mut key, mut config) = (Vec::new(), Vec::new());
+    let base = kernel_style_service();
+    record::split_service(&base, &mut key, &mut config).expect("splits");
+    let split = |service: &Service| {
+        let msg = IpvsMessage::new_service(service).expect("valid");
+        let IpvsAttr::Service(mut nlas) = msg.nlas[0].clone() else {
+            panic!("no service attribute");
+        };
+        let unsplit = |nlas: &[ServiceAttr]| {
+            let mut buf = vec![0; nlas.buffer_len()];
+            nlas.emit(&mut buf);
+            let (mut k, mut c) = (Vec::new(), Vec::new());
+            record::split_service(&buf, &mut k, &mut c).expect("splits");
+            (k, c)
+        };
+        let plain = unsplit(&nlas);
+        nlas.insert(
+            2,
+            ServiceAttr::Stats64(vec![StatsAttr::InPackets(Counter::U64(99))]),
+        );
+        assert_eq!(unsplit(&nlas), plain, "statistics are left out");
+        plain
+    };
+    let svc = Service::new(tcp_10_0_0_1_80(), Scheduler::RoundRobin);
+    let (k1, c1) = split(&svc);
+    let (k2, c2) = split(
+        &svc.clone()
+            .with_scheduler(Scheduler::WeightedLeastConnection),
+    );
+    assert_eq!(k1, k2);
+    assert_ne!(c1, c2);
+    let other = Service::new(ServiceKey::tcp(v4(10, 0, 0, 2), 80), Scheduler::RoundRobin);
+    let (k3, c3) = split(&other);
+    assert_ne!(k1, k3);
+    assert_eq!(c1, c3);
+    assert!(record::split_service(&[0xff; 7], &mut key, &mut config).is_err());
+}
+
 #[test]
 fn unknown_attributes_survive_a_round_trip() {
     let buf = kernel_style_service();
@@ -571,6 +657,43 @@ mod prop {
                 }
             }
             let _ = decode_stats(&bytes);
+        }
+
+        #[test]
+        fn record_decoders_agree_on_any_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            prop_assert_eq!(record::decode_service(&bytes).ok(), decode_service(&bytes).ok());
+            for family in [AddressFamily::Inet, AddressFamily::Inet6] {
+                prop_assert_eq!(
+                    record::decode_destination(&bytes, family).ok(),
+                    decode_destination(&bytes, family).ok()
+                );
+            }
+        }
+
+        #[test]
+        fn equal_splits_mean_equal_services(a in service(), b in service(), packets in any::<u64>()) {
+            let nest = |svc: &Service, packets: u64| {
+                let msg = IpvsMessage::new_service(svc).expect("valid");
+                let IpvsAttr::Service(mut nlas) = msg.nlas[0].clone() else {
+                    panic!("no service attribute");
+                };
+                nlas.push(ServiceAttr::Stats64(vec![StatsAttr::Conns(Counter::U64(packets))]));
+                let mut buf = vec![0; nlas.as_slice().buffer_len()];
+                nlas.as_slice().emit(&mut buf);
+                buf
+            };
+            let split = |buf: &[u8]| {
+                let (mut k, mut c) = (Vec::new(), Vec::new());
+                record::split_service(buf, &mut k, &mut c).expect("splits");
+                (k, c)
+            };
+            let (na, na2, nb) = (nest(&a, 0), nest(&a, packets), nest(&b, packets));
+            prop_assert_eq!(split(&na), split(&na2));
+            let same_split = split(&na) == split(&nb);
+            let same_service =
+                record::decode_service(&na).expect("decodes").service
+                    == record::decode_service(&nb).expect("decodes").service;
+            prop_assert_eq!(same_split, same_service);
         }
 
         #[test]

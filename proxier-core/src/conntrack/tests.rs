@@ -2,6 +2,9 @@
 
 use std::collections::BTreeMap;
 
+use ipvs_netlink::transport::encode;
+use netlink_packet_core::{NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST};
+
 use super::*;
 use crate::desired::{
     RealServer, RealServerKey, Scheduler, ServicePortName, VirtualServer, VirtualServerKey,
@@ -53,7 +56,7 @@ fn flow() -> ConntrackFlow {
 
 #[test]
 fn delete_request_matches_the_uapi_layout() {
-    let bytes = encode_delete(&flow(), 7);
+    let bytes = encode(delete_request(&flow()), NLM_F_REQUEST | NLM_F_ACK, 7);
     let mut expected = vec![
         0x48, 0x00, 0x00, 0x00, // length 72
         0x02, 0x01, // type: CTNETLINK << 8 | IPCTNL_MSG_CT_DELETE
@@ -70,7 +73,7 @@ fn delete_request_matches_the_uapi_layout() {
 fn delete_request_carries_a_nonzero_zone() {
     let mut f = flow();
     f.zone = 5;
-    let bytes = encode_delete(&f, 1);
+    let bytes = encode(delete_request(&f), NLM_F_REQUEST | NLM_F_ACK, 1);
     assert_eq!(
         &bytes[bytes.len() - 8..],
         &[0x06, 0x00, 0x12, 0x00, 0x00, 0x05, 0, 0]
@@ -80,13 +83,12 @@ fn delete_request_carries_a_nonzero_zone() {
 
 #[test]
 fn dump_request_is_a_bare_get_with_dump_flags() {
-    let bytes = encode_request(
-        IPCTNL_MSG_CT_GET,
-        NLM_F_REQUEST | NLM_F_DUMP,
-        9,
-        AF_INET6,
-        &[],
-    );
+    let request = CtRequest {
+        kind: IPCTNL_MSG_CT_GET,
+        family: AF_INET6,
+        attributes: Vec::new(),
+    };
+    let bytes = encode(request, NLM_F_REQUEST | NLM_F_DUMP, 9);
     assert_eq!(
         bytes,
         vec![
@@ -131,27 +133,6 @@ fn entries_without_ports_are_skipped() {
 fn malformed_attributes_are_an_error() {
     let payload = [0x02, 0x00, 0x00, 0x00, 0xff, 0x00, 0x01, 0x80, 0x00];
     assert!(decode_flow(&payload).is_err());
-}
-
-#[test]
-fn splits_several_messages_and_reads_errors() {
-    let mut bytes = encode_request(IPCTNL_MSG_CT_GET, NLM_F_REQUEST, 3, AF_INET, &[1, 2, 3]);
-    bytes.resize(24, 0); // aligned to 4
-    // An NLMSG_ERROR with -ENOENT.
-    bytes.extend_from_slice(&36u32.to_ne_bytes());
-    bytes.extend_from_slice(&NLMSG_ERROR.to_ne_bytes());
-    bytes.extend_from_slice(&0u16.to_ne_bytes());
-    bytes.extend_from_slice(&4u32.to_ne_bytes());
-    bytes.extend_from_slice(&0u32.to_ne_bytes());
-    bytes.extend_from_slice(&(-libc::ENOENT).to_ne_bytes());
-    bytes.extend_from_slice(&[0; 16]);
-    let messages = split_messages(&bytes).unwrap();
-    assert_eq!(messages.len(), 2);
-    assert_eq!(messages[0].sequence, 3);
-    assert_eq!(messages[0].payload, vec![2, 0, 0, 0, 1, 2, 3]);
-    assert_eq!(messages[1].kind, NLMSG_ERROR);
-    assert_eq!(error_code(&messages[1].payload, "t").unwrap(), libc::ENOENT);
-    assert!(split_messages(&[0xff, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]).is_err());
 }
 
 #[test]

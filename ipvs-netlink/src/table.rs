@@ -1,0 +1,418 @@
+//! Reading the whole table on blocking sockets: the service list (verified against the
+//! kernel's cross-namespace dump flaw, or a single dump) and every service's destinations,
+//! dumped in parallel while the service list is still being verified.
+//!
+//! The kernel resumes a multi-part service dump by a position that counts the services of
+//! every network namespace, so IPVS changes in another namespace during a dump can make it
+//! repeat and skip services of ours. A disturbed dump never shows a service that does not
+//! exist, so dumps are merged (the latest configuration of each key wins) until
+//! [`QUIET_DUMPS`] dumps in a row bring no key and no configuration that the earlier ones
+//! had not shown. Only the first dump is decoded whole; later ones are compared with it
+//! record by record on their raw bytes (key and configuration, statistics aside), and only
+//! a record that differs is decoded. Services merged from earlier dumps but absent from the
+//! last one (skipped by it, or deleted meanwhile) are then read one by one with
+//! `GET_SERVICE`, which is exact.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io;
+use std::sync::{Condvar, Mutex};
+
+use crate::destination::DestinationEntry;
+use crate::error::{Error, Object, Operation};
+use crate::handle::{Table, VerifiedTable};
+use crate::message::{self, IpvsMessage, WireError, record};
+use crate::service::{ServiceEntry, ServiceKey};
+use crate::transport::NetlinkSocket;
+
+/// Consecutive service dumps that must add nothing before a merged read counts as complete.
+/// One quiet dump could repeat what the previous one skipped (both resumed at positions
+/// shifted the same way).
+const QUIET_DUMPS: u32 = 2;
+
+/// What a service dump showed of one key.
+#[derive(Debug)]
+struct Known {
+    /// The configuration bytes last shown (see [`record::split_service`]).
+    config: Vec<u8>,
+    /// The decoded key.
+    key: ServiceKey,
+    /// The last dump (1-based) that showed it.
+    seen_in: u32,
+}
+
+/// The service dumps merged so far.
+#[derive(Debug, Default)]
+struct Merge {
+    /// By raw key bytes.
+    known: HashMap<Vec<u8>, Known>,
+    /// The services, with the latest configuration shown.
+    services: BTreeMap<ServiceKey, ServiceEntry>,
+    /// Dumps begun.
+    attempts: u32,
+    /// Dumps in a row that brought nothing new.
+    quiet: u32,
+    /// Whether the current dump brought a new key or configuration.
+    news: bool,
+}
+
+impl Merge {
+    fn begin_dump(&mut self) {
+        self.attempts += 1;
+        self.news = false;
+    }
+
+    /// Takes one record of the current dump; `decode` is called only for a record that
+    /// brings something new. Returns the key when it was never seen before.
+    fn record(
+        &mut self,
+        key: &[u8],
+        config: &[u8],
+        decode: impl FnOnce() -> Result<ServiceEntry, WireError>,
+    ) -> Result<Option<ServiceKey>, WireError> {
+        let attempt = self.attempts;
+        if let Some(known) = self.known.get_mut(key) {
+            known.seen_in = attempt;
+            if known.config == config {
+                return Ok(None);
+            }
+            let entry = decode()?;
+            known.config = config.to_vec();
+            self.news = true;
+            self.services.insert(entry.service.key, entry);
+            return Ok(None);
+        }
+        let entry = decode()?;
+        let service_key = entry.service.key;
+        self.known.insert(
+            key.to_vec(),
+            Known {
+                config: config.to_vec(),
+                key: service_key,
+                seen_in: attempt,
+            },
+        );
+        self.news = true;
+        self.services.insert(service_key, entry);
+        Ok(Some(service_key))
+    }
+
+    /// Ends the current dump; `true` when no further dump is needed.
+    fn end_dump(&mut self, max_attempts: u32) -> bool {
+        self.quiet = if self.attempts > 1 && !self.news {
+            self.quiet + 1
+        } else {
+            0
+        };
+        self.verified() || self.attempts >= max_attempts.max(1)
+    }
+
+    fn verified(&self) -> bool {
+        self.quiet >= QUIET_DUMPS
+    }
+
+    /// Keys merged from earlier dumps that the last one did not show.
+    fn unconfirmed(&self) -> Vec<ServiceKey> {
+        if self.attempts <= 1 {
+            return Vec::new();
+        }
+        self.known
+            .values()
+            .filter(|k| k.seen_in != self.attempts)
+            .map(|k| k.key)
+            .collect()
+    }
+
+    /// The exact answer for an unconfirmed key: its entry, or `None` when it is gone.
+    fn settle(&mut self, key: ServiceKey, entry: Option<ServiceEntry>) {
+        match entry {
+            Some(entry) => {
+                self.services.insert(key, entry);
+            }
+            None => {
+                self.services.remove(&key);
+                self.known.retain(|_, k| k.key != key);
+            }
+        }
+    }
+}
+
+/// The keys whose destinations are to be dumped, handed out to the workers as they come.
+#[derive(Debug, Default)]
+struct Queue {
+    state: Mutex<QueueState>,
+    ready: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct QueueState {
+    keys: Vec<ServiceKey>,
+    next: usize,
+    /// No more keys will come.
+    closed: bool,
+}
+
+impl Queue {
+    fn lock(&self) -> std::sync::MutexGuard<'_, QueueState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn push(&self, keys: &[ServiceKey]) {
+        if keys.is_empty() {
+            return;
+        }
+        self.lock().keys.extend_from_slice(keys);
+        self.ready.notify_all();
+    }
+
+    /// No more keys: the workers finish what is queued. With `abandon`, they stop at once.
+    fn close(&self, abandon: bool) {
+        let mut state = self.lock();
+        state.closed = true;
+        if abandon {
+            state.next = state.keys.len();
+        }
+        drop(state);
+        self.ready.notify_all();
+    }
+
+    /// The next key, waiting for one while the queue is open; `None` once it is closed and
+    /// drained.
+    fn take(&self) -> Option<ServiceKey> {
+        let mut state = self.lock();
+        loop {
+            if let Some(&key) = state.keys.get(state.next) {
+                state.next += 1;
+                return Some(key);
+            }
+            if state.closed {
+                return None;
+            }
+            state = self.ready.wait(state).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+}
+
+/// Reads the table: the service list with up to `max_attempts` dumps on the first socket
+/// (a single, unverified dump with 1), every service's destinations on all of them.
+pub(crate) fn read(
+    sockets: &mut [NetlinkSocket],
+    family: u16,
+    max_attempts: u32,
+) -> Result<VerifiedTable, Error> {
+    let Some((first, others)) = sockets.split_first_mut() else {
+        return Err(Error::io(
+            Operation::ListServices,
+            io::Error::other("no socket to read the table with"),
+        ));
+    };
+    let queue = Queue::default();
+    let (services, parts) = std::thread::scope(|scope| {
+        let workers: Vec<_> = others
+            .iter_mut()
+            .map(|socket| {
+                let queue = &queue;
+                scope.spawn(move || destinations_worker(socket, family, queue))
+            })
+            .collect();
+        let services = read_services(first, family, max_attempts, &queue);
+        queue.close(services.is_err());
+        let mut parts = vec![destinations_worker(first, family, &queue)];
+        for worker in workers {
+            parts.push(worker.join().unwrap_or_else(|_| {
+                Err(Error::io(
+                    Operation::ListDestinations,
+                    io::Error::other("dump worker panicked"),
+                ))
+            }));
+        }
+        (services, parts)
+    });
+    let merge = services?;
+    let mut destinations = HashMap::new();
+    for part in parts {
+        destinations.extend(part?);
+    }
+    let verified = merge.verified();
+    let attempts = merge.attempts;
+    let table: Table = merge
+        .services
+        .into_values()
+        .map(|entry| {
+            let dests = destinations.remove(&entry.service.key).unwrap_or_default();
+            (entry, dests)
+        })
+        .collect();
+    Ok(VerifiedTable {
+        table,
+        attempts,
+        verified,
+    })
+}
+
+/// Reads the service list on `socket`, queueing new keys for the destination workers.
+fn read_services(
+    socket: &mut NetlinkSocket,
+    family: u16,
+    max_attempts: u32,
+    queue: &Queue,
+) -> Result<Merge, Error> {
+    let op = Operation::ListServices;
+    // Both closures need the socket, never at the same time.
+    let socket = std::cell::RefCell::new(socket);
+    merge_dumps(
+        max_attempts,
+        |each| {
+            let answer = socket
+                .borrow_mut()
+                .dump(
+                    message::genl(family, IpvsMessage::get_services()),
+                    |reply| each(record::service_record(reply.payload)),
+                )
+                .map_err(|e| Error::io(op, e))?;
+            answer.map_err(|errno| Error::from_errno(op, &Object::Table, errno))
+        },
+        |key| get_service(&mut socket.borrow_mut(), family, key),
+        |keys| queue.push(keys),
+    )
+}
+
+/// Dumps services until the merge is complete (or `max_attempts` dumps), handing every
+/// new key to `found` as soon as it is seen (in batches), then reads the unconfirmed ones
+/// with `get`. `dump` runs one dump, calling its argument with every service record.
+fn merge_dumps(
+    max_attempts: u32,
+    mut dump: impl FnMut(&mut dyn FnMut(Result<&[u8], WireError>)) -> Result<(), Error>,
+    mut get: impl FnMut(&ServiceKey) -> Result<Option<ServiceEntry>, Error>,
+    mut found: impl FnMut(&[ServiceKey]),
+) -> Result<Merge, Error> {
+    let op = Operation::ListServices;
+    let mut merge = Merge::default();
+    let (mut key, mut config) = (Vec::new(), Vec::new());
+    let mut fresh = Vec::new();
+    loop {
+        merge.begin_dump();
+        let mut bad = None;
+        dump(&mut |rec| {
+            if bad.is_some() {
+                return;
+            }
+            let result = rec.and_then(|rec| {
+                record::split_service(rec, &mut key, &mut config)?;
+                merge.record(&key, &config, || record::decode_service(rec))
+            });
+            match result {
+                Ok(Some(new)) => {
+                    fresh.push(new);
+                    // Hand keys out in batches, not one lock per service.
+                    if fresh.len() >= 64 {
+                        found(&fresh);
+                        fresh.clear();
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => bad = Some(e),
+            }
+        })?;
+        if let Some(source) = bad {
+            return Err(Error::Decode { op, source });
+        }
+        if !fresh.is_empty() {
+            found(&fresh);
+            fresh.clear();
+        }
+        if merge.end_dump(max_attempts) {
+            break;
+        }
+    }
+    for key in merge.unconfirmed() {
+        let entry = get(&key)?;
+        merge.settle(key, entry);
+    }
+    Ok(merge)
+}
+
+/// One service read with `GET_SERVICE` (exact, unaffected by the dump flaw); `None` when
+/// it does not exist.
+fn get_service(
+    socket: &mut NetlinkSocket,
+    family: u16,
+    key: &ServiceKey,
+) -> Result<Option<ServiceEntry>, Error> {
+    let op = Operation::GetService;
+    let object = Object::Service(*key);
+    let msg = IpvsMessage::get_service(key).map_err(|e| Error::from_encode(op, &object, e))?;
+    let mut found = None;
+    let answer = socket
+        .request(message::genl(family, msg), |reply| {
+            if found.is_none() {
+                found =
+                    Some(record::service_record(reply.payload).and_then(record::decode_service));
+            }
+        })
+        .map_err(|e| Error::io(op, e))?;
+    match answer {
+        Err(errno) => match Error::from_errno(op, &object, errno) {
+            e if e.is_not_found() => Ok(None),
+            e => Err(e),
+        },
+        Ok(()) => match found {
+            Some(Ok(entry)) => Ok(Some(entry)),
+            Some(Err(source)) => Err(Error::Decode { op, source }),
+            None => Ok(None),
+        },
+    }
+}
+
+/// Dumps the destinations of queued keys until the queue is closed and drained.
+fn destinations_worker(
+    socket: &mut NetlinkSocket,
+    family: u16,
+    queue: &Queue,
+) -> Result<Vec<(ServiceKey, Vec<DestinationEntry>)>, Error> {
+    let mut out = Vec::new();
+    while let Some(key) = queue.take() {
+        match destinations(socket, family, &key) {
+            Ok(dests) => out.push((key, dests)),
+            Err(e) => {
+                queue.close(true);
+                return Err(e);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// One service's destinations (a per-service dump: not affected by the dump flaw).
+fn destinations(
+    socket: &mut NetlinkSocket,
+    family: u16,
+    key: &ServiceKey,
+) -> Result<Vec<DestinationEntry>, Error> {
+    let op = Operation::ListDestinations;
+    let object = Object::Service(*key);
+    let msg = IpvsMessage::get_destinations(key).map_err(|e| Error::from_encode(op, &object, e))?;
+    let key_family = key.family();
+    let mut dests = Vec::new();
+    let mut bad = None;
+    let answer = socket
+        .dump(
+            message::genl(family, msg),
+            |reply| match record::destination_record(reply.payload)
+                .and_then(|rec| record::decode_destination(rec, key_family))
+            {
+                Ok(d) => dests.push(d),
+                Err(e) => bad = Some(e),
+            },
+        )
+        .map_err(|e| Error::io(op, e))?;
+    if let Err(errno) = answer {
+        return Err(Error::from_errno(op, &object, errno));
+    }
+    if let Some(source) = bad {
+        return Err(Error::Decode { op, source });
+    }
+    Ok(dests)
+}
+
+#[cfg(test)]
+mod tests;

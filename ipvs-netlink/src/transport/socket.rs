@@ -1,0 +1,310 @@
+//! The blocking socket: one request at a time, or many pipelined.
+
+use std::io::{self, IoSliceMut};
+use std::os::fd::AsRawFd;
+
+use netlink_packet_core::{NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NetlinkSerializable};
+use netlink_sys::{Socket, SocketAddr};
+use nix::sys::socket::{MsgFlags, MultiHeaders, recvmmsg};
+
+use super::{Barrier, End, Reply, needs_barrier, push_message, replies};
+
+/// Receive buffer asked for (the kernel doubles it); sized so that the acks of a whole
+/// pipelined chunk and large dump replies never overflow.
+const RCVBUF: usize = 16 * 1024 * 1024;
+/// The user-space buffer the async connection reads one datagram into.
+pub(super) const DATAGRAM: usize = 1 << 20;
+/// The buffer for one datagram of a `recvmmsg`: the kernel makes dump datagrams of at most
+/// 32 KiB (the largest receive buffer it sizes them to), acks are far smaller.
+const SLOT: usize = 32 * 1024;
+/// Datagrams taken by one `recvmmsg`.
+const SLOTS: usize = 32;
+/// Most bytes of requests sent in one datagram (below the default 208 KiB send buffer).
+const CHUNK_BYTES: usize = 160 * 1024;
+/// Most requests per datagram, bounding the acks queued at once.
+const CHUNK_REQUESTS: usize = 2048;
+
+/// What became of one request of a [`pipeline`](NetlinkSocket::pipeline).
+#[derive(Debug)]
+pub enum Answer<'a> {
+    /// The kernel acknowledged it.
+    Ack,
+    /// The kernel refused it with this errno (positive); `EINTR` when it sent no
+    /// acknowledgement at all (see [the module documentation](super)).
+    Errno(i32),
+    /// It was never sent: sending its datagram failed.
+    NotSent(&'a io::Error),
+    /// It was sent, but receiving the acknowledgements failed.
+    Unanswered(&'a io::Error),
+}
+
+/// A blocking netlink socket of any protocol, in the network namespace of the thread that
+/// opened it: bound, connected to the kernel, with `NETLINK_CAP_ACK` (acks do not echo the
+/// request), a large receive buffer and a 30 s receive timeout.
+#[derive(Debug)]
+pub struct NetlinkSocket {
+    socket: Socket,
+    sequence: u32,
+    inbox: Inbox,
+    out: Vec<u8>,
+}
+
+/// The datagrams one `recvmmsg` took.
+struct Inbox {
+    /// [`SLOTS`] buffers of [`SLOT`] bytes.
+    buf: Vec<u8>,
+    /// The length of each datagram received, in order.
+    lens: Vec<usize>,
+}
+
+impl std::fmt::Debug for Inbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inbox").field("lens", &self.lens).finish()
+    }
+}
+
+impl Inbox {
+    fn new() -> Inbox {
+        Inbox {
+            buf: vec![0; SLOT * SLOTS],
+            lens: Vec::with_capacity(SLOTS),
+        }
+    }
+
+    /// Waits for a datagram, then takes every one already queued (up to [`SLOTS`]) in the
+    /// same `recvmmsg` (`MSG_WAITFORONE`). Each datagram the kernel hands out lets it
+    /// queue the next part of a dump (or its `NLMSG_DONE`) before the next one is taken,
+    /// so a dump of a few parts, or the acks of many pipelined requests, arrive in one
+    /// system call instead of one each.
+    fn fill(&mut self, socket: &Socket) -> io::Result<()> {
+        self.lens.clear();
+        let mut headers = MultiHeaders::<()>::preallocate(SLOTS, None);
+        let mut slots: Vec<[IoSliceMut<'_>; 1]> = self
+            .buf
+            .chunks_mut(SLOT)
+            .map(|slot| [IoSliceMut::new(slot)])
+            .collect();
+        let received = recvmmsg(
+            socket.as_raw_fd(),
+            &mut headers,
+            slots.iter_mut(),
+            MsgFlags::MSG_WAITFORONE,
+            None,
+        )
+        .map_err(io::Error::from)?;
+        for datagram in received {
+            if datagram.flags.contains(MsgFlags::MSG_TRUNC) {
+                return Err(io::Error::other(format!(
+                    "netlink datagram larger than {SLOT} bytes"
+                )));
+            }
+            self.lens.push(datagram.bytes.min(SLOT));
+        }
+        Ok(())
+    }
+
+    /// The datagrams taken by the last [`fill`](Inbox::fill).
+    fn datagrams(&self) -> impl Iterator<Item = &[u8]> {
+        self.lens
+            .iter()
+            .enumerate()
+            .map(|(i, &len)| &self.buf[i * SLOT..i * SLOT + len])
+    }
+}
+
+impl NetlinkSocket {
+    /// Opens a socket of `protocol` (e.g. `netlink_sys::protocols::NETLINK_GENERIC`).
+    pub fn open(protocol: isize) -> io::Result<NetlinkSocket> {
+        let mut socket = Socket::new(protocol)?;
+        configure(&mut socket)?;
+        nix::sys::socket::setsockopt(
+            &socket,
+            nix::sys::socket::sockopt::ReceiveTimeout,
+            &nix::sys::time::TimeVal::new(30, 0),
+        )
+        .map_err(io::Error::from)?;
+        Ok(NetlinkSocket {
+            socket,
+            sequence: 0,
+            inbox: Inbox::new(),
+            out: Vec::new(),
+        })
+    }
+
+    /// The next sequence number (never 0).
+    fn next_sequence(&mut self) -> u32 {
+        self.sequence = self.sequence.wrapping_add(1).max(1);
+        self.sequence
+    }
+
+    fn send_out(&mut self) -> io::Result<()> {
+        let n = self.socket.send(&self.out, 0)?;
+        if n != self.out.len() {
+            return Err(io::Error::other(format!(
+                "short netlink send: {n} of {} bytes",
+                self.out.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Sends one request with `flags` and hands every reply message to `f` until the one
+    /// that ends it. `Ok(Err(errno))`: the kernel refused it (`EINTR`: it sent no reply;
+    /// a request that is not a dump goes with a [`Barrier`] that shows it).
+    fn exchange<P: NetlinkSerializable>(
+        &mut self,
+        payload: P,
+        flags: u16,
+        mut f: impl FnMut(&Reply<'_>),
+    ) -> io::Result<Result<(), i32>> {
+        let sequence = self.next_sequence();
+        self.out.clear();
+        push_message(&mut self.out, payload, flags, sequence);
+        let barrier = needs_barrier(flags).then(|| {
+            let barrier = self.next_sequence();
+            push_message(&mut self.out, Barrier, NLM_F_REQUEST | NLM_F_ACK, barrier);
+            barrier
+        });
+        self.send_out()?;
+        let mut result = None;
+        loop {
+            self.inbox.fill(&self.socket)?;
+            for reply in self.inbox.datagrams().flat_map(replies) {
+                let end = reply.end();
+                if Some(reply.header.sequence_number) == barrier {
+                    if end != End::No {
+                        // Every reply of the request came before this one.
+                        return Ok(result.unwrap_or(Err(libc::EINTR)));
+                    }
+                    continue;
+                }
+                if reply.header.sequence_number != sequence || result.is_some() {
+                    continue;
+                }
+                match end {
+                    End::No => f(&reply),
+                    End::Done => result = Some(Ok(())),
+                    End::Errno(errno) => result = Some(Err(errno)),
+                    End::Overrun => return Err(io::Error::from_raw_os_error(libc::ENOBUFS)),
+                }
+                if let (None, Some(result)) = (barrier, result) {
+                    return Ok(result);
+                }
+            }
+        }
+    }
+
+    /// Runs a dump (`NLM_F_DUMP`), handing every reply message to `f`. `Ok(Err(errno))`:
+    /// the kernel refused or aborted it.
+    pub fn dump<P: NetlinkSerializable>(
+        &mut self,
+        payload: P,
+        f: impl FnMut(&Reply<'_>),
+    ) -> io::Result<Result<(), i32>> {
+        self.exchange(payload, NLM_F_REQUEST | NLM_F_DUMP, f)
+    }
+
+    /// Sends a request asking for an acknowledgement, handing the messages that come
+    /// before it (e.g. the answer to a `GET`) to `f`. `Ok(Err(errno))`: the kernel
+    /// refused it.
+    pub fn request<P: NetlinkSerializable>(
+        &mut self,
+        payload: P,
+        f: impl FnMut(&Reply<'_>),
+    ) -> io::Result<Result<(), i32>> {
+        self.exchange(payload, NLM_F_REQUEST | NLM_F_ACK, f)
+    }
+
+    /// Sends `requests` with as few `sendmsg` calls as the kernel allows (up to 160 KiB or
+    /// 2,048 requests per datagram), each asking for an acknowledgement, and calls
+    /// `answer` exactly once for every request with its tag, in order within a datagram.
+    /// Each datagram ends with a [`Barrier`]: a request the kernel sent no acknowledgement
+    /// for is answered `Errno(EINTR)` once the barrier's comes, after the datagram's others.
+    /// Requests are pulled from the iterator as they are sent. A datagram that fails to
+    /// send or whose acks cannot be read fails only its own requests.
+    pub fn pipeline<T, P, I>(&mut self, requests: I, mut answer: impl FnMut(T, Answer<'_>))
+    where
+        P: NetlinkSerializable,
+        I: IntoIterator<Item = (T, P)>,
+    {
+        let mut requests = requests.into_iter().peekable();
+        let mut tags: Vec<Option<T>> = Vec::new();
+        while requests.peek().is_some() {
+            self.out.clear();
+            tags.clear();
+            let first = self.sequence.wrapping_add(1).max(1);
+            while self.out.len() < CHUNK_BYTES && tags.len() < CHUNK_REQUESTS {
+                let Some((tag, payload)) = requests.next() else {
+                    break;
+                };
+                // Sequence numbers of a chunk are consecutive, so that an ack maps back
+                // to its request by subtraction (wrapping).
+                let sequence = first.wrapping_add(tags.len() as u32);
+                self.sequence = sequence;
+                push_message(&mut self.out, payload, NLM_F_REQUEST | NLM_F_ACK, sequence);
+                tags.push(Some(tag));
+            }
+            // The barrier's sequence number follows the chunk's.
+            let barrier_index = tags.len();
+            let barrier = first.wrapping_add(barrier_index as u32);
+            self.sequence = barrier;
+            push_message(&mut self.out, Barrier, NLM_F_REQUEST | NLM_F_ACK, barrier);
+            if let Err(e) = self.send_out() {
+                for tag in tags.drain(..).flatten() {
+                    answer(tag, Answer::NotSent(&e));
+                }
+                continue;
+            }
+            let mut pending = tags.len();
+            while pending > 0 {
+                if let Err(e) = self.inbox.fill(&self.socket) {
+                    for tag in tags.drain(..).flatten() {
+                        answer(tag, Answer::Unanswered(&e));
+                    }
+                    break;
+                }
+                for reply in self.inbox.datagrams().flat_map(replies) {
+                    let Some(result) = reply.ack() else {
+                        continue;
+                    };
+                    let k = reply.header.sequence_number.wrapping_sub(first) as usize;
+                    if k == barrier_index {
+                        // The barrier: every acknowledgement of the chunk came before it.
+                        for tag in tags.iter_mut().filter_map(Option::take) {
+                            answer(tag, Answer::Errno(libc::EINTR));
+                        }
+                        pending = 0;
+                        continue;
+                    }
+                    let Some(tag) = tags.get_mut(k).and_then(Option::take) else {
+                        continue;
+                    };
+                    pending -= 1;
+                    match result {
+                        Ok(()) => answer(tag, Answer::Ack),
+                        Err(errno) => answer(tag, Answer::Errno(errno)),
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Binds and connects a new socket to the kernel, asks for small acks (no echo of the
+/// request payload; best effort) and raises its receive buffer.
+pub(super) fn configure(socket: &mut Socket) -> io::Result<()> {
+    socket.bind_auto()?;
+    socket.connect(&SocketAddr::new(0, 0))?;
+    let _ = socket.set_cap_ack(true);
+    tune_rcvbuf(socket);
+    Ok(())
+}
+
+/// Raises a socket's receive buffer: `SO_RCVBUFFORCE` when privileged, else `SO_RCVBUF`.
+fn tune_rcvbuf(socket: &Socket) {
+    let forced =
+        nix::sys::socket::setsockopt(socket, nix::sys::socket::sockopt::RcvBufForce, &RCVBUF);
+    if forced.is_err() {
+        let _ = socket.set_rx_buf_sz(RCVBUF);
+    }
+}
