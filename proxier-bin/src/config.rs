@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Deserializer};
 
 use crate::go_duration::parse_go_duration;
 
@@ -26,7 +26,8 @@ pub enum ConfigError {
         /// What the OS said.
         source: std::io::Error,
     },
-    /// The file is not valid YAML of the expected shape.
+    /// The file is not valid YAML of the expected shape (a malformed duration included; the
+    /// message names the field, e.g. `ipvs.syncPeriod`).
     #[error("parsing config file {path}: {source}")]
     Parse {
         /// The file.
@@ -50,159 +51,151 @@ pub enum ConfigError {
         /// The kind it carries.
         found: String,
     },
-    /// A duration field does not hold a Go duration.
-    #[error("config file {path}: field {field}: {source}")]
-    Duration {
-        /// The file.
-        path: PathBuf,
-        /// The field, as a dotted path (e.g. `ipvs.syncPeriod`).
-        field: &'static str,
-        /// What is wrong with the value.
-        source: crate::go_duration::DurationParseError,
-    },
+}
+
+/// Fields the file leaves out, sets to `null` or to an empty (or blank) string are absent.
+fn non_empty<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    Ok(Option::<String>::deserialize(d)?.filter(|s| !s.trim().is_empty()))
+}
+
+/// A Go duration (`30s`, `1m30s`); empty means absent. The YAML parser loses track of the
+/// field inside sections with unknown fields kept aside, so the error names it.
+fn go_duration<'de, D: Deserializer<'de>>(d: D, field: &str) -> Result<Option<Duration>, D::Error> {
+    non_empty(d)?
+        .map(|text| parse_go_duration(text.trim()))
+        .transpose()
+        .map_err(|e| serde::de::Error::custom(format!("field {field}: {e}")))
+}
+
+macro_rules! duration_fields {
+    ($($function:ident: $field:literal),* $(,)?) => {$(
+        fn $function<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+            go_duration(d, $field)
+        }
+    )*};
+}
+
+duration_fields! {
+    sync_period: "syncPeriod",
+    min_sync_period: "minSyncPeriod",
+    ipvs_sync_period: "ipvs.syncPeriod",
+    ipvs_min_sync_period: "ipvs.minSyncPeriod",
+    ipvs_tcp_timeout: "ipvs.tcpTimeout",
+    ipvs_tcp_fin_timeout: "ipvs.tcpFinTimeout",
+    ipvs_udp_timeout: "ipvs.udpTimeout",
+}
+
+/// A section written as `null` (`ipvs:` with nothing under it) is an empty one.
+fn section<'de, D: Deserializer<'de>, T: Deserialize<'de> + Default>(d: D) -> Result<T, D::Error> {
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
 }
 
 /// `clientConnection` of the config file.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
 pub struct ClientConnection {
     /// Path to a kubeconfig file.
-    #[serde(default)]
+    #[serde(deserialize_with = "non_empty")]
     pub kubeconfig: Option<String>,
-    /// Fields we do not use.
-    #[serde(flatten)]
-    pub other: BTreeMap<String, serde_yaml::Value>,
-}
-
-/// `ipvs` of the config file, with durations still as text.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct RawIpvs {
-    #[serde(default)]
-    scheduler: Option<String>,
-    #[serde(default)]
-    sync_period: Option<String>,
-    #[serde(default)]
-    min_sync_period: Option<String>,
-    #[serde(default, rename = "excludeCIDRs")]
-    exclude_cidrs: Option<Vec<String>>,
-    #[serde(default, rename = "strictARP")]
-    strict_arp: Option<bool>,
-    #[serde(default)]
-    tcp_timeout: Option<String>,
-    #[serde(default)]
-    tcp_fin_timeout: Option<String>,
-    #[serde(default)]
-    udp_timeout: Option<String>,
-    #[serde(flatten)]
-    other: BTreeMap<String, serde_yaml::Value>,
-}
-
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct RawConfig {
-    #[serde(default)]
-    api_version: Option<String>,
-    #[serde(default)]
-    kind: Option<String>,
-    #[serde(default)]
-    bind_address: Option<String>,
-    #[serde(default)]
-    healthz_bind_address: Option<String>,
-    #[serde(default)]
-    metrics_bind_address: Option<String>,
-    #[serde(default, rename = "clusterCIDR")]
-    cluster_cidr: Option<String>,
-    #[serde(default)]
-    hostname_override: Option<String>,
-    #[serde(default)]
-    mode: Option<String>,
-    #[serde(default)]
-    node_port_addresses: Option<Vec<String>>,
-    #[serde(default)]
-    client_connection: Option<ClientConnection>,
-    #[serde(default)]
-    ipvs: Option<RawIpvs>,
-    #[serde(default)]
-    masquerade_all: Option<bool>,
-    #[serde(default)]
-    sync_period: Option<String>,
-    #[serde(default)]
-    min_sync_period: Option<String>,
-    #[serde(default)]
-    detect_local_mode: Option<String>,
-    #[serde(default)]
-    detect_local: Option<RawDetectLocal>,
     #[serde(flatten)]
     other: BTreeMap<String, serde_yaml::Value>,
 }
 
 /// The `detectLocal` section.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct RawDetectLocal {
-    #[serde(default)]
-    bridge_interface: Option<String>,
-    #[serde(default)]
-    interface_name_prefix: Option<String>,
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+pub struct DetectLocal {
+    /// `detectLocal.bridgeInterface`.
+    #[serde(deserialize_with = "non_empty")]
+    pub bridge_interface: Option<String>,
+    /// `detectLocal.interfaceNamePrefix`.
+    #[serde(deserialize_with = "non_empty")]
+    pub interface_name_prefix: Option<String>,
     #[serde(flatten)]
     other: BTreeMap<String, serde_yaml::Value>,
 }
 
-/// The `ipvs` section, typed. Absent fields are `None` (and take the flag or the default).
-#[derive(Debug, Clone, Default, PartialEq)]
+/// The `ipvs` section. Absent fields are `None` (and take the flag or the default).
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
 pub struct IpvsFileConfig {
-    /// `ipvs.scheduler` (empty means the default).
+    /// `ipvs.scheduler`.
+    #[serde(deserialize_with = "non_empty")]
     pub scheduler: Option<String>,
     /// `ipvs.syncPeriod` (or the top-level `syncPeriod` of newer files).
+    #[serde(deserialize_with = "ipvs_sync_period")]
     pub sync_period: Option<Duration>,
     /// `ipvs.minSyncPeriod` (or the top-level `minSyncPeriod` of newer files).
+    #[serde(deserialize_with = "ipvs_min_sync_period")]
     pub min_sync_period: Option<Duration>,
     /// `ipvs.excludeCIDRs`.
+    #[serde(rename = "excludeCIDRs")]
     pub exclude_cidrs: Option<Vec<String>>,
     /// `ipvs.strictARP`.
+    #[serde(rename = "strictARP")]
     pub strict_arp: Option<bool>,
     /// `ipvs.tcpTimeout`.
+    #[serde(deserialize_with = "ipvs_tcp_timeout")]
     pub tcp_timeout: Option<Duration>,
     /// `ipvs.tcpFinTimeout`.
+    #[serde(deserialize_with = "ipvs_tcp_fin_timeout")]
     pub tcp_fin_timeout: Option<Duration>,
     /// `ipvs.udpTimeout`.
+    #[serde(deserialize_with = "ipvs_udp_timeout")]
     pub udp_timeout: Option<Duration>,
+    #[serde(flatten)]
+    other: BTreeMap<String, serde_yaml::Value>,
 }
 
 /// A parsed `KubeProxyConfiguration`: the fields ipvs-proxier uses, as written in the file.
 /// Addresses and CIDRs stay text here; [`crate::settings`] types and validates them.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
 pub struct KubeProxyConfiguration {
+    api_version: Option<String>,
+    kind: Option<String>,
     /// `bindAddress`.
+    #[serde(deserialize_with = "non_empty")]
     pub bind_address: Option<String>,
-    /// `healthzBindAddress`.
+    /// `healthzBindAddress` (an empty string means the default).
     pub healthz_bind_address: Option<String>,
-    /// `metricsBindAddress`.
+    /// `metricsBindAddress` (an empty string means the default).
     pub metrics_bind_address: Option<String>,
     /// `clusterCIDR` (comma-separated for dual-stack).
+    #[serde(rename = "clusterCIDR", deserialize_with = "non_empty")]
     pub cluster_cidr: Option<String>,
     /// `hostnameOverride`.
+    #[serde(deserialize_with = "non_empty")]
     pub hostname_override: Option<String>,
     /// `mode`.
+    #[serde(deserialize_with = "non_empty")]
     pub mode: Option<String>,
     /// `nodePortAddresses`.
     pub node_port_addresses: Option<Vec<String>>,
-    /// `clientConnection.kubeconfig`.
-    pub kubeconfig: Option<String>,
+    /// `clientConnection`.
+    #[serde(deserialize_with = "section")]
+    pub client_connection: ClientConnection,
     /// `masqueradeAll`.
     pub masquerade_all: Option<bool>,
     /// `ipvs`.
+    #[serde(deserialize_with = "section")]
     pub ipvs: IpvsFileConfig,
+    #[serde(deserialize_with = "sync_period")]
+    sync_period: Option<Duration>,
+    #[serde(deserialize_with = "min_sync_period")]
+    min_sync_period: Option<Duration>,
     /// `detectLocalMode` (`ClusterCIDR`, `NodeCIDR`, `BridgeInterface`,
     /// `InterfaceNamePrefix`).
+    #[serde(deserialize_with = "non_empty")]
     pub detect_local_mode: Option<String>,
-    /// `detectLocal.bridgeInterface`.
-    pub detect_local_bridge_interface: Option<String>,
-    /// `detectLocal.interfaceNamePrefix`.
-    pub detect_local_interface_name_prefix: Option<String>,
+    /// `detectLocal`.
+    #[serde(deserialize_with = "section")]
+    pub detect_local: DetectLocal,
     /// Dotted paths of fields present in the file that ipvs-proxier does not use.
+    #[serde(skip)]
     pub ignored_fields: Vec<String>,
+    #[serde(flatten)]
+    other: BTreeMap<String, serde_yaml::Value>,
 }
 
 /// Reads and parses a config file.
@@ -216,83 +209,36 @@ pub fn load_config_file(path: &Path) -> Result<KubeProxyConfiguration, ConfigErr
 
 /// Parses the text of a config file; `path` is only used in error messages.
 pub fn parse_config(text: &str, path: &Path) -> Result<KubeProxyConfiguration, ConfigError> {
-    let raw: RawConfig = serde_yaml::from_str(text).map_err(|source| ConfigError::Parse {
-        path: path.to_owned(),
-        source,
-    })?;
-    let api_version = raw.api_version.clone().unwrap_or_default();
+    let mut config: KubeProxyConfiguration =
+        serde_yaml::from_str(text).map_err(|source| ConfigError::Parse {
+            path: path.to_owned(),
+            source,
+        })?;
+    let api_version = config.api_version.clone().unwrap_or_default();
     if api_version != API_VERSION {
         return Err(ConfigError::ApiVersion {
             path: path.to_owned(),
             found: api_version,
         });
     }
-    let kind = raw.kind.clone().unwrap_or_default();
+    let kind = config.kind.clone().unwrap_or_default();
     if kind != KIND {
         return Err(ConfigError::Kind {
             path: path.to_owned(),
             found: kind,
         });
     }
-
-    let duration =
-        |field: &'static str, value: &Option<String>| -> Result<Option<Duration>, ConfigError> {
-            match value.as_deref().map(str::trim) {
-                None | Some("") => Ok(None),
-                Some(text) => {
-                    parse_go_duration(text)
-                        .map(Some)
-                        .map_err(|source| ConfigError::Duration {
-                            path: path.to_owned(),
-                            field,
-                            source,
-                        })
-                }
-            }
-        };
-
-    let mut ignored_fields: Vec<String> = raw.other.keys().cloned().collect();
-    let ipvs_raw = raw.ipvs.clone().unwrap_or_default();
-    ignored_fields.extend(ipvs_raw.other.keys().map(|k| format!("ipvs.{k}")));
-    let client = raw.client_connection.clone().unwrap_or_default();
-    ignored_fields.extend(client.other.keys().map(|k| format!("clientConnection.{k}")));
-    let detect_local = raw.detect_local.clone().unwrap_or_default();
-    ignored_fields.extend(
-        detect_local
-            .other
-            .keys()
-            .map(|k| format!("detectLocal.{k}")),
-    );
-
-    let top_sync = duration("syncPeriod", &raw.sync_period)?;
-    let top_min_sync = duration("minSyncPeriod", &raw.min_sync_period)?;
-    let ipvs = IpvsFileConfig {
-        scheduler: ipvs_raw.scheduler.filter(|s| !s.is_empty()),
-        sync_period: duration("ipvs.syncPeriod", &ipvs_raw.sync_period)?.or(top_sync),
-        min_sync_period: duration("ipvs.minSyncPeriod", &ipvs_raw.min_sync_period)?
-            .or(top_min_sync),
-        exclude_cidrs: ipvs_raw.exclude_cidrs,
-        strict_arp: ipvs_raw.strict_arp,
-        tcp_timeout: duration("ipvs.tcpTimeout", &ipvs_raw.tcp_timeout)?,
-        tcp_fin_timeout: duration("ipvs.tcpFinTimeout", &ipvs_raw.tcp_fin_timeout)?,
-        udp_timeout: duration("ipvs.udpTimeout", &ipvs_raw.udp_timeout)?,
-    };
-
-    let non_empty = |v: Option<String>| v.filter(|s| !s.trim().is_empty());
-    Ok(KubeProxyConfiguration {
-        bind_address: non_empty(raw.bind_address),
-        healthz_bind_address: raw.healthz_bind_address,
-        metrics_bind_address: raw.metrics_bind_address,
-        cluster_cidr: non_empty(raw.cluster_cidr),
-        hostname_override: non_empty(raw.hostname_override),
-        mode: non_empty(raw.mode),
-        node_port_addresses: raw.node_port_addresses,
-        kubeconfig: non_empty(client.kubeconfig),
-        masquerade_all: raw.masquerade_all,
-        ipvs,
-        detect_local_mode: non_empty(raw.detect_local_mode),
-        detect_local_bridge_interface: non_empty(detect_local.bridge_interface),
-        detect_local_interface_name_prefix: non_empty(detect_local.interface_name_prefix),
-        ignored_fields,
-    })
+    config.ipvs.sync_period = config.ipvs.sync_period.or(config.sync_period);
+    config.ipvs.min_sync_period = config.ipvs.min_sync_period.or(config.min_sync_period);
+    let sections = [
+        ("", &config.other),
+        ("ipvs.", &config.ipvs.other),
+        ("clientConnection.", &config.client_connection.other),
+        ("detectLocal.", &config.detect_local.other),
+    ];
+    config.ignored_fields = sections
+        .iter()
+        .flat_map(|(section, other)| other.keys().map(move |key| format!("{section}{key}")))
+        .collect();
+    Ok(config)
 }

@@ -10,15 +10,16 @@ use proxier_core::conntrack::ConntrackBackend;
 use proxier_core::engine::driver::{self, DriverConfig, ProxierHandle, SyncObserver};
 use proxier_core::netfilter::NetfilterBackend;
 use proxier_core::takeover::KubeProxyTakeover;
-use proxier_core::{Backends, EngineError, KernelProxier, Proxier, ProxierConfig, SyncKind};
+use proxier_core::{
+    Backends, Change, EngineError, KernelProxier, Proxier, ProxierConfig, SyncKind,
+};
 use tokio::sync::{mpsc, watch};
 
 use crate::dry_run::DryRunObserver;
-use crate::feed;
 use crate::health::{ProxyHealth, ServiceHealthServers, serve_proxy_health};
 use crate::http_server::{BindError, HttpServer};
 use crate::settings::{RunMode, Settings, SourceSettings};
-use crate::source::{self, SourceEvent, SourceHandle};
+use crate::source::{self, SourceBatch, SourceHandle};
 use crate::sync_observer::{DaemonObserver, PendingChanges};
 
 /// Why the daemon stopped with an error (exit code 1).
@@ -96,51 +97,36 @@ fn source_name(settings: &Settings) -> &'static str {
     }
 }
 
-/// Keeps the health state's view of this node current.
-fn note_node(health: &ProxyHealth, event: &SourceEvent) {
-    match event {
-        SourceEvent::NodeUpdate(Some(node))
-        | SourceEvent::Snapshot(source::ClusterSnapshot {
-            node: Some(node), ..
-        }) => health.sync_node(node),
-        SourceEvent::NodeUpdate(None) => health.node_deleted(),
-        _ => {}
-    }
-}
-
-/// Converts source events into the engine's changes and sends them to the driver, until the
-/// source ends.
+/// Hands a source's batches to the driver, counting the changes for the `*_changes_*`
+/// metrics and keeping the health state's view of this node current, until the source ends.
 async fn pump_events(
-    mut events: mpsc::Receiver<SourceEvent>,
+    mut events: mpsc::Receiver<SourceBatch>,
     engine: ProxierHandle,
     health: ProxyHealth,
     pending: Arc<PendingChanges>,
 ) {
-    while let Some(event) = events.recv().await {
-        tracing::debug!(event = %event.describe(), "source event");
-        note_node(&health, &event);
-        let counter = match &event {
-            SourceEvent::ServiceUpsert(_) | SourceEvent::ServiceDelete(_) => {
-                Some((&pending.services, true))
-            }
-            SourceEvent::SliceUpsert(_) | SourceEvent::SliceDelete(_) => {
-                Some((&pending.endpoints, false))
-            }
-            _ => None,
-        };
-        if let Some((count, service)) = counter {
-            let n = count.fetch_add(1, Ordering::Relaxed) + 1;
-            if service {
-                crate::metrics::record_service_change(n);
-            } else {
-                crate::metrics::record_endpoint_change(n);
+    while let Some(batch) = events.recv().await {
+        if let Some(eligible) = batch.node_eligible {
+            health.set_node_eligible(eligible);
+        }
+        for change in &batch.changes {
+            tracing::debug!(change = %source::describe(change), "source change");
+            match change {
+                Change::UpsertService(_) | Change::DeleteService(_) => {
+                    let n = pending.services.fetch_add(1, Ordering::Relaxed) + 1;
+                    crate::metrics::record_service_change(n);
+                }
+                Change::UpsertSlice(_) | Change::DeleteSlice(_) => {
+                    let n = pending.endpoints.fetch_add(1, Ordering::Relaxed) + 1;
+                    crate::metrics::record_endpoint_change(n);
+                }
+                Change::UpsertNode(_) | Change::DeleteNode => {}
             }
         }
-        let converted = feed::convert(&event);
-        for at in converted.trigger_times {
+        for at in batch.trigger_times {
             engine.record_trigger_time(at);
         }
-        engine.apply(converted.changes);
+        engine.apply(batch.changes);
     }
 }
 
@@ -262,47 +248,36 @@ where
 {
     let once = settings.run_mode == RunMode::Once;
     let mut rest = None;
-    if once && let SourceSettings::File { path } = &settings.source {
+    let first = if once && let SourceSettings::File { path } = &settings.source {
         // One read; an unreadable file is an error rather than something to wait for.
-        let snapshot = source::file::load_snapshot(path, &settings.hostname)?;
-        for change in feed::convert(&SourceEvent::Snapshot(snapshot)).changes {
-            proxier.apply(change);
-        }
+        source::file::load(path, &settings.hostname)?
     } else {
         let SourceHandle {
             mut events,
             synced: _,
-            task: _task,
+            task,
         } = start_source(settings).await?;
         tracing::info!(
             source = source_name(settings),
             "waiting for Services and EndpointSlices to sync"
         );
-        // A source's first event is its complete first picture.
+        // A source's first batch is its complete first picture.
         let first = tokio::select! {
-            event = events.recv() => event,
+            batch = events.recv() => batch,
             _ = shutdown.wait_for(|s| *s) => return Ok(()),
         };
-        let Some(first) = first else {
-            return Err(DaemonError::SourceEnded(source_name(settings)));
-        };
-        note_node(&health, &first);
-        let started = std::time::Instant::now();
-        let changes = feed::convert(&first).changes;
-        drop(first);
-        let converted = started.elapsed();
-        let count = changes.len();
-        for change in changes {
-            proxier.apply(change);
-        }
-        tracing::info!(
-            changes = count,
-            convert = ?converted,
-            apply = ?started.elapsed().saturating_sub(converted),
-            "first picture applied"
-        );
-        rest = Some((events, _task));
+        rest = Some((events, task));
+        first.ok_or(DaemonError::SourceEnded(source_name(settings)))?
+    };
+    if let Some(eligible) = first.node_eligible {
+        health.set_node_eligible(eligible);
     }
+    let started = std::time::Instant::now();
+    let count = first.changes.len();
+    for change in first.changes {
+        proxier.apply(change);
+    }
+    tracing::info!(changes = count, took = ?started.elapsed(), "first picture applied");
 
     if once {
         let result = proxier.sync(SyncKind::Full).await;

@@ -18,7 +18,7 @@ use http::StatusCode;
 use k8s_openapi::api::core::v1::Node;
 
 use crate::http_server::{BindError, Handler, HttpServer, not_found, response};
-use crate::source::ObjectKey;
+use proxier_core::model::ServiceName;
 
 /// Taint the cluster autoscaler puts on a node it is about to delete.
 pub const TO_BE_DELETED_TAINT: &str = "ToBeDeletedByClusterAutoscaler";
@@ -32,6 +32,18 @@ pub fn format_go_time(t: Option<SystemTime>) -> String {
             // `%.f`: the fraction without trailing zeros, nothing when it is zero (as Go).
             |t| t.strftime("%Y-%m-%d %H:%M:%S%.f +0000 UTC").to_string(),
         )
+}
+
+/// Whether a node may take traffic: not while it is being deleted or tainted
+/// `ToBeDeletedByClusterAutoscaler`.
+pub fn node_eligible(node: &Node) -> bool {
+    let being_deleted = node.metadata.deletion_timestamp.is_some();
+    let tainted = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|taints| taints.iter().any(|t| t.key == TO_BE_DELETED_TAINT));
+    !being_deleted && !tainted
 }
 
 #[derive(Debug)]
@@ -92,21 +104,10 @@ impl ProxyHealth {
         st.last_updated = Some(now);
     }
 
-    /// Takes this node's state into account: not eligible while being deleted or tainted
-    /// `ToBeDeletedByClusterAutoscaler`.
-    pub fn sync_node(&self, node: &Node) {
-        let being_deleted = node.metadata.deletion_timestamp.is_some();
-        let tainted = node
-            .spec
-            .as_ref()
-            .and_then(|s| s.taints.as_ref())
-            .is_some_and(|taints| taints.iter().any(|t| t.key == TO_BE_DELETED_TAINT));
-        self.lock().node_eligible = !being_deleted && !tainted;
-    }
-
-    /// This node's Node object was deleted: not eligible any more (until it comes back).
-    pub fn node_deleted(&self) {
-        self.lock().node_eligible = false;
+    /// Records whether this node may take traffic (see [`node_eligible`]; `false` also while
+    /// its Node object is deleted).
+    pub fn set_node_eligible(&self, eligible: bool) {
+        self.lock().node_eligible = eligible;
     }
 
     /// Whether the node is eligible for traffic.
@@ -193,7 +194,7 @@ pub async fn serve_proxy_health(
 
 /// The body and status of a Service health check.
 pub fn service_health_answer(
-    service: &ObjectKey,
+    service: &ServiceName,
     local_endpoints: usize,
     proxy_healthy: bool,
 ) -> HealthAnswer {
@@ -225,7 +226,7 @@ struct ServiceHealthInstance {
 pub struct ServiceHealthServers {
     listen_ips: Vec<IpAddr>,
     proxy_health: ProxyHealth,
-    services: tokio::sync::Mutex<HashMap<ObjectKey, ServiceHealthInstance>>,
+    services: tokio::sync::Mutex<HashMap<ServiceName, ServiceHealthInstance>>,
 }
 
 impl ServiceHealthServers {
@@ -242,7 +243,7 @@ impl ServiceHealthServers {
     /// Makes `wanted` (Service -> health-check port) the set of open servers: servers of
     /// Services no longer wanted, or whose port changed, are closed; new ones are opened.
     /// A port that cannot be bound is logged and reported; the others still open.
-    pub async fn sync_services(&self, wanted: &HashMap<ObjectKey, u16>) -> Vec<BindError> {
+    pub async fn sync_services(&self, wanted: &HashMap<ServiceName, u16>) -> Vec<BindError> {
         let mut services = self.services.lock().await;
         services.retain(|key, inst| {
             let keep = wanted.get(key) == Some(&inst.port);
@@ -295,7 +296,7 @@ impl ServiceHealthServers {
     }
 
     /// Sets the number of local endpoints per Service; Services not listed have none.
-    pub async fn sync_endpoints(&self, counts: &HashMap<ObjectKey, usize>) {
+    pub async fn sync_endpoints(&self, counts: &HashMap<ServiceName, usize>) {
         let services = self.services.lock().await;
         for (key, inst) in services.iter() {
             let n = counts.get(key).copied().unwrap_or(0);
@@ -304,7 +305,7 @@ impl ServiceHealthServers {
     }
 
     /// Addresses a Service's health check listens on (useful with port 0 in tests).
-    pub async fn local_addrs(&self, service: &ObjectKey) -> Vec<SocketAddr> {
+    pub async fn local_addrs(&self, service: &ServiceName) -> Vec<SocketAddr> {
         let services = self.services.lock().await;
         services
             .get(service)
@@ -312,7 +313,7 @@ impl ServiceHealthServers {
             .unwrap_or_default()
     }
 
-    fn handler(&self, key: ObjectKey, local_endpoints: Arc<AtomicUsize>) -> Handler {
+    fn handler(&self, key: ServiceName, local_endpoints: Arc<AtomicUsize>) -> Handler {
         let proxy_health = self.proxy_health.clone();
         Arc::new(move |_method, _path| {
             let (healthy, _) = proxy_health.is_healthy(SystemTime::now());

@@ -8,7 +8,6 @@ pub mod cli;
 pub mod config;
 pub mod daemon;
 pub mod dry_run;
-pub mod feed;
 pub mod go_duration;
 pub mod health;
 pub mod http_server;

@@ -7,80 +7,135 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use http::{Method, StatusCode};
-use metrics::{
-    Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
-};
+use metrics::{KeyName, SharedString, Unit, counter, gauge, histogram};
 use metrics_exporter_prometheus::{
     Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
 };
 
 use crate::http_server::{BindError, Handler, HttpServer, not_found, response};
+use Kind::{Counter, Gauge, Histogram};
 
-/// Duration of one sync of the proxy rules.
-pub const SYNC_PROXY_RULES_DURATION: &str = "kubeproxy_sync_proxy_rules_duration_seconds";
-/// Duration of full syncs.
-pub const SYNC_FULL_PROXY_RULES_DURATION: &str = "kubeproxy_sync_full_proxy_rules_duration_seconds";
-/// Duration of incremental syncs.
-pub const SYNC_PARTIAL_PROXY_RULES_DURATION: &str =
+const SYNC_PROXY_RULES_DURATION: &str = "kubeproxy_sync_proxy_rules_duration_seconds";
+const SYNC_FULL_PROXY_RULES_DURATION: &str = "kubeproxy_sync_full_proxy_rules_duration_seconds";
+const SYNC_PARTIAL_PROXY_RULES_DURATION: &str =
     "kubeproxy_sync_partial_proxy_rules_duration_seconds";
-/// Wall-clock time of the last successful sync.
-pub const SYNC_PROXY_RULES_LAST_TIMESTAMP: &str =
-    "kubeproxy_sync_proxy_rules_last_timestamp_seconds";
-/// Wall-clock time a sync was last queued (a change arrived). Much later than
-/// [`SYNC_PROXY_RULES_LAST_TIMESTAMP`] for long means syncing is stuck.
-pub const SYNC_PROXY_RULES_LAST_QUEUED_TIMESTAMP: &str =
+const SYNC_PROXY_RULES_LAST_TIMESTAMP: &str = "kubeproxy_sync_proxy_rules_last_timestamp_seconds";
+const SYNC_PROXY_RULES_LAST_QUEUED_TIMESTAMP: &str =
     "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds";
-/// Sync durations in microseconds: kube-proxy's histogram before 1.14 (removed there since),
-/// still read by netdata's `k8s_kubeproxy` collector.
-pub const SYNC_PROXY_RULES_LATENCY_MICROSECONDS: &str =
+const SYNC_PROXY_RULES_LATENCY_MICROSECONDS: &str =
     "kubeproxy_sync_proxy_rules_latency_microseconds";
-/// Time from an endpoint change in the cluster to its programming here.
-pub const NETWORK_PROGRAMMING_DURATION: &str = "kubeproxy_network_programming_duration_seconds";
-/// EndpointSlice changes not yet synced.
-pub const ENDPOINT_CHANGES_PENDING: &str = "kubeproxy_sync_proxy_rules_endpoint_changes_pending";
-/// EndpointSlice changes seen.
-pub const ENDPOINT_CHANGES_TOTAL: &str = "kubeproxy_sync_proxy_rules_endpoint_changes_total";
-/// Service changes not yet synced.
-pub const SERVICE_CHANGES_PENDING: &str = "kubeproxy_sync_proxy_rules_service_changes_pending";
-/// Service changes seen.
-pub const SERVICE_CHANGES_TOTAL: &str = "kubeproxy_sync_proxy_rules_service_changes_total";
-/// Services with a Local traffic policy and no local endpoint.
-pub const NO_LOCAL_ENDPOINTS_TOTAL: &str = "kubeproxy_sync_proxy_rules_no_local_endpoints_total";
-/// /healthz answers by status code.
-pub const HEALTHZ_TOTAL: &str = "kubeproxy_proxy_healthz_total";
-/// /livez answers by status code.
-pub const LIVEZ_TOTAL: &str = "kubeproxy_proxy_livez_total";
-/// IPVS virtual servers programmed.
-pub const VIRTUAL_SERVERS: &str = "ipvs_proxier_virtual_servers";
-/// IPVS real servers programmed.
-pub const REAL_SERVERS: &str = "ipvs_proxier_real_servers";
-/// Addresses bound on the dummy link.
-pub const BOUND_ADDRESSES: &str = "ipvs_proxier_bound_addresses";
-/// Netlink operations by operation and result.
-pub const NETLINK_OPERATIONS_TOTAL: &str = "ipvs_proxier_netlink_operations_total";
-/// Real servers draining (weight 0) before removal.
-pub const GRACEFUL_DRAIN_QUEUE_LENGTH: &str = "ipvs_proxier_graceful_drain_queue_length";
-/// Drift found and repaired by the last full resync.
-pub const FULL_RESYNC_DRIFT_REPAIRED: &str = "ipvs_proxier_full_resync_drift_repaired";
-/// Watch failures by kind.
-pub const WATCH_ERRORS_TOTAL: &str = "ipvs_proxier_watch_errors_total";
-/// Reads of the source file refused whole (malformed document, unreadable file).
-pub const SOURCE_FILE_REJECTED_TOTAL: &str = "ipvs_proxier_source_file_rejected_total";
-/// Whole-table IPVS reads, by whether their dumps agreed (`verified`: true / false).
-pub const IPVS_TABLE_READS_TOTAL: &str = "ipvs_proxier_ipvs_table_reads_total";
-/// IPVS service dumps beyond an undisturbed read's three: retries forced by churn in other
-/// network namespaces.
-pub const IPVS_DUMP_RETRIES_TOTAL: &str = "ipvs_proxier_ipvs_dump_retries_total";
+const NETWORK_PROGRAMMING_DURATION: &str = "kubeproxy_network_programming_duration_seconds";
+const ENDPOINT_CHANGES_PENDING: &str = "kubeproxy_sync_proxy_rules_endpoint_changes_pending";
+const ENDPOINT_CHANGES_TOTAL: &str = "kubeproxy_sync_proxy_rules_endpoint_changes_total";
+const SERVICE_CHANGES_PENDING: &str = "kubeproxy_sync_proxy_rules_service_changes_pending";
+const SERVICE_CHANGES_TOTAL: &str = "kubeproxy_sync_proxy_rules_service_changes_total";
+const NO_LOCAL_ENDPOINTS_TOTAL: &str = "kubeproxy_sync_proxy_rules_no_local_endpoints_total";
+const HEALTHZ_TOTAL: &str = "kubeproxy_proxy_healthz_total";
+const LIVEZ_TOTAL: &str = "kubeproxy_proxy_livez_total";
+const VIRTUAL_SERVERS: &str = "ipvs_proxier_virtual_servers";
+const REAL_SERVERS: &str = "ipvs_proxier_real_servers";
+const BOUND_ADDRESSES: &str = "ipvs_proxier_bound_addresses";
+const NETLINK_OPERATIONS_TOTAL: &str = "ipvs_proxier_netlink_operations_total";
+const GRACEFUL_DRAIN_QUEUE_LENGTH: &str = "ipvs_proxier_graceful_drain_queue_length";
+const FULL_RESYNC_DRIFT_REPAIRED: &str = "ipvs_proxier_full_resync_drift_repaired";
+const WATCH_ERRORS_TOTAL: &str = "ipvs_proxier_watch_errors_total";
+const SOURCE_FILE_REJECTED_TOTAL: &str = "ipvs_proxier_source_file_rejected_total";
+const IPVS_TABLE_READS_TOTAL: &str = "ipvs_proxier_ipvs_table_reads_total";
+const IPVS_DUMP_RETRIES_TOTAL: &str = "ipvs_proxier_ipvs_dump_retries_total";
+const REST_CLIENT_REQUESTS_TOTAL: &str = "rest_client_requests_total";
+const REST_CLIENT_REQUEST_DURATION: &str = "rest_client_request_duration_seconds";
+const REST_CLIENT_REQUEST_SIZE: &str = "rest_client_request_size_bytes";
+const REST_CLIENT_RESPONSE_SIZE: &str = "rest_client_response_size_bytes";
 
-/// API requests by status code (`<error>` when no answer came), method and host (client-go's
-/// `rest_client_requests_total`).
-pub const REST_CLIENT_REQUESTS_TOTAL: &str = "rest_client_requests_total";
-/// API request latency (until the response headers) by verb, host and URL path.
-pub const REST_CLIENT_REQUEST_DURATION: &str = "rest_client_request_duration_seconds";
-/// API request body sizes by verb and host.
-pub const REST_CLIENT_REQUEST_SIZE: &str = "rest_client_request_size_bytes";
-/// API response body sizes (when the response states them) by verb and host.
-pub const REST_CLIENT_RESPONSE_SIZE: &str = "rest_client_response_size_bytes";
+/// What kind of series a metric is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Only goes up.
+    Counter,
+    /// Goes up and down.
+    Gauge,
+    /// Observations in buckets.
+    Histogram,
+}
+
+/// One metric the daemon exports.
+#[derive(Debug, Clone, Copy)]
+pub struct Metric {
+    /// Its Prometheus name.
+    pub name: &'static str,
+    /// Counter, gauge or histogram.
+    pub kind: Kind,
+    /// Its unit, when it has one.
+    pub unit: Option<Unit>,
+    /// Its `# HELP` text.
+    pub help: &'static str,
+    /// Whether it has no labels and is therefore exported (at zero) from the first scrape, as
+    /// kube-proxy's are; labeled series appear with their first observation.
+    pub unlabeled: bool,
+}
+
+const fn metric(name: &'static str, kind: Kind, unit: Option<Unit>, help: &'static str) -> Metric {
+    Metric {
+        name,
+        kind,
+        unit,
+        help,
+        unlabeled: true,
+    }
+}
+
+const fn labeled(name: &'static str, kind: Kind, unit: Option<Unit>, help: &'static str) -> Metric {
+    Metric {
+        name,
+        kind,
+        unit,
+        help,
+        unlabeled: false,
+    }
+}
+
+const SECONDS: Option<Unit> = Some(Unit::Seconds);
+const BYTES: Option<Unit> = Some(Unit::Bytes);
+
+/// Every metric the daemon exports besides the process metrics (`process_*`): kube-proxy's
+/// names, the API client's (client-go's `rest_client_*`) and ipvs-proxier's own
+/// (`ipvs_proxier_*`). One row per metric.
+#[rustfmt::skip]
+pub const METRICS: &[Metric] = &[
+    metric(SYNC_PROXY_RULES_DURATION, Histogram, SECONDS, "SyncProxyRules latency in seconds"),
+    metric(SYNC_FULL_PROXY_RULES_DURATION, Histogram, SECONDS, "SyncProxyRules latency in seconds for full resyncs"),
+    metric(SYNC_PARTIAL_PROXY_RULES_DURATION, Histogram, SECONDS, "SyncProxyRules latency in seconds for partial resyncs"),
+    metric(SYNC_PROXY_RULES_LAST_TIMESTAMP, Gauge, SECONDS, "The last time proxy rules were successfully synced"),
+    // Much later than the last sync for long means syncing is stuck.
+    metric(SYNC_PROXY_RULES_LAST_QUEUED_TIMESTAMP, Gauge, SECONDS, "The last time a sync of proxy rules was queued"),
+    // kube-proxy's histogram before 1.14, still read by netdata's `k8s_kubeproxy` collector.
+    metric(SYNC_PROXY_RULES_LATENCY_MICROSECONDS, Histogram, Some(Unit::Microseconds), "(Deprecated) SyncProxyRules latency in microseconds"),
+    // From an EndpointSlice's `endpoints.kubernetes.io/last-change-trigger-time` to here.
+    metric(NETWORK_PROGRAMMING_DURATION, Histogram, SECONDS, "In Cluster Network Programming Latency in seconds"),
+    metric(ENDPOINT_CHANGES_PENDING, Gauge, None, "Pending proxy rules Endpoint changes"),
+    metric(ENDPOINT_CHANGES_TOTAL, Counter, None, "Cumulative proxy rules Endpoint changes"),
+    metric(SERVICE_CHANGES_PENDING, Gauge, None, "Pending proxy rules Service changes"),
+    metric(SERVICE_CHANGES_TOTAL, Counter, None, "Cumulative proxy rules Service changes"),
+    // Labeled by traffic policy, but both series exist from the start (see `register`).
+    labeled(NO_LOCAL_ENDPOINTS_TOTAL, Gauge, None, "Number of services with a Local traffic policy and no endpoints"),
+    labeled(HEALTHZ_TOTAL, Counter, None, "Cumulative proxy healthz HTTP status"),
+    labeled(LIVEZ_TOTAL, Counter, None, "Cumulative proxy livez HTTP status"),
+    metric(VIRTUAL_SERVERS, Gauge, None, "IPVS virtual servers programmed by this proxier"),
+    metric(REAL_SERVERS, Gauge, None, "IPVS real servers programmed by this proxier"),
+    metric(BOUND_ADDRESSES, Gauge, None, "Addresses bound on the proxier's dummy link"),
+    labeled(NETLINK_OPERATIONS_TOTAL, Counter, None, "Netlink operations by operation and result"),
+    metric(GRACEFUL_DRAIN_QUEUE_LENGTH, Gauge, None, "Real servers at weight 0 waiting for their connections to drain"),
+    metric(FULL_RESYNC_DRIFT_REPAIRED, Gauge, None, "Differences from the desired state repaired by the last full resync"),
+    labeled(WATCH_ERRORS_TOTAL, Counter, None, "API watch failures by kind"),
+    metric(SOURCE_FILE_REJECTED_TOTAL, Counter, None, "Reads of the source file refused whole (the last good state stayed in force)"),
+    // Labeled `verified`; both series exist from the start (see `register`).
+    labeled(IPVS_TABLE_READS_TOTAL, Counter, None, "Whole-table IPVS reads, by whether their repeated service dumps agreed"),
+    metric(IPVS_DUMP_RETRIES_TOTAL, Counter, None, "IPVS service dumps repeated because IPVS changed in another network namespace meanwhile"),
+    labeled(REST_CLIENT_REQUESTS_TOTAL, Counter, None, "Number of HTTP requests, partitioned by status code, method, and host."),
+    labeled(REST_CLIENT_REQUEST_DURATION, Histogram, SECONDS, "Request latency in seconds. Broken down by verb, host and URL path."),
+    labeled(REST_CLIENT_REQUEST_SIZE, Histogram, BYTES, "Request size in bytes. Broken down by verb and host."),
+    labeled(REST_CLIENT_RESPONSE_SIZE, Histogram, BYTES, "Response size in bytes. Broken down by verb and host."),
+];
 
 /// kube-proxy's buckets for sync durations: 1 ms doubling 15 times (~16 s).
 fn sync_duration_buckets() -> Vec<f64> {
@@ -116,40 +171,31 @@ fn rest_client_size_buckets() -> Vec<f64> {
 
 /// The recorder with this crate's histogram buckets (tests build their own local one).
 pub fn build_recorder() -> PrometheusRecorder {
-    let with_buckets = PrometheusBuilder::new()
-        .set_buckets_for_metric(
+    let full = |name: &str| Matcher::Full(name.to_owned());
+    let buckets = [
+        (
             Matcher::Suffix("proxy_rules_duration_seconds".to_owned()),
-            &sync_duration_buckets(),
-        )
-        .and_then(|b| {
-            b.set_buckets_for_metric(
-                Matcher::Full(SYNC_PROXY_RULES_LATENCY_MICROSECONDS.to_owned()),
-                &sync_duration_microsecond_buckets(),
-            )
-        })
-        .and_then(|b| {
-            b.set_buckets_for_metric(
-                Matcher::Full(NETWORK_PROGRAMMING_DURATION.to_owned()),
-                &network_programming_buckets(),
-            )
-        })
-        .and_then(|b| {
-            b.set_buckets_for_metric(
-                Matcher::Full(REST_CLIENT_REQUEST_DURATION.to_owned()),
-                &rest_client_duration_buckets(),
-            )
-        })
-        .and_then(|b| {
-            b.set_buckets_for_metric(
-                Matcher::Full(REST_CLIENT_REQUEST_SIZE.to_owned()),
-                &rest_client_size_buckets(),
-            )
-        })
-        .and_then(|b| {
-            b.set_buckets_for_metric(
-                Matcher::Full(REST_CLIENT_RESPONSE_SIZE.to_owned()),
-                &rest_client_size_buckets(),
-            )
+            sync_duration_buckets(),
+        ),
+        (
+            full(SYNC_PROXY_RULES_LATENCY_MICROSECONDS),
+            sync_duration_microsecond_buckets(),
+        ),
+        (
+            full(NETWORK_PROGRAMMING_DURATION),
+            network_programming_buckets(),
+        ),
+        (
+            full(REST_CLIENT_REQUEST_DURATION),
+            rest_client_duration_buckets(),
+        ),
+        (full(REST_CLIENT_REQUEST_SIZE), rest_client_size_buckets()),
+        (full(REST_CLIENT_RESPONSE_SIZE), rest_client_size_buckets()),
+    ];
+    let with_buckets = buckets
+        .into_iter()
+        .try_fold(PrometheusBuilder::new(), |builder, (matcher, buckets)| {
+            builder.set_buckets_for_metric(matcher, &buckets)
         });
     match with_buckets {
         Ok(b) => b.build_recorder(),
@@ -181,151 +227,38 @@ pub fn collect_process_metrics() {
     process_collector().collect();
 }
 
-/// Describes every metric, sets unlabeled gauges and counters to 0 and creates the unlabeled
-/// histograms, so that each is exported (with zero counts) from the first scrape, as kube-proxy's
-/// are.
+/// Describes every metric of [`METRICS`] and exports each unlabeled one at zero (histograms
+/// with zero counts), so that each is there from the first scrape, as kube-proxy's are.
 pub fn register() {
-    describe_histogram!(
-        SYNC_PROXY_RULES_DURATION,
-        Unit::Seconds,
-        "SyncProxyRules latency in seconds"
-    );
-    describe_histogram!(
-        SYNC_FULL_PROXY_RULES_DURATION,
-        Unit::Seconds,
-        "SyncProxyRules latency in seconds for full resyncs"
-    );
-    describe_histogram!(
-        SYNC_PARTIAL_PROXY_RULES_DURATION,
-        Unit::Seconds,
-        "SyncProxyRules latency in seconds for partial resyncs"
-    );
-    describe_gauge!(
-        SYNC_PROXY_RULES_LAST_TIMESTAMP,
-        Unit::Seconds,
-        "The last time proxy rules were successfully synced"
-    );
-    describe_gauge!(
-        SYNC_PROXY_RULES_LAST_QUEUED_TIMESTAMP,
-        Unit::Seconds,
-        "The last time a sync of proxy rules was queued"
-    );
-    describe_histogram!(
-        SYNC_PROXY_RULES_LATENCY_MICROSECONDS,
-        Unit::Microseconds,
-        "(Deprecated) SyncProxyRules latency in microseconds"
-    );
-    describe_histogram!(
-        NETWORK_PROGRAMMING_DURATION,
-        Unit::Seconds,
-        "In Cluster Network Programming Latency in seconds"
-    );
-    describe_gauge!(
-        ENDPOINT_CHANGES_PENDING,
-        "Pending proxy rules Endpoint changes"
-    );
-    describe_counter!(
-        ENDPOINT_CHANGES_TOTAL,
-        "Cumulative proxy rules Endpoint changes"
-    );
-    describe_gauge!(
-        SERVICE_CHANGES_PENDING,
-        "Pending proxy rules Service changes"
-    );
-    describe_counter!(
-        SERVICE_CHANGES_TOTAL,
-        "Cumulative proxy rules Service changes"
-    );
-    describe_gauge!(
-        NO_LOCAL_ENDPOINTS_TOTAL,
-        "Number of services with a Local traffic policy and no endpoints"
-    );
-    describe_counter!(HEALTHZ_TOTAL, "Cumulative proxy healthz HTTP status");
-    describe_counter!(LIVEZ_TOTAL, "Cumulative proxy livez HTTP status");
-    describe_gauge!(
-        VIRTUAL_SERVERS,
-        "IPVS virtual servers programmed by this proxier"
-    );
-    describe_gauge!(REAL_SERVERS, "IPVS real servers programmed by this proxier");
-    describe_gauge!(
-        BOUND_ADDRESSES,
-        "Addresses bound on the proxier's dummy link"
-    );
-    describe_counter!(
-        NETLINK_OPERATIONS_TOTAL,
-        "Netlink operations by operation and result"
-    );
-    describe_gauge!(
-        GRACEFUL_DRAIN_QUEUE_LENGTH,
-        "Real servers at weight 0 waiting for their connections to drain"
-    );
-    describe_gauge!(
-        FULL_RESYNC_DRIFT_REPAIRED,
-        "Differences from the desired state repaired by the last full resync"
-    );
-    describe_counter!(WATCH_ERRORS_TOTAL, "API watch failures by kind");
-    describe_counter!(
-        SOURCE_FILE_REJECTED_TOTAL,
-        "Reads of the source file refused whole (the last good state stayed in force)"
-    );
-    counter!(SOURCE_FILE_REJECTED_TOTAL).absolute(0);
-    describe_counter!(
-        IPVS_TABLE_READS_TOTAL,
-        "Whole-table IPVS reads, by whether their repeated service dumps agreed"
-    );
-    describe_counter!(
-        IPVS_DUMP_RETRIES_TOTAL,
-        "IPVS service dumps repeated because IPVS changed in another network namespace meanwhile"
-    );
+    metrics::with_recorder(|recorder| {
+        for m in METRICS {
+            let (name, help) = (
+                KeyName::from_const_str(m.name),
+                SharedString::const_str(m.help),
+            );
+            match m.kind {
+                Counter => recorder.describe_counter(name, m.unit, help),
+                Gauge => recorder.describe_gauge(name, m.unit, help),
+                Histogram => recorder.describe_histogram(name, m.unit, help),
+            }
+        }
+    });
+    for m in METRICS.iter().filter(|m| m.unlabeled) {
+        match m.kind {
+            Counter => counter!(m.name).absolute(0),
+            Gauge => gauge!(m.name).set(0.0),
+            // Registering a histogram exports its buckets, sum and count at zero.
+            Histogram => {
+                let _ = histogram!(m.name);
+            }
+        }
+    }
+    for policy in [TrafficPolicy::Internal, TrafficPolicy::External] {
+        set_no_local_endpoints(policy, 0);
+    }
     set_table_reads(proxier_core::backend::TableReads::default());
-    describe_counter!(
-        REST_CLIENT_REQUESTS_TOTAL,
-        "Number of HTTP requests, partitioned by status code, method, and host."
-    );
-    describe_histogram!(
-        REST_CLIENT_REQUEST_DURATION,
-        Unit::Seconds,
-        "Request latency in seconds. Broken down by verb, host and URL path."
-    );
-    describe_histogram!(
-        REST_CLIENT_REQUEST_SIZE,
-        Unit::Bytes,
-        "Request size in bytes. Broken down by verb and host."
-    );
-    describe_histogram!(
-        REST_CLIENT_RESPONSE_SIZE,
-        Unit::Bytes,
-        "Response size in bytes. Broken down by verb and host."
-    );
     process_collector().describe();
     collect_process_metrics();
-
-    // Unlabeled histograms exist from the start: registering one makes the exporter render its
-    // buckets, sum and count with zeros until the first observation.
-    for name in [
-        SYNC_PROXY_RULES_DURATION,
-        SYNC_FULL_PROXY_RULES_DURATION,
-        SYNC_PARTIAL_PROXY_RULES_DURATION,
-        SYNC_PROXY_RULES_LATENCY_MICROSECONDS,
-        NETWORK_PROGRAMMING_DURATION,
-    ] {
-        let _ = histogram!(name);
-    }
-    gauge!(SYNC_PROXY_RULES_LAST_TIMESTAMP).set(0.0);
-    gauge!(SYNC_PROXY_RULES_LAST_QUEUED_TIMESTAMP).set(0.0);
-
-    gauge!(ENDPOINT_CHANGES_PENDING).set(0.0);
-    counter!(ENDPOINT_CHANGES_TOTAL).absolute(0);
-    gauge!(SERVICE_CHANGES_PENDING).set(0.0);
-    counter!(SERVICE_CHANGES_TOTAL).absolute(0);
-    for policy in [TrafficPolicy::Internal, TrafficPolicy::External] {
-        gauge!(NO_LOCAL_ENDPOINTS_TOTAL, "traffic_policy" => policy.label()).set(0.0);
-    }
-    gauge!(VIRTUAL_SERVERS).set(0.0);
-    gauge!(REAL_SERVERS).set(0.0);
-    gauge!(BOUND_ADDRESSES).set(0.0);
-    gauge!(GRACEFUL_DRAIN_QUEUE_LENGTH).set(0.0);
-    gauge!(FULL_RESYNC_DRIFT_REPAIRED).set(0.0);
 }
 
 /// Whether a sync re-read everything or only applied changes.

@@ -306,7 +306,7 @@ fn resolve_detect_local(
             "--pod-bridge-interface",
             &cli.pod_bridge_interface,
             "detectLocal.bridgeInterface",
-            &file.detect_local_bridge_interface,
+            &file.detect_local.bridge_interface,
             mode,
         )
         .map(DetectLocal::BridgeInterface),
@@ -314,7 +314,7 @@ fn resolve_detect_local(
             "--pod-interface-name-prefix",
             &cli.pod_interface_name_prefix,
             "detectLocal.interfaceNamePrefix",
-            &file.detect_local_interface_name_prefix,
+            &file.detect_local.interface_name_prefix,
             mode,
         )
         .map(DetectLocal::InterfaceNamePrefix),
@@ -368,10 +368,12 @@ pub fn resolve(
     let source = match &cli.source_file {
         Some(path) => SourceSettings::File { path: path.clone() },
         None => SourceSettings::Kube {
-            kubeconfig: cli
-                .kubeconfig
-                .clone()
-                .or_else(|| file.kubeconfig.as_ref().map(PathBuf::from)),
+            kubeconfig: cli.kubeconfig.clone().or_else(|| {
+                file.client_connection
+                    .kubeconfig
+                    .as_ref()
+                    .map(PathBuf::from)
+            }),
             master: cli.master.clone().filter(|m| !m.trim().is_empty()),
         },
     };

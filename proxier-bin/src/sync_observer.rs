@@ -17,7 +17,6 @@ use tokio::sync::watch;
 
 use crate::health::{ProxyHealth, ServiceHealthServers};
 use crate::metrics::{self, OpResult, SyncScope, TrafficPolicy};
-use crate::source::ObjectKey;
 
 /// Changes counted since the last sync (for the `*_changes_pending` gauges).
 #[derive(Debug, Default)]
@@ -56,17 +55,13 @@ impl DaemonObserver {
         tokio::spawn(async move {
             while rx.changed().await.is_ok() {
                 let checks = rx.borrow_and_update().clone();
-                let key = |name: &ServiceName| ObjectKey {
-                    namespace: name.namespace.clone(),
-                    name: name.name.clone(),
-                };
-                let ports: HashMap<ObjectKey, u16> = checks
+                let ports: HashMap<ServiceName, u16> = checks
                     .iter()
-                    .map(|(name, check)| (key(name), check.node_port))
+                    .map(|(name, check)| (name.clone(), check.node_port))
                     .collect();
-                let counts: HashMap<ObjectKey, usize> = checks
+                let counts: HashMap<ServiceName, usize> = checks
                     .iter()
-                    .map(|(name, check)| (key(name), check.local_endpoints))
+                    .map(|(name, check)| (name.clone(), check.local_endpoints))
                     .collect();
                 servers.sync_services(&ports).await;
                 servers.sync_endpoints(&counts).await;

@@ -7,8 +7,7 @@ use std::sync::Arc;
 use proxier_bin::cli::OutputFormat;
 use proxier_bin::dry_run::DryRunObserver;
 use proxier_bin::health::ProxyHealth;
-use proxier_bin::source::SourceEvent;
-use proxier_bin::source::manifests::parse_manifests;
+use proxier_bin::source::file::FileReader;
 use proxier_bin::sync_observer::DaemonObserver;
 use proxier_core::engine::driver::{self, DriverConfig, ProxierHandle, SyncObserver, SyncOutcome};
 use proxier_core::model::Config;
@@ -19,9 +18,8 @@ use tokio::sync::watch;
 
 fn example_changes() -> Vec<Change> {
     let text = include_str!("../../examples/cluster.yaml");
-    let snapshot =
-        proxier_bin::source::file::snapshot_from_manifests(parse_manifests(text), "node-a");
-    proxier_bin::feed::convert(&SourceEvent::Snapshot(snapshot)).changes
+    let batch = FileReader::new("cluster.yaml", "node-a").read(text);
+    batch.expect("the example is well-formed").changes
 }
 
 fn proxier() -> MemoryProxier {

@@ -7,7 +7,9 @@ mod support;
 use std::time::Duration;
 
 use proxier_bin::source::kube::{KubeSourceConfig, client, spawn};
-use proxier_bin::source::{ObjectKey, PROXIED_OBJECTS_SELECTOR, SourceEvent, SourceHandle};
+use proxier_bin::source::{SourceBatch, SourceHandle, describe};
+use proxier_core::Change;
+use proxier_core::k8s::PROXIED_OBJECTS_SELECTOR;
 use serde_json::{Value, json};
 use support::apiserver::{FakeApiServer, Kind};
 
@@ -34,23 +36,20 @@ fn node(name: &str) -> Value {
            "status": {"addresses": [{"type": "InternalIP", "address": "192.0.2.10"}]}})
 }
 
-async fn next_event(source: &mut SourceHandle) -> SourceEvent {
+async fn next_batch(source: &mut SourceHandle) -> SourceBatch {
     tokio::time::timeout(Duration::from_secs(20), source.events.recv())
         .await
-        .expect("an event within 20 s")
+        .expect("a batch within 20 s")
         .expect("source still running")
 }
 
-async fn no_event_for(source: &mut SourceHandle, wait: Duration) {
-    if let Ok(Some(event)) = tokio::time::timeout(wait, source.events.recv()).await {
-        panic!("unexpected event {}", event.describe());
-    }
+fn described(batch: &SourceBatch) -> Vec<String> {
+    batch.changes.iter().map(describe).collect()
 }
 
-fn key(ns: &str, name: &str) -> ObjectKey {
-    ObjectKey {
-        namespace: ns.into(),
-        name: name.into(),
+async fn no_batch_for(source: &mut SourceHandle, wait: Duration) {
+    if let Ok(Some(batch)) = tokio::time::timeout(wait, source.events.recv()).await {
+        panic!("unexpected batch {:?}", described(&batch));
     }
 }
 
@@ -100,22 +99,15 @@ async fn initial_sync_uses_kube_proxy_selectors_and_sends_one_snapshot() {
     api.apply(Kind::Node, node("node-b"));
 
     let mut source = start(&api).await;
-    let snapshot = match next_event(&mut source).await {
-        SourceEvent::Snapshot(s) => s,
-        other => panic!("first event must be the snapshot, got {}", other.describe()),
-    };
+    let first = described(&next_batch(&mut source).await);
     assert!(
         *source.synced.borrow(),
-        "synced is raised with the snapshot"
+        "synced is raised with the first batch"
     );
-    assert_eq!(
-        snapshot.services.keys().collect::<Vec<_>>(),
-        vec![&key("shop", "web")]
-    );
-    assert_eq!(
-        snapshot.endpoint_slices.keys().collect::<Vec<_>>(),
-        vec![&key("shop", "web-1")]
-    );
+    let of_kind =
+        |kind: &str| -> Vec<&String> { first.iter().filter(|c| c.starts_with(kind)).collect() };
+    assert_eq!(of_kind("service "), ["service upsert shop/web"]);
+    assert_eq!(of_kind("slice "), ["slice upsert shop/web-1"]);
 
     let requests = api.requests();
     let encoded_selector: String =
@@ -137,32 +129,21 @@ async fn initial_sync_uses_kube_proxy_selectors_and_sends_one_snapshot() {
             && r.contains("fieldSelector=metadata.name%3Dnode-a")),
         "{requests:?}"
     );
-    // The Node may arrive before or after the snapshot, and only this node.
-    if snapshot.node.is_none() {
-        match next_event(&mut source).await {
-            SourceEvent::NodeUpdate(Some(n)) => {
-                assert_eq!(n.metadata.name.as_deref(), Some("node-a"))
-            }
-            other => panic!("expected this node, got {}", other.describe()),
-        }
-    } else {
+    // The Node may arrive with the first batch or after it, and only this node.
+    if of_kind("node ").is_empty() {
         assert_eq!(
-            snapshot
-                .node
-                .as_ref()
-                .and_then(|n| n.metadata.name.as_deref()),
-            Some("node-a")
+            described(&next_batch(&mut source).await),
+            ["node update node-a"]
         );
+    } else {
+        assert_eq!(of_kind("node "), ["node update node-a"]);
     }
 }
 
 async fn synced_source(api: &FakeApiServer) -> SourceHandle {
     let mut source = start(api).await;
-    loop {
-        if let SourceEvent::Snapshot(_) = next_event(&mut source).await {
-            return source;
-        }
-    }
+    next_batch(&mut source).await; // the first picture
+    source
 }
 
 #[tokio::test]
@@ -173,34 +154,34 @@ async fn watch_changes_become_events() {
         service("shop", "web", "10.96.0.20", json!({})),
     );
     let mut source = synced_source(&api).await;
-    no_event_for(&mut source, Duration::from_millis(300)).await; // let the watches start
+    no_batch_for(&mut source, Duration::from_millis(300)).await; // let the watches start
 
     api.apply(
         Kind::EndpointSlice,
         slice("shop", "web-1", "web", "10.244.1.5", json!({})),
     );
-    match next_event(&mut source).await {
-        SourceEvent::SliceUpsert(s) => assert_eq!(s.metadata.name.as_deref(), Some("web-1")),
-        other => panic!("expected slice upsert, got {}", other.describe()),
-    }
+    assert_eq!(
+        described(&next_batch(&mut source).await),
+        ["slice upsert shop/web-1"]
+    );
     api.apply(
         Kind::Service,
         service("shop", "web", "10.96.0.30", json!({})),
     );
-    match next_event(&mut source).await {
-        SourceEvent::ServiceUpsert(s) => {
+    match &next_batch(&mut source).await.changes[..] {
+        [Change::UpsertService(s)] => {
             assert_eq!(
-                s.spec.as_ref().and_then(|s| s.cluster_ip.as_deref()),
-                Some("10.96.0.30")
+                s.cluster_ips,
+                ["10.96.0.30".parse::<std::net::IpAddr>().expect("ip")]
             )
         }
-        other => panic!("expected service upsert, got {}", other.describe()),
+        other => panic!("expected service upsert, got {other:?}"),
     }
     api.delete(Kind::Service, "shop", "web");
-    match next_event(&mut source).await {
-        SourceEvent::ServiceDelete(s) => assert_eq!(s.metadata.name.as_deref(), Some("web")),
-        other => panic!("expected service delete, got {}", other.describe()),
-    }
+    assert_eq!(
+        described(&next_batch(&mut source).await),
+        ["service delete shop/web"]
+    );
 }
 
 #[tokio::test]
@@ -215,7 +196,7 @@ async fn expired_watch_relists_and_reports_only_the_difference() {
         service("shop", "gone", "10.96.0.21", json!({})),
     );
     let mut source = synced_source(&api).await;
-    no_event_for(&mut source, Duration::from_millis(300)).await;
+    no_batch_for(&mut source, Duration::from_millis(300)).await;
 
     // Changes the watch never saw, then 410 Gone: only a relist reveals them.
     api.delete_silently(Kind::Service, "shop", "gone");
@@ -227,15 +208,15 @@ async fn expired_watch_relists_and_reports_only_the_difference() {
 
     let mut seen = Vec::new();
     while seen.len() < 2 {
-        seen.push(next_event(&mut source).await.describe());
+        seen.extend(described(&next_batch(&mut source).await));
     }
     seen.sort();
     assert_eq!(
         seen,
         vec!["service delete shop/gone", "service upsert shop/new"]
     );
-    // "keep" did not change: no event for it, and no snapshot that would reset everything.
-    no_event_for(&mut source, Duration::from_millis(500)).await;
+    // "keep" did not change: no change for it.
+    no_batch_for(&mut source, Duration::from_millis(500)).await;
 }
 
 #[tokio::test]
@@ -250,11 +231,11 @@ async fn api_outage_keeps_known_objects() {
         slice("shop", "web-1", "web", "10.244.1.5", json!({})),
     );
     let mut source = synced_source(&api).await;
-    no_event_for(&mut source, Duration::from_millis(300)).await;
+    no_batch_for(&mut source, Duration::from_millis(300)).await;
 
     api.set_outage(true);
     // Failing relists and watches must not turn into deletions.
-    no_event_for(&mut source, Duration::from_secs(3)).await;
+    no_batch_for(&mut source, Duration::from_secs(3)).await;
     api.set_outage(false);
     api.apply(
         Kind::Service,
@@ -263,18 +244,17 @@ async fn api_outage_keeps_known_objects() {
     // After recovery the new object arrives; the known ones were never deleted.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
-        let event = tokio::time::timeout_at(deadline, source.events.recv())
+        let batch = tokio::time::timeout_at(deadline, source.events.recv())
             .await
             .expect("recovery within 30 s")
             .expect("source running");
-        match &event {
-            SourceEvent::ServiceUpsert(s) if s.metadata.name.as_deref() == Some("db") => break,
-            SourceEvent::ServiceDelete(_)
-            | SourceEvent::SliceDelete(_)
-            | SourceEvent::Snapshot(_) => {
-                panic!("outage must not lose objects: {}", event.describe())
-            }
-            _ => {}
+        let changes = described(&batch);
+        assert!(
+            !changes.iter().any(|c| c.contains(" delete ")),
+            "outage must not lose objects: {changes:?}"
+        );
+        if changes.iter().any(|c| c == "service upsert shop/db") {
+            break;
         }
     }
 }

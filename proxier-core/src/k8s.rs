@@ -12,10 +12,12 @@
 use std::collections::{BTreeMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::discovery::v1 as discovery;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::desired::{Protocol, Scheduler};
 use crate::model::{
@@ -32,6 +34,33 @@ pub const SERVICE_PROXY_NAME_LABEL: &str = "service.kubernetes.io/service-proxy-
 pub const HEADLESS_LABEL: &str = "service.kubernetes.io/headless";
 /// Label naming the Service an EndpointSlice belongs to.
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+/// kube-proxy's label selector for Services and EndpointSlices: neither another proxy's
+/// objects nor those of headless Services.
+pub const PROXIED_OBJECTS_SELECTOR: &str =
+    "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless";
+/// Annotation the EndpointSlice controller sets to the time of the change (a Pod or Service
+/// update) that the slice reflects.
+pub const LAST_CHANGE_TRIGGER_TIME_ANNOTATION: &str =
+    "endpoints.kubernetes.io/last-change-trigger-time";
+
+/// Whether an object passes [`PROXIED_OBJECTS_SELECTOR`]: the filter kube-proxy asks the API
+/// server for, for input that comes without a server (a file, an embedder's own watch).
+pub fn is_proxied(meta: &ObjectMeta) -> bool {
+    meta.labels.as_ref().is_none_or(|labels| {
+        !labels.contains_key(SERVICE_PROXY_NAME_LABEL) && !labels.contains_key(HEADLESS_LABEL)
+    })
+}
+
+/// The slice's [`LAST_CHANGE_TRIGGER_TIME_ANNOTATION`], when it carries a valid one: where
+/// the network programming latency is measured from.
+pub fn trigger_time(slice: &discovery::EndpointSlice) -> Option<SystemTime> {
+    let annotations = slice.metadata.annotations.as_ref()?;
+    let at: jiff::Timestamp = annotations
+        .get(LAST_CHANGE_TRIGGER_TIME_ANNOTATION)?
+        .parse()
+        .ok()?;
+    Some(SystemTime::from(at))
+}
 
 /// The longest ClientIP affinity timeout the API accepts (one day).
 const MAX_CLIENT_IP_TIMEOUT_SECONDS: i64 = 86_400;

@@ -562,3 +562,45 @@ fn weights_annotation_accepts_ipv6_addresses() {
     assert_eq!(warnings.len(), 1);
     assert!(warnings[0].to_string().contains("EndpointSlice default/w6"));
 }
+
+#[test]
+fn is_proxied_leaves_out_other_proxies_and_headless_objects_like_kube_proxy_s_selector() {
+    use proxier_core::k8s::is_proxied;
+    let labelled =
+        |labels: Value| service_with("x", json!({"labels": labels}), json!({}), json!({}));
+    assert!(is_proxied(&service("x", json!({})).metadata), "no labels");
+    assert!(is_proxied(&labelled(json!({"app": "web"})).metadata));
+    assert!(!is_proxied(
+        &labelled(json!({"service.kubernetes.io/service-proxy-name": "other"})).metadata
+    ));
+    assert!(!is_proxied(
+        &labelled(json!({"service.kubernetes.io/headless": ""})).metadata
+    ));
+}
+
+#[test]
+fn trigger_time_reads_the_endpoint_slice_controller_s_annotation() {
+    use proxier_core::k8s::{LAST_CHANGE_TRIGGER_TIME_ANNOTATION, trigger_time};
+    use std::time::{Duration, SystemTime};
+    let slice = |annotation: Option<&str>| -> K8sSlice {
+        let annotations = match annotation {
+            Some(at) => json!({ LAST_CHANGE_TRIGGER_TIME_ANNOTATION: at }),
+            None => json!({}),
+        };
+        serde_json::from_value(json!({
+            "metadata": {"namespace": "default", "name": "web-1", "annotations": annotations},
+            "addressType": "IPv4", "endpoints": [],
+        }))
+        .unwrap()
+    };
+    assert_eq!(
+        trigger_time(&slice(Some("2030-01-01T00:00:00Z"))),
+        Some(SystemTime::UNIX_EPOCH + Duration::from_secs(1_893_456_000))
+    );
+    assert_eq!(
+        trigger_time(&slice(Some("2030-01-01T00:00:00.25+01:00"))),
+        Some(SystemTime::UNIX_EPOCH + Duration::from_millis(1_893_452_400_250))
+    );
+    assert_eq!(trigger_time(&slice(Some("yesterday"))), None);
+    assert_eq!(trigger_time(&slice(None)), None);
+}

@@ -164,33 +164,10 @@ fn container_flags_and_config_file_are_accepted_by_the_daemon() {
 #[test]
 fn alerts_and_dashboard_use_metrics_the_daemon_exports() {
     // Every metric name the alerts and the dashboard list must be one the daemon registers.
-    use proxier_bin::metrics as m;
-    let exported = [
-        m::SYNC_PROXY_RULES_DURATION,
-        m::SYNC_FULL_PROXY_RULES_DURATION,
-        m::SYNC_PARTIAL_PROXY_RULES_DURATION,
-        m::SYNC_PROXY_RULES_LAST_TIMESTAMP,
-        m::SYNC_PROXY_RULES_LAST_QUEUED_TIMESTAMP,
-        m::SYNC_PROXY_RULES_LATENCY_MICROSECONDS,
-        m::HEALTHZ_TOTAL,
-        m::LIVEZ_TOTAL,
-        m::WATCH_ERRORS_TOTAL,
-        m::SOURCE_FILE_REJECTED_TOTAL,
-        m::NETWORK_PROGRAMMING_DURATION,
-        m::ENDPOINT_CHANGES_PENDING,
-        m::ENDPOINT_CHANGES_TOTAL,
-        m::SERVICE_CHANGES_PENDING,
-        m::SERVICE_CHANGES_TOTAL,
-        m::NO_LOCAL_ENDPOINTS_TOTAL,
-        m::VIRTUAL_SERVERS,
-        m::REAL_SERVERS,
-        m::BOUND_ADDRESSES,
-        m::NETLINK_OPERATIONS_TOTAL,
-        m::GRACEFUL_DRAIN_QUEUE_LENGTH,
-        m::FULL_RESYNC_DRIFT_REPAIRED,
-        m::IPVS_TABLE_READS_TOTAL,
-        m::IPVS_DUMP_RETRIES_TOTAL,
-    ];
+    let exported: Vec<&str> = proxier_bin::metrics::METRICS
+        .iter()
+        .map(|m| m.name)
+        .collect();
     let mut checked = 0;
     for text in [ALERTS, METRICS_DOC] {
         for word in text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {

@@ -1,24 +1,18 @@
 //! The file source: Services, EndpointSlices and Nodes read from a YAML file (see
-//! [`super::manifests`]) and re-read whenever its content changes. The first read produces a
-//! [`SourceEvent::Snapshot`]; later ones produce an event per object that differs.
+//! [`super::manifests`]) and re-read whenever its content changes. Each good read becomes a
+//! [`SourceBatch`] of the changes since the last one (the first: everything).
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use tokio::sync::{mpsc, watch};
 
-use k8s_openapi::api::core::v1::Service;
-use k8s_openapi::api::discovery::v1::EndpointSlice;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-
 use super::manifests::{Manifests, parse_in_parallel, split_documents};
-use super::{
-    ClusterSnapshot, EVENT_CHANNEL_CAPACITY, ObjectKey, SourceEvent, SourceHandle, is_proxied,
-};
+use super::{EVENT_CHANNEL_CAPACITY, ObjectKey, SourceBatch, SourceHandle};
+use proxier_core::k8s::is_proxied;
 
 /// How often the file is looked at even without a change notification (a file system
 /// without inotify, a missed event).
@@ -77,8 +71,10 @@ struct Defined {
     node: bool,
 }
 
-/// Reads successive versions of the file and turns each into events: the first good read
-/// into a [`SourceEvent::Snapshot`], later ones into an event per object that changed.
+/// Reads successive versions of the file and turns each into the changes since the last
+/// good read (the first: every object). Objects that another proxy handles (see
+/// [`is_proxied`]) are left out, as the API server would filter them for kube-proxy; when a
+/// key is defined twice, the later object wins.
 ///
 /// It keeps no parsed object between reads: only, per document (by a hash of its text),
 /// the keys it defined, and which document each object came from. A document whose text is
@@ -91,7 +87,6 @@ pub struct FileReader {
     services: HashMap<ObjectKey, u64>,
     slices: HashMap<ObjectKey, u64>,
     node: Option<u64>,
-    read_once: bool,
 }
 
 fn document_hash(text: &str) -> u64 {
@@ -99,15 +94,6 @@ fn document_hash(text: &str) -> u64 {
     text.hash(&mut hasher);
     text.len().hash(&mut hasher);
     hasher.finish()
-}
-
-/// A stand-in carrying only the key, for delete events of objects no longer kept.
-fn meta_of(key: &ObjectKey) -> ObjectMeta {
-    ObjectMeta {
-        name: Some(key.name.clone()),
-        namespace: Some(key.namespace.clone()),
-        ..ObjectMeta::default()
-    }
 }
 
 impl FileReader {
@@ -120,14 +106,13 @@ impl FileReader {
             services: HashMap::new(),
             slices: HashMap::new(),
             node: None,
-            read_once: false,
         }
     }
 
-    /// The events that bring the consumer from the last good read to `text`, or why `text`
+    /// The changes that bring the consumer from the last good read to `text`, or why `text`
     /// is refused whole (nothing changes then): no bytes, a last line without its newline,
     /// or any malformed document. Objects of kinds ipvs-proxier does not use are skipped.
-    pub fn read(&mut self, text: &str) -> Result<Vec<SourceEvent>, FileSourceError> {
+    pub fn read(&mut self, text: &str) -> Result<SourceBatch, FileSourceError> {
         if text.is_empty() {
             return Err(FileSourceError::Empty {
                 path: self.path.clone(),
@@ -165,25 +150,6 @@ impl FileReader {
             tracing::warn!(%problem, "source file: skipped object");
         }
 
-        if !self.read_once {
-            // The first picture: every object, in file order (later definitions win).
-            let mut all = Manifests::default();
-            for hash in &hashes {
-                if let Some(manifests) = parsed.get(hash) {
-                    all.services.extend(manifests.services.iter().cloned());
-                    all.endpoint_slices
-                        .extend(manifests.endpoint_slices.iter().cloned());
-                    all.nodes.extend(manifests.nodes.iter().cloned());
-                }
-            }
-            self.remember(&hashes, &parsed);
-            self.read_once = true;
-            return Ok(vec![SourceEvent::Snapshot(snapshot_from_manifests(
-                all,
-                &self.hostname,
-            ))]);
-        }
-
         let old_services = std::mem::take(&mut self.services);
         let old_slices = std::mem::take(&mut self.slices);
         let old_node = self.node.take();
@@ -215,15 +181,14 @@ impl FileReader {
             .collect();
         let object_of = |hash: &u64| parsed.get(hash).or_else(|| reparsed.get(hash));
 
-        let mut events = Vec::new();
+        let mut batch = SourceBatch::default();
         if self.node != old_node {
             let node = self.node.as_ref().and_then(object_of).and_then(|m| {
                 m.nodes
                     .iter()
                     .rfind(|n| n.metadata.name.as_deref() == Some(self.hostname.as_str()))
-                    .cloned()
             });
-            events.push(SourceEvent::NodeUpdate(node));
+            batch.node(node);
         }
         for (key, hash) in &self.services {
             if old_services.get(key) == Some(hash) {
@@ -235,17 +200,14 @@ impl FileReader {
                     .rfind(|s| ObjectKey::of(&s.metadata) == *key)
             });
             if let Some(service) = found {
-                events.push(SourceEvent::ServiceUpsert(Arc::clone(service)));
+                batch.upsert_service(service);
             }
         }
-        for key in old_services
-            .keys()
-            .filter(|k| !self.services.contains_key(*k))
+        for (key, _) in old_services
+            .into_iter()
+            .filter(|(k, _)| !self.services.contains_key(k))
         {
-            events.push(SourceEvent::ServiceDelete(Arc::new(Service {
-                metadata: meta_of(key),
-                ..Service::default()
-            })));
+            batch.delete_service(key);
         }
         for (key, hash) in &self.slices {
             if old_slices.get(key) == Some(hash) {
@@ -257,16 +219,16 @@ impl FileReader {
                     .rfind(|s| ObjectKey::of(&s.metadata) == *key)
             });
             if let Some(slice) = found {
-                events.push(SourceEvent::SliceUpsert(Arc::clone(slice)));
+                batch.upsert_slice(slice);
             }
         }
-        for key in old_slices.keys().filter(|k| !self.slices.contains_key(*k)) {
-            events.push(SourceEvent::SliceDelete(Arc::new(EndpointSlice {
-                metadata: meta_of(key),
-                ..EndpointSlice::default()
-            })));
+        for (key, _) in old_slices
+            .into_iter()
+            .filter(|(k, _)| !self.slices.contains_key(k))
+        {
+            batch.delete_slice(key);
         }
-        Ok(events)
+        Ok(batch)
     }
 
     /// Records what the documents of this read define and which document owns each object.
@@ -308,10 +270,14 @@ impl FileReader {
                 continue;
             };
             for key in &defined.services {
-                self.services.insert(key.clone(), *hash);
+                if self.services.insert(key.clone(), *hash).is_some() {
+                    tracing::warn!(service = %key, "source file: service defined twice, using the later one");
+                }
             }
             for key in &defined.slices {
-                self.slices.insert(key.clone(), *hash);
+                if self.slices.insert(key.clone(), *hash).is_some() {
+                    tracing::warn!(slice = %key, "source file: endpoint slice defined twice, using the later one");
+                }
             }
             if defined.node {
                 self.node = Some(*hash);
@@ -321,67 +287,14 @@ impl FileReader {
     }
 }
 
-/// Builds the snapshot a file's manifests describe for node `hostname`. Objects that another
-/// proxy handles (see [`is_proxied`]) are left out, as the API server would filter them for
-/// kube-proxy. Problems are logged. When a key appears twice, the later object wins.
-pub fn snapshot_from_manifests(manifests: Manifests, hostname: &str) -> ClusterSnapshot {
-    let mut snap = ClusterSnapshot::default();
-    for problem in &manifests.problems {
-        if problem.is_unknown_kind() {
-            tracing::warn!(%problem, "source file: skipped object");
-        } else {
-            tracing::error!(%problem, "source file: skipped malformed object");
-        }
-    }
-    for svc in manifests.services {
-        let key = ObjectKey::of(&svc.metadata);
-        if !is_proxied(&svc.metadata) {
-            tracing::debug!(service = %key, "source file: service handled by another proxy, skipped");
-            continue;
-        }
-        if snap.services.insert(key.clone(), svc).is_some() {
-            tracing::warn!(service = %key, "source file: service defined twice, using the later one");
-        }
-    }
-    for slice in manifests.endpoint_slices {
-        let key = ObjectKey::of(&slice.metadata);
-        if !is_proxied(&slice.metadata) {
-            tracing::debug!(slice = %key, "source file: slice of a headless or foreign service, skipped");
-            continue;
-        }
-        if snap.endpoint_slices.insert(key.clone(), slice).is_some() {
-            tracing::warn!(slice = %key, "source file: endpoint slice defined twice, using the later one");
-        }
-    }
-    let node_count = manifests.nodes.len();
-    snap.node = manifests
-        .nodes
-        .into_iter()
-        .rfind(|n| n.metadata.name.as_deref() == Some(hostname));
-    if snap.node.is_none() && node_count > 0 {
-        tracing::warn!(
-            hostname,
-            "source file has Nodes but none named like this node"
-        );
-    }
-    snap
-}
-
-/// Reads and parses the file once; a file that is empty or has a malformed document is an
-/// error.
-pub fn load_snapshot(path: &Path, hostname: &str) -> Result<ClusterSnapshot, FileSourceError> {
+/// Reads and parses the file once into the changes it amounts to; a file that is empty or
+/// has a malformed document is an error.
+pub fn load(path: &Path, hostname: &str) -> Result<SourceBatch, FileSourceError> {
     let text = std::fs::read_to_string(path).map_err(|source| FileSourceError::Read {
         path: path.to_owned(),
         source,
     })?;
-    let events = FileReader::new(path, hostname).read(&text)?;
-    Ok(events
-        .into_iter()
-        .find_map(|event| match event {
-            SourceEvent::Snapshot(snapshot) => Some(snapshot),
-            _ => None,
-        })
-        .unwrap_or_default())
+    FileReader::new(path, hostname).read(&text)
 }
 
 /// Cheap identity of the file on disk: when it is unchanged, the content need not be read.
@@ -457,9 +370,10 @@ fn stamp_of(path: &Path) -> std::io::Result<FileStamp> {
     })
 }
 
-/// Starts watching the file. A snapshot is sent at once (when the file is readable and
-/// well-formed), then an event per object that changed; `synced` turns true after the first. A file that disappears or
-/// cannot be read keeps the last snapshot in force (a warning is logged) until it is back.
+/// Starts watching the file. Everything is sent at once (when the file is readable and
+/// well-formed), then the changes of each new version; `synced` turns true after the first.
+/// A file that disappears or cannot be read keeps the last good state in force (a warning is
+/// logged) until it is back.
 pub fn spawn(config: FileSourceConfig) -> SourceHandle {
     let (tx, rx) = mpsc::channel(EVENT_CHANNEL_CAPACITY);
     let (synced_tx, synced_rx) = watch::channel(false);
@@ -507,7 +421,7 @@ fn watch_directory(
     Some((watcher, rx))
 }
 
-async fn run(config: FileSourceConfig, tx: mpsc::Sender<SourceEvent>, synced: watch::Sender<bool>) {
+async fn run(config: FileSourceConfig, tx: mpsc::Sender<SourceBatch>, synced: watch::Sender<bool>) {
     let mut detector = ChangeDetector::new(10);
     let mut reader = FileReader::new(&config.path, &config.hostname);
     let mut ticker = tokio::time::interval(config.poll_interval);
@@ -556,8 +470,8 @@ async fn run(config: FileSourceConfig, tx: mpsc::Sender<SourceEvent>, synced: wa
                 source,
             }),
         };
-        let events = match result {
-            Ok(events) => events,
+        let batch = match result {
+            Ok(batch) => batch,
             Err(error) => {
                 let message = error.to_string();
                 if !matches!(error, FileSourceError::Empty { .. }) {
@@ -579,11 +493,10 @@ async fn run(config: FileSourceConfig, tx: mpsc::Sender<SourceEvent>, synced: wa
         if reported.take().is_some() {
             tracing::info!(path = %config.path.display(), "source file readable and well-formed again");
         }
-        tracing::info!(path = %config.path.display(), changes = events.len(), took = ?read_started.elapsed(), "source file loaded");
-        for event in events {
-            if tx.send(event).await.is_err() {
-                return; // the daemon is gone
-            }
+        tracing::info!(path = %config.path.display(), changes = batch.changes.len(), took = ?read_started.elapsed(), "source file loaded");
+        // The first batch goes even when empty: it is the first picture.
+        if (!batch.is_empty() || !*synced.borrow()) && tx.send(batch).await.is_err() {
+            return; // the daemon is gone
         }
         synced.send_replace(true);
     }

@@ -4,13 +4,12 @@
 //! Each kind has an [`ObjectStore`]: a relist (initial list, restart after 410 Gone, after an
 //! outage) is buffered and swapped in whole when it completes, so the daemon never forgets
 //! objects halfway; the swap is reported as the upserts and deletes it amounts to. Until
-//! Services and EndpointSlices have both listed once, nothing is sent; then one
-//! [`SourceEvent::Snapshot`] and the `synced` signal, then incremental events.
+//! Services and EndpointSlices have both listed once, nothing is sent; then the first
+//! [`SourceBatch`] with everything and the `synced` signal, then a batch per change.
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{Node, Service};
@@ -22,10 +21,8 @@ use kube::runtime::{WatchStreamExt, watcher as make_watcher};
 use serde::de::DeserializeOwned;
 use tokio::sync::{mpsc, watch};
 
-use super::{
-    ClusterSnapshot, EVENT_CHANNEL_CAPACITY, ObjectKey, PROXIED_OBJECTS_SELECTOR, SourceEvent,
-    SourceHandle,
-};
+use super::{EVENT_CHANNEL_CAPACITY, ObjectKey, SourceBatch, SourceHandle};
+use proxier_core::k8s::PROXIED_OBJECTS_SELECTOR;
 
 /// The API server could not be configured or reached.
 #[derive(Debug, thiserror::Error)]
@@ -108,60 +105,37 @@ pub async fn client(
 #[derive(Debug, Clone)]
 pub enum StoreChange<K> {
     /// Added or changed.
-    Upsert(Arc<K>),
-    /// Gone (its last known state).
-    Delete(Arc<K>),
+    Upsert(K),
+    /// Gone.
+    Delete(ObjectKey),
 }
 
-/// The objects of one kind as last listed/watched, with relists applied atomically.
-///
-/// Once [`ObjectStore::forget_objects`] was called it keeps only each object's key and
-/// resource version (what a relist needs to tell changes apart): the objects themselves live
-/// on, converted, in the engine's model.
+/// The objects of one kind as last listed/watched, with relists applied atomically. It keeps
+/// only each object's key and resource version (what a relist needs to tell changes apart):
+/// the objects themselves live on, converted, in the engine's model.
 #[derive(Debug)]
 pub struct ObjectStore<K> {
-    objects: BTreeMap<ObjectKey, Stored<K>>,
-    relist: Option<BTreeMap<ObjectKey, Arc<K>>>,
+    versions: BTreeMap<ObjectKey, Option<String>>,
+    relist: Option<BTreeMap<ObjectKey, K>>,
     listed: bool,
-    keep_objects: bool,
-}
-
-/// One object of a store: its resource version, and the object while the store keeps them.
-#[derive(Debug)]
-struct Stored<K> {
-    version: Option<String>,
-    object: Option<Arc<K>>,
 }
 
 impl<K> Default for ObjectStore<K> {
     fn default() -> Self {
         ObjectStore {
-            objects: BTreeMap::new(),
+            versions: BTreeMap::new(),
             relist: None,
             listed: false,
-            keep_objects: true,
         }
     }
 }
 
-impl<K: Resource + Default> ObjectStore<K> {
-    fn stored(&self, object: &Arc<K>) -> Stored<K> {
-        Stored {
-            version: object.meta().resource_version.clone(),
-            object: self.keep_objects.then(|| Arc::clone(object)),
-        }
-    }
-
-    /// The last known state of `key`, or a stand-in with only its name and namespace.
-    fn last_state(&self, key: &ObjectKey) -> Arc<K> {
-        if let Some(object) = self.objects.get(key).and_then(|s| s.object.as_ref()) {
-            return Arc::clone(object);
-        }
-        let mut stand_in = K::default();
-        let meta = stand_in.meta_mut();
-        meta.name = Some(key.name.clone());
-        meta.namespace = (!key.namespace.is_empty()).then(|| key.namespace.clone());
-        Arc::new(stand_in)
+impl<K: Resource> ObjectStore<K> {
+    /// Whether `object` is the version already known (same resource version).
+    fn known(&self, key: &ObjectKey, object: &K) -> bool {
+        self.versions
+            .get(key)
+            .is_some_and(|version| version.is_some() && *version == object.meta().resource_version)
     }
 
     /// Applies one watcher event and returns what changed. `Init..InitDone` is buffered:
@@ -175,42 +149,31 @@ impl<K: Resource + Default> ObjectStore<K> {
             }
             Event::InitApply(obj) => {
                 let key = ObjectKey::of(obj.meta());
-                self.relist
-                    .get_or_insert_default()
-                    .insert(key, Arc::new(obj));
+                self.relist.get_or_insert_default().insert(key, obj);
                 Vec::new()
             }
             Event::InitDone => {
                 let fresh = self.relist.take().unwrap_or_default();
-                let mut changes = Vec::new();
-                for key in self.objects.keys() {
-                    if !fresh.contains_key(key) {
-                        changes.push(StoreChange::Delete(self.last_state(key)));
-                    }
-                }
-                for (key, new) in &fresh {
-                    let unchanged = self.objects.get(key).is_some_and(|old| {
-                        old.version.is_some() && old.version == new.meta().resource_version
-                    });
-                    if !unchanged {
-                        changes.push(StoreChange::Upsert(Arc::clone(new)));
-                    }
-                }
-                self.objects = fresh
-                    .iter()
-                    .map(|(key, object)| (key.clone(), self.stored(object)))
+                let mut changes: Vec<StoreChange<K>> = (self.versions.keys())
+                    .filter(|key| !fresh.contains_key(*key))
+                    .map(|key| StoreChange::Delete(key.clone()))
                     .collect();
+                let mut versions = BTreeMap::new();
+                for (key, object) in fresh {
+                    versions.insert(key.clone(), object.meta().resource_version.clone());
+                    if !self.known(&key, &object) {
+                        changes.push(StoreChange::Upsert(object));
+                    }
+                }
+                self.versions = versions;
                 self.listed = true;
                 changes
             }
             Event::Apply(obj) => {
                 let key = ObjectKey::of(obj.meta());
-                let obj = Arc::new(obj);
-                let unchanged = self.objects.get(&key).is_some_and(|old| {
-                    old.version.is_some() && old.version == obj.meta().resource_version
-                });
-                let stored = self.stored(&obj);
-                self.objects.insert(key, stored);
+                let unchanged = self.known(&key, &obj);
+                self.versions
+                    .insert(key, obj.meta().resource_version.clone());
                 if unchanged {
                     Vec::new()
                 } else {
@@ -219,12 +182,8 @@ impl<K: Resource + Default> ObjectStore<K> {
             }
             Event::Delete(obj) => {
                 let key = ObjectKey::of(obj.meta());
-                let last = self
-                    .objects
-                    .remove(&key)
-                    .and_then(|stored| stored.object)
-                    .unwrap_or_else(|| Arc::new(obj));
-                vec![StoreChange::Delete(last)]
+                self.versions.remove(&key);
+                vec![StoreChange::Delete(key)]
             }
         }
     }
@@ -234,36 +193,20 @@ impl<K: Resource + Default> ObjectStore<K> {
         self.listed
     }
 
-    /// The objects it keeps (all of them until [`ObjectStore::forget_objects`]).
-    pub fn objects(&self) -> BTreeMap<ObjectKey, Arc<K>> {
-        self.objects
-            .iter()
-            .filter_map(|(key, stored)| Some((key.clone(), Arc::clone(stored.object.as_ref()?))))
-            .collect()
-    }
-
-    /// How many objects it knows (kept or not).
+    /// How many objects it knows.
     pub fn len(&self) -> usize {
-        self.objects.len()
+        self.versions.len()
     }
 
     /// Whether it knows no object.
     pub fn is_empty(&self) -> bool {
-        self.objects.is_empty()
-    }
-
-    /// From now on keeps only keys and resource versions (after the daemon has taken the
-    /// first snapshot).
-    pub fn forget_objects(&mut self) {
-        self.keep_objects = false;
-        for stored in self.objects.values_mut() {
-            stored.object = None;
-        }
+        self.versions.is_empty()
     }
 }
 
 /// The state of the Kubernetes source, independent of any API connection: what the three
-/// stores hold, and which events they produce.
+/// stores hold, and which batches they produce. Until Services and EndpointSlices have both
+/// listed, changes are collected into the first batch.
 #[derive(Debug, Default)]
 pub struct KubeSourceState {
     /// Services.
@@ -272,77 +215,62 @@ pub struct KubeSourceState {
     pub slices: ObjectStore<EndpointSlice>,
     /// This node (at most one object, by field selector).
     pub nodes: ObjectStore<Node>,
+    first: SourceBatch,
     synced: bool,
 }
 
 impl KubeSourceState {
-    /// Whether the initial snapshot has been produced.
+    /// Whether the first batch has been produced.
     pub fn is_synced(&self) -> bool {
         self.synced
     }
 
-    fn snapshot(&self) -> ClusterSnapshot {
-        ClusterSnapshot {
-            services: self.services.objects(),
-            endpoint_slices: self.slices.objects(),
-            node: self.nodes.objects().values().next().cloned(),
-        }
-    }
-
-    fn after_change(&mut self, incremental: Vec<SourceEvent>) -> Vec<SourceEvent> {
+    fn deliver(&mut self, batch: SourceBatch) -> Option<SourceBatch> {
         if self.synced {
-            return incremental;
+            return (!batch.is_empty()).then_some(batch);
         }
+        self.first.append(batch);
         if self.services.is_listed() && self.slices.is_listed() {
             self.synced = true;
-            let snapshot = self.snapshot();
-            // The engine holds them from now on; the stores keep only what a relist needs.
-            self.services.forget_objects();
-            self.slices.forget_objects();
-            return vec![SourceEvent::Snapshot(snapshot)];
+            return Some(std::mem::take(&mut self.first));
         }
-        Vec::new()
+        None
     }
 
     /// Applies a Service watcher event.
-    pub fn on_service(&mut self, event: Event<Service>) -> Vec<SourceEvent> {
-        let events = self
-            .services
-            .apply(event)
-            .into_iter()
-            .map(|c| match c {
-                StoreChange::Upsert(s) => SourceEvent::ServiceUpsert(s),
-                StoreChange::Delete(s) => SourceEvent::ServiceDelete(s),
-            })
-            .collect();
-        self.after_change(events)
+    pub fn on_service(&mut self, event: Event<Service>) -> Option<SourceBatch> {
+        let mut batch = SourceBatch::default();
+        for change in self.services.apply(event) {
+            match change {
+                StoreChange::Upsert(service) => batch.upsert_service(&service),
+                StoreChange::Delete(key) => batch.delete_service(key),
+            }
+        }
+        self.deliver(batch)
     }
 
     /// Applies an EndpointSlice watcher event.
-    pub fn on_slice(&mut self, event: Event<EndpointSlice>) -> Vec<SourceEvent> {
-        let events = self
-            .slices
-            .apply(event)
-            .into_iter()
-            .map(|c| match c {
-                StoreChange::Upsert(s) => SourceEvent::SliceUpsert(s),
-                StoreChange::Delete(s) => SourceEvent::SliceDelete(s),
-            })
-            .collect();
-        self.after_change(events)
+    pub fn on_slice(&mut self, event: Event<EndpointSlice>) -> Option<SourceBatch> {
+        let mut batch = SourceBatch::default();
+        for change in self.slices.apply(event) {
+            match change {
+                StoreChange::Upsert(slice) => batch.upsert_slice(&slice),
+                StoreChange::Delete(key) => batch.delete_slice(key),
+            }
+        }
+        self.deliver(batch)
     }
 
     /// Applies a Node watcher event.
-    pub fn on_node(&mut self, event: Event<Node>) -> Vec<SourceEvent> {
-        let changed = !self.nodes.apply(event).is_empty();
-        let events = if changed {
-            vec![SourceEvent::NodeUpdate(
-                self.nodes.objects().values().next().cloned(),
-            )]
-        } else {
-            Vec::new()
-        };
-        self.after_change(events)
+    pub fn on_node(&mut self, event: Event<Node>) -> Option<SourceBatch> {
+        let mut batch = SourceBatch::default();
+        for change in self.nodes.apply(event) {
+            match change {
+                StoreChange::Upsert(node) => batch.node(Some(&node)),
+                StoreChange::Delete(_) => batch.node(None),
+            }
+        }
+        self.deliver(batch)
     }
 }
 
@@ -397,7 +325,7 @@ async fn run(
     services: impl Stream<Item = watcher::Result<Event<Service>>> + Send,
     slices: impl Stream<Item = watcher::Result<Event<EndpointSlice>>> + Send,
     nodes: impl Stream<Item = watcher::Result<Event<Node>>> + Send,
-    tx: mpsc::Sender<SourceEvent>,
+    tx: mpsc::Sender<SourceBatch>,
     synced: watch::Sender<bool>,
 ) {
     let mut services = std::pin::pin!(services);
@@ -406,7 +334,7 @@ async fn run(
     let mut state = KubeSourceState::default();
     let started = std::time::Instant::now();
     loop {
-        let events = tokio::select! {
+        let batch = tokio::select! {
             Some(ev) = services.next() => match ev {
                 Ok(ev) => state.on_service(ev),
                 Err(e) => { log_watch_error("Service", &e); continue; }
@@ -421,12 +349,15 @@ async fn run(
             },
             else => return,
         };
+        let Some(batch) = batch else {
+            continue;
+        };
         let became_synced = state.is_synced() && !*synced.borrow();
-        for event in events {
-            tracing::debug!(event = %event.describe(), "kube source");
-            if tx.send(event).await.is_err() {
-                return; // the daemon is gone
-            }
+        for change in &batch.changes {
+            tracing::debug!(change = %super::describe(change), "kube source");
+        }
+        if tx.send(batch).await.is_err() {
+            return; // the daemon is gone
         }
         if became_synced {
             tracing::info!(

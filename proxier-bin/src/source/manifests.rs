@@ -3,7 +3,6 @@
 //! that cannot be read is reported and skipped; the others are kept.
 
 use std::fmt;
-use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -96,11 +95,11 @@ impl fmt::Display for ManifestProblem {
 #[derive(Debug, Clone, Default)]
 pub struct Manifests {
     /// Services.
-    pub services: Vec<Arc<Service>>,
+    pub services: Vec<Service>,
     /// EndpointSlices.
-    pub endpoint_slices: Vec<Arc<EndpointSlice>>,
+    pub endpoint_slices: Vec<EndpointSlice>,
     /// Nodes.
-    pub nodes: Vec<Arc<Node>>,
+    pub nodes: Vec<Node>,
     /// Documents or items that were skipped, and why.
     pub problems: Vec<ManifestProblem>,
 }
@@ -196,7 +195,7 @@ impl Manifests {
                     decode::<Service>(value, at, &kind, &name, &mut self.problems)
                 {
                     default_namespace(&mut svc.metadata);
-                    self.services.push(Arc::new(svc));
+                    self.services.push(svc);
                 }
             }
             ("discovery.k8s.io/v1", "EndpointSlice") => {
@@ -204,12 +203,12 @@ impl Manifests {
                     decode::<EndpointSlice>(value, at, &kind, &name, &mut self.problems)
                 {
                     default_namespace(&mut slice.metadata);
-                    self.endpoint_slices.push(Arc::new(slice));
+                    self.endpoint_slices.push(slice);
                 }
             }
             ("v1", "Node") => {
                 if let Some(node) = decode::<Node>(value, at, &kind, &name, &mut self.problems) {
-                    self.nodes.push(Arc::new(node));
+                    self.nodes.push(node);
                 }
             }
             _ => self.problems.push(ManifestProblem::UnknownKind {

@@ -1,38 +1,22 @@
 //! Sources of cluster objects: the Kubernetes API server ([`kube`]) or a YAML file
-//! ([`file`]). Both produce the same [`SourceEvent`]s on a channel and raise the same
-//! "synced" signal once they hold a complete picture.
+//! ([`file`]). Both convert what they read into the engine's changes at their edge (with
+//! proxier-core's `k8s` conversions), send them as [`SourceBatch`]es on a channel and raise
+//! the same "synced" signal once they hold a complete picture.
 
 pub mod file;
 pub mod kube;
 pub mod manifests;
 
-use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::Arc;
+use std::time::SystemTime;
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use proxier_core::model::{ServiceName, SliceKey};
+use proxier_core::{Change, k8s};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
-
-/// Label of Services (and their slices) that another proxy handles; kube-proxy ignores them.
-pub const LABEL_SERVICE_PROXY_NAME: &str = "service.kubernetes.io/service-proxy-name";
-/// Label the EndpointSlice controller sets on objects of headless Services.
-pub const LABEL_HEADLESS: &str = "service.kubernetes.io/headless";
-/// Label of an EndpointSlice naming its Service.
-pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
-/// kube-proxy's label selector for Services and EndpointSlices (both informers use it).
-pub const PROXIED_OBJECTS_SELECTOR: &str =
-    "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless";
-
-/// Whether an object passes [`PROXIED_OBJECTS_SELECTOR`]: the same filter kube-proxy asks the
-/// API server for, applied locally where there is no server (the file source).
-pub fn is_proxied(meta: &ObjectMeta) -> bool {
-    meta.labels.as_ref().is_none_or(|labels| {
-        !labels.contains_key(LABEL_SERVICE_PROXY_NAME) && !labels.contains_key(LABEL_HEADLESS)
-    })
-}
 
 /// Namespace and name of an object.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -63,67 +47,105 @@ impl fmt::Display for ObjectKey {
     }
 }
 
-/// A complete picture of what a source knows.
-#[derive(Debug, Clone, Default)]
-pub struct ClusterSnapshot {
-    /// Services, by namespace/name.
-    pub services: BTreeMap<ObjectKey, Arc<Service>>,
-    /// EndpointSlices, by namespace/name.
-    pub endpoint_slices: BTreeMap<ObjectKey, Arc<EndpointSlice>>,
-    /// This node, when known.
-    pub node: Option<Arc<Node>>,
+/// What a source sends: the engine's changes for one thing it saw (a watch event, a new
+/// version of the file), converted at the source's edge. The first batch of a source is its
+/// complete first picture.
+#[derive(Debug, Default)]
+pub struct SourceBatch {
+    /// Changes, in order.
+    pub changes: Vec<Change>,
+    /// `endpoints.kubernetes.io/last-change-trigger-time` of the EndpointSlices in it.
+    pub trigger_times: Vec<SystemTime>,
+    /// When this node's Node object changed: whether the node may take traffic (see
+    /// [`crate::health::node_eligible`]).
+    pub node_eligible: Option<bool>,
 }
 
-/// What a source reports. After a [`SourceEvent::Snapshot`], the other variants are
-/// incremental changes against it; a later `Snapshot` replaces everything.
-#[derive(Debug, Clone)]
-pub enum SourceEvent {
-    /// Everything the source knows; replaces any earlier state.
-    Snapshot(ClusterSnapshot),
-    /// A Service was added or changed.
-    ServiceUpsert(Arc<Service>),
-    /// A Service was deleted (its last known state).
-    ServiceDelete(Arc<Service>),
-    /// An EndpointSlice was added or changed.
-    SliceUpsert(Arc<EndpointSlice>),
-    /// An EndpointSlice was deleted (its last known state, whose
-    /// `kubernetes.io/service-name` label names its Service).
-    SliceDelete(Arc<EndpointSlice>),
-    /// This node changed; `None` when it was deleted.
-    NodeUpdate(Option<Arc<Node>>),
-}
+impl SourceBatch {
+    /// Whether it holds nothing.
+    pub fn is_empty(&self) -> bool {
+        self.changes.is_empty() && self.node_eligible.is_none()
+    }
 
-impl SourceEvent {
-    /// A short description for logs: kind of change and object.
-    pub fn describe(&self) -> String {
-        match self {
-            SourceEvent::Snapshot(s) => format!(
-                "snapshot ({} services, {} endpoint slices, node {})",
-                s.services.len(),
-                s.endpoint_slices.len(),
-                if s.node.is_some() { "known" } else { "unknown" }
+    /// Adds what `later` holds after what this one holds.
+    pub fn append(&mut self, later: SourceBatch) {
+        self.changes.extend(later.changes);
+        self.trigger_times.extend(later.trigger_times);
+        self.node_eligible = later.node_eligible.or(self.node_eligible);
+    }
+
+    /// A Service was added or changed. One the conversion rejects is logged and left out:
+    /// the engine keeps its last accepted version, so bad input never removes what is
+    /// programmed.
+    pub fn upsert_service(&mut self, service: &Service) {
+        match k8s::service_change(service) {
+            Ok(change) => self.changes.push(change),
+            Err(error) => tracing::error!(
+                service = %ObjectKey::of(&service.metadata), %error,
+                "service rejected; its last accepted version stays"
             ),
-            SourceEvent::ServiceUpsert(s) => {
-                format!("service upsert {}", ObjectKey::of(&s.metadata))
-            }
-            SourceEvent::ServiceDelete(s) => {
-                format!("service delete {}", ObjectKey::of(&s.metadata))
-            }
-            SourceEvent::SliceUpsert(s) => format!("slice upsert {}", ObjectKey::of(&s.metadata)),
-            SourceEvent::SliceDelete(s) => format!("slice delete {}", ObjectKey::of(&s.metadata)),
-            SourceEvent::NodeUpdate(Some(n)) => {
-                format!("node update {}", ObjectKey::of(&n.metadata))
-            }
-            SourceEvent::NodeUpdate(None) => "node deleted".to_owned(),
         }
+    }
+
+    /// A Service was deleted.
+    pub fn delete_service(&mut self, key: ObjectKey) {
+        let name = ServiceName::new(key.namespace, key.name);
+        self.changes.push(Change::DeleteService(name));
+    }
+
+    /// An EndpointSlice was added or changed (rejected ones as [`SourceBatch::upsert_service`]).
+    pub fn upsert_slice(&mut self, slice: &EndpointSlice) {
+        match k8s::slice_change(slice) {
+            Ok(Some(change)) => {
+                self.changes.push(change);
+                self.trigger_times.extend(k8s::trigger_time(slice));
+            }
+            // An FQDN slice: never proxied.
+            Ok(None) => self.delete_slice(ObjectKey::of(&slice.metadata)),
+            Err(error) => tracing::error!(
+                slice = %ObjectKey::of(&slice.metadata), %error,
+                "endpoint slice rejected; its last accepted version stays"
+            ),
+        }
+    }
+
+    /// An EndpointSlice was deleted.
+    pub fn delete_slice(&mut self, key: ObjectKey) {
+        let key = SliceKey::new(key.namespace, key.name);
+        self.changes.push(Change::DeleteSlice(key));
+    }
+
+    /// This node's Node object changed (`None`: deleted).
+    pub fn node(&mut self, node: Option<&Node>) {
+        self.node_eligible = Some(node.is_some_and(crate::health::node_eligible));
+        self.changes.push(match node.map(k8s::node_context) {
+            Some(Ok(node)) => Change::UpsertNode(node),
+            Some(Err(error)) => {
+                tracing::error!(%error, "node object rejected; planning without its addresses");
+                Change::DeleteNode
+            }
+            None => Change::DeleteNode,
+        });
+    }
+}
+
+/// A short description of a change for logs: kind of change and object.
+pub fn describe(change: &Change) -> String {
+    match change {
+        Change::UpsertService(service) => format!("service upsert {}", service.name),
+        Change::DeleteService(name) => format!("service delete {name}"),
+        Change::UpsertSlice(slice) => format!("slice upsert {}", slice.key),
+        Change::DeleteSlice(key) => format!("slice delete {key}"),
+        Change::UpsertNode(node) => format!("node update {}", node.name),
+        Change::DeleteNode => "node deleted".to_owned(),
     }
 }
 
 /// A running source: its events, its synced signal and its task.
 #[derive(Debug)]
 pub struct SourceHandle {
-    /// Events, in order.
-    pub events: mpsc::Receiver<SourceEvent>,
+    /// Batches of changes, in order; the first is the complete first picture.
+    pub events: mpsc::Receiver<SourceBatch>,
     /// Becomes `true` once the source has delivered a complete first picture (Services and
     /// EndpointSlices both listed). Nothing should be programmed before.
     pub synced: watch::Receiver<bool>,

@@ -50,7 +50,7 @@ fn reads_the_ipvs_relevant_fields() {
     let cfg = parse(KUBEADM_LIKE).expect("valid file");
     assert_eq!(cfg.bind_address.as_deref(), Some("0.0.0.0"));
     assert_eq!(
-        cfg.kubeconfig.as_deref(),
+        cfg.client_connection.kubeconfig.as_deref(),
         Some("/var/lib/kube-proxy/kubeconfig.conf")
     );
     assert_eq!(cfg.cluster_cidr.as_deref(), Some("10.244.0.0/16"));
@@ -110,8 +110,8 @@ fn reads_detect_local_fields() {
     )
     .expect("valid");
     assert_eq!(cfg.detect_local_mode.as_deref(), Some("BridgeInterface"));
-    assert_eq!(cfg.detect_local_bridge_interface.as_deref(), Some("cbr0"));
-    assert_eq!(cfg.detect_local_interface_name_prefix, None);
+    assert_eq!(cfg.detect_local.bridge_interface.as_deref(), Some("cbr0"));
+    assert_eq!(cfg.detect_local.interface_name_prefix, None);
     assert_eq!(
         cfg.ignored_fields,
         vec!["detectLocal.futureField".to_owned()]
@@ -163,4 +163,16 @@ fn malformed_yaml_is_a_parse_error() {
     )
     .expect_err("bad bool");
     assert!(matches!(err, ConfigError::Parse { .. }), "{err}");
+}
+
+#[test]
+fn empty_sections_are_empty_not_errors() {
+    let cfg = parse(
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nipvs:\nclientConnection:\ndetectLocal:\nbindAddress: \"\"\n",
+    )
+    .expect("valid");
+    assert_eq!(cfg.ipvs.scheduler, None);
+    assert_eq!(cfg.client_connection.kubeconfig, None);
+    assert_eq!(cfg.bind_address, None, "empty string means unset");
+    assert!(cfg.ignored_fields.is_empty(), "{:?}", cfg.ignored_fields);
 }

@@ -4,7 +4,7 @@ use http::StatusCode;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::core::v1::{NodeSpec, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use proxier_bin::source::ObjectKey;
+use proxier_core::model::ServiceName;
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -79,7 +79,7 @@ fn node_being_deleted_or_tainted_fails_healthz_not_livez() {
         }),
         ..Node::default()
     };
-    h.sync_node(&node);
+    h.set_node_eligible(node_eligible(&node));
     let a = h.healthz(at(10));
     assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE);
     assert!(a.body.contains(r#""nodeEligible": false"#), "{}", a.body);
@@ -89,22 +89,19 @@ fn node_being_deleted_or_tainted_fails_healthz_not_livez() {
     deleting.metadata.deletion_timestamp = Some(
         serde_json::from_value::<Time>(serde_json::json!("2024-01-01T00:00:00Z")).expect("time"),
     );
-    h.sync_node(&Node::default());
+    h.set_node_eligible(node_eligible(&Node::default()));
     assert_eq!(h.healthz(at(10)).status, StatusCode::OK);
-    h.sync_node(&deleting);
+    h.set_node_eligible(node_eligible(&deleting));
     assert_eq!(h.healthz(at(10)).status, StatusCode::SERVICE_UNAVAILABLE);
-    h.sync_node(&Node::default());
-    h.node_deleted();
+    h.set_node_eligible(node_eligible(&Node::default()));
+    h.set_node_eligible(false);
     assert_eq!(h.healthz(at(10)).status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(h.livez(at(10)).status, StatusCode::OK);
 }
 
 #[test]
 fn service_health_body_and_status() {
-    let key = ObjectKey {
-        namespace: "shop".into(),
-        name: "web".into(),
-    };
+    let key = ServiceName::new("shop", "web");
     let a = service_health_answer(&key, 2, true);
     assert_eq!(a.status, StatusCode::OK);
     let v: serde_json::Value = serde_json::from_str(&a.body).expect("json");
@@ -159,10 +156,7 @@ async fn proxy_health_server_answers_on_loopback() {
 async fn service_health_servers_follow_services_and_endpoints() {
     let h = ProxyHealth::new(Duration::from_secs(60));
     let servers = ServiceHealthServers::new(vec!["127.0.0.1".parse().expect("ip")], h);
-    let web = ObjectKey {
-        namespace: "shop".into(),
-        name: "web".into(),
-    };
+    let web = ServiceName::new("shop", "web");
     let errors = servers
         .sync_services(&HashMap::from([(web.clone(), 0)]))
         .await;
@@ -199,14 +193,8 @@ async fn a_port_in_use_is_reported_and_others_still_open() {
         vec!["127.0.0.1".parse().expect("ip")],
         ProxyHealth::new(Duration::from_secs(60)),
     );
-    let a = ObjectKey {
-        namespace: "x".into(),
-        name: "a".into(),
-    };
-    let b = ObjectKey {
-        namespace: "x".into(),
-        name: "b".into(),
-    };
+    let a = ServiceName::new("x", "a");
+    let b = ServiceName::new("x", "b");
     let errors = servers
         .sync_services(&HashMap::from([(a.clone(), taken_port), (b.clone(), 0)]))
         .await;

@@ -3,7 +3,6 @@
 
 mod cli;
 mod config;
-mod feed;
 mod go_duration;
 mod health;
 mod http_client;
@@ -11,6 +10,7 @@ mod http_server;
 mod logging;
 mod metrics;
 mod settings;
+mod source;
 mod source_file;
 mod source_kube;
 mod source_manifests;

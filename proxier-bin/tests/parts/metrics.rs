@@ -16,16 +16,16 @@ fn render_with(f: impl FnOnce()) -> (String, PrometheusHandle) {
 fn registered_metrics_appear_with_kube_proxy_names() {
     let (text, _) = render_with(register);
     for name in [
-        ENDPOINT_CHANGES_PENDING,
-        ENDPOINT_CHANGES_TOTAL,
-        SERVICE_CHANGES_PENDING,
-        SERVICE_CHANGES_TOTAL,
-        NO_LOCAL_ENDPOINTS_TOTAL,
-        VIRTUAL_SERVERS,
-        REAL_SERVERS,
-        BOUND_ADDRESSES,
-        GRACEFUL_DRAIN_QUEUE_LENGTH,
-        FULL_RESYNC_DRIFT_REPAIRED,
+        "kubeproxy_sync_proxy_rules_endpoint_changes_pending",
+        "kubeproxy_sync_proxy_rules_endpoint_changes_total",
+        "kubeproxy_sync_proxy_rules_service_changes_pending",
+        "kubeproxy_sync_proxy_rules_service_changes_total",
+        "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
+        "ipvs_proxier_virtual_servers",
+        "ipvs_proxier_real_servers",
+        "ipvs_proxier_bound_addresses",
+        "ipvs_proxier_graceful_drain_queue_length",
+        "ipvs_proxier_full_resync_drift_repaired",
     ] {
         assert!(
             text.contains(&format!("\n{name}"))

@@ -1,71 +1,72 @@
 //! Tests of `proxier_bin::source::file`.
 
-use k8s_openapi::api::core::v1::Service;
 use proxier_bin::source::file::*;
 use proxier_bin::source::manifests::parse_manifests;
-use proxier_bin::source::{ClusterSnapshot, ObjectKey, SourceEvent, SourceHandle};
+use proxier_bin::source::{SourceBatch, SourceHandle, describe};
+use proxier_core::Change;
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
 const CLUSTER: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: shop}\nspec: {clusterIP: 10.96.0.20}\n---\napiVersion: v1\nkind: Service\nmetadata:\n  name: other-proxy\n  namespace: shop\n  labels: {service.kubernetes.io/service-proxy-name: foo}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\naddressType: IPv4\nmetadata:\n  name: headless-x\n  namespace: shop\n  labels: {service.kubernetes.io/headless: \"\"}\nendpoints: []\n---\napiVersion: v1\nkind: Node\nmetadata: {name: node-b}\n---\napiVersion: v1\nkind: Node\nmetadata: {name: node-a}\n";
 
+fn described(batch: &SourceBatch) -> Vec<String> {
+    let mut out: Vec<String> = batch.changes.iter().map(describe).collect();
+    out.sort();
+    out
+}
+
+fn first_read(text: &str, hostname: &str) -> Vec<String> {
+    let batch = FileReader::new("/x/cluster.yaml", hostname).read(text);
+    described(&batch.expect("used"))
+}
+
 #[test]
-fn snapshot_filters_like_kube_proxy_and_picks_this_node() {
-    let snap = snapshot_from_manifests(parse_manifests(CLUSTER), "node-a");
-    assert_eq!(snap.services.len(), 1);
-    assert!(snap.services.contains_key(&ObjectKey {
-        namespace: "shop".into(),
-        name: "web".into()
-    }));
-    assert!(snap.endpoint_slices.is_empty());
+fn the_first_read_filters_like_kube_proxy_and_picks_this_node() {
     assert_eq!(
-        snap.node.as_ref().and_then(|n| n.metadata.name.as_deref()),
-        Some("node-a")
+        first_read(CLUSTER, "node-a"),
+        ["node update node-a", "service upsert shop/web"]
     );
-    let other = snapshot_from_manifests(parse_manifests(CLUSTER), "node-c");
-    assert!(other.node.is_none());
+    assert_eq!(first_read(CLUSTER, "node-c"), ["service upsert shop/web"]);
 }
 
 #[test]
 fn example_cluster_parses_cleanly() {
-    let manifests = parse_manifests(include_str!("../../../examples/cluster.yaml"));
+    let text = include_str!("../../../examples/cluster.yaml");
+    let manifests = parse_manifests(text);
     assert!(manifests.problems.is_empty(), "{:?}", manifests.problems);
     assert_eq!(manifests.services.len(), 12);
     assert_eq!(manifests.endpoint_slices.len(), 11);
-    let snap = snapshot_from_manifests(manifests, "node-a");
-    let key = |ns: &str, name: &str| ObjectKey {
-        namespace: ns.into(),
-        name: name.into(),
-    };
+    let changes = first_read(text, "node-a");
+    let count = |prefix: &str| changes.iter().filter(|c| c.starts_with(prefix)).count();
     // The other proxy's Service and the headless Service's slice are filtered out; the
-    // headless and ExternalName Services themselves are left for the planner to skip.
-    assert_eq!(snap.services.len(), 11);
-    assert!(!snap.services.contains_key(&key("shop", "legacy-billing")));
-    assert!(snap.services.contains_key(&key("shop", "orders-db")));
-    assert_eq!(snap.endpoint_slices.len(), 10);
-    assert!(
-        !snap
-            .endpoint_slices
-            .contains_key(&key("shop", "orders-db-r7z2x"))
+    // headless and ExternalName Services are skipped by the conversion (deletes).
+    assert_eq!(count("service "), 11);
+    assert!(!changes.iter().any(|c| c.ends_with("shop/legacy-billing")));
+    assert!(changes.contains(&"service delete shop/orders-db".to_owned()));
+    assert_eq!(count("slice "), 10);
+    assert!(!changes.iter().any(|c| c.ends_with("shop/orders-db-r7z2x")));
+    assert_eq!(count("node update node-a"), 1);
+    let batch = FileReader::new("/x/cluster.yaml", "node-a")
+        .read(text)
+        .expect("used");
+    let checkout = batch.changes.iter().find_map(|c| match c {
+        Change::UpsertService(s) if s.name.name == "checkout" => Some(s),
+        _ => None,
+    });
+    assert_eq!(
+        checkout.and_then(|s| s.health_check_node_port),
+        Some(32100),
+        "externalTrafficPolicy: Local with its health check port"
     );
-    let checkout = &snap.services[&key("shop", "checkout")];
-    let spec = checkout.spec.as_ref().expect("spec");
-    assert_eq!(spec.external_traffic_policy.as_deref(), Some("Local"));
-    assert_eq!(spec.health_check_node_port, Some(32100));
-    assert!(snap.node.is_some());
 }
 
-fn snapshot_of(events: Vec<SourceEvent>) -> ClusterSnapshot {
-    match events.as_slice() {
-        [SourceEvent::Snapshot(snapshot)] => snapshot.clone(),
-        other => panic!("expected one snapshot, got {} events", other.len()),
-    }
-}
-
-fn described(events: &[SourceEvent]) -> Vec<String> {
-    let mut out: Vec<String> = events.iter().map(SourceEvent::describe).collect();
-    out.sort();
-    out
+fn cluster_ip(batch: &SourceBatch, name: &str) -> Option<String> {
+    batch.changes.iter().find_map(|c| match c {
+        Change::UpsertService(s) if s.name.name == name => {
+            s.cluster_ips.first().map(|ip| ip.to_string())
+        }
+        _ => None,
+    })
 }
 
 #[test]
@@ -90,12 +91,15 @@ fn empty_and_malformed_texts_are_refused_whole() {
     // A kind ipvs-proxier does not use is skipped, not an error.
     let with_deployment =
         format!("{CLUSTER}---\napiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: x}}\n");
-    let snapshot = snapshot_of(reader.read(&with_deployment).expect("used"));
-    assert_eq!(snapshot.services.len(), 1);
-    // A file with no object at all is a real empty state: the Service goes.
-    let events = reader.read("# nothing\n").expect("used");
+    let first = reader.read(&with_deployment).expect("used");
     assert_eq!(
-        described(&events),
+        described(&first),
+        ["node update node-a", "service upsert shop/web"]
+    );
+    // A file with no object at all is a real empty state: the Service goes.
+    let batch = reader.read("# nothing\n").expect("used");
+    assert_eq!(
+        described(&batch),
         ["node deleted", "service delete shop/web"]
     );
 }
@@ -103,36 +107,30 @@ fn empty_and_malformed_texts_are_refused_whole() {
 #[test]
 fn later_reads_report_only_what_changed_and_parse_only_new_documents() {
     let mut reader = FileReader::new("/x/cluster.yaml", "node-a");
-    let first = snapshot_of(reader.read(CLUSTER).expect("used"));
-    assert_eq!(first.services.len(), 1);
+    let first = reader.read(CLUSTER).expect("used");
+    assert_eq!(cluster_ip(&first, "web").as_deref(), Some("10.96.0.20"));
     assert!(reader.read(CLUSTER).expect("used").is_empty(), "unchanged");
 
     // One Service changed, one added, the node gone (renamed).
     let text = CLUSTER
         .replace("clusterIP: 10.96.0.20", "clusterIP: 10.96.0.21")
         .replace("name: node-a", "name: node-x")
-        + "---\napiVersion: v1\nkind: Service\nmetadata: {name: db, namespace: shop}\n";
-    let events = reader.read(&text).expect("used");
+        + "---\napiVersion: v1\nkind: Service\nmetadata: {name: db, namespace: shop}\nspec: {clusterIP: 10.96.0.30}\n";
+    let batch = reader.read(&text).expect("used");
     assert_eq!(
-        described(&events),
+        described(&batch),
         [
             "node deleted",
             "service upsert shop/db",
             "service upsert shop/web"
         ]
     );
-    let changed = events.iter().find_map(|e| match e {
-        SourceEvent::ServiceUpsert(s) if s.metadata.name.as_deref() == Some("web") => {
-            s.spec.as_ref().and_then(|spec| spec.cluster_ip.clone())
-        }
-        _ => None,
-    });
-    assert_eq!(changed.as_deref(), Some("10.96.0.21"));
+    assert_eq!(cluster_ip(&batch, "web").as_deref(), Some("10.96.0.21"));
 
     // Back: the added one is deleted, the others come back.
-    let events = reader.read(CLUSTER).expect("used");
+    let batch = reader.read(CLUSTER).expect("used");
     assert_eq!(
-        described(&events),
+        described(&batch),
         [
             "node update node-a",
             "service delete shop/db",
@@ -150,35 +148,17 @@ fn a_duplicate_definition_going_away_reports_the_remaining_one() {
     };
     let mut reader = FileReader::new("/x/c.yaml", "n");
     let both = format!("{}---\n{}", svc("10.96.0.1"), svc("10.96.0.2"));
-    let first = snapshot_of(reader.read(&both).expect("used"));
-    let ip_of = |s: &Service| s.spec.as_ref().and_then(|spec| spec.cluster_ip.clone());
+    let first = reader.read(&both).expect("used");
+    assert_eq!(described(&first), ["service upsert x/a"]);
     assert_eq!(
-        first
-            .services
-            .values()
-            .next()
-            .and_then(|s| ip_of(s))
-            .as_deref(),
+        cluster_ip(&first, "a").as_deref(),
         Some("10.96.0.2"),
         "the later definition wins"
     );
     // The later one goes: the earlier, unchanged document now defines it.
-    let events = reader.read(&svc("10.96.0.1")).expect("used");
-    match events.as_slice() {
-        [SourceEvent::ServiceUpsert(s)] => assert_eq!(ip_of(s).as_deref(), Some("10.96.0.1")),
-        other => panic!("{:?}", described(other)),
-    }
-}
-
-#[test]
-fn duplicates_keep_the_later_object() {
-    let text = "apiVersion: v1\nkind: Service\nmetadata: {name: a, namespace: x}\nspec: {clusterIP: 10.96.0.1}\n---\napiVersion: v1\nkind: Service\nmetadata: {name: a, namespace: x}\nspec: {clusterIP: 10.96.0.2}\n";
-    let snap = snapshot_from_manifests(parse_manifests(text), "n");
-    let svc = snap.services.values().next().expect("one service");
-    assert_eq!(
-        svc.spec.as_ref().and_then(|s| s.cluster_ip.as_deref()),
-        Some("10.96.0.2")
-    );
+    let batch = reader.read(&svc("10.96.0.1")).expect("used");
+    assert_eq!(described(&batch), ["service upsert x/a"]);
+    assert_eq!(cluster_ip(&batch, "a").as_deref(), Some("10.96.0.1"));
 }
 
 #[test]
@@ -219,19 +199,15 @@ fn temp_path(tag: &str) -> PathBuf {
     ))
 }
 
-async fn next_snapshot(handle: &mut SourceHandle) -> ClusterSnapshot {
-    let event = tokio::time::timeout(Duration::from_secs(10), handle.events.recv())
+async fn next_batch(handle: &mut SourceHandle) -> SourceBatch {
+    tokio::time::timeout(Duration::from_secs(10), handle.events.recv())
         .await
-        .expect("an event within 10 s")
-        .expect("channel open");
-    match event {
-        SourceEvent::Snapshot(s) => s,
-        other => panic!("expected a snapshot, got {}", other.describe()),
-    }
+        .expect("a batch within 10 s")
+        .expect("channel open")
 }
 
 #[tokio::test]
-async fn watching_emits_a_snapshot_per_content_change() {
+async fn watching_emits_a_batch_per_content_change() {
     let path = temp_path("watch");
     std::fs::write(&path, CLUSTER).expect("write");
     let mut handle = spawn(FileSourceConfig {
@@ -239,8 +215,11 @@ async fn watching_emits_a_snapshot_per_content_change() {
         hostname: "node-a".into(),
         poll_interval: Duration::from_millis(20),
     });
-    let first = next_snapshot(&mut handle).await;
-    assert_eq!(first.services.len(), 1);
+    let first = next_batch(&mut handle).await;
+    assert_eq!(
+        described(&first),
+        ["node update node-a", "service upsert shop/web"]
+    );
     assert!(*handle.synced.borrow());
 
     // Same content rewritten: no event.
@@ -273,11 +252,13 @@ async fn watching_emits_a_snapshot_per_content_change() {
         "a file with a malformed document is refused whole"
     );
 
-    // The complete file: only the new service is an event.
+    // The complete file: only the new service is a change.
     let more = format!(
-        "{CLUSTER}---\napiVersion: v1\nkind: Service\nmetadata: {{name: db, namespace: shop}}\n"
+        "{CLUSTER}---\napiVersion: v1\nkind: Service\nmetadata: {{name: db, namespace: shop}}\nspec: {{clusterIP: 10.96.0.30}}\n"
     );
     std::fs::write(&path, more).expect("write more");
+    let batch = next_batch(&mut handle).await;
+    assert_eq!(described(&batch), ["service upsert shop/db"]);
     handle.task.abort();
     let _ = std::fs::remove_file(&path);
 }
