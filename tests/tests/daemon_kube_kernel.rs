@@ -11,16 +11,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "../../proxier-bin/tests/support/apiserver.rs"]
-mod apiserver;
-
 use std::collections::BTreeSet;
 use std::io::Write as _;
 use std::path::PathBuf;
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use apiserver::{FakeApiServer, Kind};
+use ipvs_proxier_tests::apiserver::Kind;
+use ipvs_proxier_tests::bench::api::ApiInNetns;
 use ipvs_proxier_tests::{Background, Netns, proxier_bin, require_kernel};
 use serde_json::{Value, json};
 
@@ -67,64 +64,6 @@ fn ipvs_lines(vip: &str, port: u16, target: u16, endpoints: &[&str]) -> Vec<Stri
         lines.push(format!("-a -t {vip}:{port} -r {ep}:{target} -m -w 1"));
     }
     lines
-}
-
-/// The API server double serving inside a network namespace: a dedicated thread entered the
-/// namespace, built a multi-thread tokio runtime there (its workers inherit the namespace) and
-/// keeps it running until this is dropped.
-struct ApiInNetns {
-    api: Option<FakeApiServer>,
-    stop: Option<mpsc::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl ApiInNetns {
-    fn start(netns: &Netns) -> ApiInNetns {
-        let path = netns.path();
-        let (ready_tx, ready_rx) = mpsc::channel::<FakeApiServer>();
-        let (stop_tx, stop_rx) = mpsc::channel::<()>();
-        let thread = std::thread::spawn(move || {
-            let file = std::fs::File::open(&path)
-                .unwrap_or_else(|e| panic!("open netns file {}: {e}", path.display()));
-            nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
-                .unwrap_or_else(|e| panic!("setns into {}: {e}", path.display()));
-            drop(file);
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .expect("tokio runtime in the node netns");
-            let api = runtime.block_on(FakeApiServer::start());
-            ready_tx
-                .send(api)
-                .expect("test thread waits for the double");
-            // Keep the runtime (and the server task on it) alive until the test ends.
-            let _ = stop_rx.recv();
-            runtime.shutdown_timeout(Duration::from_secs(2));
-        });
-        let api = ready_rx
-            .recv_timeout(Duration::from_secs(30))
-            .expect("the API double started in the node netns");
-        ApiInNetns {
-            api: Some(api),
-            stop: Some(stop_tx),
-            thread: Some(thread),
-        }
-    }
-
-    fn api(&self) -> &FakeApiServer {
-        self.api.as_ref().expect("double running")
-    }
-}
-
-impl Drop for ApiInNetns {
-    fn drop(&mut self) {
-        drop(self.api.take());
-        drop(self.stop.take());
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
 }
 
 /// The daemon started in the background in the node netns (by bash, so not our child); its log
@@ -333,7 +272,8 @@ fn daemon_driven_by_the_api_double_programs_the_kernel_and_traffic_flows() {
     require_kernel!();
     let started = Instant::now();
     let topo = Topology::new();
-    let api_in_node = ApiInNetns::start(&topo.node);
+    let api_in_node =
+        ApiInNetns::start(&topo.node).expect("the API double started in the node netns");
     let api = api_in_node.api();
     note(&format!("API double at {} in the node netns", api.url()));
 
