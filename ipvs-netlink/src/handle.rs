@@ -83,22 +83,7 @@ pub async fn new_connection_in_netns(
     IpvsHandle::build(Some(Arc::new(fd))).await
 }
 
-/// Every service with its destinations, as [`IpvsHandle::table`] returns it.
-pub type Table = Vec<(ServiceEntry, Vec<DestinationEntry>)>;
-
-/// A table read by [`IpvsHandle::table_verified`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct VerifiedTable {
-    /// Every service with its destinations, sorted by service key.
-    pub table: Table,
-    /// How many service dumps were made.
-    pub attempts: u32,
-    /// Whether two service dumps in a row agreed with the earlier ones (brought no key and
-    /// no configuration they had not shown). `false` when that did not happen within
-    /// [`MAX_TABLE_ATTEMPTS`] dumps, and for a single dump ([`IpvsHandle::table_best_effort`]).
-    pub verified: bool,
-}
+pub use crate::table::{Table, VerifiedTable};
 
 /// An async client of the kernel's IPVS family. Cheap to clone (an `Arc`); every clone
 /// shares one netlink connection and may be used from many tasks at once.

@@ -19,10 +19,26 @@ use std::sync::{Condvar, Mutex};
 
 use crate::destination::DestinationEntry;
 use crate::error::{Error, Object, Operation};
-use crate::handle::{Table, VerifiedTable};
 use crate::message::{self, IpvsMessage, WireError, record};
 use crate::service::{ServiceEntry, ServiceKey};
 use crate::transport::NetlinkSocket;
+
+/// Every service with its destinations, as [`IpvsHandle::table`](crate::IpvsHandle::table) returns it.
+pub type Table = Vec<(ServiceEntry, Vec<DestinationEntry>)>;
+
+/// A table read by [`IpvsHandle::table_verified`](crate::IpvsHandle::table_verified).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct VerifiedTable {
+    /// Every service with its destinations, sorted by service key.
+    pub table: Table,
+    /// How many service dumps were made.
+    pub attempts: u32,
+    /// Whether two service dumps in a row agreed with the earlier ones (brought no key and
+    /// no configuration they had not shown). `false` when that did not happen within
+    /// [`MAX_TABLE_ATTEMPTS`](crate::MAX_TABLE_ATTEMPTS) dumps, and for a single dump ([`IpvsHandle::table_best_effort`](crate::IpvsHandle::table_best_effort)).
+    pub verified: bool,
+}
 
 /// Consecutive service dumps that must add nothing before a merged read counts as complete.
 /// One quiet dump could repeat what the previous one skipped (both resumed at positions
