@@ -20,7 +20,7 @@
 //! reply at all: IPVS's `DEL_DAEMON` does when the sync thread it stops had not run yet
 //! (`kthread_stop` of a thread that never started says `-EINTR`), which happens when the
 //! daemon is stopped right after it was started. So every request that is not a dump is
-//! sent with a [`Barrier`] behind it in the same datagram: the kernel handles the messages
+//! sent with an acknowledged `NLMSG_NOOP` (a barrier) behind it in the same datagram: the kernel handles the messages
 //! of a datagram in order, synchronously, and queues each one's replies before it handles
 //! the next, so once the barrier is acknowledged, a request still without its end will
 //! never get one; it ends with `EINTR`, the only errno the kernel swallows.

@@ -150,7 +150,7 @@ impl NetlinkSocket {
 
     /// Sends one request with `flags` and hands every reply message to `f` until the one
     /// that ends it. `Ok(Err(errno))`: the kernel refused it (`EINTR`: it sent no reply;
-    /// a request that is not a dump goes with a [`Barrier`] that shows it).
+    /// a request that is not a dump goes with an acknowledged no-op barrier that shows it).
     fn exchange<P: NetlinkSerializable>(
         &mut self,
         payload: P,
@@ -218,7 +218,7 @@ impl NetlinkSocket {
     /// Sends `requests` with as few `sendmsg` calls as the kernel allows (up to 160 KiB or
     /// 2,048 requests per datagram), each asking for an acknowledgement, and calls
     /// `answer` exactly once for every request with its tag, in order within a datagram.
-    /// Each datagram ends with a [`Barrier`]: a request the kernel sent no acknowledgement
+    /// Each datagram ends with an acknowledged no-op barrier: a request the kernel sent no acknowledgement
     /// for is answered `Errno(EINTR)` once the barrier's comes, after the datagram's others.
     /// Requests are pulled from the iterator as they are sent. A datagram that fails to
     /// send or whose acks cannot be read fails only its own requests.
