@@ -279,14 +279,28 @@ fn contradictions_are_refused_with_exit_code_2() {
         (&["--hostname-override= "], None),
         (&[], Some("mode: iptables\n")),
         (&[], Some("ipvs:\n  minSyncPeriod: 2m\n")),
-        (&[], Some("ipvs:\n  excludeCIDRs: [not-a-cidr]\n")),
-        (&[], Some("bindAddress: nowhere\n")),
     ];
     for (args, file_text) in cases {
         let f = file_text.map(file);
         let err = resolve(&cli(args), f.as_ref(), "node")
             .expect_err(&format!("{args:?} {file_text:?} should be refused"));
         assert_eq!(err.exit_code(), 2);
+    }
+    // A malformed value in the file is refused while the file is read (main exits 2 for any
+    // config error but a failed read), naming the field.
+    for (text, field) in [
+        ("ipvs:\n  excludeCIDRs: [not-a-cidr]\n", "ipvs.excludeCIDRs"),
+        ("bindAddress: nowhere\n", "bindAddress"),
+    ] {
+        let text = format!(
+            "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n{text}"
+        );
+        let err = parse_config(&text, Path::new("t.yaml")).expect_err(field);
+        assert!(
+            matches!(err, proxier_bin::config::ConfigError::Parse { .. })
+                && err.to_string().contains(field),
+            "{err}"
+        );
     }
 }
 
