@@ -6,10 +6,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use ipnet::IpNet;
-use ipvs_netlink::Scheduler;
+use proxier_core::engine::driver::DriverConfig;
 /// Which node addresses serve NodePorts: the planner's own type.
 pub use proxier_core::model::NodePortAddresses;
 use proxier_core::model::config::{DetectLocal, InterfaceName};
+use proxier_core::model::{AddressFamily, Config, IpvsTimeouts};
 
 use crate::cli::{Cli, LogFormat, OutputFormat};
 use crate::config::KubeProxyConfiguration;
@@ -69,29 +70,6 @@ pub enum SourceSettings {
     },
 }
 
-/// IPVS-specific settings.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct IpvsSettings {
-    /// Scheduler for every virtual server.
-    pub scheduler: Scheduler,
-    /// Interval of the periodic full resync (also bounds the time between syncs).
-    pub sync_period: Duration,
-    /// Minimum interval between syncs triggered by changes (0: none).
-    pub min_sync_period: Duration,
-    /// How many syncs may run back to back before `min_sync_period` applies.
-    pub sync_burst: u32,
-    /// Addresses the proxier never touches.
-    pub exclude_cidrs: Vec<IpNet>,
-    /// Whether to set arp_ignore/arp_announce for the VIPs.
-    pub strict_arp: bool,
-    /// IPVS TCP idle timeout (0: leave the kernel's).
-    pub tcp_timeout: Duration,
-    /// IPVS TCP FIN timeout (0: leave the kernel's).
-    pub tcp_fin_timeout: Duration,
-    /// IPVS UDP timeout (0: leave the kernel's).
-    pub udp_timeout: Duration,
-}
-
 /// What the process is asked to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RunMode {
@@ -119,18 +97,11 @@ pub struct Settings {
     pub source: SourceSettings,
     /// This node's name (lower-cased, as kube-proxy does).
     pub hostname: String,
-    /// `--bind-address`: selects the primary IP family.
-    pub bind_address: IpAddr,
-    /// Pod CIDRs (at most one per family).
-    pub cluster_cidrs: Vec<IpNet>,
-    /// Masquerade all traffic to cluster IPs.
-    pub masquerade_all: bool,
-    /// How traffic from local pods is recognised (`--detect-local-mode`).
-    pub detect_local: DetectLocal,
-    /// Addresses that serve NodePorts.
-    pub nodeport_addresses: NodePortAddresses,
-    /// IPVS settings.
-    pub ipvs: IpvsSettings,
+    /// What the planner needs: scheduler, excluded CIDRs, NodePort addresses, strict ARP,
+    /// IPVS timeouts, masquerading and how local traffic is recognised.
+    pub planner: Config,
+    /// The sync loop's timing: sync period, minimum sync period and burst.
+    pub driver: DriverConfig,
     /// Metrics server address; none disables it.
     pub metrics_bind_address: Option<SocketAddr>,
     /// Health server address; none disables it.
@@ -150,31 +121,10 @@ pub struct Settings {
 }
 
 impl Settings {
-    /// The planner's configuration (proxier-core's model) for these settings.
-    pub fn planner_config(&self) -> proxier_core::model::Config {
-        use proxier_core::model::{AddressFamily, Config, IpvsTimeouts};
-        let non_zero = |d: Duration| (!d.is_zero()).then_some(d);
-        Config {
-            scheduler: self.ipvs.scheduler.clone(),
-            exclude_cidrs: self.ipvs.exclude_cidrs.clone(),
-            node_port_addresses: self.nodeport_addresses.clone(),
-            strict_arp: self.ipvs.strict_arp,
-            timeouts: IpvsTimeouts {
-                tcp: non_zero(self.ipvs.tcp_timeout),
-                tcp_fin: non_zero(self.ipvs.tcp_fin_timeout),
-                udp: non_zero(self.ipvs.udp_timeout),
-            },
-            masquerade_all: self.masquerade_all,
-            cluster_cidrs: self.cluster_cidrs.clone(),
-            families: AddressFamily::ALL.into_iter().collect(),
-            detect_local: self.detect_local.clone(),
-        }
-    }
-
     /// How long a queued change may wait for a sync before /healthz reports unhealthy:
     /// twice the sync period, as kube-proxy does.
     pub fn health_timeout(&self) -> Duration {
-        self.ipvs.sync_period.saturating_mul(2)
+        self.driver.sync_period.saturating_mul(2)
     }
 }
 
@@ -423,9 +373,8 @@ pub fn resolve(
             "at most one CIDR per IP family is allowed",
         ));
     }
-    let detect_local = resolve_detect_local(cli, file)?;
 
-    let nodeport_addresses = match (&cli.nodeport_addresses, &file.nodeport_addresses) {
+    let node_port_addresses = match (&cli.nodeport_addresses, &file.nodeport_addresses) {
         (Some(items), _) => parse_nodeport_addresses("--nodeport-addresses", items)?,
         (None, Some(items)) => parse_nodeport_addresses("nodePortAddresses", items)?,
         (None, None) => NodePortAddresses::All,
@@ -449,16 +398,21 @@ pub fn resolve(
     if sync_burst == 0 {
         return Err(invalid("--ipvs-sync-burst", "must be at least 1"));
     }
-    let ipvs = IpvsSettings {
+    let non_zero = |d: Option<Duration>| d.filter(|d| !d.is_zero());
+    let planner = Config {
         scheduler: value!(ipvs_scheduler).unwrap_or_default(),
-        sync_period,
-        min_sync_period,
-        sync_burst,
         exclude_cidrs: value!(ipvs_exclude_cidrs).unwrap_or_default(),
+        node_port_addresses,
         strict_arp: value!(ipvs_strict_arp).unwrap_or(false),
-        tcp_timeout: value!(ipvs_tcp_timeout).unwrap_or_default(),
-        tcp_fin_timeout: value!(ipvs_tcpfin_timeout).unwrap_or_default(),
-        udp_timeout: value!(ipvs_udp_timeout).unwrap_or_default(),
+        timeouts: IpvsTimeouts {
+            tcp: non_zero(value!(ipvs_tcp_timeout)),
+            tcp_fin: non_zero(value!(ipvs_tcpfin_timeout)),
+            udp: non_zero(value!(ipvs_udp_timeout)),
+        },
+        masquerade_all: value!(masquerade_all).unwrap_or(false),
+        cluster_cidrs,
+        families: AddressFamily::ALL.into_iter().collect(),
+        detect_local: resolve_detect_local(cli, file)?,
     };
 
     let dummy_interface = cli
@@ -481,12 +435,8 @@ pub fn resolve(
     Ok(Settings {
         source,
         hostname,
-        bind_address,
-        cluster_cidrs,
-        masquerade_all: value!(masquerade_all).unwrap_or(false),
-        detect_local,
-        nodeport_addresses,
-        ipvs,
+        planner,
+        driver: DriverConfig::new(sync_period, min_sync_period, sync_burst),
         metrics_bind_address,
         healthz_bind_address,
         run_mode,
