@@ -73,12 +73,21 @@ pub struct KubeProxyConfiguration {
 const SECTIONS: [&str; 3] = ["clientConnection", "detectLocal", "ipvs"];
 
 /// A text field: blank means absent; otherwise parsed with `FromStr` (paths, addresses, names).
+/// A number or a boolean is read as the text it was written as (`hostnameOverride: 12345`,
+/// `tcpTimeout: 0`).
 pub(crate) fn text<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
 where
     D: Deserializer<'de>,
     T: FromStr<Err: Display>,
 {
-    let text = Option::<String>::deserialize(d)?;
+    let text = match Value::deserialize(d)? {
+        Value::Null => None,
+        Value::Number(n) => Some(n.to_string()),
+        Value::Bool(b) => Some(b.to_string()),
+        other => String::deserialize(other)
+            .map(Some)
+            .map_err(de::Error::custom)?,
+    };
     let text = text.as_deref().map(str::trim).filter(|s| !s.is_empty());
     text.map(|s| {
         s.parse()

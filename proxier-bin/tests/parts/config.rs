@@ -210,3 +210,18 @@ fn empty_sections_are_empty_not_errors() {
     assert_eq!(cfg.values.bind_address, None, "empty string means unset");
     assert!(cfg.ignored_fields.is_empty(), "{:?}", cfg.ignored_fields);
 }
+
+#[test]
+fn numbers_and_booleans_in_text_fields_are_their_text() {
+    let cfg = parse(
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nhostnameOverride: 12345\nipvs:\n  tcpTimeout: 0\n",
+    )
+    .expect("valid");
+    assert_eq!(cfg.values.hostname_override.as_deref(), Some("12345"));
+    assert_eq!(cfg.values.ipvs_tcp_timeout, Some(Duration::ZERO));
+    let err = parse(
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nhostnameOverride: [a]\n",
+    )
+    .expect_err("a list is not a name");
+    assert!(err.to_string().contains("hostnameOverride"), "{err}");
+}
