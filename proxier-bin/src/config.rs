@@ -1,13 +1,19 @@
 //! The `KubeProxyConfiguration` file (`kubeproxy.config.k8s.io/v1alpha1`), as kube-proxy reads
-//! it with `--config`. Only the fields that matter in IPVS mode are typed; every other field is
-//! kept aside and reported so the caller can warn about it.
+//! it with `--config`. Its sections are flattened into dotted paths (`ipvs.syncPeriod`), the
+//! names under which [`Cli`] declares the fields that set its flags; every other field is kept
+//! aside and reported so the caller can warn about it.
 
-use std::collections::BTreeMap;
+use std::fmt::Display;
 use std::path::{Path, PathBuf};
+use std::str::FromStr;
 use std::time::Duration;
 
+use ipnet::IpNet;
+use serde::de::{self, DeserializeSeed, IntoDeserializer, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
+use serde_yaml::{Mapping, Value};
 
+use crate::cli::Cli;
 use crate::go_duration::parse_go_duration;
 
 /// The apiVersion this file format must carry.
@@ -26,7 +32,7 @@ pub enum ConfigError {
         /// What the OS said.
         source: std::io::Error,
     },
-    /// The file is not valid YAML of the expected shape (a malformed duration included; the
+    /// The file is not valid YAML of the expected shape, or a field's value is malformed (the
     /// message names the field, e.g. `ipvs.syncPeriod`).
     #[error("parsing config file {path}: {source}")]
     Parse {
@@ -53,149 +59,71 @@ pub enum ConfigError {
     },
 }
 
-/// Fields the file leaves out, sets to `null` or to an empty (or blank) string are absent.
-fn non_empty<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
-    Ok(Option::<String>::deserialize(d)?.filter(|s| !s.trim().is_empty()))
-}
-
-/// A Go duration (`30s`, `1m30s`); empty means absent. The YAML parser loses track of the
-/// field inside sections with unknown fields kept aside, so the error names it.
-fn go_duration<'de, D: Deserializer<'de>>(d: D, field: &str) -> Result<Option<Duration>, D::Error> {
-    non_empty(d)?
-        .map(|text| parse_go_duration(text.trim()))
-        .transpose()
-        .map_err(|e| serde::de::Error::custom(format!("field {field}: {e}")))
-}
-
-macro_rules! duration_fields {
-    ($($function:ident: $field:literal),* $(,)?) => {$(
-        fn $function<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
-            go_duration(d, $field)
-        }
-    )*};
-}
-
-duration_fields! {
-    sync_period: "syncPeriod",
-    min_sync_period: "minSyncPeriod",
-    ipvs_sync_period: "ipvs.syncPeriod",
-    ipvs_min_sync_period: "ipvs.minSyncPeriod",
-    ipvs_tcp_timeout: "ipvs.tcpTimeout",
-    ipvs_tcp_fin_timeout: "ipvs.tcpFinTimeout",
-    ipvs_udp_timeout: "ipvs.udpTimeout",
-}
-
-/// A section written as `null` (`ipvs:` with nothing under it) is an empty one.
-fn section<'de, D: Deserializer<'de>, T: Deserialize<'de> + Default>(d: D) -> Result<T, D::Error> {
-    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
-}
-
-/// `clientConnection` of the config file.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
-#[serde(default, rename_all = "camelCase")]
-pub struct ClientConnection {
-    /// Path to a kubeconfig file.
-    #[serde(deserialize_with = "non_empty")]
-    pub kubeconfig: Option<String>,
-    #[serde(flatten)]
-    other: BTreeMap<String, serde_yaml::Value>,
-}
-
-/// The `detectLocal` section.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
-#[serde(default, rename_all = "camelCase")]
-pub struct DetectLocal {
-    /// `detectLocal.bridgeInterface`.
-    #[serde(deserialize_with = "non_empty")]
-    pub bridge_interface: Option<String>,
-    /// `detectLocal.interfaceNamePrefix`.
-    #[serde(deserialize_with = "non_empty")]
-    pub interface_name_prefix: Option<String>,
-    #[serde(flatten)]
-    other: BTreeMap<String, serde_yaml::Value>,
-}
-
-/// The `ipvs` section. Absent fields are `None` (and take the flag or the default).
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
-#[serde(default, rename_all = "camelCase")]
-pub struct IpvsFileConfig {
-    /// `ipvs.scheduler`.
-    #[serde(deserialize_with = "non_empty")]
-    pub scheduler: Option<String>,
-    /// `ipvs.syncPeriod` (or the top-level `syncPeriod` of newer files).
-    #[serde(deserialize_with = "ipvs_sync_period")]
-    pub sync_period: Option<Duration>,
-    /// `ipvs.minSyncPeriod` (or the top-level `minSyncPeriod` of newer files).
-    #[serde(deserialize_with = "ipvs_min_sync_period")]
-    pub min_sync_period: Option<Duration>,
-    /// `ipvs.excludeCIDRs`.
-    #[serde(rename = "excludeCIDRs")]
-    pub exclude_cidrs: Option<Vec<String>>,
-    /// `ipvs.strictARP`.
-    #[serde(rename = "strictARP")]
-    pub strict_arp: Option<bool>,
-    /// `ipvs.tcpTimeout`.
-    #[serde(deserialize_with = "ipvs_tcp_timeout")]
-    pub tcp_timeout: Option<Duration>,
-    /// `ipvs.tcpFinTimeout`.
-    #[serde(deserialize_with = "ipvs_tcp_fin_timeout")]
-    pub tcp_fin_timeout: Option<Duration>,
-    /// `ipvs.udpTimeout`.
-    #[serde(deserialize_with = "ipvs_udp_timeout")]
-    pub udp_timeout: Option<Duration>,
-    #[serde(flatten)]
-    other: BTreeMap<String, serde_yaml::Value>,
-}
-
-/// A parsed `KubeProxyConfiguration`: the fields ipvs-proxier uses, as written in the file.
-/// Addresses and CIDRs stay text here; [`crate::settings`] types and validates them.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
-#[serde(default, rename_all = "camelCase")]
+/// A parsed `KubeProxyConfiguration`.
+#[derive(Debug, Clone, Default)]
 pub struct KubeProxyConfiguration {
-    api_version: Option<String>,
-    kind: Option<String>,
-    /// `bindAddress`.
-    #[serde(deserialize_with = "non_empty")]
-    pub bind_address: Option<String>,
-    /// `healthzBindAddress` (an empty string means the default).
-    pub healthz_bind_address: Option<String>,
-    /// `metricsBindAddress` (an empty string means the default).
-    pub metrics_bind_address: Option<String>,
-    /// `clusterCIDR` (comma-separated for dual-stack).
-    #[serde(rename = "clusterCIDR", deserialize_with = "non_empty")]
-    pub cluster_cidr: Option<String>,
-    /// `hostnameOverride`.
-    #[serde(deserialize_with = "non_empty")]
-    pub hostname_override: Option<String>,
-    /// `mode`.
-    #[serde(deserialize_with = "non_empty")]
-    pub mode: Option<String>,
-    /// `nodePortAddresses`.
-    pub node_port_addresses: Option<Vec<String>>,
-    /// `clientConnection`.
-    #[serde(deserialize_with = "section")]
-    pub client_connection: ClientConnection,
-    /// `masqueradeAll`.
-    pub masquerade_all: Option<bool>,
-    /// `ipvs`.
-    #[serde(deserialize_with = "section")]
-    pub ipvs: IpvsFileConfig,
-    #[serde(deserialize_with = "sync_period")]
-    sync_period: Option<Duration>,
-    #[serde(deserialize_with = "min_sync_period")]
-    min_sync_period: Option<Duration>,
-    /// `detectLocalMode` (`ClusterCIDR`, `NodeCIDR`, `BridgeInterface`,
-    /// `InterfaceNamePrefix`).
-    #[serde(deserialize_with = "non_empty")]
-    pub detect_local_mode: Option<String>,
-    /// `detectLocal`.
-    #[serde(deserialize_with = "section")]
-    pub detect_local: DetectLocal,
+    /// The settings the file gives; a field it leaves out, sets to `null` or to a blank string
+    /// is `None` (and takes the flag or the default).
+    pub values: Cli,
     /// Dotted paths of fields present in the file that ipvs-proxier does not use.
-    #[serde(skip)]
     pub ignored_fields: Vec<String>,
-    #[serde(flatten)]
-    other: BTreeMap<String, serde_yaml::Value>,
+}
+
+/// The sections whose fields are settings (`ipvs:` with nothing under it is an empty one).
+const SECTIONS: [&str; 3] = ["clientConnection", "detectLocal", "ipvs"];
+
+/// A text field: blank means absent; otherwise parsed with `FromStr` (paths, addresses, names).
+/// A number or a boolean is read as the text it was written as (`hostnameOverride: 12345`,
+/// `tcpTimeout: 0`).
+pub(crate) fn text<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: FromStr<Err: Display>,
+{
+    let text = match Value::deserialize(d)? {
+        Value::Null => None,
+        Value::Number(n) => Some(n.to_string()),
+        Value::Bool(b) => Some(b.to_string()),
+        other => String::deserialize(other)
+            .map(Some)
+            .map_err(de::Error::custom)?,
+    };
+    let text = text.as_deref().map(str::trim).filter(|s| !s.is_empty());
+    text.map(|s| {
+        s.parse()
+            .map_err(|e| de::Error::custom(format!("{s:?}: {e}")))
+    })
+    .transpose()
+}
+
+/// A Go duration (`30s`, `1m30s`); blank means absent.
+pub(crate) fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    let text: Option<String> = text(d)?;
+    text.map(|t| parse_go_duration(&t).map_err(de::Error::custom))
+        .transpose()
+}
+
+/// `clusterCIDR`: comma-separated CIDRs, one per family.
+pub(crate) fn comma_cidrs<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<IpNet>>, D::Error> {
+    let text: Option<String> = text(d)?;
+    text.map(|t| cidr_items(t.split(','))).transpose()
+}
+
+/// `ipvs.excludeCIDRs`: a list of CIDRs.
+pub(crate) fn cidrs<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<IpNet>>, D::Error> {
+    let items = Option::<Vec<String>>::deserialize(d)?;
+    items.map(|items| cidr_items(items.iter())).transpose()
+}
+
+fn cidr_items<E: de::Error>(items: impl Iterator<Item = impl AsRef<str>>) -> Result<Vec<IpNet>, E> {
+    items
+        .map(|s| s.as_ref().trim().to_owned())
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            s.parse()
+                .map_err(|_| E::custom(format!("{s:?} is not a CIDR")))
+        })
+        .collect()
 }
 
 /// Reads and parses a config file.
@@ -209,36 +137,148 @@ pub fn load_config_file(path: &Path) -> Result<KubeProxyConfiguration, ConfigErr
 
 /// Parses the text of a config file; `path` is only used in error messages.
 pub fn parse_config(text: &str, path: &Path) -> Result<KubeProxyConfiguration, ConfigError> {
-    let mut config: KubeProxyConfiguration =
-        serde_yaml::from_str(text).map_err(|source| ConfigError::Parse {
-            path: path.to_owned(),
-            source,
-        })?;
-    let api_version = config.api_version.clone().unwrap_or_default();
+    let parse_error = |source| ConfigError::Parse {
+        path: path.to_owned(),
+        source,
+    };
+    let file: Option<Mapping> = serde_yaml::from_str(text).map_err(parse_error)?;
+    let mut fields = flatten(file.unwrap_or_default()).map_err(parse_error)?;
+    let mut take = |key: &str| {
+        fields
+            .remove(key)
+            .and_then(|(_, v)| v.as_str().map(str::to_owned))
+    };
+    let api_version = take("apiVersion").unwrap_or_default();
     if api_version != API_VERSION {
         return Err(ConfigError::ApiVersion {
             path: path.to_owned(),
             found: api_version,
         });
     }
-    let kind = config.kind.clone().unwrap_or_default();
+    let kind = take("kind").unwrap_or_default();
     if kind != KIND {
         return Err(ConfigError::Kind {
             path: path.to_owned(),
             found: kind,
         });
     }
-    config.ipvs.sync_period = config.ipvs.sync_period.or(config.sync_period);
-    config.ipvs.min_sync_period = config.ipvs.min_sync_period.or(config.min_sync_period);
-    let sections = [
-        ("", &config.other),
-        ("ipvs.", &config.ipvs.other),
-        ("clientConnection.", &config.client_connection.other),
-        ("detectLocal.", &config.detect_local.other),
-    ];
-    config.ignored_fields = sections
-        .iter()
-        .flat_map(|(section, other)| other.keys().map(move |key| format!("{section}{key}")))
-        .collect();
-    Ok(config)
+    // Newer files carry the sync periods at the top level; `ipvs.*` wins where it is set.
+    for key in ["syncPeriod", "minSyncPeriod"] {
+        if let Some((_, value)) = fields.remove(key) {
+            let ipvs = format!("ipvs.{key}");
+            if fields.get(&ipvs).is_none_or(|(_, v)| blank(v)) {
+                fields.insert(ipvs, (key.to_owned(), value));
+            }
+        }
+    }
+    let known = cli_fields();
+    let (used, ignored): (Vec<_>, Vec<_>) = fields
+        .into_iter()
+        .partition(|(key, _)| known.contains(&key.as_str()));
+    let values = Cli::deserialize(de::value::MapAccessDeserializer::new(Fields {
+        entries: used.into_iter(),
+        value: None,
+    }))
+    .map_err(parse_error)?;
+    Ok(KubeProxyConfiguration {
+        values,
+        ignored_fields: ignored.into_iter().map(|(key, _)| key).collect(),
+    })
+}
+
+fn blank(value: &Value) -> bool {
+    value.is_null() || value.as_str().is_some_and(|s| s.trim().is_empty())
+}
+
+/// The file's fields by dotted path (sections flattened), each with the name it was written
+/// under (which differs for the top-level sync periods) and its value.
+fn flatten(
+    file: Mapping,
+) -> Result<std::collections::BTreeMap<String, (String, Value)>, serde_yaml::Error> {
+    let name = |key: Value| -> Result<String, serde_yaml::Error> {
+        match key {
+            Value::String(key) => Ok(key),
+            other => Err(de::Error::custom(format!(
+                "field name {other:?} is not a string"
+            ))),
+        }
+    };
+    let mut fields = std::collections::BTreeMap::new();
+    for (key, value) in file {
+        let key = name(key)?;
+        match value {
+            Value::Null if SECTIONS.contains(&key.as_str()) => {}
+            Value::Mapping(section) if SECTIONS.contains(&key.as_str()) => {
+                for (field, value) in section {
+                    let path = format!("{key}.{}", name(field)?);
+                    fields.insert(path.clone(), (path, value));
+                }
+            }
+            _ if SECTIONS.contains(&key.as_str()) => {
+                return Err(de::Error::custom(format!(
+                    "field {key}: expected a mapping"
+                )));
+            }
+            value => {
+                fields.insert(key.clone(), (key, value));
+            }
+        }
+    }
+    Ok(fields)
+}
+
+/// The file fields [`Cli`] reads: the names its `Deserialize` derive declares.
+fn cli_fields() -> &'static [&'static str] {
+    struct Names<'a>(&'a mut &'static [&'static str]);
+    impl<'de> Deserializer<'de> for Names<'_> {
+        type Error = de::value::Error;
+        fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
+            Err(de::Error::custom("only the field names are read"))
+        }
+        fn deserialize_struct<V: Visitor<'de>>(
+            self,
+            _: &'static str,
+            fields: &'static [&'static str],
+            visitor: V,
+        ) -> Result<V::Value, Self::Error> {
+            *self.0 = fields;
+            self.deserialize_any(visitor)
+        }
+        serde::forward_to_deserialize_any! { bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32
+        f64 char str string bytes byte_buf option unit unit_struct newtype_struct seq tuple
+        tuple_struct map enum identifier ignored_any }
+    }
+    let mut fields: &'static [&'static str] = &[];
+    let _ = Cli::deserialize(Names(&mut fields));
+    fields
+}
+
+/// Hands the file's fields to [`Cli`]'s `Deserialize`, naming the field in a value's error.
+struct Fields<I> {
+    entries: I,
+    value: Option<(String, Value)>,
+}
+
+impl<'de, I: Iterator<Item = (String, (String, Value))>> MapAccess<'de> for Fields<I> {
+    type Error = serde_yaml::Error;
+
+    fn next_key_seed<K: DeserializeSeed<'de>>(
+        &mut self,
+        seed: K,
+    ) -> Result<Option<K::Value>, Self::Error> {
+        let Some((path, written)) = self.entries.next() else {
+            return Ok(None);
+        };
+        self.value = Some(written);
+        seed.deserialize(path.into_deserializer()).map(Some)
+    }
+
+    fn next_value_seed<V: DeserializeSeed<'de>>(
+        &mut self,
+        seed: V,
+    ) -> Result<V::Value, Self::Error> {
+        let (name, value) = self.value.take().unwrap_or_default();
+        seed.deserialize(value)
+            .map_err(|e| de::Error::custom(format!("field {name}: {e}")))
+    }
 }

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 
 use proxier_core::backend::{AddressBackend, IpvsBackend, MemoryAddressBackend};
 use proxier_core::conntrack::ConntrackBackend;
-use proxier_core::engine::driver::{self, DriverConfig, ProxierHandle, SyncObserver};
+use proxier_core::engine::driver::{self, ProxierHandle, SyncObserver};
 use proxier_core::netfilter::NetfilterBackend;
 use proxier_core::takeover::KubeProxyTakeover;
 use proxier_core::{
@@ -132,7 +132,7 @@ async fn pump_events(
 
 /// Runs the daemon until a signal (or, with `--once`, one sync).
 pub async fn run(settings: Settings) -> Result<(), DaemonError> {
-    let mut config = ProxierConfig::new(settings.hostname.clone(), settings.planner_config());
+    let mut config = ProxierConfig::new(settings.hostname.clone(), settings.planner.clone());
     // Test hook (inert unless set): stop inside the first IPVS batch after N writes.
     config.reconciler.pause_after_ops = std::env::var(PAUSE_AFTER_OPS_ENV)
         .ok()
@@ -296,14 +296,9 @@ where
     if let Some((events, _task)) = rest {
         tokio::spawn(pump_events(events, handle.clone(), health, pending));
     }
-    let driver_config = DriverConfig::new(
-        settings.ipvs.sync_period,
-        settings.ipvs.min_sync_period,
-        settings.ipvs.sync_burst,
-    );
     driver::run(
         &mut proxier,
-        driver_config,
+        settings.driver,
         commands,
         &mut observer,
         shutdown,

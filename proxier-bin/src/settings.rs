@@ -6,8 +6,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use ipnet::IpNet;
-use ipvs_netlink::Scheduler;
+use proxier_core::engine::driver::DriverConfig;
+/// Which node addresses serve NodePorts: the planner's own type.
+pub use proxier_core::model::NodePortAddresses;
 use proxier_core::model::config::{DetectLocal, InterfaceName};
+use proxier_core::model::{AddressFamily, Config, IpvsTimeouts};
 
 use crate::cli::{Cli, LogFormat, OutputFormat};
 use crate::config::KubeProxyConfiguration;
@@ -67,41 +70,6 @@ pub enum SourceSettings {
     },
 }
 
-/// Which node addresses serve NodePorts.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub enum NodePortAddresses {
-    /// Every local address (kube-proxy's behaviour when the setting is empty).
-    #[default]
-    All,
-    /// The node's primary IP of each family (`primary`).
-    Primary,
-    /// Local addresses inside these CIDRs.
-    Cidrs(Vec<IpNet>),
-}
-
-/// IPVS-specific settings.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct IpvsSettings {
-    /// Scheduler for every virtual server.
-    pub scheduler: Scheduler,
-    /// Interval of the periodic full resync (also bounds the time between syncs).
-    pub sync_period: Duration,
-    /// Minimum interval between syncs triggered by changes (0: none).
-    pub min_sync_period: Duration,
-    /// How many syncs may run back to back before `min_sync_period` applies.
-    pub sync_burst: u32,
-    /// Addresses the proxier never touches.
-    pub exclude_cidrs: Vec<IpNet>,
-    /// Whether to set arp_ignore/arp_announce for the VIPs.
-    pub strict_arp: bool,
-    /// IPVS TCP idle timeout (0: leave the kernel's).
-    pub tcp_timeout: Duration,
-    /// IPVS TCP FIN timeout (0: leave the kernel's).
-    pub tcp_fin_timeout: Duration,
-    /// IPVS UDP timeout (0: leave the kernel's).
-    pub udp_timeout: Duration,
-}
-
 /// What the process is asked to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RunMode {
@@ -129,18 +97,11 @@ pub struct Settings {
     pub source: SourceSettings,
     /// This node's name (lower-cased, as kube-proxy does).
     pub hostname: String,
-    /// `--bind-address`: selects the primary IP family.
-    pub bind_address: IpAddr,
-    /// Pod CIDRs (at most one per family).
-    pub cluster_cidrs: Vec<IpNet>,
-    /// Masquerade all traffic to cluster IPs.
-    pub masquerade_all: bool,
-    /// How traffic from local pods is recognised (`--detect-local-mode`).
-    pub detect_local: DetectLocal,
-    /// Addresses that serve NodePorts.
-    pub nodeport_addresses: NodePortAddresses,
-    /// IPVS settings.
-    pub ipvs: IpvsSettings,
+    /// What the planner needs: scheduler, excluded CIDRs, NodePort addresses, strict ARP,
+    /// IPVS timeouts, masquerading and how local traffic is recognised.
+    pub planner: Config,
+    /// The sync loop's timing: sync period, minimum sync period and burst.
+    pub driver: DriverConfig,
     /// Metrics server address; none disables it.
     pub metrics_bind_address: Option<SocketAddr>,
     /// Health server address; none disables it.
@@ -160,37 +121,10 @@ pub struct Settings {
 }
 
 impl Settings {
-    /// The planner's configuration (proxier-core's model) for these settings.
-    pub fn planner_config(&self) -> proxier_core::model::Config {
-        use proxier_core::model::{
-            AddressFamily, Config, IpvsTimeouts, NodePortAddresses as CoreNpa,
-        };
-        let non_zero = |d: Duration| (!d.is_zero()).then_some(d);
-        Config {
-            scheduler: self.ipvs.scheduler.clone(),
-            exclude_cidrs: self.ipvs.exclude_cidrs.clone(),
-            node_port_addresses: match &self.nodeport_addresses {
-                NodePortAddresses::All => CoreNpa::All,
-                NodePortAddresses::Primary => CoreNpa::Primary,
-                NodePortAddresses::Cidrs(cidrs) => CoreNpa::Cidrs(cidrs.clone()),
-            },
-            strict_arp: self.ipvs.strict_arp,
-            timeouts: IpvsTimeouts {
-                tcp: non_zero(self.ipvs.tcp_timeout),
-                tcp_fin: non_zero(self.ipvs.tcp_fin_timeout),
-                udp: non_zero(self.ipvs.udp_timeout),
-            },
-            masquerade_all: self.masquerade_all,
-            cluster_cidrs: self.cluster_cidrs.clone(),
-            families: AddressFamily::ALL.into_iter().collect(),
-            detect_local: self.detect_local.clone(),
-        }
-    }
-
     /// How long a queued change may wait for a sync before /healthz reports unhealthy:
     /// twice the sync period, as kube-proxy does.
     pub fn health_timeout(&self) -> Duration {
-        self.ipvs.sync_period.saturating_mul(2)
+        self.driver.sync_period.saturating_mul(2)
     }
 }
 
@@ -199,6 +133,10 @@ fn invalid(field: &'static str, reason: impl Into<String>) -> SettingsError {
         field,
         reason: reason.into(),
     }
+}
+
+fn conflict(message: &str) -> SettingsError {
+    SettingsError::Conflict(message.to_owned())
 }
 
 /// Parses a bind address as kube-proxy accepts it: `ip:port`, `[v6]:port`, or a bare IP that
@@ -223,37 +161,32 @@ pub fn parse_bind_address(
         })
 }
 
-fn parse_cidrs(field: &'static str, items: &[String]) -> Result<Vec<IpNet>, SettingsError> {
-    items
-        .iter()
-        .map(|s| s.trim())
-        .filter(|s| !s.is_empty())
-        .map(|s| {
-            s.parse::<IpNet>()
-                .map_err(|_| invalid(field, format!("{s:?} is not a CIDR")))
-        })
-        .collect()
-}
-
 fn parse_nodeport_addresses(
     field: &'static str,
     items: &[String],
 ) -> Result<NodePortAddresses, SettingsError> {
-    let items: Vec<String> = items
+    let items: Vec<&str> = items
         .iter()
-        .map(|s| s.trim().to_owned())
+        .map(|s| s.trim())
         .filter(|s| !s.is_empty())
         .collect();
     if items.is_empty() {
         return Ok(NodePortAddresses::All);
     }
-    if items.iter().any(|s| s == "primary") {
+    if items.contains(&"primary") {
         if items.len() > 1 {
             return Err(invalid(field, "\"primary\" cannot be combined with CIDRs"));
         }
         return Ok(NodePortAddresses::Primary);
     }
-    parse_cidrs(field, &items).map(NodePortAddresses::Cidrs)
+    items
+        .iter()
+        .map(|s| {
+            s.parse::<IpNet>()
+                .map_err(|_| invalid(field, format!("{s:?} is not a CIDR")))
+        })
+        .collect::<Result<_, _>>()
+        .map(NodePortAddresses::Cidrs)
 }
 
 /// kube-proxy's `--detect-local-mode` values.
@@ -264,77 +197,58 @@ pub const DETECT_LOCAL_MODES: [&str; 4] = [
     "InterfaceNamePrefix",
 ];
 
+/// The flag's value (named by `flag`) over the file's (named by `field`), for the settings
+/// whose errors name where the value came from; blank values are absent.
+fn layered<'a>(
+    (flag, flag_value): (&'static str, &'a Option<String>),
+    (field, file_value): (&'static str, &'a Option<String>),
+) -> Option<(&'static str, &'a str)> {
+    let given = |v: &'a Option<String>| v.as_deref().map(str::trim).filter(|s| !s.is_empty());
+    given(flag_value)
+        .map(|v| (flag, v))
+        .or_else(|| given(file_value).map(|v| (field, v)))
+}
+
 /// Resolves `--detect-local-mode` (or `detectLocalMode`) and the interface setting its mode
 /// needs; the other mode's interface setting is ignored, as kube-proxy ignores it.
-fn resolve_detect_local(
-    cli: &Cli,
-    file: &KubeProxyConfiguration,
-) -> Result<DetectLocal, SettingsError> {
-    let non_empty = |v: Option<&String>| {
-        v.map(|s| s.trim().to_owned())
-            .filter(|s: &String| !s.is_empty())
-    };
-    let (mode_field, mode) = match non_empty(cli.detect_local_mode.as_ref()) {
-        Some(mode) => ("--detect-local-mode", Some(mode)),
-        None => (
-            "detectLocalMode",
-            non_empty(file.detect_local_mode.as_ref()),
-        ),
-    };
-    let interface = |flag: &'static str,
-                     flag_value: &Option<String>,
-                     file_field: &'static str,
-                     file_value: &Option<String>,
-                     mode: &str|
-     -> Result<InterfaceName, SettingsError> {
-        let (field, value) = match non_empty(flag_value.as_ref()) {
-            Some(v) => (flag, Some(v)),
-            None => (file_field, non_empty(file_value.as_ref())),
-        };
-        let value = value.ok_or_else(|| {
+fn resolve_detect_local(cli: &Cli, file: &Cli) -> Result<DetectLocal, SettingsError> {
+    let mode = layered(
+        ("--detect-local-mode", &cli.detect_local_mode),
+        ("detectLocalMode", &file.detect_local_mode),
+    );
+    let interface = |flag, flag_value, field, file_value, mode: &str| {
+        let (source, name) = layered((flag, flag_value), (field, file_value)).ok_or_else(|| {
             invalid(
                 flag,
-                format!("--detect-local-mode={mode} needs {flag} (or {file_field})"),
+                format!("--detect-local-mode={mode} needs {flag} (or {field})"),
             )
         })?;
-        InterfaceName::new(&value).map_err(|e| invalid(field, e.to_string()))
+        InterfaceName::new(name).map_err(|e| invalid(source, e.to_string()))
     };
-    match mode.as_deref() {
-        None | Some("ClusterCIDR") => Ok(DetectLocal::ClusterCidr),
-        Some("NodeCIDR") => Ok(DetectLocal::NodeCidr),
-        Some(mode @ "BridgeInterface") => interface(
+    match mode {
+        None | Some((_, "ClusterCIDR")) => Ok(DetectLocal::ClusterCidr),
+        Some((_, "NodeCIDR")) => Ok(DetectLocal::NodeCidr),
+        Some((_, mode @ "BridgeInterface")) => interface(
             "--pod-bridge-interface",
             &cli.pod_bridge_interface,
             "detectLocal.bridgeInterface",
-            &file.detect_local.bridge_interface,
+            &file.pod_bridge_interface,
             mode,
         )
         .map(DetectLocal::BridgeInterface),
-        Some(mode @ "InterfaceNamePrefix") => interface(
+        Some((_, mode @ "InterfaceNamePrefix")) => interface(
             "--pod-interface-name-prefix",
             &cli.pod_interface_name_prefix,
             "detectLocal.interfaceNamePrefix",
-            &file.detect_local.interface_name_prefix,
+            &file.pod_interface_name_prefix,
             mode,
         )
         .map(DetectLocal::InterfaceNamePrefix),
-        Some(other) => Err(invalid(
-            mode_field,
+        Some((source, other)) => Err(invalid(
+            source,
             format!("{other:?} is not one of {}", DETECT_LOCAL_MODES.join(", ")),
         )),
     }
-}
-
-fn check_cluster_cidrs(cidrs: &[IpNet]) -> Result<(), SettingsError> {
-    let v4 = cidrs.iter().filter(|c| matches!(c, IpNet::V4(_))).count();
-    let v6 = cidrs.len() - v4;
-    if v4 > 1 || v6 > 1 {
-        return Err(invalid(
-            "--cluster-cidr",
-            "at most one CIDR per IP family is allowed",
-        ));
-    }
-    Ok(())
 }
 
 /// Resolves flags over the config file over defaults. `system_hostname` is the machine's
@@ -344,12 +258,17 @@ pub fn resolve(
     file: Option<&KubeProxyConfiguration>,
     system_hostname: &str,
 ) -> Result<Settings, SettingsError> {
-    let empty = KubeProxyConfiguration::default();
-    let file = file.unwrap_or(&empty);
+    let empty = Cli::default();
+    let file = file.map_or(&empty, |f| &f.values);
+    // The flag over the file's value; the default is applied by each caller.
+    macro_rules! value {
+        ($field:ident) => {
+            cli.$field.clone().or_else(|| file.$field.clone())
+        };
+    }
 
     // Proxy mode: only ipvs.
-    let mode = cli.proxy_mode.clone().or_else(|| file.mode.clone());
-    if let Some(mode) = mode.as_deref().map(str::trim)
+    if let Some(mode) = value!(proxy_mode).as_deref().map(str::trim)
         && !mode.is_empty()
         && !mode.eq_ignore_ascii_case("ipvs")
     {
@@ -358,71 +277,54 @@ pub fn resolve(
         )));
     }
 
-    // Source.
+    // Source: the flags only, a kubeconfig in the file does not compete with --source-file.
     if cli.source_file.is_some() && (cli.master.is_some() || cli.kubeconfig.is_some()) {
-        return Err(SettingsError::Conflict(
-            "--source-file cannot be combined with --master or --kubeconfig: pick one source"
-                .to_owned(),
+        return Err(conflict(
+            "--source-file cannot be combined with --master or --kubeconfig: pick one source",
         ));
     }
     let source = match &cli.source_file {
         Some(path) => SourceSettings::File { path: path.clone() },
         None => SourceSettings::Kube {
-            kubeconfig: cli.kubeconfig.clone().or_else(|| {
-                file.client_connection
-                    .kubeconfig
-                    .as_ref()
-                    .map(PathBuf::from)
-            }),
+            kubeconfig: value!(kubeconfig),
             master: cli.master.clone().filter(|m| !m.trim().is_empty()),
         },
     };
 
     // Run mode.
-    let cleanup = cli.cleanup.unwrap_or(false);
-    let once = cli.once.unwrap_or(false);
-    let dry_run = cli.dry_run.unwrap_or(false);
+    let [cleanup, once, dry_run, watch] =
+        [cli.cleanup, cli.once, cli.dry_run, cli.watch].map(|flag| flag.unwrap_or(false));
     if cleanup && (once || dry_run) {
-        return Err(SettingsError::Conflict(
-            "--cleanup cannot be combined with --once or --dry-run".to_owned(),
+        return Err(conflict(
+            "--cleanup cannot be combined with --once or --dry-run",
         ));
     }
     if cleanup && cli.source_file.is_some() {
-        return Err(SettingsError::Conflict(
-            "--cleanup needs no source: drop --source-file".to_owned(),
-        ));
+        return Err(conflict("--cleanup needs no source: drop --source-file"));
     }
-    let watch = cli.watch.unwrap_or(false);
     if watch && !dry_run {
-        return Err(SettingsError::Conflict(
-            "--watch only applies to --dry-run (the daemon always follows its source)".to_owned(),
+        return Err(conflict(
+            "--watch only applies to --dry-run (the daemon always follows its source)",
         ));
     }
     if watch && once {
-        return Err(SettingsError::Conflict(
-            "--watch and --once contradict each other: pick one".to_owned(),
+        return Err(conflict(
+            "--watch and --once contradict each other: pick one",
         ));
     }
     if cli.output.is_some() && !dry_run {
-        return Err(SettingsError::Conflict(
-            "--output only applies to --dry-run".to_owned(),
-        ));
+        return Err(conflict("--output only applies to --dry-run"));
     }
     // A dry run prints one plan and exits (as `terraform plan`), unless asked to watch.
-    let once = once || (dry_run && !watch);
     let run_mode = if cleanup {
         RunMode::Cleanup
-    } else if once {
+    } else if once || (dry_run && !watch) {
         RunMode::Once
     } else {
         RunMode::Daemon
     };
 
-    // Hostname.
-    let hostname = cli
-        .hostname_override
-        .clone()
-        .or_else(|| file.hostname_override.clone())
+    let hostname = value!(hostname_override)
         .unwrap_or_else(|| system_hostname.to_owned())
         .trim()
         .to_lowercase();
@@ -434,84 +336,57 @@ pub fn resolve(
     }
 
     // Addresses.
-    let bind_address = match (&cli.bind_address, &file.bind_address) {
-        (Some(ip), _) => *ip,
-        (None, Some(text)) => text
-            .trim()
-            .parse()
-            .map_err(|_| invalid("bindAddress", format!("{text:?} is not an IP address")))?,
-        (None, None) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-    };
+    let bind_address = value!(bind_address).unwrap_or(Ipv4Addr::UNSPECIFIED.into());
     let (healthz_host, metrics_host): (IpAddr, IpAddr) = match bind_address {
         IpAddr::V4(_) => (Ipv4Addr::UNSPECIFIED.into(), Ipv4Addr::LOCALHOST.into()),
         IpAddr::V6(_) => (Ipv6Addr::UNSPECIFIED.into(), Ipv6Addr::LOCALHOST.into()),
     };
-    // A flag set to "" disables the server; an empty file field means the default.
-    let server_address = |field: &'static str,
-                          flag: &Option<String>,
-                          from_file: &Option<String>,
-                          default: SocketAddr|
-     -> Result<Option<SocketAddr>, SettingsError> {
-        match (flag, from_file) {
-            (Some(text), _) if text.trim().is_empty() => Ok(None),
-            (Some(text), _) => parse_bind_address(field, text, default.port()).map(Some),
-            (None, Some(text)) if !text.trim().is_empty() => {
-                parse_bind_address(field, text, default.port()).map(Some)
-            }
+    // A flag set to "" disables the server (a blank file field is absent: the default).
+    let server_address = |field: &'static str, value: Option<String>, default: SocketAddr| {
+        match value {
+            Some(text) if text.trim().is_empty() => Ok(None),
+            Some(text) => parse_bind_address(field, &text, default.port()).map(Some),
             // A dry run serves nothing unless asked: it must run beside a live proxier that
             // holds the default ports.
-            _ => Ok((!dry_run).then_some(default)),
+            None => Ok((!dry_run).then_some(default)),
         }
     };
     let healthz_bind_address = server_address(
         "--healthz-bind-address",
-        &cli.healthz_bind_address,
-        &file.healthz_bind_address,
+        value!(healthz_bind_address),
         SocketAddr::new(healthz_host, DEFAULT_HEALTHZ_PORT),
     )?;
     let metrics_bind_address = server_address(
         "--metrics-bind-address",
-        &cli.metrics_bind_address,
-        &file.metrics_bind_address,
+        value!(metrics_bind_address),
         SocketAddr::new(metrics_host, DEFAULT_METRICS_PORT),
     )?;
 
-    let cluster_cidrs = match (&cli.cluster_cidr, &file.cluster_cidr) {
-        (Some(cidrs), _) => cidrs.clone(),
-        (None, Some(text)) => {
-            let items: Vec<String> = text.split(',').map(str::to_owned).collect();
-            parse_cidrs("clusterCIDR", &items)?
-        }
-        (None, None) => Vec::new(),
-    };
-    check_cluster_cidrs(&cluster_cidrs)?;
-    let detect_local = resolve_detect_local(cli, file)?;
+    let cluster_cidrs = value!(cluster_cidr).unwrap_or_default();
+    let v4 = cluster_cidrs
+        .iter()
+        .filter(|c| matches!(c, IpNet::V4(_)))
+        .count();
+    if v4 > 1 || cluster_cidrs.len() - v4 > 1 {
+        return Err(invalid(
+            "--cluster-cidr",
+            "at most one CIDR per IP family is allowed",
+        ));
+    }
 
-    let nodeport_addresses = match (&cli.nodeport_addresses, &file.node_port_addresses) {
+    let node_port_addresses = match (&cli.nodeport_addresses, &file.nodeport_addresses) {
         (Some(items), _) => parse_nodeport_addresses("--nodeport-addresses", items)?,
         (None, Some(items)) => parse_nodeport_addresses("nodePortAddresses", items)?,
         (None, None) => NodePortAddresses::All,
     };
 
     // IPVS.
-    let scheduler = match (&cli.ipvs_scheduler, &file.ipvs.scheduler) {
-        (Some(s), _) => s.clone(),
-        (None, Some(name)) => name
-            .parse()
-            .map_err(|e| invalid("ipvs.scheduler", format!("{e}")))?,
-        (None, None) => Scheduler::default(),
-    };
-    let sync_period = cli
-        .ipvs_sync_period
-        .or(file.ipvs.sync_period)
-        .unwrap_or(DEFAULT_SYNC_PERIOD);
+    let sync_period = value!(ipvs_sync_period).unwrap_or(DEFAULT_SYNC_PERIOD);
     if sync_period.is_zero() {
         return Err(invalid("--ipvs-sync-period", "must be greater than 0"));
     }
-    let min_sync_period = cli
-        .ipvs_min_sync_period
-        .or(file.ipvs.min_sync_period)
-        .unwrap_or(DEFAULT_MIN_SYNC_PERIOD.min(sync_period));
+    let min_sync_period =
+        value!(ipvs_min_sync_period).unwrap_or(DEFAULT_MIN_SYNC_PERIOD.min(sync_period));
     if min_sync_period > sync_period {
         return Err(SettingsError::Conflict(format!(
             "--ipvs-min-sync-period ({}) must not be greater than --ipvs-sync-period ({})",
@@ -523,33 +398,21 @@ pub fn resolve(
     if sync_burst == 0 {
         return Err(invalid("--ipvs-sync-burst", "must be at least 1"));
     }
-    let exclude_cidrs = match (&cli.ipvs_exclude_cidrs, &file.ipvs.exclude_cidrs) {
-        (Some(cidrs), _) => cidrs.clone(),
-        (None, Some(items)) => parse_cidrs("ipvs.excludeCIDRs", items)?,
-        (None, None) => Vec::new(),
-    };
-    let ipvs = IpvsSettings {
-        scheduler,
-        sync_period,
-        min_sync_period,
-        sync_burst,
-        exclude_cidrs,
-        strict_arp: cli
-            .ipvs_strict_arp
-            .or(file.ipvs.strict_arp)
-            .unwrap_or(false),
-        tcp_timeout: cli
-            .ipvs_tcp_timeout
-            .or(file.ipvs.tcp_timeout)
-            .unwrap_or_default(),
-        tcp_fin_timeout: cli
-            .ipvs_tcpfin_timeout
-            .or(file.ipvs.tcp_fin_timeout)
-            .unwrap_or_default(),
-        udp_timeout: cli
-            .ipvs_udp_timeout
-            .or(file.ipvs.udp_timeout)
-            .unwrap_or_default(),
+    let non_zero = |d: Option<Duration>| d.filter(|d| !d.is_zero());
+    let planner = Config {
+        scheduler: value!(ipvs_scheduler).unwrap_or_default(),
+        exclude_cidrs: value!(ipvs_exclude_cidrs).unwrap_or_default(),
+        node_port_addresses,
+        strict_arp: value!(ipvs_strict_arp).unwrap_or(false),
+        timeouts: IpvsTimeouts {
+            tcp: non_zero(value!(ipvs_tcp_timeout)),
+            tcp_fin: non_zero(value!(ipvs_tcpfin_timeout)),
+            udp: non_zero(value!(ipvs_udp_timeout)),
+        },
+        masquerade_all: value!(masquerade_all).unwrap_or(false),
+        cluster_cidrs,
+        families: AddressFamily::ALL.into_iter().collect(),
+        detect_local: resolve_detect_local(cli, file)?,
     };
 
     let dummy_interface = cli
@@ -572,12 +435,8 @@ pub fn resolve(
     Ok(Settings {
         source,
         hostname,
-        bind_address,
-        cluster_cidrs,
-        masquerade_all: cli.masquerade_all.or(file.masquerade_all).unwrap_or(false),
-        detect_local,
-        nodeport_addresses,
-        ipvs,
+        planner,
+        driver: DriverConfig::new(sync_period, min_sync_period, sync_burst),
         metrics_bind_address,
         healthz_bind_address,
         run_mode,

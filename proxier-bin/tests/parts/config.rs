@@ -1,11 +1,18 @@
 //! Tests of `proxier_bin::config`.
 
+use ipnet::IpNet;
+use ipvs_netlink::Scheduler;
 use proxier_bin::config::*;
+use std::net::Ipv4Addr;
 use std::path::Path;
 use std::time::Duration;
 
 fn parse(text: &str) -> Result<KubeProxyConfiguration, ConfigError> {
     parse_config(text, Path::new("test.yaml"))
+}
+
+fn cidr(text: &str) -> IpNet {
+    text.parse().expect("CIDR")
 }
 
 const KUBEADM_LIKE: &str = r#"
@@ -48,32 +55,50 @@ nodePortAddresses:
 #[test]
 fn reads_the_ipvs_relevant_fields() {
     let cfg = parse(KUBEADM_LIKE).expect("valid file");
-    assert_eq!(cfg.bind_address.as_deref(), Some("0.0.0.0"));
+    assert_eq!(cfg.values.bind_address, Some(Ipv4Addr::UNSPECIFIED.into()));
     assert_eq!(
-        cfg.client_connection.kubeconfig.as_deref(),
-        Some("/var/lib/kube-proxy/kubeconfig.conf")
+        cfg.values.kubeconfig.as_deref(),
+        Some(Path::new("/var/lib/kube-proxy/kubeconfig.conf"))
     );
-    assert_eq!(cfg.cluster_cidr.as_deref(), Some("10.244.0.0/16"));
-    assert_eq!(cfg.healthz_bind_address.as_deref(), Some("0.0.0.0:10256"));
-    assert_eq!(cfg.metrics_bind_address.as_deref(), Some("127.0.0.1:10249"));
-    assert_eq!(cfg.hostname_override, None, "empty string means unset");
-    assert_eq!(cfg.mode.as_deref(), Some("ipvs"));
-    assert_eq!(cfg.masquerade_all, Some(true));
+    assert_eq!(cfg.values.cluster_cidr, Some(vec![cidr("10.244.0.0/16")]));
     assert_eq!(
-        cfg.node_port_addresses,
+        cfg.values.healthz_bind_address.as_deref(),
+        Some("0.0.0.0:10256")
+    );
+    assert_eq!(
+        cfg.values.metrics_bind_address.as_deref(),
+        Some("127.0.0.1:10249")
+    );
+    assert_eq!(
+        cfg.values.hostname_override, None,
+        "empty string means unset"
+    );
+    assert_eq!(cfg.values.proxy_mode.as_deref(), Some("ipvs"));
+    assert_eq!(cfg.values.masquerade_all, Some(true));
+    assert_eq!(
+        cfg.values.nodeport_addresses,
         Some(vec!["192.0.2.0/24".to_owned()])
     );
-    assert_eq!(cfg.ipvs.scheduler.as_deref(), Some("wrr"));
-    assert_eq!(cfg.ipvs.sync_period, Some(Duration::from_secs(45)));
-    assert_eq!(cfg.ipvs.min_sync_period, Some(Duration::from_secs(2)));
     assert_eq!(
-        cfg.ipvs.exclude_cidrs,
-        Some(vec!["198.51.100.0/24".to_owned()])
+        cfg.values.ipvs_scheduler,
+        Some(Scheduler::WeightedRoundRobin)
     );
-    assert_eq!(cfg.ipvs.strict_arp, Some(true));
-    assert_eq!(cfg.ipvs.tcp_timeout, Some(Duration::from_secs(900)));
-    assert_eq!(cfg.ipvs.tcp_fin_timeout, Some(Duration::ZERO));
-    assert_eq!(cfg.ipvs.udp_timeout, Some(Duration::from_millis(300)));
+    assert_eq!(cfg.values.ipvs_sync_period, Some(Duration::from_secs(45)));
+    assert_eq!(
+        cfg.values.ipvs_min_sync_period,
+        Some(Duration::from_secs(2))
+    );
+    assert_eq!(
+        cfg.values.ipvs_exclude_cidrs,
+        Some(vec![cidr("198.51.100.0/24")])
+    );
+    assert_eq!(cfg.values.ipvs_strict_arp, Some(true));
+    assert_eq!(cfg.values.ipvs_tcp_timeout, Some(Duration::from_secs(900)));
+    assert_eq!(cfg.values.ipvs_tcpfin_timeout, Some(Duration::ZERO));
+    assert_eq!(
+        cfg.values.ipvs_udp_timeout,
+        Some(Duration::from_millis(300))
+    );
 }
 
 #[test]
@@ -109,9 +134,12 @@ fn reads_detect_local_fields() {
         "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nclusterCIDR: 10.244.0.0/16\ndetectLocalMode: BridgeInterface\ndetectLocal:\n  bridgeInterface: cbr0\n  interfaceNamePrefix: \"\"\n  futureField: 1\n",
     )
     .expect("valid");
-    assert_eq!(cfg.detect_local_mode.as_deref(), Some("BridgeInterface"));
-    assert_eq!(cfg.detect_local.bridge_interface.as_deref(), Some("cbr0"));
-    assert_eq!(cfg.detect_local.interface_name_prefix, None);
+    assert_eq!(
+        cfg.values.detect_local_mode.as_deref(),
+        Some("BridgeInterface")
+    );
+    assert_eq!(cfg.values.pod_bridge_interface.as_deref(), Some("cbr0"));
+    assert_eq!(cfg.values.pod_interface_name_prefix, None);
     assert_eq!(
         cfg.ignored_fields,
         vec!["detectLocal.futureField".to_owned()]
@@ -120,7 +148,10 @@ fn reads_detect_local_fields() {
         "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\ndetectLocalMode: \"\"\n",
     )
     .expect("valid");
-    assert_eq!(empty.detect_local_mode, None, "empty string means unset");
+    assert_eq!(
+        empty.values.detect_local_mode, None,
+        "empty string means unset"
+    );
 }
 
 #[test]
@@ -129,8 +160,11 @@ fn top_level_sync_periods_are_a_fallback() {
         "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nsyncPeriod: 1m\nminSyncPeriod: 1s\nipvs:\n  minSyncPeriod: 5s\n",
     )
     .expect("valid");
-    assert_eq!(cfg.ipvs.sync_period, Some(Duration::from_secs(60)));
-    assert_eq!(cfg.ipvs.min_sync_period, Some(Duration::from_secs(5)));
+    assert_eq!(cfg.values.ipvs_sync_period, Some(Duration::from_secs(60)));
+    assert_eq!(
+        cfg.values.ipvs_min_sync_period,
+        Some(Duration::from_secs(5))
+    );
 }
 
 #[test]
@@ -171,8 +205,23 @@ fn empty_sections_are_empty_not_errors() {
         "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nipvs:\nclientConnection:\ndetectLocal:\nbindAddress: \"\"\n",
     )
     .expect("valid");
-    assert_eq!(cfg.ipvs.scheduler, None);
-    assert_eq!(cfg.client_connection.kubeconfig, None);
-    assert_eq!(cfg.bind_address, None, "empty string means unset");
+    assert_eq!(cfg.values.ipvs_scheduler, None);
+    assert_eq!(cfg.values.kubeconfig, None);
+    assert_eq!(cfg.values.bind_address, None, "empty string means unset");
     assert!(cfg.ignored_fields.is_empty(), "{:?}", cfg.ignored_fields);
+}
+
+#[test]
+fn numbers_and_booleans_in_text_fields_are_their_text() {
+    let cfg = parse(
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nhostnameOverride: 12345\nipvs:\n  tcpTimeout: 0\n",
+    )
+    .expect("valid");
+    assert_eq!(cfg.values.hostname_override.as_deref(), Some("12345"));
+    assert_eq!(cfg.values.ipvs_tcp_timeout, Some(Duration::ZERO));
+    let err = parse(
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nhostnameOverride: [a]\n",
+    )
+    .expect_err("a list is not a name");
+    assert!(err.to_string().contains("hostnameOverride"), "{err}");
 }

@@ -39,11 +39,11 @@ fn defaults_match_kube_proxy() {
         s.metrics_bind_address,
         Some("127.0.0.1:10249".parse().expect("addr"))
     );
-    assert_eq!(s.ipvs.sync_period, Duration::from_secs(30));
-    assert_eq!(s.ipvs.min_sync_period, Duration::from_secs(1));
-    assert_eq!(s.ipvs.scheduler, Scheduler::RoundRobin);
+    assert_eq!(s.driver.sync_period, Duration::from_secs(30));
+    assert_eq!(s.driver.min_sync_period, Duration::from_secs(1));
+    assert_eq!(s.planner.scheduler, Scheduler::RoundRobin);
     assert_eq!(s.dummy_interface, "kube-ipvs0");
-    assert_eq!(s.nodeport_addresses, NodePortAddresses::All);
+    assert_eq!(s.planner.node_port_addresses, NodePortAddresses::All);
     assert_eq!(s.run_mode, RunMode::Daemon);
     assert_eq!(
         s.source,
@@ -83,14 +83,10 @@ fn dry_run_is_once_unless_watching() {
 fn detect_local_mode_from_flags_and_file() {
     let iface = |s: &str| InterfaceName::new(s).expect("name");
     let default = resolve(&cli(&["--cluster-cidr=10.244.0.0/16"]), None, "n").expect("valid");
-    assert_eq!(default.detect_local, DetectLocal::ClusterCidr);
-    assert_eq!(
-        default.planner_config().detect_local,
-        DetectLocal::ClusterCidr
-    );
+    assert_eq!(default.planner.detect_local, DetectLocal::ClusterCidr);
 
     let node = resolve(&cli(&["--detect-local-mode=NodeCIDR"]), None, "n").expect("valid");
-    assert_eq!(node.detect_local, DetectLocal::NodeCidr);
+    assert_eq!(node.planner.detect_local, DetectLocal::NodeCidr);
 
     let bridge = resolve(
         &cli(&[
@@ -102,11 +98,7 @@ fn detect_local_mode_from_flags_and_file() {
     )
     .expect("valid");
     assert_eq!(
-        bridge.detect_local,
-        DetectLocal::BridgeInterface(iface("cbr0"))
-    );
-    assert_eq!(
-        bridge.planner_config().detect_local,
+        bridge.planner.detect_local,
         DetectLocal::BridgeInterface(iface("cbr0"))
     );
 
@@ -115,7 +107,7 @@ fn detect_local_mode_from_flags_and_file() {
     );
     let s = resolve(&cli(&[]), Some(&from_file), "n").expect("valid");
     assert_eq!(
-        s.detect_local,
+        s.planner.detect_local,
         DetectLocal::InterfaceNamePrefix(iface("veth"))
     );
     // Flags win over the file, for the mode and for its interface.
@@ -128,14 +120,20 @@ fn detect_local_mode_from_flags_and_file() {
         "n",
     )
     .expect("valid");
-    assert_eq!(s.detect_local, DetectLocal::BridgeInterface(iface("br0")));
+    assert_eq!(
+        s.planner.detect_local,
+        DetectLocal::BridgeInterface(iface("br0"))
+    );
     let s = resolve(
         &cli(&["--detect-local-mode=BridgeInterface"]),
         Some(&from_file),
         "n",
     )
     .expect("valid");
-    assert_eq!(s.detect_local, DetectLocal::BridgeInterface(iface("cbr0")));
+    assert_eq!(
+        s.planner.detect_local,
+        DetectLocal::BridgeInterface(iface("cbr0"))
+    );
 }
 
 #[test]
@@ -197,20 +195,20 @@ fn file_values_apply_and_flags_override_them() {
     );
     let from_file = resolve(&cli(&[]), Some(&f), "sys").expect("valid");
     assert_eq!(from_file.hostname, "from-file");
-    assert!(from_file.masquerade_all);
+    assert!(from_file.planner.masquerade_all);
     assert_eq!(
-        from_file.cluster_cidrs,
+        from_file.planner.cluster_cidrs,
         vec!["10.244.0.0/16".parse::<IpNet>().expect("cidr")]
     );
     assert_eq!(
         from_file.metrics_bind_address,
         Some("127.0.0.1:9999".parse().expect("addr"))
     );
-    assert_eq!(from_file.ipvs.scheduler, Scheduler::LeastConnection);
-    assert_eq!(from_file.ipvs.sync_period, Duration::from_secs(60));
-    assert_eq!(from_file.ipvs.min_sync_period, Duration::from_secs(10));
-    assert!(from_file.ipvs.strict_arp);
-    assert_eq!(from_file.ipvs.exclude_cidrs.len(), 1);
+    assert_eq!(from_file.planner.scheduler, Scheduler::LeastConnection);
+    assert_eq!(from_file.driver.sync_period, Duration::from_secs(60));
+    assert_eq!(from_file.driver.min_sync_period, Duration::from_secs(10));
+    assert!(from_file.planner.strict_arp);
+    assert_eq!(from_file.planner.exclude_cidrs.len(), 1);
     assert_eq!(
         from_file.source,
         SourceSettings::Kube {
@@ -230,12 +228,12 @@ fn file_values_apply_and_flags_override_them() {
     ]);
     let overridden = resolve(&flags, Some(&f), "sys").expect("valid");
     assert_eq!(overridden.hostname, "from-flag");
-    assert!(!overridden.masquerade_all);
-    assert_eq!(overridden.ipvs.scheduler, Scheduler::SourceHashing);
-    assert_eq!(overridden.ipvs.sync_period, Duration::from_secs(120));
+    assert!(!overridden.planner.masquerade_all);
+    assert_eq!(overridden.planner.scheduler, Scheduler::SourceHashing);
+    assert_eq!(overridden.driver.sync_period, Duration::from_secs(120));
     // Not given as a flag: still the file's.
-    assert_eq!(overridden.ipvs.min_sync_period, Duration::from_secs(10));
-    assert!(!overridden.ipvs.strict_arp);
+    assert_eq!(overridden.driver.min_sync_period, Duration::from_secs(10));
+    assert!(!overridden.planner.strict_arp);
     assert_eq!(
         overridden.metrics_bind_address,
         Some("127.0.0.1:10249".parse().expect("addr"))
@@ -279,14 +277,28 @@ fn contradictions_are_refused_with_exit_code_2() {
         (&["--hostname-override= "], None),
         (&[], Some("mode: iptables\n")),
         (&[], Some("ipvs:\n  minSyncPeriod: 2m\n")),
-        (&[], Some("ipvs:\n  excludeCIDRs: [not-a-cidr]\n")),
-        (&[], Some("bindAddress: nowhere\n")),
     ];
     for (args, file_text) in cases {
         let f = file_text.map(file);
         let err = resolve(&cli(args), f.as_ref(), "node")
             .expect_err(&format!("{args:?} {file_text:?} should be refused"));
         assert_eq!(err.exit_code(), 2);
+    }
+    // A malformed value in the file is refused while the file is read (main exits 2 for any
+    // config error but a failed read), naming the field.
+    for (text, field) in [
+        ("ipvs:\n  excludeCIDRs: [not-a-cidr]\n", "ipvs.excludeCIDRs"),
+        ("bindAddress: nowhere\n", "bindAddress"),
+    ] {
+        let text = format!(
+            "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n{text}"
+        );
+        let err = parse_config(&text, Path::new("t.yaml")).expect_err(field);
+        assert!(
+            matches!(err, proxier_bin::config::ConfigError::Parse { .. })
+                && err.to_string().contains(field),
+            "{err}"
+        );
     }
 }
 
@@ -352,14 +364,16 @@ fn a_dry_run_serves_nothing_unless_asked() {
 #[test]
 fn nodeport_addresses_forms() {
     let s = resolve(&cli(&["--nodeport-addresses=primary"]), None, "n").expect("valid");
-    assert_eq!(s.nodeport_addresses, NodePortAddresses::Primary);
+    assert_eq!(s.planner.node_port_addresses, NodePortAddresses::Primary);
     let s = resolve(
         &cli(&["--nodeport-addresses=192.0.2.0/24,2001:db8::/64"]),
         None,
         "n",
     )
     .expect("valid");
-    assert!(matches!(s.nodeport_addresses, NodePortAddresses::Cidrs(ref v) if v.len() == 2));
+    assert!(
+        matches!(s.planner.node_port_addresses, NodePortAddresses::Cidrs(ref v) if v.len() == 2)
+    );
 }
 
 #[test]
@@ -377,7 +391,7 @@ fn planner_config_carries_the_settings() {
         "n",
     )
     .expect("valid");
-    let c = s.planner_config();
+    let c = &s.planner;
     assert_eq!(c.scheduler, Scheduler::LeastConnection);
     assert_eq!(c.exclude_cidrs.len(), 1);
     assert_eq!(
