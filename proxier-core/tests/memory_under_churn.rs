@@ -7,17 +7,17 @@
 //! changes.
 #![allow(clippy::unwrap_used)]
 
-use std::net::{IpAddr, Ipv4Addr};
-
 use proxier_core::conntrack::{ConntrackBackend, ConntrackError, FlowFilter};
-use proxier_core::model::{Config, Endpoint, EndpointPort, EndpointSlice, Protocol};
-use proxier_core::model::{Service, ServiceName, ServicePortSpec, SliceKey};
+use proxier_core::model::{Config, Endpoint, ServiceName, SliceKey};
 use proxier_core::netfilter::{NetfilterBackend, NetfilterError};
 use proxier_core::{Backends, Change, Proxier, ProxierConfig, SyncKind};
 
+#[path = "support/churn_cluster.rs"]
+mod churn_cluster;
 #[path = "support/counting_allocator.rs"]
 mod counting_allocator;
 
+use churn_cluster::{ENDPOINTS, pod_ip, service, slice};
 use counting_allocator::{CountingAllocator, live_bytes};
 
 #[global_allocator]
@@ -47,45 +47,6 @@ impl ConntrackBackend for Empty {
 }
 
 const SERVICES: u32 = 1_000;
-const ENDPOINTS: u32 = 5;
-
-fn cluster_ip(i: u32) -> IpAddr {
-    IpAddr::V4(Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 96, 0, 0)) + i))
-}
-
-fn pod_ip(n: u32) -> IpAddr {
-    IpAddr::V4(Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 128, 0, 0)) + n))
-}
-
-fn service(name: &str, i: u32) -> Service {
-    let port = ServicePortSpec {
-        name: "http".into(),
-        port: 80,
-        protocol: Protocol::Tcp,
-        node_port: None,
-    };
-    Service::new(
-        ServiceName::new("churn", name),
-        vec![cluster_ip(i)],
-        vec![port],
-    )
-}
-
-fn slice(name: &str, first_pod: u32) -> EndpointSlice {
-    EndpointSlice {
-        key: SliceKey::new("churn", format!("{name}-abc")),
-        service: ServiceName::new("churn", name),
-        ports: vec![EndpointPort {
-            name: "http".into(),
-            port: 8080,
-            protocol: Protocol::Tcp,
-        }],
-        endpoints: (0..ENDPOINTS)
-            .map(|e| Endpoint::ready(pod_ip(first_pod + e)))
-            .collect(),
-        warnings: Vec::new(),
-    }
-}
 
 #[test]
 fn the_engines_heap_does_not_grow_under_churn() {
