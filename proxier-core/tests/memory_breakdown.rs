@@ -120,7 +120,7 @@ fn the_engines_heap_by_structure() {
     rows.push(Row {
         part: "netfilter tracker",
         bytes,
-        budget_per_service: 3400,
+        budget_per_service: 800,
     });
 
     // The reconciler over backends that already hold the plan (an adopting restart): what it
