@@ -152,7 +152,7 @@ fn the_engines_heap_by_structure() {
     rows.push(Row {
         part: "reconciler: claims and the rest",
         bytes: bytes - cache,
-        budget_per_service: 1_600,
+        budget_per_service: 650,
     });
     let (_, backend) = measure(|| ipvs.table());
     rows.push(Row {
