@@ -98,7 +98,7 @@ fn the_engines_heap_by_structure() {
     rows.push(Row {
         part: "cluster state (Services, EndpointSlices)",
         bytes,
-        budget_per_service: 2500,
+        budget_per_service: 1_700,
     });
 
     let (desired, bytes) = measure(|| Planner::new(&node, &config).plan(&state));
