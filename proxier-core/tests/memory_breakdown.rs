@@ -105,7 +105,7 @@ fn the_engines_heap_by_structure() {
     rows.push(Row {
         part: "IPVS plan (Desired)",
         bytes,
-        budget_per_service: 1450,
+        budget_per_service: 450,
     });
 
     let (tracker, bytes) = measure(|| {
