@@ -147,7 +147,7 @@ fn the_engines_heap_by_structure() {
     rows.push(Row {
         part: "reconciler: cached kernel picture",
         bytes: cache,
-        budget_per_service: 650,
+        budget_per_service: 450,
     });
     rows.push(Row {
         part: "reconciler: claims and the rest",
@@ -158,7 +158,7 @@ fn the_engines_heap_by_structure() {
     rows.push(Row {
         part: "in-memory IPVS backend's table (not the engine's)",
         bytes: backend,
-        budget_per_service: 600,
+        budget_per_service: 400,
     });
     drop((reconciler, tracker, desired));
 

@@ -50,7 +50,8 @@ use tokio::time::Instant;
 
 use crate::backend::{AddressBackend, BackendError, IpvsBackend, IpvsOp, OpKind, TableReads};
 use crate::desired::{
-    Desired, ServicePortName, ServicePortPlan, VirtualServer, VirtualServerKey, VirtualServerRole,
+    Desired, ServicePortName, ServicePortPlan, SortedMap, VirtualServer, VirtualServerKey,
+    VirtualServerRole,
 };
 use crate::diff::{self, Changes, DrainPolicy, OwnedOp, Rejection, Scope};
 use crate::drain::{DEFAULT_DRAIN_TIMEOUT, DrainQueue};
@@ -1192,7 +1193,7 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
                     *key,
                     ObservedVirtualServer {
                         settings: settings.clone(),
-                        real_servers: BTreeMap::new(),
+                        real_servers: SortedMap::new(),
                     },
                 );
             }
