@@ -6,13 +6,13 @@
 
 #![allow(missing_docs, clippy::unwrap_used)]
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::hint::black_box;
 use std::net::{IpAddr, Ipv4Addr};
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use proxier_core::backend::{MemoryAddressBackend, MemoryIpvsBackend};
-use proxier_core::desired::{Protocol, Scheduler};
+use proxier_core::desired::{Protocol, Scheduler, SortedMap};
 use proxier_core::{
     Desired, RealServer, RealServerKey, Reconciler, ReconcilerConfig, ServicePortName,
     ServicePortPlan, VirtualServer, VirtualServerKey, VirtualServerRole,
@@ -61,7 +61,7 @@ fn cluster(services: u32) -> Desired {
         desired.services.insert(
             service_name(i),
             ServicePortPlan {
-                virtual_servers: BTreeMap::from([(key, vs)]),
+                virtual_servers: SortedMap::from([(key, vs)]),
                 ..Default::default()
             },
         );

@@ -9,6 +9,7 @@ use std::fmt;
 use std::net::IpAddr;
 
 pub use crate::model::{Protocol, Scheduler, ServicePortName};
+pub use crate::sorted_map::SortedMap;
 
 /// Identifies an IPVS virtual server of a Service: address, port and protocol.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -93,14 +94,14 @@ pub struct VirtualServer {
     /// Set the source-hash port flag (`mh` / `sh` schedulers hash on the source port too).
     pub hash_source_port: bool,
     /// Real servers, by address and port.
-    pub real_servers: BTreeMap<RealServerKey, RealServer>,
+    pub real_servers: SortedMap<RealServerKey, RealServer>,
 }
 
 /// The whole plan of one Service port: every virtual server it owns.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ServicePortPlan {
     /// Virtual servers of this Service port.
-    pub virtual_servers: BTreeMap<VirtualServerKey, VirtualServer>,
+    pub virtual_servers: SortedMap<VirtualServerKey, VirtualServer>,
     /// Addresses of this plan's ExternalIP / load-balancer virtual servers that the node
     /// already holds on one of its own interfaces. Like kube-proxy, these are never bound on
     /// the dummy link (binding and later unbinding a node address would break it), so

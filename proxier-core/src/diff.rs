@@ -335,7 +335,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
-    use crate::desired::{RealServer, Scheduler, VirtualServerRole};
+    use crate::desired::{RealServer, Scheduler, SortedMap, VirtualServerRole};
     use crate::observed::ObservedRealServer;
 
     fn vkey(address: &str, port: u16, protocol: Protocol) -> VirtualServerKey {
@@ -523,7 +523,7 @@ mod tests {
             desired.services.insert(
                 name(n),
                 ServicePortPlan {
-                    virtual_servers: BTreeMap::from([(shared, planned(&[rs]))]),
+                    virtual_servers: SortedMap::from([(shared, planned(&[rs]))]),
                     ..Default::default()
                 },
             );

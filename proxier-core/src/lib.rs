@@ -65,6 +65,7 @@ pub mod netfilter;
 pub mod observed;
 pub mod planner;
 pub mod reconciler;
+pub mod sorted_map;
 pub mod state;
 pub mod sysctl;
 pub mod takeover;

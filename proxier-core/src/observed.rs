@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
-use crate::desired::{RealServerKey, Scheduler, VirtualServer, VirtualServerKey};
+use crate::desired::{RealServerKey, Scheduler, SortedMap, VirtualServer, VirtualServerKey};
 
 /// How a real server is reached, as far as the proxier cares: masquerade (NAT), the only
 /// method it creates, or some other method someone else set (which it repairs).
@@ -75,7 +75,7 @@ pub struct ObservedVirtualServer {
     /// Scheduler and flags.
     pub settings: VirtualServerSettings,
     /// Real servers by address and port.
-    pub real_servers: BTreeMap<RealServerKey, ObservedRealServer>,
+    pub real_servers: SortedMap<RealServerKey, ObservedRealServer>,
 }
 
 impl ObservedVirtualServer {

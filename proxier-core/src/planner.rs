@@ -21,8 +21,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use crate::desired::{
-    Desired, RealServer, RealServerKey, Scheduler, ServicePortName, ServicePortPlan, VirtualServer,
-    VirtualServerKey, VirtualServerRole,
+    Desired, RealServer, RealServerKey, Scheduler, ServicePortName, ServicePortPlan, SortedMap,
+    VirtualServer, VirtualServerKey, VirtualServerRole,
 };
 use crate::model::{
     AddressFamily, Config, Endpoint, EndpointSlice, NodeContext, NodePortAddresses, Service,
@@ -200,7 +200,7 @@ impl<'a> Planner<'a> {
         let mut vs = |address: IpAddr,
                       vport: u16,
                       role: VirtualServerRole,
-                      rs: &BTreeMap<RealServerKey, RealServer>| {
+                      rs: &SortedMap<RealServerKey, RealServer>| {
             let key = VirtualServerKey {
                 address,
                 port: vport,
@@ -251,7 +251,7 @@ impl VsTemplate {
     fn build(
         &self,
         role: VirtualServerRole,
-        real_servers: BTreeMap<RealServerKey, RealServer>,
+        real_servers: SortedMap<RealServerKey, RealServer>,
     ) -> VirtualServer {
         VirtualServer {
             role,
@@ -263,7 +263,7 @@ impl VsTemplate {
     }
 }
 
-fn real_servers(endpoints: &[(RealServerKey, &Endpoint)]) -> BTreeMap<RealServerKey, RealServer> {
+fn real_servers(endpoints: &[(RealServerKey, &Endpoint)]) -> SortedMap<RealServerKey, RealServer> {
     endpoints
         .iter()
         .map(|(key, ep)| {

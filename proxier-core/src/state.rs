@@ -36,9 +36,10 @@ pub type DirtyPorts = BTreeSet<ServicePortName>;
 #[derive(Debug, Default)]
 pub struct ClusterState {
     node: Option<NodeContext>,
-    services: HashMap<ServiceName, Service>,
+    /// Boxed: a hash table keeps spare slots, each as large as its value.
+    services: HashMap<ServiceName, Box<Service>>,
     /// Slices of each Service, sorted by slice name (a Service has few slices: a sorted
-    /// vector is much smaller than a tree map and as fast at this size).
+    /// vector, exactly sized, is much smaller than a tree map and as fast at this size).
     slices: HashMap<ServiceName, Vec<EndpointSlice>>,
     slice_owner: HashMap<SliceKey, ServiceName>,
     strings: HashSet<Arc<str>>,
@@ -87,12 +88,12 @@ impl ClusterState {
 
     /// A Service by name.
     pub fn service(&self, name: &ServiceName) -> Option<&Service> {
-        self.services.get(name)
+        self.services.get(name).map(|service| &**service)
     }
 
     /// Every Service (in no particular order).
     pub fn services(&self) -> impl Iterator<Item = &Service> {
-        self.services.values()
+        self.services.values().map(|service| &**service)
     }
 
     /// Number of Services.
@@ -109,7 +110,7 @@ impl ClusterState {
     pub fn port_names(&self) -> DirtyPorts {
         self.services
             .values()
-            .flat_map(Service::port_names)
+            .flat_map(|service| service.port_names())
             .collect()
     }
 
@@ -132,14 +133,15 @@ impl ClusterState {
         }
         let mut dirty: DirtyPorts = service.port_names().collect();
         match self.services.get_mut(&service.name) {
-            Some(old) if *old == service => DirtyPorts::new(),
+            Some(old) if **old == service => DirtyPorts::new(),
             Some(old) => {
                 dirty.extend(old.port_names());
-                *old = service;
+                **old = service;
                 dirty
             }
             None => {
-                self.services.insert(service.name.clone(), service);
+                self.services
+                    .insert(service.name.clone(), Box::new(service));
                 dirty
             }
         }
@@ -173,7 +175,10 @@ impl ClusterState {
         match by_name.binary_search_by(|s| s.key.name.cmp(&slice.key.name)) {
             Ok(i) if by_name[i] == slice => return dirty,
             Ok(i) => by_name[i] = slice,
-            Err(i) => by_name.insert(i, slice),
+            Err(i) => {
+                by_name.reserve_exact(1);
+                by_name.insert(i, slice);
+            }
         }
         dirty.extend(self.ports_of(&owner));
         dirty
@@ -192,6 +197,8 @@ impl ClusterState {
             by_name.retain(|s| s.key.name != slice_name);
             if by_name.is_empty() {
                 self.slices.remove(owner);
+            } else {
+                by_name.shrink_to_fit();
             }
         }
     }
@@ -200,7 +207,7 @@ impl ClusterState {
         self.services
             .get(service)
             .into_iter()
-            .flat_map(Service::port_names)
+            .flat_map(|service| service.port_names())
     }
 
     /// Shares node names, zones and hints between endpoints: a cluster has few distinct ones.

@@ -13,7 +13,7 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{AddressBackend, BackendError, DEFAULT_DUMMY_LINK, IpvsBackend, IpvsOp};
-use crate::desired::{RealServerKey, VirtualServerKey};
+use crate::desired::{RealServerKey, SortedMap, VirtualServerKey};
 use crate::observed::{Forwarding, ObservedRealServer, ObservedVirtualServer};
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -143,7 +143,7 @@ impl MemoryIpvsBackend {
                     *key,
                     ObservedVirtualServer {
                         settings: settings.clone(),
-                        real_servers: BTreeMap::new(),
+                        real_servers: SortedMap::new(),
                     },
                 );
             }

@@ -1,6 +1,6 @@
 #![allow(clippy::unwrap_used)]
 
-use std::collections::BTreeMap;
+use crate::desired::SortedMap;
 
 use ipvs_netlink::transport::encode;
 use netlink_packet_core::{NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST};
@@ -172,7 +172,7 @@ fn udp_plan(vip: &str, port: u16, endpoints: &[&str]) -> ServicePortPlan {
         port,
         protocol: Protocol::Udp,
     };
-    let real_servers: BTreeMap<RealServerKey, RealServer> = endpoints
+    let real_servers: SortedMap<RealServerKey, RealServer> = endpoints
         .iter()
         .map(|e| {
             let a = sa(e);

@@ -6,8 +6,13 @@
 //! one Service costs the size of that Service, and the elements that came or went since the
 //! last [`NetfilterTracker::take_changes`] are exactly what an incremental nftables update
 //! must add and delete.
+//!
+//! Memory: the combined plan holds each element once; a Service's contribution is kept as
+//! one compact list (what its next change must take back), and a count is kept only
+//! for the few elements more than one Service contributes (an element in the combined plan
+//! with no count has exactly one contributor).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::net::IpAddr;
 
 use ipnet::IpNet;
@@ -38,37 +43,38 @@ macro_rules! with_family_sets {
     };
 }
 
-macro_rules! family_counts {
+macro_rules! family_elements {
     ($($field:ident: $ty:ty,)*) => {
-        /// How many Services need each element of one family's sets.
-        #[derive(Debug, Default)]
-        struct FamilyCounts {
-            $($field: BTreeMap<$ty, u32>,)*
+        /// One element of one set of a family's table (the variant names the set).
+        #[allow(non_camel_case_types)]
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        enum Element {
+            $($field($ty),)*
         }
 
-        impl FamilyCounts {
-            /// Adds (`up`) or removes one Service's elements; records in `added` / `removed`
-            /// the elements that appeared in or left `combined`.
-            fn adjust(
-                &mut self,
-                fragment: &FamilyPlan,
-                up: bool,
-                combined: &mut FamilyPlan,
-                added: &mut FamilyPlan,
-                removed: &mut FamilyPlan,
-            ) {
-                $(
-                    for element in &fragment.$field {
-                        count(
-                            &mut self.$field,
-                            element,
-                            up,
-                            &mut combined.$field,
-                            &mut added.$field,
-                            &mut removed.$field,
-                        );
-                    }
-                )*
+        /// Appends every element of `plan`, tagged with its family, to `out`.
+        fn elements_of(plan: &FamilyPlan, out: &mut Vec<(AddressFamily, Element)>) {
+            $(out.extend(plan.$field.iter().map(|e| (plan.family, Element::$field(*e))));)*
+        }
+
+        /// Whether `plan` holds `element`.
+        fn holds(plan: &FamilyPlan, element: &Element) -> bool {
+            match element {
+                $(Element::$field(e) => plan.$field.contains(e),)*
+            }
+        }
+
+        /// Adds `element` to `plan`.
+        fn insert(plan: &mut FamilyPlan, element: Element) {
+            match element {
+                $(Element::$field(e) => { plan.$field.insert(e); })*
+            }
+        }
+
+        /// Removes `element` from `plan`; returns whether it was there.
+        fn remove(plan: &mut FamilyPlan, element: &Element) -> bool {
+            match element {
+                $(Element::$field(e) => plan.$field.remove(e),)*
             }
         }
 
@@ -79,37 +85,7 @@ macro_rules! family_counts {
     };
 }
 
-with_family_sets!(family_counts);
-
-/// Counts one element up or down and keeps `combined` and the pending change sets in step.
-fn count<T: Ord + Clone>(
-    counts: &mut BTreeMap<T, u32>,
-    element: &T,
-    up: bool,
-    combined: &mut BTreeSet<T>,
-    added: &mut BTreeSet<T>,
-    removed: &mut BTreeSet<T>,
-) {
-    if up {
-        let n = counts.entry(element.clone()).or_insert(0);
-        *n += 1;
-        if *n == 1 {
-            combined.insert(element.clone());
-            if !removed.remove(element) {
-                added.insert(element.clone());
-            }
-        }
-    } else if let Some(n) = counts.get_mut(element) {
-        *n -= 1;
-        if *n == 0 {
-            counts.remove(element);
-            combined.remove(element);
-            if !added.remove(element) {
-                removed.insert(element.clone());
-            }
-        }
-    }
-}
+with_family_sets!(family_elements);
 
 /// The elements added to and removed from the tables since the last
 /// [`NetfilterTracker::take_changes`], as two plans of the same families.
@@ -137,9 +113,14 @@ impl PlanChanges {
 pub struct NetfilterTracker {
     /// Families and rules with no element (what a new `added`/`removed` starts from).
     empty: NetfilterPlan,
+    /// Every element some Service needs, once.
     combined: NetfilterPlan,
-    counts: HashMap<AddressFamily, FamilyCounts>,
-    services: HashMap<ServiceName, NetfilterPlan>,
+    /// How many Services contribute each element that more than one Service contributes
+    /// (always 2 or more; an element of `combined` missing here has one contributor).
+    shared: HashMap<(AddressFamily, Element), u32>,
+    /// Each Service's contribution (families the tables do not have left out); every
+    /// element appears once, as each set of a plan holds it at most once.
+    services: HashMap<ServiceName, Box<[(AddressFamily, Element)]>>,
     changes: PlanChanges,
 }
 
@@ -149,7 +130,7 @@ impl NetfilterTracker {
     pub fn new(empty: NetfilterPlan) -> Self {
         NetfilterTracker {
             combined: empty.clone(),
-            counts: HashMap::new(),
+            shared: HashMap::new(),
             services: HashMap::new(),
             changes: PlanChanges {
                 added: empty.clone(),
@@ -168,15 +149,34 @@ impl NetfilterTracker {
     pub fn set_service(&mut self, service: &ServiceName, plan: Option<NetfilterPlan>) {
         let old = match plan {
             Some(plan) => {
-                let old = self.services.remove(service);
-                self.adjust(&plan, true);
-                self.services.insert(service.clone(), plan);
-                old
+                let mut elements = Vec::new();
+                for family in AddressFamily::ALL {
+                    // A family the tables do not have cannot take elements.
+                    if let (Some(part), Some(_)) =
+                        (plan.family(family), self.combined.family(family))
+                    {
+                        elements_of(part, &mut elements);
+                    }
+                }
+                for (family, element) in &elements {
+                    self.count_up(*family, *element);
+                }
+                let elements = elements.into_boxed_slice();
+                if elements.is_empty() {
+                    self.services.remove(service)
+                } else {
+                    match self.services.get_mut(service) {
+                        Some(slot) => Some(std::mem::replace(slot, elements)),
+                        None => self.services.insert(service.clone(), elements),
+                    }
+                }
             }
             None => self.services.remove(service),
         };
         if let Some(old) = old {
-            self.adjust(&old, false);
+            for (family, element) in old.iter() {
+                self.count_down(*family, element);
+            }
         }
     }
 
@@ -189,20 +189,43 @@ impl NetfilterTracker {
         std::mem::replace(&mut self.changes, fresh)
     }
 
-    fn adjust(&mut self, fragment: &NetfilterPlan, up: bool) {
-        for family in AddressFamily::ALL {
-            let (Some(part), Some(combined), Some(added), Some(removed)) = (
-                fragment.family(family),
-                self.combined.family_mut(family),
-                self.changes.added.family_mut(family),
-                self.changes.removed.family_mut(family),
-            ) else {
-                continue;
-            };
-            self.counts
-                .entry(family)
-                .or_default()
-                .adjust(part, up, combined, added, removed);
+    /// One more Service contributes `element`.
+    fn count_up(&mut self, family: AddressFamily, element: Element) {
+        let (Some(combined), Some(added), Some(removed)) = (
+            self.combined.family_mut(family),
+            self.changes.added.family_mut(family),
+            self.changes.removed.family_mut(family),
+        ) else {
+            return;
+        };
+        if holds(combined, &element) {
+            *self.shared.entry((family, element)).or_insert(1) += 1;
+            return;
+        }
+        insert(combined, element);
+        if !remove(removed, &element) {
+            insert(added, element);
+        }
+    }
+
+    /// One Service fewer contributes `element`.
+    fn count_down(&mut self, family: AddressFamily, element: &Element) {
+        let (Some(combined), Some(added), Some(removed)) = (
+            self.combined.family_mut(family),
+            self.changes.added.family_mut(family),
+            self.changes.removed.family_mut(family),
+        ) else {
+            return;
+        };
+        if let Some(count) = self.shared.get_mut(&(family, *element)) {
+            *count -= 1;
+            if *count < 2 {
+                self.shared.remove(&(family, *element));
+            }
+            return;
+        }
+        if remove(combined, element) && !remove(added, element) {
+            insert(removed, *element);
         }
     }
 }
@@ -263,6 +286,33 @@ mod tests {
         assert_eq!(bound(&changes.removed), ["10.0.0.1"]);
         assert_eq!(bound(tracker.plan()), ["10.0.0.2", "10.0.0.9"]);
         assert!(tracker.take_changes().is_empty());
+    }
+
+    #[test]
+    fn an_element_of_three_services_leaves_with_the_last_of_them() {
+        let names: Vec<ServiceName> = (0..3)
+            .map(|i| ServiceName::new("ns", format!("s{i}")))
+            .collect();
+        let mut tracker = NetfilterTracker::new(empty());
+        for name in &names {
+            tracker.set_service(name, Some(with_ips(&["10.0.0.9"])));
+        }
+        assert_eq!(bound(&tracker.take_changes().added), ["10.0.0.9"]);
+        for name in &names[..2] {
+            tracker.set_service(name, None);
+            assert!(tracker.take_changes().is_empty());
+            assert_eq!(bound(tracker.plan()), ["10.0.0.9"]);
+        }
+        // Back to three, then all gone: removed once, when the last one leaves.
+        tracker.set_service(&names[0], Some(with_ips(&["10.0.0.9"])));
+        tracker.set_service(&names[1], Some(with_ips(&["10.0.0.9"])));
+        assert!(tracker.take_changes().is_empty());
+        for name in &names {
+            tracker.set_service(name, None);
+        }
+        let changes = tracker.take_changes();
+        assert_eq!(bound(&changes.removed), ["10.0.0.9"]);
+        assert!(bound(tracker.plan()).is_empty());
     }
 
     #[test]

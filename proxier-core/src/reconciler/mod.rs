@@ -50,11 +50,16 @@ use tokio::time::Instant;
 
 use crate::backend::{AddressBackend, BackendError, IpvsBackend, IpvsOp, OpKind, TableReads};
 use crate::desired::{
-    Desired, ServicePortName, ServicePortPlan, VirtualServer, VirtualServerKey, VirtualServerRole,
+    Desired, ServicePortName, ServicePortPlan, SortedMap, VirtualServer, VirtualServerKey,
+    VirtualServerRole,
 };
 use crate::diff::{self, Changes, DrainPolicy, OwnedOp, Rejection, Scope};
 use crate::drain::{DEFAULT_DRAIN_TIMEOUT, DrainQueue};
 use crate::observed::{Forwarding, Observed, ObservedRealServer, ObservedVirtualServer};
+
+mod sorted_set;
+
+use sorted_set::SortedVecSet;
 
 /// Settings of a [`Reconciler`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -286,9 +291,9 @@ pub struct Reconciler<I, A> {
     /// Virtual servers each service port plans (winning or not).
     claims: HashMap<ServicePortName, Vec<VirtualServerKey>>,
     /// Service ports planning each virtual server; the first one wins.
-    claimants: HashMap<VirtualServerKey, BTreeSet<ServicePortName>>,
+    claimants: HashMap<VirtualServerKey, SortedVecSet<ServicePortName>>,
     /// Planned (winning) virtual servers that need their address bound, by address.
-    binders: HashMap<IpAddr, HashSet<VirtualServerKey>>,
+    binders: HashMap<IpAddr, SortedVecSet<VirtualServerKey>>,
     /// Node addresses whose NodePort virtual servers are the proxier's.
     node_port_addresses: BTreeSet<IpAddr>,
     drains: DrainQueue,
@@ -1188,7 +1193,7 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
                     *key,
                     ObservedVirtualServer {
                         settings: settings.clone(),
-                        real_servers: BTreeMap::new(),
+                        real_servers: SortedMap::new(),
                     },
                 );
             }
