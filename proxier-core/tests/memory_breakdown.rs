@@ -7,11 +7,8 @@
 #![allow(clippy::unwrap_used)]
 
 use proxier_core::backend::{MemoryAddressBackend, MemoryIpvsBackend};
-use proxier_core::conntrack::{ConntrackBackend, ConntrackError, FlowFilter};
 use proxier_core::model::{Config, NodeContext};
-use proxier_core::netfilter::{
-    NetfilterBackend, NetfilterError, NetfilterTracker, empty_plan, plan_of_service,
-};
+use proxier_core::netfilter::{NetfilterTracker, empty_plan, plan_of_service};
 use proxier_core::state::{Change, ClusterState};
 use proxier_core::{Backends, Planner, Proxier, ProxierConfig, Reconciler, SyncKind};
 
@@ -20,29 +17,11 @@ mod churn_cluster;
 #[path = "support/counting_allocator.rs"]
 mod counting_allocator;
 
-use churn_cluster::{ENDPOINTS, service, slice};
+use churn_cluster::{Accepting, ENDPOINTS, Empty, service, slice};
 use counting_allocator::{CountingAllocator, live_bytes};
 
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator;
-
-/// nftables that accepts every script and keeps none of them.
-struct Accepting;
-
-impl NetfilterBackend for Accepting {
-    async fn apply(&mut self, _script: &str) -> Result<(), NetfilterError> {
-        Ok(())
-    }
-}
-
-/// A conntrack table with no entries.
-struct Empty;
-
-impl ConntrackBackend for Empty {
-    fn delete_flows(&mut self, _filters: &[FlowFilter]) -> Result<usize, ConntrackError> {
-        Ok(0)
-    }
-}
 
 fn services() -> u32 {
     std::env::var("MEMORY_SERVICES")

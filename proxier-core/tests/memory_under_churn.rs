@@ -8,9 +8,7 @@
 //! changes.
 #![allow(clippy::unwrap_used)]
 
-use proxier_core::conntrack::{ConntrackBackend, ConntrackError, FlowFilter};
 use proxier_core::model::{Config, Endpoint, ServiceName, SliceKey};
-use proxier_core::netfilter::{NetfilterBackend, NetfilterError};
 use proxier_core::{Backends, Change, Proxier, ProxierConfig, SyncKind};
 
 #[path = "support/churn_cluster.rs"]
@@ -18,7 +16,7 @@ mod churn_cluster;
 #[path = "support/counting_allocator.rs"]
 mod counting_allocator;
 
-use churn_cluster::{ENDPOINTS, pod_ip, service, slice};
+use churn_cluster::{Accepting, ENDPOINTS, Empty, pod_ip, service, slice};
 use counting_allocator::{CountingAllocator, live_bytes};
 
 #[global_allocator]
@@ -26,25 +24,6 @@ static ALLOCATOR: CountingAllocator = CountingAllocator;
 
 fn live_kib() -> isize {
     live_bytes() / 1024
-}
-
-/// nftables that accepts every script and keeps none of them (the in-memory backend keeps
-/// them all, for tests that read them).
-struct Accepting;
-
-impl NetfilterBackend for Accepting {
-    async fn apply(&mut self, _script: &str) -> Result<(), NetfilterError> {
-        Ok(())
-    }
-}
-
-/// A conntrack table with no entries.
-struct Empty;
-
-impl ConntrackBackend for Empty {
-    fn delete_flows(&mut self, _filters: &[FlowFilter]) -> Result<usize, ConntrackError> {
-        Ok(0)
-    }
 }
 
 const SERVICES: u32 = 1_000;

@@ -6,8 +6,10 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 
+use proxier_core::conntrack::{ConntrackBackend, ConntrackError, FlowFilter};
 use proxier_core::model::{Endpoint, EndpointPort, EndpointSlice, Protocol};
 use proxier_core::model::{Service, ServiceName, ServicePortSpec, SliceKey};
+use proxier_core::netfilter::{NetfilterBackend, NetfilterError};
 
 /// Endpoints per Service.
 pub const ENDPOINTS: u32 = 5;
@@ -51,5 +53,24 @@ pub fn slice(name: &str, first_pod: u32) -> EndpointSlice {
             .map(|e| Endpoint::ready(pod_ip(first_pod + e)))
             .collect(),
         warnings: Vec::new(),
+    }
+}
+
+/// nftables that accepts every script and keeps none of them (the in-memory backend keeps
+/// them all, for tests that read them, which would count against the engine).
+pub struct Accepting;
+
+impl NetfilterBackend for Accepting {
+    async fn apply(&mut self, _script: &str) -> Result<(), NetfilterError> {
+        Ok(())
+    }
+}
+
+/// A conntrack table with no entries.
+pub struct Empty;
+
+impl ConntrackBackend for Empty {
+    fn delete_flows(&mut self, _filters: &[FlowFilter]) -> Result<usize, ConntrackError> {
+        Ok(0)
     }
 }
