@@ -14,7 +14,7 @@ use ipnet::IpNet;
 use ipvs_netlink::Scheduler;
 use serde::Deserialize;
 
-use crate::config as file;
+use crate::file_value as file;
 use crate::go_duration::parse_go_duration;
 
 /// How log lines are written.

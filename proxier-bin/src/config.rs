@@ -3,18 +3,13 @@
 //! names under which [`Cli`] declares the fields that set its flags; every other field is kept
 //! aside and reported so the caller can warn about it.
 
-use std::fmt::Display;
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
-use std::time::Duration;
 
-use ipnet::IpNet;
 use serde::de::{self, DeserializeSeed, IntoDeserializer, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 use serde_yaml::{Mapping, Value};
 
 use crate::cli::Cli;
-use crate::go_duration::parse_go_duration;
 
 /// The apiVersion this file format must carry.
 pub const API_VERSION: &str = "kubeproxy.config.k8s.io/v1alpha1";
@@ -71,60 +66,6 @@ pub struct KubeProxyConfiguration {
 
 /// The sections whose fields are settings (`ipvs:` with nothing under it is an empty one).
 const SECTIONS: [&str; 3] = ["clientConnection", "detectLocal", "ipvs"];
-
-/// A text field: blank means absent; otherwise parsed with `FromStr` (paths, addresses, names).
-/// A number or a boolean is read as the text it was written as (`hostnameOverride: 12345`,
-/// `tcpTimeout: 0`).
-pub(crate) fn text<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
-where
-    D: Deserializer<'de>,
-    T: FromStr<Err: Display>,
-{
-    let text = match Value::deserialize(d)? {
-        Value::Null => None,
-        Value::Number(n) => Some(n.to_string()),
-        Value::Bool(b) => Some(b.to_string()),
-        other => String::deserialize(other)
-            .map(Some)
-            .map_err(de::Error::custom)?,
-    };
-    let text = text.as_deref().map(str::trim).filter(|s| !s.is_empty());
-    text.map(|s| {
-        s.parse()
-            .map_err(|e| de::Error::custom(format!("{s:?}: {e}")))
-    })
-    .transpose()
-}
-
-/// A Go duration (`30s`, `1m30s`); blank means absent.
-pub(crate) fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
-    let text: Option<String> = text(d)?;
-    text.map(|t| parse_go_duration(&t).map_err(de::Error::custom))
-        .transpose()
-}
-
-/// `clusterCIDR`: comma-separated CIDRs, one per family.
-pub(crate) fn comma_cidrs<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<IpNet>>, D::Error> {
-    let text: Option<String> = text(d)?;
-    text.map(|t| cidr_items(t.split(','))).transpose()
-}
-
-/// `ipvs.excludeCIDRs`: a list of CIDRs.
-pub(crate) fn cidrs<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<IpNet>>, D::Error> {
-    let items = Option::<Vec<String>>::deserialize(d)?;
-    items.map(|items| cidr_items(items.iter())).transpose()
-}
-
-fn cidr_items<E: de::Error>(items: impl Iterator<Item = impl AsRef<str>>) -> Result<Vec<IpNet>, E> {
-    items
-        .map(|s| s.as_ref().trim().to_owned())
-        .filter(|s| !s.is_empty())
-        .map(|s| {
-            s.parse()
-                .map_err(|_| E::custom(format!("{s:?} is not a CIDR")))
-        })
-        .collect()
-}
 
 /// Reads and parses a config file.
 pub fn load_config_file(path: &Path) -> Result<KubeProxyConfiguration, ConfigError> {

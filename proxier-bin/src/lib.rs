@@ -8,6 +8,7 @@ pub mod cli;
 pub mod config;
 pub mod daemon;
 pub mod dry_run;
+pub mod file_value;
 pub mod go_duration;
 pub mod health;
 pub mod http_server;

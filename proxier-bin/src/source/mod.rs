@@ -1,5 +1,5 @@
 //! Sources of cluster objects: the Kubernetes API server ([`kube`]) or a YAML file
-//! ([`file`]). Both convert what they read into the engine's changes at their edge (with
+//! ([`file`](mod@file)). Both convert what they read into the engine's changes at their edge (with
 //! proxier-core's `k8s` conversions), send them as [`SourceBatch`]es on a channel and raise
 //! the same "synced" signal once they hold a complete picture.
 
