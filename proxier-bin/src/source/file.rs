@@ -8,6 +8,7 @@ use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tokio::sync::{mpsc, watch};
 
 use super::manifests::{Manifests, parse_in_parallel, split_documents};
@@ -180,6 +181,15 @@ impl FileReader {
             .map(|(i, manifests)| (hashes[i], manifests))
             .collect();
         let object_of = |hash: &u64| parsed.get(hash).or_else(|| reparsed.get(hash));
+        let documents_read = || parsed.iter().chain(reparsed.iter());
+        let services_by_key = by_key(
+            documents_read().map(|(hash, m)| (*hash, &m.services)),
+            |s| &s.metadata,
+        );
+        let slices_by_key = by_key(
+            documents_read().map(|(hash, m)| (*hash, &m.endpoint_slices)),
+            |s| &s.metadata,
+        );
 
         let mut batch = SourceBatch::default();
         if self.node != old_node {
@@ -194,11 +204,7 @@ impl FileReader {
             if old_services.get(key) == Some(hash) {
                 continue;
             }
-            let found = object_of(hash).and_then(|m| {
-                m.services
-                    .iter()
-                    .rfind(|s| ObjectKey::of(&s.metadata) == *key)
-            });
+            let found = services_by_key.get(hash).and_then(|m| m.get(key));
             if let Some(service) = found {
                 batch.upsert_service(service);
             }
@@ -213,11 +219,7 @@ impl FileReader {
             if old_slices.get(key) == Some(hash) {
                 continue;
             }
-            let found = object_of(hash).and_then(|m| {
-                m.endpoint_slices
-                    .iter()
-                    .rfind(|s| ObjectKey::of(&s.metadata) == *key)
-            });
+            let found = slices_by_key.get(hash).and_then(|m| m.get(key));
             if let Some(slice) = found {
                 batch.upsert_slice(slice);
             }
@@ -285,6 +287,24 @@ impl FileReader {
         }
         self.documents = documents;
     }
+}
+
+/// The objects of each parsed document (by document hash) by key; when a document defines a
+/// key twice, the later object wins. A lookup per key keeps a read linear in the number of
+/// objects, also when one document (a `kind: List`) holds them all.
+fn by_key<'a, T>(
+    documents: impl Iterator<Item = (u64, &'a Vec<T>)>,
+    meta: impl Fn(&T) -> &ObjectMeta,
+) -> HashMap<u64, HashMap<ObjectKey, &'a T>> {
+    documents
+        .map(|(hash, objects)| {
+            let mut keyed = HashMap::with_capacity(objects.len());
+            for object in objects {
+                keyed.insert(ObjectKey::of(meta(object)), object);
+            }
+            (hash, keyed)
+        })
+        .collect()
 }
 
 /// Reads and parses the file once into the changes it amounts to; a file that is empty or

@@ -296,11 +296,18 @@ fn parse_document(doc_text: &str, document: usize) -> Manifests {
     let kind = str_field(&value, "kind").unwrap_or("");
     let is_list = kind == "List" || (kind.ends_with("List") && value.get("items").is_some());
     if is_list {
-        match value.get("items") {
+        let kind = kind.to_owned();
+        let name = object_name(&value);
+        // A list's items are taken out by value: each is decoded once, never copied.
+        let items = match value {
+            Value::Mapping(mut map) => map.remove("items"),
+            _ => None,
+        };
+        match items {
             Some(Value::Sequence(items)) => {
-                for (item, obj) in items.iter().enumerate() {
+                for (item, obj) in items.into_iter().enumerate() {
                     out.add_object(
-                        obj.clone(),
+                        obj,
                         ManifestPosition {
                             document,
                             item: Some(item),
@@ -311,8 +318,8 @@ fn parse_document(doc_text: &str, document: usize) -> Manifests {
             Some(Value::Null) | None => {}
             Some(_) => out.problems.push(ManifestProblem::Invalid {
                 at,
-                kind: kind.to_owned(),
-                name: object_name(&value),
+                kind,
+                name,
                 message: "items is not a list".to_owned(),
             }),
         }

@@ -162,6 +162,24 @@ fn a_duplicate_definition_going_away_reports_the_remaining_one() {
 }
 
 #[test]
+fn in_one_list_the_later_item_of_a_key_wins() {
+    let item = |ip: &str| {
+        format!(
+            "- apiVersion: v1\n  kind: Service\n  metadata: {{name: a, namespace: x}}\n  spec: {{clusterIP: {ip}}}\n"
+        )
+    };
+    let text = format!(
+        "apiVersion: v1\nkind: List\nitems:\n{}{}{}",
+        item("10.96.0.1"),
+        item("10.96.0.2"),
+        item("10.96.0.3")
+    );
+    let batch = FileReader::new("/x/c.yaml", "n").read(&text).expect("used");
+    assert_eq!(described(&batch), ["service upsert x/a"]);
+    assert_eq!(cluster_ip(&batch, "a").as_deref(), Some("10.96.0.3"));
+}
+
+#[test]
 fn change_detector_reads_on_stamp_change_and_compares_content() {
     let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(100);
     let s1 = FileStamp {
