@@ -191,11 +191,9 @@ impl NetfilterTracker {
 
     /// One more Service contributes `element`.
     fn count_up(&mut self, family: AddressFamily, element: Element) {
-        let (Some(combined), Some(added), Some(removed)) = (
-            self.combined.family_mut(family),
-            self.changes.added.family_mut(family),
-            self.changes.removed.family_mut(family),
-        ) else {
+        let Some((combined, added, removed)) =
+            family_sets(&mut self.combined, &mut self.changes, family)
+        else {
             return;
         };
         if holds(combined, &element) {
@@ -210,11 +208,9 @@ impl NetfilterTracker {
 
     /// One Service fewer contributes `element`.
     fn count_down(&mut self, family: AddressFamily, element: &Element) {
-        let (Some(combined), Some(added), Some(removed)) = (
-            self.combined.family_mut(family),
-            self.changes.added.family_mut(family),
-            self.changes.removed.family_mut(family),
-        ) else {
+        let Some((combined, added, removed)) =
+            family_sets(&mut self.combined, &mut self.changes, family)
+        else {
             return;
         };
         if let Some(count) = self.shared.get_mut(&(family, *element)) {
@@ -228,6 +224,20 @@ impl NetfilterTracker {
             insert(removed, *element);
         }
     }
+}
+
+/// The combined plan's, the added and the removed elements' part of `family`; `None` when the
+/// tables do not have the family.
+fn family_sets<'a>(
+    combined: &'a mut NetfilterPlan,
+    changes: &'a mut PlanChanges,
+    family: AddressFamily,
+) -> Option<(&'a mut FamilyPlan, &'a mut FamilyPlan, &'a mut FamilyPlan)> {
+    Some((
+        combined.family_mut(family)?,
+        changes.added.family_mut(family)?,
+        changes.removed.family_mut(family)?,
+    ))
 }
 
 #[cfg(test)]
