@@ -129,6 +129,36 @@ impl BenchDaemon {
         Ok((field("VmRSS:")?, field("VmHWM:")?))
     }
 
+    /// The lines of `/proc/PID/status` that split the resident set: `RssAnon` (the heap,
+    /// stacks), `RssFile` (the mapped binary and libraries) and the thread count.
+    pub fn memory_detail(&self) -> anyhow::Result<String> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))?;
+        let mut parts = Vec::new();
+        for name in ["RssAnon:", "RssFile:", "Threads:"] {
+            let value = status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .with_context(|| format!("no {name} in /proc/PID/status"))?;
+            parts.push(format!(
+                "{name} {}",
+                value.split_whitespace().collect::<Vec<_>>().join(" ")
+            ));
+        }
+        // Transparent huge pages in the heap: a 2 MiB page counts whole once touched.
+        if let Ok(rollup) =
+            std::fs::read_to_string(format!("/proc/{}/smaps_rollup", self.child.id()))
+            && let Some(value) = rollup
+                .lines()
+                .find_map(|l| l.strip_prefix("AnonHugePages:"))
+        {
+            parts.push(format!(
+                "AnonHugePages: {}",
+                value.split_whitespace().collect::<Vec<_>>().join(" ")
+            ));
+        }
+        Ok(parts.join(", "))
+    }
+
     /// Whether it still runs.
     pub fn running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))

@@ -460,7 +460,12 @@ fn run_source(
     println!("programmed in {:.2} s: {first}", secs(program));
     std::thread::sleep(Duration::from_secs(2));
     let (rss, hwm) = daemon.memory_kib()?;
-    println!("RSS {:.1} MiB (peak {:.1} MiB)", mib(rss), mib(hwm));
+    println!(
+        "RSS {:.1} MiB (peak {:.1} MiB; {})",
+        mib(rss),
+        mib(hwm),
+        daemon.memory_detail()?
+    );
 
     // Restart adoption, against the library's reads of the same kernel.
     daemon.stop();
