@@ -94,11 +94,23 @@ impl BenchDaemon {
 
     /// Waits for sync number `n` (1-based); returns its line and when it was seen.
     pub fn wait_sync(&mut self, n: usize, timeout: Duration) -> anyhow::Result<(String, Instant)> {
+        self.wait_sync_where(n, |_| true, timeout)
+    }
+
+    /// Waits for the `n`-th (1-based) sync whose log line passes `filter` (e.g. full syncs
+    /// only); returns its line and when it was seen.
+    pub fn wait_sync_where(
+        &mut self,
+        n: usize,
+        filter: impl Fn(&str) -> bool,
+        timeout: Duration,
+    ) -> anyhow::Result<(String, Instant)> {
         let deadline = Instant::now() + timeout;
         loop {
-            let syncs = self.syncs();
+            let mut syncs = self.syncs();
+            syncs.retain(|l| filter(l));
             if syncs.len() >= n {
-                return Ok((syncs[n - 1].clone(), Instant::now()));
+                return Ok((syncs.swap_remove(n - 1), Instant::now()));
             }
             if let Some(status) = self.child.try_wait()? {
                 bail!("the daemon exited ({status}); log:\n{}", self.log());
@@ -117,46 +129,36 @@ impl BenchDaemon {
 
     /// `VmRSS` and `VmHWM` (peak) in KiB.
     pub fn memory_kib(&self) -> anyhow::Result<(u64, u64)> {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))?;
-        let field = |name: &str| {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix(name))
-                .and_then(|v| v.split_whitespace().next())
-                .and_then(|v| v.parse().ok())
+        let status = self.proc_file("status")?;
+        let kib = |name: &str| {
+            proc_field(&status, name)
+                .and_then(|v| v.split_whitespace().next()?.parse().ok())
                 .with_context(|| format!("no {name} in /proc/PID/status"))
         };
-        Ok((field("VmRSS:")?, field("VmHWM:")?))
+        Ok((kib("VmRSS")?, kib("VmHWM")?))
     }
 
     /// The lines of `/proc/PID/status` that split the resident set: `RssAnon` (the heap,
-    /// stacks), `RssFile` (the mapped binary and libraries) and the thread count.
+    /// stacks), `RssFile` (the mapped binary and libraries) and the thread count, and from
+    /// `smaps_rollup` `AnonHugePages` (a transparent huge page counts whole once touched).
     pub fn memory_detail(&self) -> anyhow::Result<String> {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))?;
+        let status = self.proc_file("status")?;
         let mut parts = Vec::new();
-        for name in ["RssAnon:", "RssFile:", "Threads:"] {
-            let value = status
-                .lines()
-                .find_map(|l| l.strip_prefix(name))
+        for name in ["RssAnon", "RssFile", "Threads"] {
+            let value = proc_field(&status, name)
                 .with_context(|| format!("no {name} in /proc/PID/status"))?;
-            parts.push(format!(
-                "{name} {}",
-                value.split_whitespace().collect::<Vec<_>>().join(" ")
-            ));
+            parts.push(format!("{name}: {value}"));
         }
-        // Transparent huge pages in the heap: a 2 MiB page counts whole once touched.
-        if let Ok(rollup) =
-            std::fs::read_to_string(format!("/proc/{}/smaps_rollup", self.child.id()))
-            && let Some(value) = rollup
-                .lines()
-                .find_map(|l| l.strip_prefix("AnonHugePages:"))
+        if let Ok(rollup) = self.proc_file("smaps_rollup")
+            && let Some(value) = proc_field(&rollup, "AnonHugePages")
         {
-            parts.push(format!(
-                "AnonHugePages: {}",
-                value.split_whitespace().collect::<Vec<_>>().join(" ")
-            ));
+            parts.push(format!("AnonHugePages: {value}"));
         }
         Ok(parts.join(", "))
+    }
+
+    fn proc_file(&self, name: &str) -> std::io::Result<String> {
+        std::fs::read_to_string(format!("/proc/{}/{name}", self.child.id()))
     }
 
     /// Whether it still runs.
@@ -169,6 +171,14 @@ impl BenchDaemon {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The value of a `Name:   value unit` line of a /proc file, with its spaces collapsed.
+fn proc_field(text: &str, name: &str) -> Option<String> {
+    text.lines().find_map(|line| {
+        let value = line.strip_prefix(name)?.strip_prefix(':')?;
+        Some(value.split_whitespace().collect::<Vec<_>>().join(" "))
+    })
 }
 
 impl Drop for BenchDaemon {

@@ -365,21 +365,11 @@ fn main() -> anyhow::Result<()> {
     // The end is measured as the start was: 3 s after a full sync. (A fixed delay after the
     // churn lands inside a full resync: the churn lasts a multiple of the resync period, and
     // at 10,000 Services a resync holds the whole IPVS table read for seconds.)
-    let full_syncs = |d: &BenchDaemon| d.syncs().iter().filter(|l| l.contains("kind=Full")).count();
-    let fulls = full_syncs(&daemon);
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while full_syncs(&daemon) == fulls {
-        ensure!(
-            daemon.running(),
-            "the daemon exited; log:\n{}",
-            daemon.log()
-        );
-        ensure!(
-            Instant::now() < deadline,
-            "no full resync within 120 s after the churn"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let is_full = |line: &str| line.contains("kind=Full");
+    let fulls = daemon.syncs().iter().filter(|l| is_full(l)).count();
+    daemon
+        .wait_sync_where(fulls + 1, is_full, Duration::from_secs(120))
+        .context("no full resync after the churn")?;
     std::thread::sleep(Duration::from_secs(3));
     ensure!(
         daemon.running(),
