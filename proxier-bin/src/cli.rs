@@ -229,6 +229,13 @@ pub struct Cli {
     #[serde(skip)]
     pub dummy_interface: Option<String>,
 
+    /// Comma-separated Service CIDRs to take whole with one local route each on the dummy
+    /// link instead of binding every ClusterIP in them (opt-in; needs --ipvs-strict-arp).
+    /// Addresses in them that no Service has are rejected.
+    #[arg(long, value_name = "CIDR,...", value_delimiter = ',')]
+    #[serde(skip)]
+    pub bind_service_cidrs: Option<Vec<IpNet>>,
+
     /// Log line format.
     #[arg(long, value_enum, value_name = "FORMAT")]
     #[serde(skip)]

@@ -399,11 +399,23 @@ pub fn resolve(
         return Err(invalid("--ipvs-sync-burst", "must be at least 1"));
     }
     let non_zero = |d: Option<Duration>| d.filter(|d| !d.is_zero());
+    let strict_arp = value!(ipvs_strict_arp).unwrap_or(false);
+    let service_cidr_routes: Vec<IpNet> = cli
+        .bind_service_cidrs
+        .iter()
+        .flatten()
+        .map(IpNet::trunc)
+        .collect();
+    if !service_cidr_routes.is_empty() && !strict_arp {
+        return Err(conflict(
+            "--bind-service-cidrs needs --ipvs-strict-arp: without it the node answers ARP for every address of the CIDRs",
+        ));
+    }
     let planner = Config {
         scheduler: value!(ipvs_scheduler).unwrap_or_default(),
         exclude_cidrs: value!(ipvs_exclude_cidrs).unwrap_or_default(),
         node_port_addresses,
-        strict_arp: value!(ipvs_strict_arp).unwrap_or(false),
+        strict_arp,
         timeouts: IpvsTimeouts {
             tcp: non_zero(value!(ipvs_tcp_timeout)),
             tcp_fin: non_zero(value!(ipvs_tcpfin_timeout)),
@@ -413,6 +425,7 @@ pub fn resolve(
         cluster_cidrs,
         families: AddressFamily::ALL.into_iter().collect(),
         detect_local: resolve_detect_local(cli, file)?,
+        service_cidr_routes,
     };
 
     let dummy_interface = cli

@@ -107,16 +107,28 @@ pub struct ServicePortPlan {
     /// the dummy link (binding and later unbinding a node address would break it), so
     /// [`ServicePortPlan::bound_addresses`] leaves them out.
     pub node_owned_addresses: BTreeSet<IpAddr>,
+    /// Whether every ClusterIP of this plan lies in a Service CIDR the node takes whole
+    /// with a local route ([`Config::service_cidr_routes`](crate::model::Config)): its
+    /// ClusterIPs are then not bound one by one. (A dual-stack Service with only one
+    /// family's CIDR routed keeps binding both: an address under a local route is harmless.)
+    pub cluster_ips_routed: bool,
 }
 
 impl ServicePortPlan {
+    /// Whether the virtual server at `key` needs its address bound on the dummy link: the
+    /// one rule every sync and the plan's accounting use.
+    pub fn binds(&self, key: &VirtualServerKey, vs: &VirtualServer) -> bool {
+        vs.role.binds_address()
+            && !(self.cluster_ips_routed && vs.role == VirtualServerRole::ClusterIp)
+            && !self.node_owned_addresses.contains(&key.address)
+    }
+
     /// Addresses this Service port needs bound on the dummy link.
     pub fn bound_addresses(&self) -> impl Iterator<Item = IpAddr> + '_ {
         self.virtual_servers
             .iter()
-            .filter(|(_, vs)| vs.role.binds_address())
+            .filter(|(key, vs)| self.binds(key, vs))
             .map(|(key, _)| key.address)
-            .filter(|address| !self.node_owned_addresses.contains(address))
     }
 }
 

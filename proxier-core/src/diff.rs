@@ -30,6 +30,9 @@ pub struct Scope<'a> {
     pub exclude_cidrs: &'a [IpNet],
     /// Addresses bound on the proxier's dummy link: virtual servers on them are the proxier's.
     pub link_addresses: &'a BTreeSet<IpAddr>,
+    /// Networks routed to the proxier's dummy link (Service CIDRs taken whole): virtual
+    /// servers in them are the proxier's too.
+    pub link_routes: &'a [IpNet],
     /// Node addresses on which NodePort virtual servers are the proxier's.
     pub node_port_addresses: &'a BTreeSet<IpAddr>,
     /// Ports of NodePort virtual servers (`None`: any port on a node-port address).
@@ -45,7 +48,8 @@ impl Scope<'_> {
     }
 
     /// Whether an unplanned virtual server is the proxier's to delete: one it planned in
-    /// this process, or, outside the excluded CIDRs, one on its dummy link's addresses or a
+    /// this process, or, outside the excluded CIDRs, one on its dummy link's addresses or
+    /// routes or a
     /// NodePort on the node's addresses. Within the excluded CIDRs only what it planned itself
     /// (kube-proxy's `--ipvs-exclude-cidrs`).
     pub fn owns(&self, key: &VirtualServerKey) -> bool {
@@ -55,7 +59,12 @@ impl Scope<'_> {
         if self.is_excluded(key.address) {
             return false;
         }
-        if self.link_addresses.contains(&key.address) {
+        if self.link_addresses.contains(&key.address)
+            || self
+                .link_routes
+                .iter()
+                .any(|net| net.contains(&key.address))
+        {
             return true;
         }
         self.node_port_addresses.contains(&key.address)
@@ -232,7 +241,7 @@ pub struct Diff {
 
 /// Whether the virtual server at `key` of `plan` needs its address bound on the dummy link.
 pub fn binds_address(plan: &ServicePortPlan, key: &VirtualServerKey, vs: &VirtualServer) -> bool {
-    vs.role.binds_address() && !plan.node_owned_addresses.contains(&key.address)
+    plan.binds(key, vs)
 }
 
 /// A planned virtual server with the service port that owns it.
@@ -500,14 +509,24 @@ mod tests {
         let nodes = BTreeSet::from(["192.168.1.5".parse().unwrap()]);
         let range = 30000..=32767;
         let before = HashSet::from([vkey("192.168.1.9", 80, Protocol::Tcp)]);
+        // A Service CIDR routed to the link, partly excluded.
+        let routes = [
+            IpNet::new("10.97.0.0".parse().unwrap(), 16).unwrap(),
+            IpNet::new("10.200.0.0".parse().unwrap(), 12).unwrap(),
+        ];
         let scope = Scope {
             exclude_cidrs: &excluded,
             link_addresses: &link,
+            link_routes: &routes,
             node_port_addresses: &nodes,
             node_port_range: Some(&range),
             previously_planned: &before,
         };
         assert!(scope.owns(&vkey("10.96.0.1", 5, Protocol::Udp)));
+        assert!(!scope.owns(&vkey("10.96.0.2", 5, Protocol::Udp)));
+        assert!(scope.owns(&vkey("10.97.3.4", 443, Protocol::Tcp)));
+        assert!(scope.owns(&vkey("10.201.0.1", 80, Protocol::Tcp)));
+        assert!(!scope.owns(&vkey("10.200.0.2", 80, Protocol::Tcp)));
         assert!(!scope.owns(&vkey("10.200.0.1", 80, Protocol::Tcp)));
         assert!(scope.owns(&vkey("192.168.1.5", 30000, Protocol::Tcp)));
         assert!(!scope.owns(&vkey("192.168.1.5", 22, Protocol::Tcp)));
@@ -541,6 +560,7 @@ mod tests {
         let scope = Scope {
             exclude_cidrs: &excluded,
             link_addresses: &observed.bound_addresses,
+            link_routes: &[],
             node_port_addresses: &nodes,
             node_port_range: None,
             previously_planned: &before,

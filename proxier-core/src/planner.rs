@@ -143,6 +143,8 @@ impl<'a> Planner<'a> {
                 SessionAffinity::ClientIp { timeout_seconds } => Some(timeout_seconds),
             },
         };
+        // Whether every planned ClusterIP lies in a routed Service CIDR (`None`: none planned).
+        let mut routed = None;
         for family in AddressFamily::ALL {
             if !self.config.families.contains(&family) {
                 continue;
@@ -150,10 +152,12 @@ impl<'a> Planner<'a> {
             let Some(cluster_ip) = service.cluster_ip(family) else {
                 continue;
             };
+            routed = Some(routed.unwrap_or(true) && self.config.is_routed(cluster_ip));
             self.plan_family(
                 service, port, family, cluster_ip, &endpoints, &template, &mut plan,
             );
         }
+        plan.cluster_ips_routed = routed.unwrap_or(false);
         plan
     }
 

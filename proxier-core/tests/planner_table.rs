@@ -432,6 +432,46 @@ fn external_ip_that_is_a_node_address_is_served_but_not_bound() {
     );
 }
 
+#[test]
+fn cluster_ips_in_routed_service_cidrs_are_served_but_not_bound() {
+    // --bind-service-cidrs: the node takes the CIDR whole with one local route, so a
+    // ClusterIP inside it needs no address of its own; an external IP still does, and so
+    // does a dual-stack Service whose IPv6 ClusterIP lies in no routed CIDR.
+    let mut inside = svc("in", &["10.96.0.10"], vec![tcp_port("p80", 80, None)]);
+    inside.external_ips = vec![ip("50.60.70.81")];
+    let outside = svc("out", &["10.20.30.41"], vec![tcp_port("p80", 80, None)]);
+    let dual = svc(
+        "dual",
+        &["10.96.0.11", "fd00::11"],
+        vec![tcp_port("p80", 80, None)],
+    );
+    let st = state(vec![inside, outside, dual], vec![]);
+    let config = Config {
+        service_cidr_routes: vec![net("10.96.0.0/12")],
+        ..Config::default()
+    };
+    let desired = plan(&st, &node(&["100.101.102.103"]), &config);
+    for addr in ["10.96.0.10", "50.60.70.81", "10.20.30.41", "10.96.0.11"] {
+        assert!(
+            keys(&desired).contains(&vs(addr, 80, Protocol::Tcp)),
+            "{addr}"
+        );
+    }
+    assert_eq!(
+        desired.bound_addresses(),
+        [
+            ip("50.60.70.81"),
+            ip("10.20.30.41"),
+            ip("10.96.0.11"),
+            ip("fd00::11")
+        ]
+        .into()
+    );
+    // Without the option every ClusterIP is bound.
+    let desired = plan(&st, &node(&["100.101.102.103"]), &Config::default());
+    assert!(desired.bound_addresses().contains(&ip("10.96.0.10")));
+}
+
 // ---------------------------------------------------------------- traffic policies
 
 fn local_policy_state(

@@ -420,3 +420,30 @@ fn bind_address_forms() {
     );
     assert!(parse_bind_address("x", "localhost:80", 1).is_err());
 }
+
+#[test]
+fn bind_service_cidrs_needs_strict_arp_and_reaches_the_engine() {
+    // Without strict ARP the node would answer ARP for every address of the range.
+    let error = resolve(&cli(&["--bind-service-cidrs=10.96.0.0/12"]), None, "n")
+        .expect_err("refused without strict ARP");
+    assert!(error.to_string().contains("--ipvs-strict-arp"), "{error}");
+
+    let s = resolve(
+        &cli(&[
+            "--bind-service-cidrs=10.96.0.5/12,fd00:96::/108",
+            "--ipvs-strict-arp",
+        ]),
+        None,
+        "n",
+    )
+    .expect("valid");
+    let nets: Vec<IpNet> = vec![
+        "10.96.0.0/12".parse().expect("net"),
+        "fd00:96::/108".parse().expect("net"),
+    ];
+    assert_eq!(s.planner.service_cidr_routes, nets);
+    assert!(s.planner.strict_arp);
+    // Off by default.
+    let s = resolve(&cli(&[]), None, "n").expect("valid");
+    assert!(s.planner.service_cidr_routes.is_empty());
+}

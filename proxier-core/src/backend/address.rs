@@ -2,11 +2,16 @@
 //! addresses bound on it, over rtnetlink.
 
 use std::collections::BTreeSet;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use futures::{StreamExt, TryStreamExt};
+use ipnet::IpNet;
+use netlink_packet_route::AddressFamily;
 use netlink_packet_route::address::AddressAttribute;
-use rtnetlink::{AddressMessageBuilder, Handle, LinkDummy, LinkUnspec};
+use netlink_packet_route::route::{
+    RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteScope, RouteType,
+};
+use rtnetlink::{AddressMessageBuilder, Handle, LinkDummy, LinkUnspec, RouteMessageBuilder};
 
 use super::{AddressBackend, BackendError};
 
@@ -298,6 +303,114 @@ impl AddressBackend for KernelAddressBackend {
             .await
             .map_err(map_error)
     }
+
+    async fn list_local_routes(&mut self) -> Result<BTreeSet<IpNet>, BackendError> {
+        self.index = self.link_index().await?;
+        let Some(index) = self.index else {
+            return Ok(BTreeSet::new());
+        };
+        let mut routes = BTreeSet::new();
+        for family in [AddressFamily::Inet, AddressFamily::Inet6] {
+            let mut request = RouteMessage::default();
+            request.header.address_family = family;
+            request.header.table = LOCAL_TABLE;
+            let mut messages = self.handle.route().get(request).execute();
+            while let Some(message) = messages.try_next().await.map_err(map_error)? {
+                routes.extend(own_local_route(&message, index));
+            }
+        }
+        Ok(routes)
+    }
+
+    async fn add_local_route(&mut self, net: IpNet) -> Result<(), BackendError> {
+        let index = self.require_index().await?;
+        let result = self
+            .handle
+            .route()
+            .add(local_route_message(index, net))
+            .execute()
+            .await
+            .map_err(map_error);
+        if result == Err(BackendError::NotFound) {
+            self.index = None;
+        }
+        result
+    }
+
+    async fn remove_local_route(&mut self, net: IpNet) -> Result<(), BackendError> {
+        let index = self.require_index().await?;
+        // As `ip route del`: any protocol, any scope.
+        let mut message = local_route_message(index, net);
+        message.header.protocol = RouteProtocol::Unspec;
+        message.header.scope = RouteScope::NoWhere;
+        let result = self
+            .handle
+            .route()
+            .del(message)
+            .execute()
+            .await
+            .map_err(map_error);
+        if result == Err(BackendError::NotFound) {
+            // Also what a stale index gets: look it up again next time.
+            self.index = None;
+        }
+        result
+    }
+}
+
+/// The kernel's `local` routing table (`RT_TABLE_LOCAL`).
+const LOCAL_TABLE: u8 = 255;
+
+/// `local <net> dev <index> table local proto static scope host`.
+fn local_route_message(index: u32, net: IpNet) -> RouteMessage {
+    fn local<T>(builder: RouteMessageBuilder<T>, index: u32) -> RouteMessage {
+        builder
+            .output_interface(index)
+            .table_id(u32::from(LOCAL_TABLE))
+            .kind(RouteType::Local)
+            .scope(RouteScope::Host)
+            .protocol(RouteProtocol::Static)
+            .build()
+    }
+    match net.trunc() {
+        IpNet::V4(v4) => local(
+            RouteMessageBuilder::<Ipv4Addr>::new().destination_prefix(v4.addr(), v4.prefix_len()),
+            index,
+        ),
+        IpNet::V6(v6) => local(
+            RouteMessageBuilder::<Ipv6Addr>::new().destination_prefix(v6.addr(), v6.prefix_len()),
+            index,
+        ),
+    }
+}
+
+/// The destination of a dumped route when it is a `local` route of the `local` table
+/// through link `index` that the kernel did not make itself (for an address of the link).
+fn own_local_route(message: &RouteMessage, index: u32) -> Option<IpNet> {
+    let header = &message.header;
+    if header.kind != RouteType::Local || header.protocol == RouteProtocol::Kernel {
+        return None;
+    }
+    let mut table = u32::from(header.table);
+    let mut oif = None;
+    let mut destination = match header.address_family {
+        AddressFamily::Inet => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        AddressFamily::Inet6 => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+        _ => return None,
+    };
+    for attribute in &message.attributes {
+        match attribute {
+            RouteAttribute::Table(id) => table = *id,
+            RouteAttribute::Oif(link) => oif = Some(*link),
+            RouteAttribute::Destination(RouteAddress::Inet(v4)) => destination = (*v4).into(),
+            RouteAttribute::Destination(RouteAddress::Inet6(v6)) => destination = (*v6).into(),
+            _ => {}
+        }
+    }
+    if table != u32::from(LOCAL_TABLE) || oif != Some(index) {
+        return None;
+    }
+    IpNet::new(destination, header.destination_prefix_length).ok()
 }
 
 /// Requests in flight at once on the rtnetlink socket when binding or removing many

@@ -12,6 +12,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use ipnet::IpNet;
+
 use super::{AddressBackend, BackendError, DEFAULT_DUMMY_LINK, IpvsBackend, IpvsOp};
 use crate::desired::{RealServerKey, SortedMap, VirtualServerKey};
 use crate::observed::{Forwarding, ObservedRealServer, ObservedVirtualServer};
@@ -226,12 +228,17 @@ pub enum AddressOp {
     Remove(IpAddr),
     /// The link was deleted.
     DeleteLink,
+    /// A `local` route was added through the link.
+    AddRoute(IpNet),
+    /// A `local` route through the link was removed.
+    RemoveRoute(IpNet),
 }
 
 #[derive(Debug, Default)]
 struct AddressState {
     link_exists: bool,
     addresses: BTreeSet<IpAddr>,
+    routes: BTreeSet<IpNet>,
     node_addresses: BTreeSet<IpAddr>,
     applied: Vec<AddressOp>,
     failures: BTreeMap<IpAddr, BackendError>,
@@ -286,6 +293,18 @@ impl MemoryAddressBackend {
     /// Addresses currently bound.
     pub fn addresses(&self) -> BTreeSet<IpAddr> {
         lock(&self.state).addresses.clone()
+    }
+
+    /// `local` routes currently through the link.
+    pub fn local_routes(&self) -> BTreeSet<IpNet> {
+        lock(&self.state).routes.clone()
+    }
+
+    /// Adds a `local` route behind the reconciler's back.
+    pub fn add_route_behind_back(&self, net: IpNet) -> bool {
+        let mut state = lock(&self.state);
+        state.link_exists = true;
+        state.routes.insert(net)
     }
 
     /// Every write asked so far, failed ones included.
@@ -370,6 +389,7 @@ impl AddressBackend for MemoryAddressBackend {
         }
         state.link_exists = false;
         state.addresses.clear();
+        state.routes.clear();
         state.applied.push(AddressOp::DeleteLink);
         Ok(true)
     }
@@ -381,6 +401,31 @@ impl AddressBackend for MemoryAddressBackend {
             return Err(error.clone());
         }
         if !state.addresses.remove(&address) {
+            return Err(BackendError::NotFound);
+        }
+        Ok(())
+    }
+
+    async fn list_local_routes(&mut self) -> Result<BTreeSet<IpNet>, BackendError> {
+        Ok(lock(&self.state).routes.clone())
+    }
+
+    async fn add_local_route(&mut self, net: IpNet) -> Result<(), BackendError> {
+        let mut state = lock(&self.state);
+        state.applied.push(AddressOp::AddRoute(net));
+        if !state.link_exists {
+            return Err(BackendError::NotFound);
+        }
+        if !state.routes.insert(net) {
+            return Err(BackendError::Exists);
+        }
+        Ok(())
+    }
+
+    async fn remove_local_route(&mut self, net: IpNet) -> Result<(), BackendError> {
+        let mut state = lock(&self.state);
+        state.applied.push(AddressOp::RemoveRoute(net));
+        if !state.routes.remove(&net) {
             return Err(BackendError::NotFound);
         }
         Ok(())

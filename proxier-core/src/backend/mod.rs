@@ -13,6 +13,8 @@ use std::fmt;
 use std::future::Future;
 use std::net::IpAddr;
 
+use ipnet::IpNet;
+
 use crate::desired::{RealServerKey, VirtualServerKey};
 use crate::observed::{ObservedVirtualServer, VirtualServerSettings};
 
@@ -294,6 +296,27 @@ pub trait AddressBackend: Send {
 
     /// Deletes the link with its addresses; `Ok(false)` when it did not exist.
     fn delete_link(&mut self) -> impl Future<Output = Result<bool, BackendError>> + Send;
+
+    /// The `local` routes through the link in the kernel's `local` table other than the
+    /// ones the kernel makes for the link's own addresses: the Service CIDRs the node takes
+    /// as its own whole ([`crate::model::Config::service_cidr_routes`]). An absent link has
+    /// none.
+    fn list_local_routes(
+        &mut self,
+    ) -> impl Future<Output = Result<BTreeSet<IpNet>, BackendError>> + Send;
+
+    /// Adds `net` as a `local` route through the link in the `local` table (scope host):
+    /// the node then takes every address in it as its own, as if each were bound.
+    fn add_local_route(
+        &mut self,
+        net: IpNet,
+    ) -> impl Future<Output = Result<(), BackendError>> + Send;
+
+    /// Removes the `local` route for `net` through the link.
+    fn remove_local_route(
+        &mut self,
+        net: IpNet,
+    ) -> impl Future<Output = Result<(), BackendError>> + Send;
 }
 
 #[cfg(test)]

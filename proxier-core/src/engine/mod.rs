@@ -80,10 +80,12 @@ pub struct ProxierConfig {
 
 impl ProxierConfig {
     /// Defaults for node `hostname` planned with `planner`: its excluded CIDRs are never
-    /// touched by the reconciler either.
+    /// touched by the reconciler either, and its Service CIDR routes are kept through the
+    /// dummy link.
     pub fn new(hostname: impl Into<String>, planner: Config) -> Self {
         let reconciler = ReconcilerConfig {
             exclude_cidrs: planner.exclude_cidrs.clone(),
+            service_cidr_routes: planner.service_cidr_routes.clone(),
             ..ReconcilerConfig::default()
         };
         ProxierConfig {

@@ -132,6 +132,12 @@ pub struct Config {
     pub families: BTreeSet<AddressFamily>,
     /// How traffic from local pods is recognised (`--detect-local-mode`).
     pub detect_local: DetectLocal,
+    /// Service CIDRs the node takes as its own whole, each with one `local` route through
+    /// the dummy link, instead of binding every ClusterIP in them as an address
+    /// (`--bind-service-cidrs`, opt-in; empty by default). A Service whose ClusterIPs all lie
+    /// in these is not bound one by one; addresses in them that no Service has are rejected
+    /// by the netfilter companion, and strict ARP keeps the node from answering ARP for them.
+    pub service_cidr_routes: Vec<IpNet>,
 }
 
 impl Default for Config {
@@ -146,6 +152,7 @@ impl Default for Config {
             cluster_cidrs: Vec::new(),
             families: AddressFamily::ALL.into_iter().collect(),
             detect_local: DetectLocal::ClusterCidr,
+            service_cidr_routes: Vec::new(),
         }
     }
 }
@@ -154,6 +161,12 @@ impl Config {
     /// Whether `ip` falls in one of the excluded CIDRs.
     pub fn is_excluded(&self, ip: IpAddr) -> bool {
         self.exclude_cidrs.iter().any(|net| net.contains(&ip))
+    }
+
+    /// Whether `ip` lies in a Service CIDR bound as a local route
+    /// ([`Config::service_cidr_routes`]).
+    pub fn is_routed(&self, ip: IpAddr) -> bool {
+        self.service_cidr_routes.iter().any(|net| net.contains(&ip))
     }
 }
 

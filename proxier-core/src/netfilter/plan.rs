@@ -120,6 +120,10 @@ pub struct FamilyPlan {
     /// Service contributes them, so that the per-Service plans of the incremental path
     /// carry them (a table with no Service needs none: no ClusterIP to masquerade).
     pub node_pod_cidrs: BTreeSet<IpNet>,
+    /// Service CIDRs of this family the node takes whole with a local route
+    /// ([`Config::service_cidr_routes`]): traffic to an address in them that is not in
+    /// [`FamilyPlan::bound_ips`] (no Service has it) is rejected. A rule, not set elements.
+    pub routed_service_cidrs: Vec<IpNet>,
 }
 
 impl FamilyPlan {
@@ -143,6 +147,7 @@ impl FamilyPlan {
             bound_ips: BTreeSet::new(),
             service_ports: BTreeSet::new(),
             node_pod_cidrs: BTreeSet::new(),
+            routed_service_cidrs: Vec::new(),
         }
     }
 
@@ -214,7 +219,13 @@ pub fn empty_plan(config: &Config) -> NetfilterPlan {
         if !config.families.contains(&family) {
             continue;
         }
-        let family_plan = FamilyPlan::new(family, cluster_ip_masquerade(config, family));
+        let mut family_plan = FamilyPlan::new(family, cluster_ip_masquerade(config, family));
+        family_plan.routed_service_cidrs = config
+            .service_cidr_routes
+            .iter()
+            .filter(|net| AddressFamily::of(net.addr()) == family)
+            .copied()
+            .collect();
         match family {
             AddressFamily::V4 => out.v4 = Some(family_plan),
             AddressFamily::V6 => out.v6 = Some(family_plan),

@@ -268,6 +268,21 @@ fn render_table(out: &mut String, plan: &FamilyPlan, options: &RenderOptions) {
         out,
         "    ct state new {fam} daddr @service-ips meta l4proto {{ tcp, udp, sctp }} reject"
     );
+    if !plan.routed_service_cidrs.is_empty() {
+        // The node takes these CIDRs whole (a local route): an address of them that no
+        // Service has must not reach the node's own sockets. New connections only: the
+        // ICMP error a reject sends to the node itself (from such an address) must pass.
+        let cidrs: Vec<String> = plan
+            .routed_service_cidrs
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        let _ = writeln!(
+            out,
+            "    ct state new {fam} daddr {{ {} }} {fam} daddr != @service-ips reject",
+            cidrs.join(", ")
+        );
+    }
     let _ = writeln!(out, "  }}");
 
     let _ = writeln!(out, "  chain filter-output {{");
@@ -426,7 +441,10 @@ pub fn render_update(
     let same_rules = AddressFamily::ALL.into_iter().all(|family| {
         match (old.family(family), new.family(family)) {
             (None, None) => true,
-            (Some(a), Some(b)) => a.cluster_ip_masquerade == b.cluster_ip_masquerade,
+            (Some(a), Some(b)) => {
+                a.cluster_ip_masquerade == b.cluster_ip_masquerade
+                    && a.routed_service_cidrs == b.routed_service_cidrs
+            }
             _ => false,
         }
     });

@@ -84,6 +84,10 @@ pub struct ReconcilerConfig {
     /// forever inside its batch (the part before the limit applied), so a test can kill the
     /// process with part of the table programmed.
     pub pause_after_ops: Option<u64>,
+    /// Service CIDRs taken whole with a `local` route each through the dummy link
+    /// ([`crate::model::Config::service_cidr_routes`]); other routes through the link (but
+    /// the kernel's own for its addresses) are removed at full syncs.
+    pub service_cidr_routes: Vec<IpNet>,
 }
 
 impl Default for ReconcilerConfig {
@@ -97,6 +101,7 @@ impl Default for ReconcilerConfig {
             initial_backoff: Duration::from_secs(1),
             max_backoff: Duration::from_secs(300),
             pause_after_ops: None,
+            service_cidr_routes: Vec::new(),
         }
     }
 }
@@ -132,6 +137,18 @@ pub enum ServiceSyncError {
         /// The kernel's answer.
         source: BackendError,
     },
+    /// Adding or removing a Service CIDR's `local` route through the dummy link failed.
+    #[error("{} local route {net} through {link}: {source}", if *.adding { "adding" } else { "removing" })]
+    Route {
+        /// The route's network.
+        net: IpNet,
+        /// Whether it was being added (else removed).
+        adding: bool,
+        /// The link.
+        link: String,
+        /// The kernel's answer.
+        source: BackendError,
+    },
     /// Reading a virtual server back from the kernel failed.
     #[error("reading virtual server {key}: {source}")]
     Read {
@@ -159,6 +176,14 @@ pub enum ReconcileError {
     /// Listing the addresses of the dummy link failed.
     #[error("listing addresses of {link}: {source}")]
     ListAddresses {
+        /// The link.
+        link: String,
+        /// The kernel's answer.
+        source: BackendError,
+    },
+    /// Listing the `local` routes through the dummy link failed.
+    #[error("listing local routes through {link}: {source}")]
+    ListRoutes {
         /// The link.
         link: String,
         /// The kernel's answer.
@@ -296,6 +321,9 @@ pub struct Reconciler<I, A> {
     binders: HashMap<IpAddr, SortedVecSet<VirtualServerKey>>,
     /// Node addresses whose NodePort virtual servers are the proxier's.
     node_port_addresses: BTreeSet<IpAddr>,
+    /// Networks routed to the dummy link (as last read, and the configured ones): virtual
+    /// servers in them are the proxier's, like those on the link's addresses.
+    routed: Vec<IpNet>,
     drains: DrainQueue,
     /// When draining real servers were last looked at (a sync or a tick): the next drain
     /// check is due one [`ReconcilerConfig::drain_check_interval`] after it.
@@ -317,6 +345,7 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
     /// A reconciler over the given backends. It reads the kernel on its first sync.
     pub fn new(ipvs: I, addresses: A, config: ReconcilerConfig) -> Self {
         let node_port_addresses = config.node_port_addresses.clone();
+        let routed = config.service_cidr_routes.clone();
         Reconciler {
             ipvs,
             addresses,
@@ -327,6 +356,7 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
             claimants: HashMap::new(),
             binders: HashMap::new(),
             node_port_addresses,
+            routed,
             drains: DrainQueue::new(),
             drains_checked_at: Instant::now(),
             failures: BTreeMap::new(),
@@ -406,11 +436,18 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
                 link: link.clone(),
                 source,
             })?;
-        let bound_addresses = self
-            .addresses
-            .list_addresses()
-            .await
-            .map_err(|source| ReconcileError::ListAddresses { link, source })?;
+        let bound_addresses = self.addresses.list_addresses().await.map_err(|source| {
+            ReconcileError::ListAddresses {
+                link: link.clone(),
+                source,
+            }
+        })?;
+        let routes = self.addresses.list_local_routes().await.map_err(|source| {
+            ReconcileError::ListRoutes {
+                link: link.clone(),
+                source,
+            }
+        })?;
         let listed = self.ipvs.list_virtual_servers().await;
         self.stats.table_reads = self.ipvs.table_reads();
         let virtual_servers =
@@ -420,6 +457,7 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
             bound_addresses,
         };
         let read = read_started.elapsed();
+        let route_report = self.sync_routes(&link, &routes).await;
         let diff_started = std::time::Instant::now();
 
         for (_, key, vs) in desired.virtual_servers() {
@@ -515,6 +553,10 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
         report.drift = drift;
         report.timings.read = read;
         report.timings.diff = diff;
+        report.writes += route_report.writes;
+        report.deletes += route_report.deletes;
+        report.failed += route_report.failed;
+        report.errors.extend(route_report.errors);
         self.synced = true;
         self.stats.full_syncs += 1;
         self.stats.last_full_sync_drift = drift;
@@ -618,6 +660,20 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
                 return report;
             }
         };
+        match self.addresses.list_local_routes().await {
+            Ok(routes) => {
+                let mut routed: BTreeSet<IpNet> = routes;
+                routed.extend(self.config.service_cidr_routes.iter().copied());
+                self.routed = routed.into_iter().collect();
+            }
+            Err(source) => report.errors.push(
+                ReconcileError::ListRoutes {
+                    link: self.addresses.link_name().to_owned(),
+                    source,
+                }
+                .to_string(),
+            ),
+        }
         match self.addresses.node_addresses().await {
             Ok(addresses) => self.node_port_addresses.extend(addresses),
             Err(error) => report
@@ -684,6 +740,50 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
         }
     }
 
+    /// Adds the configured Service CIDR routes missing from `routes` (as just read) and
+    /// removes the others; remembers what is routed to the link for the ownership rule.
+    async fn sync_routes(&mut self, link: &str, routes: &BTreeSet<IpNet>) -> ReconcileReport {
+        let mut report = ReconcileReport::default();
+        let wanted: BTreeSet<IpNet> = self.config.service_cidr_routes.iter().copied().collect();
+        let mut routed: BTreeSet<IpNet> = routes.union(&wanted).copied().collect();
+        for (net, adding) in wanted
+            .difference(routes)
+            .map(|net| (*net, true))
+            .chain(routes.difference(&wanted).map(|net| (*net, false)))
+        {
+            report.writes += 1;
+            let result = if adding {
+                self.addresses.add_local_route(net).await
+            } else {
+                report.deletes += 1;
+                match self.addresses.remove_local_route(net).await {
+                    Ok(()) | Err(BackendError::NotFound) => {
+                        routed.remove(&net);
+                        Ok(())
+                    }
+                    Err(other) => Err(other),
+                }
+            };
+            match result {
+                Ok(()) | Err(BackendError::Exists) => {}
+                Err(source) => {
+                    report.failed += 1;
+                    report.errors.push((
+                        None,
+                        ServiceSyncError::Route {
+                            net,
+                            adding,
+                            link: link.to_owned(),
+                            source,
+                        },
+                    ));
+                }
+            }
+        }
+        self.routed = routed.into_iter().collect();
+        report
+    }
+
     fn scope<'s>(
         &'s self,
         link_addresses: &'s BTreeSet<IpAddr>,
@@ -691,6 +791,7 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
     ) -> Scope<'s> {
         Scope {
             exclude_cidrs: &self.config.exclude_cidrs,
+            link_routes: &self.routed,
             link_addresses,
             node_port_addresses: &self.node_port_addresses,
             node_port_range: self.config.node_port_range.as_ref(),

@@ -899,3 +899,65 @@ async fn a_stale_virtual_server_the_dump_skipped_goes_at_the_next_full_sync() {
     assert!(report.errors.is_empty(), "{:?}", report.errors);
     assert!(!ipvs.table().contains_key(&dns));
 }
+
+/// `two_services` with its ClusterIPs covered by a routed Service CIDR.
+fn two_services_routed() -> Desired {
+    let mut desired = two_services();
+    for plan in desired.services.values_mut() {
+        plan.cluster_ips_routed = true;
+    }
+    desired
+}
+
+#[tokio::test]
+async fn routed_service_cidrs_replace_cluster_ip_binds_and_own_what_lies_in_them() {
+    let net = |s: &str| s.parse::<IpNet>().unwrap();
+    let stale = vkey("10.96.0.77", 80, Protocol::Tcp); // in the routed CIDR, no longer planned
+    let foreign = vkey("10.112.0.5", 80, Protocol::Tcp); // just outside it, on no address of ours
+    let mut table = BTreeMap::new();
+    for key in [stale, foreign] {
+        table.insert(key, observed_rr(&[("10.1.0.50", 80, 1)]));
+    }
+    let ipvs = MemoryIpvsBackend::with_table(table);
+    // Left from an earlier run: a ClusterIP bound one by one, and a route nobody configures.
+    let addresses = MemoryAddressBackend::with_addresses([ip("10.96.0.10")]);
+    addresses.add_route_behind_back(net("10.100.0.0/16"));
+    let config = ReconcilerConfig {
+        service_cidr_routes: vec![net("10.96.0.0/12")],
+        ..ReconcilerConfig::default()
+    };
+    let mut rec = Reconciler::new(ipvs.clone(), addresses.clone(), config.clone());
+    let report = rec.full_sync(&two_services_routed()).await.unwrap();
+    assert!(report.errors.is_empty(), "{report:?}");
+
+    assert_eq!(
+        addresses.local_routes(),
+        BTreeSet::from([net("10.96.0.0/12")])
+    );
+    // No ClusterIP is bound one by one any more.
+    assert_eq!(addresses.addresses(), BTreeSet::new());
+    let table = ipvs.table();
+    assert!(table.contains_key(&vkey("10.96.0.10", 80, Protocol::Tcp)));
+    assert!(table.contains_key(&vkey("10.96.0.53", 53, Protocol::Udp)));
+    assert!(
+        !table.contains_key(&stale),
+        "a virtual server in the routed CIDR is ours"
+    );
+    assert!(table.contains_key(&foreign));
+
+    // A restart with the same inputs adopts everything with zero writes.
+    let mut again = Reconciler::new(ipvs.clone(), addresses.clone(), config);
+    addresses.take_applied_ops();
+    let report = again.full_sync(&two_services_routed()).await.unwrap();
+    assert_eq!(report.writes, 0, "{report:?}");
+
+    // Turned off: the route goes and the ClusterIPs are bound again.
+    let mut off = reconciler(&ipvs, &addresses);
+    let report = off.full_sync(&two_services()).await.unwrap();
+    assert!(report.errors.is_empty(), "{report:?}");
+    assert_eq!(addresses.local_routes(), BTreeSet::new());
+    assert_eq!(
+        addresses.addresses(),
+        BTreeSet::from([ip("10.96.0.10"), ip("10.96.0.53")])
+    );
+}

@@ -475,3 +475,31 @@ fn every_detect_local_mode_keeps_the_other_rules() {
         assert!(update.starts_with("add table ip ipvs-proxier\ndelete table ip ipvs-proxier\n"));
     }
 }
+
+#[test]
+fn routed_service_cidrs_reject_addresses_no_service_has() {
+    let plain = render_replace(&v4_plan(sample_v4()), &RenderOptions::default()).unwrap();
+    assert!(!plain.contains("!= @service-ips"), "{plain}");
+
+    let mut routed = sample_v4();
+    routed.routed_service_cidrs = vec![
+        "10.96.0.0/12".parse().unwrap(),
+        "172.30.0.0/16".parse().unwrap(),
+    ];
+    let script = render_replace(&v4_plan(routed.clone()), &RenderOptions::default()).unwrap();
+    let input = script
+        .split("chain filter-input {")
+        .nth(1)
+        .and_then(|rest| rest.split("\n  }").next())
+        .unwrap();
+    let rule =
+        "ct state new ip daddr { 10.96.0.0/12, 172.30.0.0/16 } ip daddr != @service-ips reject";
+    assert!(input.contains(rule), "{input}");
+    // After the accepts of service ports: a Service's own address and port gets through.
+    assert!(input.find("@service-ports accept").unwrap() < input.find(rule).unwrap());
+
+    // Changing the CIDRs is a rule change: the table is replaced, not patched.
+    let options = RenderOptions::default();
+    let update = render_update(&v4_plan(sample_v4()), &v4_plan(routed.clone()), &options).unwrap();
+    assert_eq!(update, render_replace(&v4_plan(routed), &options).unwrap());
+}
