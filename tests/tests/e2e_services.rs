@@ -577,3 +577,103 @@ fn node_ports_follow_the_nodes_interface_addresses() {
     });
     assert!(t.ipvs().text.contains(&format!("{NODE_IP}:30085")));
 }
+
+/// The first line `netns` gets from `socat` to TCP `target`, or its error output.
+fn tcp_outcome(netns: &ipvs_proxier_tests::Netns, target: &str) -> String {
+    let out = netns.sh(&format!(
+        "socat -T5 -u TCP4:{target},connect-timeout=5 - 2>&1"
+    ));
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+#[test]
+fn bound_service_cidr_serves_cluster_ips_rejects_unallocated_ones_and_stays_silent_to_arp() {
+    // --bind-service-cidrs: one local route for 10.96.0.0/12 instead of an address per
+    // ClusterIP. IPVS must still catch every ClusterIP (pods, the node itself, an outside
+    // client), an address of the range that no Service has must be refused rather than
+    // answered by the node's own sockets, and the node must not answer ARP for the range.
+    require_kernel!();
+    let mut t = Topology::new(2);
+    let from = client_pod(&mut t);
+    for i in 0..2 {
+        t.serve_tcp(i, 8080);
+        t.serve_udp(i, 5353);
+    }
+    // A node-local listener on every address: what an unallocated ClusterIP must not reach.
+    t.background.spawn(
+        &t.node,
+        "socat TCP4-LISTEN:2222,fork,reuseaddr SYSTEM:'echo node-socket'",
+    );
+    wait_listening(&t.node, 2222);
+    let svc = Svc::cluster_ip(
+        "web",
+        &["10.96.0.10"],
+        vec![
+            Port::tcp("http", 80, 8080),
+            Port::of(Proto::Udp, "dns", 53, 5353),
+        ],
+    );
+    let eps = (0..2).map(|i| Ep::ready(&pod_ip(i), NODE_NAME)).collect();
+    t.write_one(&svc, &[Slice::of(&svc, false, eps)]);
+    t.start_daemon(&["--bind-service-cidrs=10.96.0.0/12", "--ipvs-strict-arp"]);
+    t.wait_backends("TCP  10.96.0.10:80", &backends(&[0, 1], 8080));
+    t.wait_backends("UDP  10.96.0.10:53", &backends(&[0, 1], 5353));
+
+    // One route, no address for the ClusterIP.
+    let routes = t.node.sh_ok("ip route show table local dev kube-ipvs0");
+    assert!(routes.contains("local 10.96.0.0/12"), "{routes}");
+    let addrs = t.node.sh_ok("ip -o addr show dev kube-ipvs0");
+    assert!(!addrs.contains("10.96.0.10"), "{addrs}");
+
+    // IPVS catches the ClusterIP from a pod, from the node itself and from outside.
+    let pod = &t.pods[from];
+    let answers = all_answer(REQUESTS, "pod -> ClusterIP", || {
+        tcp_request(pod, "10.96.0.10:80", None)
+    });
+    assert_eq!(name_set(&answers), pods(&[0, 1]), "{answers:?}");
+    let answers = all_answer(REQUESTS, "node -> ClusterIP", || {
+        tcp_request(&t.node, "10.96.0.10:80", None)
+    });
+    assert_eq!(name_set(&answers), pods(&[0, 1]), "{answers:?}");
+    let answers = all_answer(REQUESTS, "client -> ClusterIP", || {
+        t.client_tcp("10.96.0.10:80", None)
+    });
+    assert_eq!(name_set(&answers), pods(&[0, 1]), "{answers:?}");
+    let answers = all_answer(REQUESTS, "pod -> ClusterIP (UDP)", || {
+        udp_request(pod, "10.96.0.10:53").or_else(|| udp_request(pod, "10.96.0.10:53"))
+    });
+    assert_eq!(name_set(&answers), pods(&[0, 1]), "{answers:?}");
+
+    // The node's own socket answers on the node's address (the control) ...
+    let control = tcp_outcome(pod, &format!("{BRIDGE_IP}:2222"));
+    assert_eq!(control, "node-socket");
+    // ... but not on an address of the range that no Service has, nor on a Service's
+    // address at a port it does not serve: refused, from a pod and from the node.
+    for target in ["10.96.0.99:2222", "10.111.255.1:2222", "10.96.0.10:2222"] {
+        for (who, netns) in [("pod", pod), ("node", &t.node)] {
+            let outcome = tcp_outcome(netns, target);
+            assert!(
+                outcome.contains("refused"),
+                "{who} -> {target}: {outcome}\n{}",
+                t.diagnostics()
+            );
+        }
+    }
+
+    // Strict ARP: a neighbour on the node's link that takes the range as on-link gets no
+    // ARP answer for it, while the node's own address is answered.
+    t.client.sh_ok("ip route add 10.96.0.0/12 dev eth0");
+    let _ = t
+        .client
+        .sh("ping -c1 -W2 10.96.0.10; ping -c1 -W2 192.168.50.1");
+    let neigh = t.client.sh_ok("ip neigh show dev eth0");
+    let line = |ip: &str| {
+        neigh
+            .lines()
+            .find(|l| l.starts_with(&format!("{ip} ")))
+            .unwrap_or("")
+            .to_owned()
+    };
+    assert!(line(NODE_IP).contains("lladdr"), "{neigh}");
+    assert!(!line("10.96.0.10").contains("lladdr"), "{neigh}");
+}

@@ -4,11 +4,15 @@
 #![allow(clippy::unwrap_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::{Debug, Display};
 use std::net::IpAddr;
+use std::str::FromStr;
 use std::time::Duration;
 
 use ipvs_proxier_tests::{Netns, require_kernel};
-use proxier_core::backend::{KernelAddressBackend, KernelIpvsBackend};
+use proxier_core::backend::{
+    AddressBackend, BackendError, KernelAddressBackend, KernelIpvsBackend,
+};
 use proxier_core::desired::{Protocol, Scheduler};
 use proxier_core::{
     Desired, RealServer, RealServerKey, Reconciler, ReconcilerConfig, ServicePortName,
@@ -560,4 +564,143 @@ fn reconciler_incremental_sync_changes_only_the_dirty_services() {
     let mut addresses = cluster_addresses();
     addresses.remove("10.96.0.53/32");
     assert_eq!(link_addresses(&netns), addresses);
+}
+
+/// `ip -d route show table local` lines (both families) through kube-ipvs0, whitespace
+/// collapsed (`-d` prints `proto boot`, which plain `ip route` leaves out).
+fn link_local_table(netns: &Netns) -> Vec<String> {
+    netns
+        .sh_ok("ip -d route show table local; ip -d -6 route show table local")
+        .lines()
+        .map(|line| line.split_whitespace().collect::<Vec<_>>().join(" "))
+        .filter(|line| line.contains(" dev kube-ipvs0 "))
+        .collect()
+}
+
+fn parsed<T: FromStr>(s: &str) -> T
+where
+    T::Err: Debug,
+{
+    s.parse().unwrap()
+}
+
+fn strings<T: Display>(items: &BTreeSet<T>) -> BTreeSet<String> {
+    items.iter().map(ToString::to_string).collect()
+}
+
+#[test]
+fn address_backend_routes_service_cidrs_as_local() {
+    require_kernel!();
+    let netns = Netns::new();
+    netns.block_on(|| async {
+        let mut backend = KernelAddressBackend::connect("kube-ipvs0").unwrap();
+        // No link: nothing listed, nothing to add a route through.
+        assert_eq!(backend.list_local_routes().await, Ok(BTreeSet::new()));
+        assert_eq!(
+            backend.add_local_route(parsed("10.96.0.0/12")).await,
+            Err(BackendError::NotFound)
+        );
+        backend.ensure_link().await.unwrap();
+        // The link's IPv6 link-local address has a kernel route: not listed.
+        assert_eq!(backend.list_local_routes().await, Ok(BTreeSet::new()));
+
+        backend
+            .add_local_route(parsed("10.96.0.0/12"))
+            .await
+            .unwrap();
+        backend
+            .add_local_route(parsed("fd00:96::/108"))
+            .await
+            .unwrap();
+        let table = link_local_table(&netns);
+        let v4 = "local 10.96.0.0/12 dev kube-ipvs0 proto static scope host";
+        assert!(table.iter().any(|l| l.starts_with(v4)), "{table:#?}");
+        // IPv6 routes have no scope of their own: the kernel reports `global`.
+        let v6 = "local fd00:96::/108 dev kube-ipvs0 proto static";
+        assert!(table.iter().any(|l| l.starts_with(v6)), "{table:#?}");
+        let both = BTreeSet::from(["10.96.0.0/12".to_owned(), "fd00:96::/108".to_owned()]);
+        assert_eq!(strings(&backend.list_local_routes().await.unwrap()), both);
+
+        // The node takes the whole range as its own.
+        netns.sh_ok("ping -c1 -W1 10.96.7.7 && ping -6 -c1 -W1 fd00:96::7");
+        let got = netns.sh_ok("ip route get 10.96.7.7");
+        assert!(got.starts_with("local 10.96.7.7 "), "{got}");
+
+        // A bound address gets a `proto kernel` local route of its own: not listed.
+        backend.add_address(ip("10.96.0.10")).await.unwrap();
+        backend.add_address(ip("fd00:96::10")).await.unwrap();
+        let table = link_local_table(&netns);
+        let kernel = "local 10.96.0.10 dev kube-ipvs0 proto kernel scope host";
+        assert!(table.iter().any(|l| l.starts_with(kernel)), "{table:#?}");
+        assert_eq!(strings(&backend.list_local_routes().await.unwrap()), both);
+
+        assert_eq!(
+            backend.add_local_route(parsed("10.96.0.0/12")).await,
+            Err(BackendError::Exists)
+        );
+        assert_eq!(
+            backend.add_local_route(parsed("fd00:96::/108")).await,
+            Err(BackendError::Exists)
+        );
+        backend
+            .remove_local_route(parsed("10.96.0.0/12"))
+            .await
+            .unwrap();
+        let table = link_local_table(&netns);
+        assert!(
+            !table.iter().any(|l| l.contains("10.96.0.0/12")),
+            "{table:#?}"
+        );
+        assert!(table.iter().any(|l| l.starts_with(kernel)), "{table:#?}");
+        assert_eq!(
+            strings(&backend.list_local_routes().await.unwrap()),
+            BTreeSet::from(["fd00:96::/108".to_owned()])
+        );
+        assert_eq!(
+            backend.remove_local_route(parsed("10.96.0.0/12")).await,
+            Err(BackendError::NotFound)
+        );
+
+        // Every non-kernel local route through the link is the proxier's, whatever its
+        // protocol (`ip route add` makes `proto boot`), and can be removed.
+        netns.sh_ok("ip route add local 10.97.0.0/16 dev kube-ipvs0 table local");
+        let table = link_local_table(&netns);
+        let boot = "local 10.97.0.0/16 dev kube-ipvs0 proto boot scope host";
+        assert!(table.iter().any(|l| l.starts_with(boot)), "{table:#?}");
+        assert_eq!(
+            strings(&backend.list_local_routes().await.unwrap()),
+            BTreeSet::from(["10.97.0.0/16".to_owned(), "fd00:96::/108".to_owned()])
+        );
+        backend
+            .remove_local_route(parsed("10.97.0.0/16"))
+            .await
+            .unwrap();
+        backend
+            .remove_local_route(parsed("fd00:96::/108"))
+            .await
+            .unwrap();
+        assert_eq!(
+            backend.remove_local_route(parsed("fd00:96::/108")).await,
+            Err(BackendError::NotFound)
+        );
+        assert_eq!(backend.list_local_routes().await, Ok(BTreeSet::new()));
+
+        // Deleting the link takes its routes with it.
+        backend
+            .add_local_route(parsed("10.96.0.0/12"))
+            .await
+            .unwrap();
+        backend
+            .add_local_route(parsed("fd00:96::/108"))
+            .await
+            .unwrap();
+        assert_eq!(backend.delete_link().await, Ok(true));
+        let table = link_local_table(&netns);
+        assert!(table.is_empty(), "{table:#?}");
+        assert_eq!(backend.list_local_routes().await, Ok(BTreeSet::new()));
+        assert_eq!(
+            backend.remove_local_route(parsed("10.96.0.0/12")).await,
+            Err(BackendError::NotFound)
+        );
+    });
 }

@@ -1,6 +1,8 @@
 //! Scale benchmark of the whole daemon, run inside the test VM by
 //! `cargo xtask vm-bench proxier [--services N] [--endpoints M] [--source kube|file|both]
-//! [--changes K] [--small S]` (default 10,000 x 5, both sources, 100 changes, 100 services).
+//! [--changes K] [--small S] [--bind-service-cidrs]` (default 10,000 x 5, both sources, 100
+//! changes, 100 services; `--bind-service-cidrs` runs the daemon with the ClusterIP range
+//! taken whole by one local route instead of an address per ClusterIP).
 //!
 //! 1. Floors and reference, each in a fresh network namespace: `ipvsadm -R` of the table plus
 //!    `ip -batch` binding the N ClusterIPs (the reference); the library's own `batch` of the
@@ -70,7 +72,13 @@ struct Args {
     runtime_probe: bool,
     /// Stop after the floors (`--floors-only`).
     floors_only: bool,
+    /// Run the daemon with `--bind-service-cidrs` over the ClusterIP range
+    /// ([`ROUTED_CIDR`]): one local route instead of an address per ClusterIP.
+    routed: bool,
 }
+
+/// The CIDR holding every ClusterIP of the bench ([`cluster::vip`]: 10.100-103.x.y).
+const ROUTED_CIDR: &str = "10.100.0.0/14";
 
 fn parse_args() -> anyhow::Result<Args> {
     let mut a = Args {
@@ -81,6 +89,7 @@ fn parse_args() -> anyhow::Result<Args> {
         small: 100,
         runtime_probe: false,
         floors_only: false,
+        routed: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -92,6 +101,7 @@ fn parse_args() -> anyhow::Result<Args> {
             "--small" => a.small = value()?.parse()?,
             "--runtime-probe" => a.runtime_probe = true,
             "--floors-only" => a.floors_only = true,
+            "--bind-service-cidrs" => a.routed = true,
             "--source" => {
                 a.sources = match value()?.as_str() {
                     "file" => vec![SourceKind::File],
@@ -101,7 +111,7 @@ fn parse_args() -> anyhow::Result<Args> {
                 }
             }
             other => bail!(
-                "unknown argument {other} (use --services N --endpoints M --source kube|file|both --changes K --small S)"
+                "unknown argument {other} (use --services N --endpoints M --source kube|file|both --changes K --small S --bind-service-cidrs)"
             ),
         }
     }
@@ -443,7 +453,13 @@ fn run_source(
     let log = |n: u32| -> PathBuf { dir.join(format!("vm-bench-proxier-{}-{n}.log", kind.name())) };
 
     // Start to programmed.
-    let mut daemon = BenchDaemon::start(&ns, &source, &log(1), "1h", &[])?;
+    let routed_flag = format!("--bind-service-cidrs={ROUTED_CIDR}");
+    let extra: Vec<&str> = if a.routed {
+        vec![&routed_flag, "--ipvs-strict-arp"]
+    } else {
+        Vec::new()
+    };
+    let mut daemon = BenchDaemon::start(&ns, &source, &log(1), "1h", &extra)?;
     let (n, programmed_at) = wait_programmed(&mut daemon, &ns, &floors.table, timeout)?;
     let program = programmed_at - daemon.started;
     let first = daemon.phases(n);
@@ -451,11 +467,19 @@ fn run_source(
         .trim()
         .parse()
         .unwrap_or(0);
-    ensure!(
-        vips == a.services,
-        "{vips} VIPs bound on kube-ipvs0, want {}",
-        a.services
-    );
+    if a.routed {
+        let routes = sh(&ns, "ip route show table local dev kube-ipvs0")?;
+        ensure!(
+            vips == 0 && routes.contains(&format!("local {ROUTED_CIDR}")),
+            "--bind-service-cidrs: {vips} VIPs bound on kube-ipvs0, routes {routes}"
+        );
+    } else {
+        ensure!(
+            vips == a.services,
+            "{vips} VIPs bound on kube-ipvs0, want {}",
+            a.services
+        );
+    }
     let first_ops = metrics::describe(&metrics::netlink_ops(&metrics::scrape(&ns, METRICS)?));
     println!("programmed in {:.2} s: {first}", secs(program));
     std::thread::sleep(Duration::from_secs(2));
@@ -476,7 +500,7 @@ fn run_source(
         secs(dump_table),
         secs(dump_addresses)
     );
-    let mut daemon = BenchDaemon::start(&ns, &source, &log(2), "1h", &[])?;
+    let mut daemon = BenchDaemon::start(&ns, &source, &log(2), "1h", &extra)?;
     let (adopt_line, adopted_at) = daemon.wait_sync(1, timeout)?;
     let adoption = adopted_at - daemon.started;
     let adoption_phases = daemon.phases(1);
@@ -660,6 +684,13 @@ fn print_report(
 
     let col = |f: &dyn Fn(&SourceRun) -> String| -> Vec<String> { runs.iter().map(f).collect() };
     let names: Vec<&str> = runs.iter().map(|r| r.kind.name()).collect();
+    if a.routed {
+        let _ = writeln!(
+            out,
+            "\nThe daemon ran with --bind-service-cidrs={ROUTED_CIDR} (one local route, no VIP \
+             addresses); the floor and the reference still bind every ClusterIP."
+        );
+    }
     let _ = writeln!(
         out,
         "\n| step ({} svc x {} ep) | {} | what its parts cost | goal | status |",
