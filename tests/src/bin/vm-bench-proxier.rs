@@ -344,7 +344,8 @@ fn wait_programmed(
     }
 }
 
-/// Times the library's `table()` and an address dump of `kube-ipvs0` in `ns`.
+/// Times the library's `table()` and a dump of `kube-ipvs0`'s addresses and local routes
+/// in `ns`.
 fn dump_floor(ns: &Netns) -> anyhow::Result<(Duration, Duration, usize)> {
     ns.block_on(|| async {
         let handle = IpvsHandle::new().await?;
@@ -354,9 +355,11 @@ fn dump_floor(ns: &Netns) -> anyhow::Result<(Duration, Duration, usize)> {
         let mut link = KernelAddressBackend::connect("kube-ipvs0")?;
         let t = Instant::now();
         let addresses = link.list_addresses().await?;
+        // With --bind-service-cidrs the link holds a route instead (read on adoption too).
+        let routes = link.list_local_routes().await?;
         let address_time = t.elapsed();
         ensure!(
-            !table.is_empty() && !addresses.is_empty(),
+            !table.is_empty() && !(addresses.is_empty() && routes.is_empty()),
             "nothing programmed"
         );
         Ok((table_time, address_time, addresses.len()))
