@@ -358,10 +358,8 @@ fn dump_floor(ns: &Netns) -> anyhow::Result<(Duration, Duration, usize)> {
         // With --bind-service-cidrs the link holds a route instead (read on adoption too).
         let routes = link.list_local_routes().await?;
         let address_time = t.elapsed();
-        ensure!(
-            !table.is_empty() && !(addresses.is_empty() && routes.is_empty()),
-            "nothing programmed"
-        );
+        let link_empty = addresses.is_empty() && routes.is_empty();
+        ensure!(!table.is_empty() && !link_empty, "nothing programmed");
         Ok((table_time, address_time, addresses.len()))
     })
 }
