@@ -280,3 +280,47 @@ async fn watch_prints_the_plan_then_only_what_changed() {
     assert_eq!(removed[1], "- addresses on kube-ipvs0: 10.96.12.51");
     assert!(!change.contains("shop/web"), "{change}");
 }
+
+#[tokio::test]
+async fn bound_service_cidrs_show_as_local_routes_instead_of_cluster_ip_addresses() {
+    let planner = Config {
+        service_cidr_routes: vec!["10.96.0.0/16".parse().expect("cidr")],
+        ..Config::default()
+    };
+    let mut routed = Proxier::new(ProxierConfig::new("node-a", planner), Backends::in_memory())
+        .expect("proxier");
+    for change in example_changes() {
+        routed.apply(change);
+    }
+    let result = routed.sync(SyncKind::Full).await;
+    let doc = plan_document(&routed, &outcome(&result, SyncKind::Full));
+    let routed: Vec<String> = doc.local_routes.iter().map(ToString::to_string).collect();
+    assert_eq!(routed, ["10.96.0.0/16"]);
+    let bound: Vec<String> = doc
+        .bound_addresses
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    // The IPv4 ClusterIPs lie in the route; the load-balancer IP and the ClusterIPs of the
+    // dual-stack Service (its IPv6 family has no routed CIDR) are still bound.
+    assert!(!bound.contains(&"10.96.0.1".to_owned()), "{bound:?}");
+    assert!(bound.contains(&"203.0.113.11".to_owned()), "{bound:?}");
+    assert!(bound.contains(&"fd00:10:96::28".to_owned()), "{bound:?}");
+    assert!(bound.contains(&"10.96.40.5".to_owned()), "{bound:?}");
+    let json = serde_json::to_string(&doc).expect("json");
+    assert!(
+        json.contains("\"localRoutes\":[\"10.96.0.0/16\"]"),
+        "{json}"
+    );
+    let table = proxier_core::view::render::render_plan_table(&doc);
+    assert!(
+        table.ends_with("local routes through kube-ipvs0: 10.96.0.0/16\n"),
+        "{table}"
+    );
+    // Without the option the document has no such field.
+    let mut plain = proxier();
+    let result = plain.sync(SyncKind::Full).await;
+    let json = serde_json::to_string(&plan_document(&plain, &outcome(&result, SyncKind::Full)))
+        .expect("json");
+    assert!(!json.contains("localRoutes"), "{json}");
+}

@@ -11,6 +11,7 @@ mod tests;
 
 use std::net::IpAddr;
 
+use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
 use crate::backend::{AddressBackend, IpvsBackend};
@@ -173,6 +174,10 @@ pub struct PlanDocument {
     pub virtual_servers: Vec<VirtualServerDoc>,
     /// Every address bound on the dummy link, ordered.
     pub bound_addresses: Vec<IpAddr>,
+    /// Service CIDRs taken whole with a `local` route through the dummy link
+    /// (`--bind-service-cidrs`); left out of the document when there are none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub local_routes: Vec<IpNet>,
 }
 
 /// A virtual server whose settings or real servers changed.
@@ -331,6 +336,7 @@ where
             .map(|(name, key, vs)| VirtualServerDoc::of(name, key, vs))
             .collect(),
         bound_addresses: proxier.desired().bound_addresses().into_iter().collect(),
+        local_routes: proxier.config().planner.service_cidr_routes.clone(),
     }
 }
 

@@ -122,6 +122,14 @@ pub fn render_plan_table(doc: &PlanDocument) -> String {
     );
     let mut out = columns(&rows);
     out.push_str(&addresses_line(&doc.dummy_interface, &doc.bound_addresses));
+    if !doc.local_routes.is_empty() {
+        let routes: Vec<String> = doc.local_routes.iter().map(ToString::to_string).collect();
+        out.push_str(&format!(
+            "local routes through {}: {}\n",
+            doc.dummy_interface,
+            routes.join(", ")
+        ));
+    }
     out
 }
 
@@ -153,6 +161,7 @@ pub fn render_plan(desired: &Desired, dummy_interface: &str) -> String {
             .map(|(name, key, vs)| VirtualServerDoc::of(name, key, vs))
             .collect(),
         bound_addresses: desired.bound_addresses().into_iter().collect(),
+        local_routes: Vec::new(),
     };
     render_plan_table(&doc)
 }
