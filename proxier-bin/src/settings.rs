@@ -406,6 +406,20 @@ pub fn resolve(
         .flatten()
         .map(IpNet::trunc)
         .collect();
+    let overlaps = |a: &IpNet, b: &IpNet| a.contains(&b.network()) || b.contains(&a.network());
+    if let Some((routed, pods)) = service_cidr_routes.iter().find_map(|routed| {
+        cluster_cidrs
+            .iter()
+            .find(|pods| overlaps(routed, pods))
+            .map(|pods| (routed, pods))
+    }) {
+        return Err(invalid(
+            "--bind-service-cidrs",
+            format!(
+                "{routed} overlaps the cluster CIDR {pods}: the node would take pod addresses as its own"
+            ),
+        ));
+    }
     if !service_cidr_routes.is_empty() && !strict_arp {
         return Err(conflict(
             "--bind-service-cidrs needs --ipvs-strict-arp: without it the node answers ARP for every address of the CIDRs",

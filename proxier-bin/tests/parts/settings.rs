@@ -443,6 +443,18 @@ fn bind_service_cidrs_needs_strict_arp_and_reaches_the_engine() {
     ];
     assert_eq!(s.planner.service_cidr_routes, nets);
     assert!(s.planner.strict_arp);
+    // The pod network given by mistake would blackhole the pods.
+    let error = resolve(
+        &cli(&[
+            "--bind-service-cidrs=10.0.0.0/8",
+            "--ipvs-strict-arp",
+            "--cluster-cidr=10.244.0.0/16",
+        ]),
+        None,
+        "n",
+    )
+    .expect_err("overlaps the pods");
+    assert!(error.to_string().contains("10.244.0.0/16"), "{error}");
     // Off by default.
     let s = resolve(&cli(&[]), None, "n").expect("valid");
     assert!(s.planner.service_cidr_routes.is_empty());
