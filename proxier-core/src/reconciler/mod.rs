@@ -149,6 +149,17 @@ pub enum ServiceSyncError {
         /// The kernel's answer.
         source: BackendError,
     },
+    /// A configured Service CIDR holds one of the node's own addresses: routing it through
+    /// the dummy link would make the node take its neighbours for itself, so it is not.
+    #[error("not routing {net} through {link}: it holds the node's address {address}")]
+    RouteOverNodeAddress {
+        /// The configured network.
+        net: IpNet,
+        /// The node address in it.
+        address: IpAddr,
+        /// The link.
+        link: String,
+    },
     /// Reading a virtual server back from the kernel failed.
     #[error("reading virtual server {key}: {source}")]
     Read {
@@ -744,7 +755,27 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
     /// removes the others; remembers what is routed to the link for the ownership rule.
     async fn sync_routes(&mut self, link: &str, routes: &BTreeSet<IpNet>) -> ReconcileReport {
         let mut report = ReconcileReport::default();
-        let wanted: BTreeSet<IpNet> = self.config.service_cidr_routes.iter().copied().collect();
+        let mut wanted: BTreeSet<IpNet> = self.config.service_cidr_routes.iter().copied().collect();
+        // Never route a network that holds one of the node's own addresses (its gateway and
+        // neighbours would become local): refused, reported at every full sync, removed.
+        if !wanted.is_empty() {
+            let node = self.addresses.node_addresses().await.unwrap_or_default();
+            wanted.retain(|net| match node.iter().find(|a| net.contains(*a)) {
+                Some(address) => {
+                    report.failed += 1;
+                    report.errors.push((
+                        None,
+                        ServiceSyncError::RouteOverNodeAddress {
+                            net: *net,
+                            address: *address,
+                            link: link.to_owned(),
+                        },
+                    ));
+                    false
+                }
+                None => true,
+            });
+        }
         let mut routed: BTreeSet<IpNet> = routes.union(&wanted).copied().collect();
         for (net, adding) in wanted
             .difference(routes)

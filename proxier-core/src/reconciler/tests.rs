@@ -961,3 +961,33 @@ async fn routed_service_cidrs_replace_cluster_ip_binds_and_own_what_lies_in_them
         BTreeSet::from([ip("10.96.0.10"), ip("10.96.0.53")])
     );
 }
+
+#[tokio::test]
+async fn a_service_cidr_holding_a_node_address_is_never_routed() {
+    let net = |s: &str| s.parse::<IpNet>().unwrap();
+    let ipvs = MemoryIpvsBackend::new();
+    let addresses = MemoryAddressBackend::new();
+    addresses.set_node_addresses([ip("192.168.1.5")]);
+    // Left from a run with the same mistake, before the check.
+    addresses.add_route_behind_back(net("192.168.0.0/16"));
+    let config = ReconcilerConfig {
+        service_cidr_routes: vec![net("10.96.0.0/12"), net("192.168.0.0/16")],
+        ..ReconcilerConfig::default()
+    };
+    let mut rec = Reconciler::new(ipvs.clone(), addresses.clone(), config);
+    let report = rec.full_sync(&two_services_routed()).await.unwrap();
+    assert_eq!(
+        addresses.local_routes(),
+        BTreeSet::from([net("10.96.0.0/12")])
+    );
+    let errors: Vec<String> = report.errors.iter().map(|(_, e)| e.to_string()).collect();
+    assert_eq!(
+        errors,
+        ["not routing 192.168.0.0/16 through kube-ipvs0: it holds the node's address 192.168.1.5"]
+    );
+    // The rest is programmed as usual.
+    assert!(
+        ipvs.table()
+            .contains_key(&vkey("10.96.0.10", 80, Protocol::Tcp))
+    );
+}
