@@ -580,16 +580,21 @@ fn node_ports_follow_the_nodes_interface_addresses() {
 
 /// The first line `netns` gets from `socat` to TCP `target`, or its error output.
 fn tcp_outcome(netns: &ipvs_proxier_tests::Netns, target: &str) -> String {
+    let proto = if target.starts_with('[') {
+        "TCP6"
+    } else {
+        "TCP4"
+    };
     let out = netns.sh(&format!(
-        "socat -T5 -u TCP4:{target},connect-timeout=5 - 2>&1"
+        "socat -T5 -u {proto}:{target},connect-timeout=5 - 2>&1"
     ));
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
 #[test]
 fn bound_service_cidr_serves_cluster_ips_rejects_unallocated_ones_and_stays_silent_to_arp() {
-    // --bind-service-cidrs: one local route for 10.96.0.0/12 instead of an address per
-    // ClusterIP. IPVS must still catch every ClusterIP (pods, the node itself, an outside
+    // --bind-service-cidrs: one local route for 10.96.0.0/12 and one for fd00:96::/108
+    // instead of an address per ClusterIP (a dual-stack Service). IPVS must still catch every ClusterIP (pods, the node itself, an outside
     // client), an address of the range that no Service has must be refused rather than
     // answered by the node's own sockets, and the node must not answer ARP for the range.
     require_kernel!();
@@ -604,26 +609,44 @@ fn bound_service_cidr_serves_cluster_ips_rejects_unallocated_ones_and_stays_sile
         &t.node,
         "socat TCP4-LISTEN:2222,fork,reuseaddr SYSTEM:'echo node-socket'",
     );
+    t.background.spawn(
+        &t.node,
+        "socat TCP6-LISTEN:2222,ipv6only=1,fork,reuseaddr SYSTEM:'echo node-socket'",
+    );
     wait_listening(&t.node, 2222);
+    wait_in_table(&t.node, "/proc/net/tcp6", 2222);
     let svc = Svc::cluster_ip(
         "web",
-        &["10.96.0.10"],
+        &["10.96.0.10", "fd00:96::10"],
         vec![
             Port::tcp("http", 80, 8080),
             Port::of(Proto::Udp, "dns", 53, 5353),
         ],
     );
     let eps = (0..2).map(|i| Ep::ready(&pod_ip(i), NODE_NAME)).collect();
-    t.write_one(&svc, &[Slice::of(&svc, false, eps)]);
-    t.start_daemon(&["--bind-service-cidrs=10.96.0.0/12", "--ipvs-strict-arp"]);
+    let eps6 = (0..2).map(|i| Ep::ready(&pod_ip6(i), NODE_NAME)).collect();
+    t.write_one(
+        &svc,
+        &[Slice::of(&svc, false, eps), Slice::of(&svc, true, eps6)],
+    );
+    t.start_daemon(&[
+        "--bind-service-cidrs=10.96.0.0/12,fd00:96::/108",
+        "--ipvs-strict-arp",
+    ]);
     t.wait_backends("TCP  10.96.0.10:80", &backends(&[0, 1], 8080));
     t.wait_backends("UDP  10.96.0.10:53", &backends(&[0, 1], 5353));
+    t.wait_backends("TCP  [fd00:96::10]:80", &backends6(&[0, 1], 8080));
 
-    // One route, no address for the ClusterIP.
+    // One route per family, no address for the ClusterIPs.
     let routes = t.node.sh_ok("ip route show table local dev kube-ipvs0");
     assert!(routes.contains("local 10.96.0.0/12"), "{routes}");
+    let routes6 = t.node.sh_ok("ip -6 route show table local dev kube-ipvs0");
+    assert!(routes6.contains("local fd00:96::/108"), "{routes6}");
     let addrs = t.node.sh_ok("ip -o addr show dev kube-ipvs0");
-    assert!(!addrs.contains("10.96.0.10"), "{addrs}");
+    assert!(
+        !addrs.contains("10.96.0.10") && !addrs.contains("fd00:96::10"),
+        "{addrs}"
+    );
 
     // IPVS catches the ClusterIP from a pod, from the node itself and from outside.
     let pod = &t.pods[from];
@@ -643,13 +666,25 @@ fn bound_service_cidr_serves_cluster_ips_rejects_unallocated_ones_and_stays_sile
         udp_request(pod, "10.96.0.10:53").or_else(|| udp_request(pod, "10.96.0.10:53"))
     });
     assert_eq!(name_set(&answers), pods(&[0, 1]), "{answers:?}");
+    let answers = all_answer(REQUESTS, "pod -> IPv6 ClusterIP", || {
+        tcp_request(pod, "[fd00:96::10]:80", None)
+    });
+    assert_eq!(name_set(&answers), pods(&[0, 1]), "{answers:?}");
 
     // The node's own socket answers on the node's address (the control) ...
     let control = tcp_outcome(pod, &format!("{BRIDGE_IP}:2222"));
     assert_eq!(control, "node-socket");
+    let control = tcp_outcome(pod, &format!("[{BRIDGE_IP6}]:2222"));
+    assert_eq!(control, "node-socket");
     // ... but not on an address of the range that no Service has, nor on a Service's
     // address at a port it does not serve: refused, from a pod and from the node.
-    for target in ["10.96.0.99:2222", "10.111.255.1:2222", "10.96.0.10:2222"] {
+    for target in [
+        "10.96.0.99:2222",
+        "10.111.255.1:2222",
+        "10.96.0.10:2222",
+        "[fd00:96::99]:2222",
+        "[fd00:96::10]:2222",
+    ] {
         for (who, netns) in [("pod", pod), ("node", &t.node)] {
             let outcome = tcp_outcome(netns, target);
             assert!(
