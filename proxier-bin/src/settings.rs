@@ -10,7 +10,7 @@ use proxier_core::engine::driver::DriverConfig;
 /// Which node addresses serve NodePorts: the planner's own type.
 pub use proxier_core::model::NodePortAddresses;
 use proxier_core::model::config::{DetectLocal, InterfaceName};
-use proxier_core::model::{AddressFamily, Config, IpvsTimeouts};
+use proxier_core::model::{AddressFamily, Config, ConfigError, IpvsTimeouts};
 
 use crate::cli::{Cli, LogFormat, OutputFormat};
 use crate::config::KubeProxyConfiguration;
@@ -399,37 +399,17 @@ pub fn resolve(
         return Err(invalid("--ipvs-sync-burst", "must be at least 1"));
     }
     let non_zero = |d: Option<Duration>| d.filter(|d| !d.is_zero());
-    let strict_arp = value!(ipvs_strict_arp).unwrap_or(false);
     let service_cidr_routes: Vec<IpNet> = cli
         .bind_service_cidrs
         .iter()
         .flatten()
         .map(IpNet::trunc)
         .collect();
-    let overlaps = |a: &IpNet, b: &IpNet| a.contains(&b.network()) || b.contains(&a.network());
-    if let Some((routed, pods)) = service_cidr_routes.iter().find_map(|routed| {
-        cluster_cidrs
-            .iter()
-            .find(|pods| overlaps(routed, pods))
-            .map(|pods| (routed, pods))
-    }) {
-        return Err(invalid(
-            "--bind-service-cidrs",
-            format!(
-                "{routed} overlaps the cluster CIDR {pods}: the node would take pod addresses as its own"
-            ),
-        ));
-    }
-    if !service_cidr_routes.is_empty() && !strict_arp {
-        return Err(conflict(
-            "--bind-service-cidrs needs --ipvs-strict-arp: without it the node answers ARP for every address of the CIDRs",
-        ));
-    }
     let planner = Config {
         scheduler: value!(ipvs_scheduler).unwrap_or_default(),
         exclude_cidrs: value!(ipvs_exclude_cidrs).unwrap_or_default(),
         node_port_addresses,
-        strict_arp,
+        strict_arp: value!(ipvs_strict_arp).unwrap_or(false),
         timeouts: IpvsTimeouts {
             tcp: non_zero(value!(ipvs_tcp_timeout)),
             tcp_fin: non_zero(value!(ipvs_tcpfin_timeout)),
@@ -441,6 +421,12 @@ pub fn resolve(
         detect_local: resolve_detect_local(cli, file)?,
         service_cidr_routes,
     };
+    planner.check().map_err(|error| match error {
+        ConfigError::RouteOverClusterCidr { .. } => {
+            invalid("--bind-service-cidrs", error.to_string())
+        }
+        ConfigError::RoutesWithoutStrictArp => conflict(&error.to_string()),
+    })?;
 
     let dummy_interface = cli
         .dummy_interface

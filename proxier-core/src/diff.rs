@@ -239,11 +239,6 @@ pub struct Diff {
     pub rejected: Vec<Rejection>,
 }
 
-/// Whether the virtual server at `key` of `plan` needs its address bound on the dummy link.
-pub fn binds_address(plan: &ServicePortPlan, key: &VirtualServerKey, vs: &VirtualServer) -> bool {
-    plan.binds(key, vs)
-}
-
 /// A planned virtual server with the service port that owns it.
 #[derive(Debug, Clone, Copy)]
 pub struct Winner<'d> {
@@ -299,7 +294,7 @@ pub fn diff(
     let mut changes = Changes::default();
     let mut wanted_addresses = BTreeSet::new();
     for (key, winner) in &won {
-        if binds_address(winner.plan, key, winner.vs) {
+        if winner.plan.binds(key, winner.vs) {
             wanted_addresses.insert(key.address);
         }
         if held(winner.service) {

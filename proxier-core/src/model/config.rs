@@ -157,7 +157,50 @@ impl Default for Config {
     }
 }
 
+/// Why a [`Config`] cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// A Service CIDR route overlaps a pod network.
+    #[error(
+        "{routed} overlaps the cluster CIDR {pods}: the node would take pod addresses as its own"
+    )]
+    RouteOverClusterCidr {
+        /// The Service CIDR.
+        routed: IpNet,
+        /// The pod network (`--cluster-cidr`).
+        pods: IpNet,
+    },
+    /// Service CIDR routes without strict ARP.
+    #[error(
+        "Service CIDR routes (--bind-service-cidrs) need strict ARP (--ipvs-strict-arp): without it the node answers ARP for every address of the CIDRs"
+    )]
+    RoutesWithoutStrictArp,
+}
+
 impl Config {
+    /// Checks the rules of [`Config::service_cidr_routes`]: no route over a cluster CIDR,
+    /// and strict ARP on when there are routes. The daemon refuses a configuration that
+    /// fails it; an embedder should too.
+    pub fn check(&self) -> Result<(), ConfigError> {
+        let overlaps = |a: &IpNet, b: &IpNet| a.contains(&b.network()) || b.contains(&a.network());
+        for routed in &self.service_cidr_routes {
+            if let Some(pods) = self
+                .cluster_cidrs
+                .iter()
+                .find(|pods| overlaps(routed, pods))
+            {
+                return Err(ConfigError::RouteOverClusterCidr {
+                    routed: *routed,
+                    pods: *pods,
+                });
+            }
+        }
+        if !self.service_cidr_routes.is_empty() && !self.strict_arp {
+            return Err(ConfigError::RoutesWithoutStrictArp);
+        }
+        Ok(())
+    }
+
     /// Whether `ip` falls in one of the excluded CIDRs.
     pub fn is_excluded(&self, ip: IpAddr) -> bool {
         self.exclude_cidrs.iter().any(|net| net.contains(&ip))

@@ -22,7 +22,7 @@ pub mod family;
 pub mod node;
 pub mod service;
 
-pub use config::{Config, IpvsTimeouts, NodePortAddresses};
+pub use config::{Config, ConfigError, IpvsTimeouts, NodePortAddresses};
 pub use endpoint::{Endpoint, EndpointPort, EndpointSlice, SliceKey};
 pub use error::{ConversionError, ModelWarning, ObjectKind, ObjectRef};
 pub use family::AddressFamily;

@@ -858,7 +858,7 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
                 let set = self.claimants.entry(*key).or_default();
                 let wins = set.is_empty();
                 set.insert(service.clone());
-                if wins && diff::binds_address(plan, key, vs) {
+                if wins && plan.binds(key, vs) {
                     self.binders.entry(key.address).or_default().insert(*key);
                 }
             }
@@ -963,7 +963,7 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
                 self.rejections.insert(*key, rejected);
             }
             let planned_with_plan = self.planned_with_plan(desired, key);
-            if planned_with_plan.is_some_and(|(plan, vs)| diff::binds_address(plan, key, vs)) {
+            if planned_with_plan.is_some_and(|(plan, vs)| plan.binds(key, vs)) {
                 self.binders.entry(key.address).or_default().insert(*key);
             }
             let planned = planned_with_plan.map(|(_, vs)| vs);
