@@ -84,15 +84,7 @@ impl<W: Write> DryRunObserver<W> {
         let doc = plan_document(proxier, outcome);
         let text = match self.format {
             OutputFormat::Table => Ok(render_plan_report(&doc)),
-            OutputFormat::Json if !self.watching_flag => serde_json::to_string_pretty(&doc)
-                .map(|t| t + "\n")
-                .map_err(|e| e.to_string()),
-            OutputFormat::Json => serde_json::to_string(&doc)
-                .map(|t| t + "\n")
-                .map_err(|e| e.to_string()),
-            OutputFormat::Yaml => serde_yaml::to_string(&doc)
-                .map(|t| format!("---\n{t}"))
-                .map_err(|e| e.to_string()),
+            format => serialize(&doc, format, !self.watching_flag),
         };
         self.write(text);
         self.previous = Some(proxier.desired().clone());
@@ -108,12 +100,7 @@ impl<W: Write> DryRunObserver<W> {
         let doc = change_document(&before, proxier, outcome);
         let text = match self.format {
             OutputFormat::Table => Ok(render_change_report(&doc, &link_name(proxier))),
-            OutputFormat::Json => serde_json::to_string(&doc)
-                .map(|t| t + "\n")
-                .map_err(|e| e.to_string()),
-            OutputFormat::Yaml => serde_yaml::to_string(&doc)
-                .map(|t| format!("---\n{t}"))
-                .map_err(|e| e.to_string()),
+            format => serialize(&doc, format, false),
         };
         self.write(text);
         self.previous = Some(if doc.is_empty() {
@@ -135,6 +122,26 @@ impl<W: Write> DryRunObserver<W> {
         if let Err(error) = result {
             tracing::error!(%error, "writing the dry-run report");
         }
+    }
+}
+
+/// A document as JSON (pretty, or one line when `pretty` is false) or as a `---` YAML
+/// document.
+fn serialize(
+    doc: &impl serde::Serialize,
+    format: OutputFormat,
+    pretty: bool,
+) -> Result<String, String> {
+    match format {
+        OutputFormat::Yaml => serde_yaml::to_string(doc)
+            .map(|t| format!("---\n{t}"))
+            .map_err(|e| e.to_string()),
+        _ if pretty => serde_json::to_string_pretty(doc)
+            .map(|t| t + "\n")
+            .map_err(|e| e.to_string()),
+        _ => serde_json::to_string(doc)
+            .map(|t| t + "\n")
+            .map_err(|e| e.to_string()),
     }
 }
 

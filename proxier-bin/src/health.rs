@@ -15,13 +15,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use http::StatusCode;
-use k8s_openapi::api::core::v1::Node;
 
 use crate::http_server::{BindError, Handler, HttpServer, not_found, response};
 use proxier_core::model::ServiceName;
-
-/// Taint the cluster autoscaler puts on a node it is about to delete.
-pub const TO_BE_DELETED_TAINT: &str = "ToBeDeletedByClusterAutoscaler";
 
 /// Formats a time the way Go's `time.Time.String()` prints a UTC time
 /// (`2006-01-02 15:04:05.999999999 +0000 UTC`); `None` is Go's zero time.
@@ -32,18 +28,6 @@ pub fn format_go_time(t: Option<SystemTime>) -> String {
             // `%.f`: the fraction without trailing zeros, nothing when it is zero (as Go).
             |t| t.strftime("%Y-%m-%d %H:%M:%S%.f +0000 UTC").to_string(),
         )
-}
-
-/// Whether a node may take traffic: not while it is being deleted or tainted
-/// `ToBeDeletedByClusterAutoscaler`.
-pub fn node_eligible(node: &Node) -> bool {
-    let being_deleted = node.metadata.deletion_timestamp.is_some();
-    let tainted = node
-        .spec
-        .as_ref()
-        .and_then(|s| s.taints.as_ref())
-        .is_some_and(|taints| taints.iter().any(|t| t.key == TO_BE_DELETED_TAINT));
-    !being_deleted && !tainted
 }
 
 #[derive(Debug)]
@@ -104,7 +88,7 @@ impl ProxyHealth {
         st.last_updated = Some(now);
     }
 
-    /// Records whether this node may take traffic (see [`node_eligible`]; `false` also while
+    /// Records whether this node may take traffic (see [`proxier_core::k8s::node_eligible`]; `false` also while
     /// its Node object is deleted).
     pub fn set_node_eligible(&self, eligible: bool) {
         self.lock().node_eligible = eligible;

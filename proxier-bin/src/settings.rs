@@ -430,20 +430,11 @@ pub fn resolve(
 
     let dummy_interface = cli
         .dummy_interface
-        .clone()
-        .unwrap_or_else(|| DEFAULT_DUMMY_INTERFACE.to_owned());
-    // IFNAMSIZ is 16 including the NUL.
-    if dummy_interface.is_empty()
-        || dummy_interface.len() > 15
-        || dummy_interface.contains(['/', ' ', '\0'])
-    {
-        return Err(invalid(
-            "--dummy-interface",
-            format!(
-                "{dummy_interface:?} is not a valid interface name (1-15 bytes, no '/' or spaces)"
-            ),
-        ));
-    }
+        .as_deref()
+        .unwrap_or(DEFAULT_DUMMY_INTERFACE);
+    let dummy_interface = InterfaceName::new(dummy_interface)
+        .map_err(|e| invalid("--dummy-interface", e.to_string()))?
+        .to_string();
 
     Ok(Settings {
         source,

@@ -563,6 +563,21 @@ pub fn convert_endpoint_slice(
     }))
 }
 
+/// Taint the cluster autoscaler puts on a node it is about to delete.
+pub const TO_BE_DELETED_TAINT: &str = "ToBeDeletedByClusterAutoscaler";
+
+/// Whether a node may take traffic, as kube-proxy's `/healthz` decides it: not while it is
+/// being deleted or tainted [`TO_BE_DELETED_TAINT`].
+pub fn node_eligible(node: &core::Node) -> bool {
+    let being_deleted = node.metadata.deletion_timestamp.is_some();
+    let tainted = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|taints| taints.iter().any(|t| t.key == TO_BE_DELETED_TAINT));
+    !being_deleted && !tainted
+}
+
 /// Reads what the planner needs from this node's Node object: name, labels, zone, primary
 /// IPs (the first InternalIP of each family, else the first ExternalIP), as
 /// `local_addresses` every InternalIP and ExternalIP it lists, and its pod CIDRs

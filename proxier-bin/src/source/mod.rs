@@ -57,7 +57,7 @@ pub struct SourceBatch {
     /// `endpoints.kubernetes.io/last-change-trigger-time` of the EndpointSlices in it.
     pub trigger_times: Vec<SystemTime>,
     /// When this node's Node object changed: whether the node may take traffic (see
-    /// [`crate::health::node_eligible`]).
+    /// [`k8s::node_eligible`]).
     pub node_eligible: Option<bool>,
 }
 
@@ -117,7 +117,7 @@ impl SourceBatch {
 
     /// This node's Node object changed (`None`: deleted).
     pub fn node(&mut self, node: Option<&Node>) {
-        self.node_eligible = Some(node.is_some_and(crate::health::node_eligible));
+        self.node_eligible = Some(node.is_some_and(k8s::node_eligible));
         self.changes.push(match node.map(k8s::node_context) {
             Some(Ok(node)) => Change::UpsertNode(node),
             Some(Err(error)) => {

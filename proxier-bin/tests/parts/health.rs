@@ -4,6 +4,7 @@ use http::StatusCode;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::core::v1::{NodeSpec, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use proxier_core::k8s::{TO_BE_DELETED_TAINT, node_eligible};
 use proxier_core::model::ServiceName;
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

@@ -274,6 +274,8 @@ fn contradictions_are_refused_with_exit_code_2() {
         (&["--cluster-cidr=10.0.0.0/8,10.244.0.0/16"], None),
         (&["--nodeport-addresses=primary,192.0.2.0/24"], None),
         (&["--dummy-interface=much-too-long-name0"], None),
+        // The kernel refuses a colon in a link name (dev_valid_name).
+        (&["--dummy-interface=kube:ipvs0"], None),
         (&["--hostname-override= "], None),
         (&[], Some("mode: iptables\n")),
         (&[], Some("ipvs:\n  minSyncPeriod: 2m\n")),
