@@ -291,7 +291,14 @@ where
 
     let (handle, commands) = ProxierHandle::new();
     if proxier.config().node_addresses_from_kernel {
-        crate::address_monitor::spawn(handle.clone(), settings.dummy_interface.clone());
+        let engine = handle.clone();
+        let watched = proxier_core::backend::address::watch_node_addresses(
+            settings.dummy_interface.clone(),
+            move || engine.node_addresses_changed(),
+        );
+        if let Err(error) = watched {
+            tracing::warn!(%error, "cannot watch address changes; NodePorts follow them at full resyncs only");
+        }
     }
     if let Some((events, _task)) = rest {
         tokio::spawn(pump_events(events, handle.clone(), health, pending));

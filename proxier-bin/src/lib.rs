@@ -2,7 +2,6 @@
 //! their conversion into the engine's changes, metrics and health servers, logging. No proxy
 //! logic lives here: planning, reconciling and the sync loop belong to `proxier-core`.
 
-pub mod address_monitor;
 pub mod api_metrics;
 pub mod cli;
 pub mod config;

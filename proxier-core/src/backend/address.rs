@@ -48,6 +48,66 @@ fn host_prefix(address: IpAddr) -> u8 {
     }
 }
 
+/// Follows the node's addresses: calls `on_change` for every rtnetlink address event (IPv4
+/// and IPv6, added or removed) of a link other than the dummy link `link`, whose VIPs are
+/// not the node's (they change by the thousand at a sync). A proxier that reads the node's
+/// addresses from the kernel passes `on_change` its driver's
+/// [`crate::engine::ProxierHandle::node_addresses_changed`], so NodePorts move with the
+/// node's interfaces as kube-proxy's do. Listens in the caller's network namespace on a task
+/// of the current tokio runtime until the process ends; fails when the socket cannot be
+/// opened or cannot join the address groups.
+pub fn watch_node_addresses(
+    link: impl Into<String>,
+    on_change: impl Fn() + Send + 'static,
+) -> Result<(), BackendError> {
+    use netlink_packet_core::NetlinkPayload;
+    use netlink_packet_route::RouteNetlinkMessage;
+    use netlink_sys::{AsyncSocket, SocketAddr};
+    use rtnetlink::constants::{RTMGRP_IPV4_IFADDR, RTMGRP_IPV6_IFADDR};
+
+    let link = link.into();
+    let (mut connection, handle, mut messages) = rtnetlink::new_connection()
+        .map_err(|err| BackendError::Other(format!("opening rtnetlink socket: {err}")))?;
+    let groups = SocketAddr::new(0, RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR);
+    connection
+        .socket_mut()
+        .socket_mut()
+        .bind(&groups)
+        .map_err(|err| {
+            BackendError::Other(format!("joining the rtnetlink address groups: {err}"))
+        })?;
+    tokio::spawn(connection);
+    tokio::spawn(async move {
+        let mut dummy: Option<u32> = None;
+        while let Some((message, _)) = messages.next().await {
+            let index = match &message.payload {
+                NetlinkPayload::InnerMessage(
+                    RouteNetlinkMessage::NewAddress(address)
+                    | RouteNetlinkMessage::DelAddress(address),
+                ) => address.header.index,
+                _ => continue,
+            };
+            if dummy.is_none() {
+                // Looked up when first needed (the engine creates the link at its first sync).
+                dummy = handle
+                    .link()
+                    .get()
+                    .match_name(link.clone())
+                    .execute()
+                    .try_next()
+                    .await
+                    .ok()
+                    .flatten()
+                    .map(|l| l.header.index);
+            }
+            if Some(index) != dummy {
+                on_change();
+            }
+        }
+    });
+    Ok(())
+}
+
 /// The dummy link and its addresses in the network namespace the backend was
 /// created in (rtnetlink sockets belong to the namespace of the thread that opens them).
 #[derive(Debug, Clone)]
