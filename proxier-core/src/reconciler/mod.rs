@@ -655,7 +655,8 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
     }
 
     /// Removes everything the proxier owns, by the same ownership rule every sync uses
-    /// ([`Scope::owns`]): virtual servers on the dummy link's addresses, NodePort virtual
+    /// ([`Scope::owns`]): virtual servers on the dummy link's addresses or in the networks
+    /// routed to it (listed or configured, never one over a node address), NodePort virtual
     /// servers on the node's own addresses within [`ReconcilerConfig::node_port_range`],
     /// virtual servers planned in this process; then the dummy link itself. Nothing in
     /// [`ReconcilerConfig::exclude_cidrs`] and nothing else is touched (`--cleanup`).
@@ -671,10 +672,20 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
                 return report;
             }
         };
+        let node = match self.addresses.node_addresses().await {
+            Ok(addresses) => addresses,
+            Err(error) => {
+                report
+                    .errors
+                    .push(format!("listing the node's addresses: {error}"));
+                BTreeSet::new()
+            }
+        };
+        self.node_port_addresses.extend(node.iter().copied());
         match self.addresses.list_local_routes().await {
             Ok(routes) => {
-                let mut routed: BTreeSet<IpNet> = routes;
-                routed.extend(self.config.service_cidr_routes.iter().copied());
+                let configured = self.config.service_cidr_routes.iter().copied();
+                let (routed, _) = routable(routes.into_iter().chain(configured), &node);
                 self.routed = routed.into_iter().collect();
             }
             Err(source) => report.errors.push(
@@ -684,12 +695,6 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
                 }
                 .to_string(),
             ),
-        }
-        match self.addresses.node_addresses().await {
-            Ok(addresses) => self.node_port_addresses.extend(addresses),
-            Err(error) => report
-                .errors
-                .push(format!("listing the node's addresses: {error}")),
         }
         let listed = self.ipvs.list_virtual_servers().await;
         self.stats.table_reads = self.ipvs.table_reads();
@@ -755,26 +760,25 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
     /// removes the others; remembers what is routed to the link for the ownership rule.
     async fn sync_routes(&mut self, link: &str, routes: &BTreeSet<IpNet>) -> ReconcileReport {
         let mut report = ReconcileReport::default();
-        let mut wanted: BTreeSet<IpNet> = self.config.service_cidr_routes.iter().copied().collect();
-        // Never route a network that holds one of the node's own addresses (its gateway and
-        // neighbours would become local): refused, reported at every full sync, removed.
-        if !wanted.is_empty() {
-            let node = self.addresses.node_addresses().await.unwrap_or_default();
-            wanted.retain(|net| match node.iter().find(|a| net.contains(*a)) {
-                Some(address) => {
-                    report.failed += 1;
-                    report.errors.push((
-                        None,
-                        ServiceSyncError::RouteOverNodeAddress {
-                            net: *net,
-                            address: *address,
-                            link: link.to_owned(),
-                        },
-                    ));
-                    false
-                }
-                None => true,
-            });
+        let configured = &self.config.service_cidr_routes;
+        let node = if configured.is_empty() {
+            BTreeSet::new()
+        } else {
+            self.addresses.node_addresses().await.unwrap_or_default()
+        };
+        // A configured network over a node address is refused, reported at every full sync,
+        // and its route removed.
+        let (wanted, refused) = routable(configured.iter().copied(), &node);
+        for (net, address) in refused {
+            report.failed += 1;
+            report.errors.push((
+                None,
+                ServiceSyncError::RouteOverNodeAddress {
+                    net,
+                    address,
+                    link: link.to_owned(),
+                },
+            ));
         }
         let mut routed: BTreeSet<IpNet> = routes.union(&wanted).copied().collect();
         for (net, adding) in wanted
@@ -1377,6 +1381,27 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
         }
         self.stats.last_errors = errors;
     }
+}
+
+/// The networks of `nets` that may be routed to the dummy link, and apart, each one that
+/// holds a node address (with the address): such a network is never routed, as its gateway
+/// and neighbours would become local. The one rule for which routes the proxier keeps and
+/// owns what lies in: full syncs and [`Reconciler::remove_owned`] both apply it.
+fn routable(
+    nets: impl IntoIterator<Item = IpNet>,
+    node: &BTreeSet<IpAddr>,
+) -> (BTreeSet<IpNet>, Vec<(IpNet, IpAddr)>) {
+    let mut routed = BTreeSet::new();
+    let mut refused = Vec::new();
+    for net in nets.into_iter().collect::<BTreeSet<_>>() {
+        match node.iter().find(|address| net.contains(*address)) {
+            Some(address) => refused.push((net, *address)),
+            None => {
+                routed.insert(net);
+            }
+        }
+    }
+    (routed, refused)
 }
 
 #[cfg(test)]

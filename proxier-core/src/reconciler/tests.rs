@@ -991,3 +991,33 @@ async fn a_service_cidr_holding_a_node_address_is_never_routed() {
             .contains_key(&vkey("10.96.0.10", 80, Protocol::Tcp))
     );
 }
+
+#[tokio::test]
+async fn cleanup_owns_by_routes_as_syncs_do_never_over_a_node_address() {
+    // `--cleanup` with the same misconfiguration: 192.168.0.0/16 holds the node's address,
+    // so it is not a network of the proxier's, and an unplanned virtual server in it (not on
+    // a node address, nor a NodePort) is someone else's; one in the good CIDR is ours.
+    let net = |s: &str| s.parse::<IpNet>().unwrap();
+    let theirs = vkey("192.168.7.7", 80, Protocol::Tcp);
+    let ours = vkey("10.96.0.77", 80, Protocol::Tcp);
+    let mut table = BTreeMap::new();
+    for key in [theirs, ours] {
+        table.insert(key, observed_rr(&[("10.1.0.50", 80, 1)]));
+    }
+    let ipvs = MemoryIpvsBackend::with_table(table);
+    let addresses = MemoryAddressBackend::new();
+    addresses.set_node_addresses([ip("192.168.1.5")]);
+    let config = ReconcilerConfig {
+        service_cidr_routes: vec![net("10.96.0.0/12"), net("192.168.0.0/16")],
+        ..ReconcilerConfig::default()
+    };
+    let mut rec = Reconciler::new(ipvs.clone(), addresses.clone(), config);
+    let report = rec.remove_owned().await;
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    assert_eq!(report.virtual_servers, 1);
+    assert!(ipvs.table().contains_key(&theirs), "not the proxier's");
+    assert!(
+        !ipvs.table().contains_key(&ours),
+        "in a routed Service CIDR: the proxier's"
+    );
+}
