@@ -201,7 +201,7 @@ impl TableReads {
 /// Reads and writes IPVS virtual servers and their real servers.
 ///
 /// Only tuple (address, port, protocol) virtual servers are reported; firewall-mark
-/// services and protocols outside [`crate::Protocol`] are left out (the proxier never owns them).
+/// services and protocols outside [`crate::desired::Protocol`] are left out (the proxier never owns them).
 pub trait IpvsBackend: Send {
     /// Every tuple virtual server with its real servers and their connection counts.
     fn list_virtual_servers(
