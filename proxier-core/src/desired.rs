@@ -91,7 +91,7 @@ pub struct VirtualServer {
     pub scheduler: Scheduler,
     /// ClientIP session affinity: the persistence timeout in seconds (`None` = no persistence).
     pub persistence_timeout: Option<u32>,
-    /// Set the source-hash port flag (`mh` / `sh` schedulers hash on the source port too).
+    /// Set the source-hash port flag (`mh-port`): kube-proxy sets it for `mh` only.
     pub hash_source_port: bool,
     /// Real servers, by address and port.
     pub real_servers: SortedMap<RealServerKey, RealServer>,

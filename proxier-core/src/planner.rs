@@ -133,10 +133,9 @@ impl<'a> Planner<'a> {
             .clone()
             .unwrap_or_else(|| self.config.scheduler.clone());
         let template = VsTemplate {
-            hash_source_port: matches!(
-                scheduler,
-                Scheduler::MaglevHashing | Scheduler::SourceHashing
-            ),
+            // As kube-proxy: only `mh` gets the source-port flag; `sh` keeps hashing on the
+            // source address alone (per-client stickiness).
+            hash_source_port: scheduler == Scheduler::MaglevHashing,
             scheduler,
             persistence_timeout: match service.session_affinity {
                 SessionAffinity::None => None,

@@ -672,7 +672,9 @@ fn client_ip_affinity_sets_persistence_on_every_virtual_server() {
 }
 
 #[test]
-fn scheduler_comes_from_annotation_or_default_and_hashing_schedulers_hash_the_port() {
+fn scheduler_comes_from_annotation_or_default_and_only_maglev_hashes_the_port() {
+    // kube-proxy sets the source-hash flag (mh-port) for `mh` only; `sh` hashes the source
+    // address alone.
     let cases: [(Option<Scheduler>, Scheduler, Scheduler, bool); 5] = [
         (None, Scheduler::RoundRobin, Scheduler::RoundRobin, false),
         (
@@ -685,7 +687,7 @@ fn scheduler_comes_from_annotation_or_default_and_hashing_schedulers_hash_the_po
             None,
             Scheduler::SourceHashing,
             Scheduler::SourceHashing,
-            true,
+            false,
         ),
         (
             Some(Scheduler::MaglevHashing),
