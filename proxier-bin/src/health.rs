@@ -19,6 +19,9 @@ use http::StatusCode;
 use crate::http_server::{BindError, Handler, HttpServer, not_found, response};
 use proxier_core::model::ServiceName;
 
+/// The header of a Service health answer that carries the node's local endpoint count.
+pub const ENDPOINT_WEIGHT_HEADER: &str = "x-load-balancing-endpoint-weight";
+
 /// Formats a time the way Go's `time.Time.String()` prints a UTC time
 /// (`2006-01-02 15:04:05.999999999 +0000 UTC`); `None` is Go's zero time.
 pub fn format_go_time(t: Option<SystemTime>) -> String {
@@ -301,9 +304,15 @@ impl ServiceHealthServers {
         let proxy_health = self.proxy_health.clone();
         Arc::new(move |_method, _path| {
             let (healthy, _) = proxy_health.is_healthy(SystemTime::now());
-            let answer =
-                service_health_answer(&key, local_endpoints.load(Ordering::Relaxed), healthy);
-            response(answer.status, "application/json", answer.body)
+            let count = local_endpoints.load(Ordering::Relaxed);
+            let answer = service_health_answer(&key, count, healthy);
+            let mut reply = response(answer.status, "application/json", answer.body);
+            // As kube-proxy: load balancers that weigh nodes (GCP's weighted Maglev) read
+            // the local endpoint count here, on healthy and unhealthy answers alike.
+            reply
+                .headers_mut()
+                .insert(ENDPOINT_WEIGHT_HEADER, http::HeaderValue::from(count));
+            reply
         })
     }
 }

@@ -164,16 +164,19 @@ async fn service_health_servers_follow_services_and_endpoints() {
     assert!(errors.is_empty());
     let addrs = servers.local_addrs(&web).await;
     assert_eq!(addrs.len(), 1);
-    let (status, _, body) = crate::http_client::get(addrs[0], "/").await;
+    let (status, headers, body) = crate::http_client::get(addrs[0], "/").await;
     assert_eq!(status, 503, "no local endpoints yet");
     assert!(body.contains("\"localEndpoints\": 0"), "{body}");
+    assert_eq!(headers["x-load-balancing-endpoint-weight"], "0");
 
     servers
         .sync_endpoints(&HashMap::from([(web.clone(), 2)]))
         .await;
-    let (status, _, body) = crate::http_client::get(addrs[0], "/").await;
+    let (status, headers, body) = crate::http_client::get(addrs[0], "/").await;
     assert_eq!(status, 200);
     assert!(body.contains("\"localEndpoints\": 2"), "{body}");
+    assert_eq!(headers["x-load-balancing-endpoint-weight"], "2");
+    assert_eq!(headers["content-type"], "application/json");
 
     // Endpoints gone from the map: 0 again.
     servers.sync_endpoints(&HashMap::new()).await;
