@@ -704,3 +704,38 @@ fn address_backend_routes_service_cidrs_as_local() {
         );
     });
 }
+
+#[test]
+fn address_backend_reads_the_nodes_own_addresses() {
+    // The node's addresses serve NodePorts. On a point-to-point address the kernel reports
+    // the peer as IFA_ADDRESS and the node's own as IFA_LOCAL: the node's is the one wanted
+    // (as Go's net.Interface.Addrs, which kube-proxy reads). The dummy link's VIPs, loopback
+    // and IPv6 link-local addresses are not NodePort addresses; IPv4 link-local ones are.
+    require_kernel!();
+    let netns = node();
+    netns.sh_ok(
+        "ip link add tun0 type dummy && ip link set tun0 up \
+         && ip addr add 10.9.0.1 peer 10.9.0.2/32 dev tun0 \
+         && ip addr add 169.254.3.3/16 dev tun0 \
+         && ip link set lo up",
+    );
+    // The oracle shows the pair as the test wrote it.
+    let shown = netns.sh_ok("ip -o -4 addr show dev tun0");
+    assert!(shown.contains("inet 10.9.0.1 peer 10.9.0.2/32"), "{shown}");
+    netns.block_on(|| async {
+        let mut backend = KernelAddressBackend::connect("kube-ipvs0").unwrap();
+        backend.ensure_link().await.unwrap();
+        backend.add_address(ip("10.96.0.10")).await.unwrap();
+        let node = backend.node_addresses().await.unwrap();
+        let expected: BTreeSet<IpAddr> = ["10.244.1.1", "fd00:244::1", "10.9.0.1", "169.254.3.3"]
+            .into_iter()
+            .map(ip)
+            .collect();
+        assert_eq!(node, expected);
+        // The dummy link lists its own address, not a peer's.
+        assert_eq!(
+            backend.list_addresses().await.unwrap(),
+            BTreeSet::from([ip("10.96.0.10")])
+        );
+    });
+}

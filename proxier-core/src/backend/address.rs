@@ -32,6 +32,22 @@ fn map_error(error: rtnetlink::Error) -> BackendError {
     BackendError::Other(error.to_string())
 }
 
+/// The node's own address in an address message: `IFA_LOCAL` when the message has one, else
+/// `IFA_ADDRESS`. On a point-to-point link (`ip addr add 10.9.0.1 peer 10.9.0.2`)
+/// `IFA_ADDRESS` is the peer's; elsewhere the two are equal (and IPv6 sends only
+/// `IFA_ADDRESS`). Go's `net.Interface.Addrs`, which kube-proxy reads, makes the same choice.
+fn local_address(message: &netlink_packet_route::address::AddressMessage) -> Option<IpAddr> {
+    let mut address = None;
+    for attribute in &message.attributes {
+        match attribute {
+            AddressAttribute::Local(local) => return Some(*local),
+            AddressAttribute::Address(a) => address = Some(*a),
+            _ => {}
+        }
+    }
+    address
+}
+
 /// Link-local addresses are the kernel's own (an IPv6 one appears when the link goes
 /// up), never service addresses: they are not reported, so never unbound.
 fn is_link_local(address: &IpAddr) -> bool {
@@ -159,15 +175,13 @@ impl KernelAddressBackend {
             if Some(message.header.index) == dummy {
                 continue;
             }
-            for attribute in &message.attributes {
-                // As kube-proxy: IPv4 link-local addresses can serve NodePorts, IPv6
-                // link-local ones cannot.
-                if let AddressAttribute::Address(address) = attribute
-                    && !matches!(address, IpAddr::V6(v6) if v6.is_unicast_link_local())
-                    && !address.is_loopback()
-                {
-                    addresses.insert(*address);
-                }
+            // As kube-proxy: IPv4 link-local addresses can serve NodePorts, IPv6
+            // link-local ones cannot.
+            if let Some(address) = local_address(&message)
+                && !matches!(address, IpAddr::V6(v6) if v6.is_unicast_link_local())
+                && !address.is_loopback()
+            {
+                addresses.insert(address);
             }
         }
         Ok(addresses)
@@ -308,12 +322,10 @@ impl AddressBackend for KernelAddressBackend {
             if message.header.index != index {
                 continue;
             }
-            for attribute in &message.attributes {
-                if let AddressAttribute::Address(address) = attribute
-                    && !is_link_local(address)
-                {
-                    addresses.insert(*address);
-                }
+            if let Some(address) = local_address(&message)
+                && !is_link_local(&address)
+            {
+                addresses.insert(address);
             }
         }
         Ok(addresses)
