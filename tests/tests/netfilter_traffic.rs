@@ -174,10 +174,14 @@ fn vip_port_without_a_service_is_rejected() {
     );
     wait_listening(&t.node, 81);
 
-    // Without our table the VIP exposes the node's daemon.
+    // Without our table the VIP exposes the node's daemon, and answers pings.
     assert_eq!(
         t.client_request_ok(CLIENT_IP, "10.96.0.10", 81).as_deref(),
         Some("node-daemon")
+    );
+    assert!(
+        t.client.sh("ping -c1 -W2 10.96.0.10").status.success(),
+        "the control ping got no answer"
     );
 
     let svc = service("web", "10.96.0.10", 80, Protocol::Tcp, None);
@@ -195,6 +199,19 @@ fn vip_port_without_a_service_is_rejected() {
         err.contains("refused") || err.contains("unreachable"),
         "expected an active reject, got: {err}"
     );
+    // Nor does it answer another protocol: as kube-proxy, a ping is refused too (the
+    // client's kernel counts the ICMP "unreachable" that comes back).
+    let unreachables_before = icmp_in_dest_unreachs(&t.client);
+    let ping = t.client.sh("ping -c1 -W2 10.96.0.10");
+    assert!(
+        !ping.status.success(),
+        "the VIP answered a ping: {}",
+        String::from_utf8_lossy(&ping.stdout)
+    );
+    assert!(
+        icmp_in_dest_unreachs(&t.client) > unreachables_before,
+        "the ping was dropped, not rejected"
+    );
     // The node's own address still reaches the daemon, and the service port still works.
     assert_eq!(
         t.client_request_ok(CLIENT_IP, NODE_IP, 81).as_deref(),
@@ -205,4 +222,16 @@ fn vip_port_without_a_service_is_rejected() {
         Some(BRIDGE_IP),
         "ClusterIP from outside the cluster CIDR is masqueraded"
     );
+}
+
+/// The `Icmp: InDestUnreachs` counter of `netns` (from its `/proc/net/snmp`).
+fn icmp_in_dest_unreachs(netns: &ipvs_proxier_tests::Netns) -> u64 {
+    let snmp = netns.sh_ok("cat /proc/net/snmp");
+    let mut icmp = snmp.lines().filter(|l| l.starts_with("Icmp: "));
+    let (names, values) = (icmp.next().unwrap(), icmp.next().unwrap());
+    let at = names
+        .split_whitespace()
+        .position(|n| n == "InDestUnreachs")
+        .unwrap();
+    values.split_whitespace().nth(at).unwrap().parse().unwrap()
 }

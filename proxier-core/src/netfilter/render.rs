@@ -264,10 +264,10 @@ fn render_table(out: &mut String, plan: &FamilyPlan, options: &RenderOptions) {
     );
     let _ = writeln!(out, "    tcp dport @health-check-node-ports accept");
     let _ = writeln!(out, "    {dst_key} @service-ports accept");
-    let _ = writeln!(
-        out,
-        "    ct state new {fam} daddr @service-ips meta l4proto {{ tcp, udp, sctp }} reject"
-    );
+    // Every protocol, as kube-proxy's KUBE-IPVS-FILTER: a VIP answers nothing but its
+    // Service ports (no ping either). New connections only, so the ICMP errors of
+    // established flows pass.
+    let _ = writeln!(out, "    ct state new {fam} daddr @service-ips reject");
     if !plan.routed_service_cidrs.is_empty() {
         // The node takes these CIDRs whole (a local route): an address of them that no
         // Service has must not reach the node's own sockets. New connections only: the
