@@ -85,12 +85,60 @@ pub async fn new_connection_in_netns(
 
 pub use crate::table::{Table, VerifiedTable};
 
+/// The shared connection's dump slot while a dump's replies are read. A dump stream dropped
+/// before its end (the caller stopped reading) keeps the slot on a task of its own until the
+/// kernel's end of that dump has come in: until then the kernel answers another dump on the
+/// socket with `EBUSY`.
+struct DumpSlot {
+    replies: Option<mpsc::UnboundedReceiver<Part>>,
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl DumpSlot {
+    fn new(
+        replies: mpsc::UnboundedReceiver<Part>,
+        guard: tokio::sync::OwnedMutexGuard<()>,
+    ) -> Self {
+        DumpSlot {
+            replies: Some(replies),
+            guard: Some(guard),
+        }
+    }
+
+    /// The next part of the dump; after its last one (or none) the slot is free.
+    async fn next(&mut self) -> Option<Part> {
+        let part = self.replies.as_mut()?.recv().await;
+        if !matches!(part, Some(Part::Data(_))) {
+            self.replies = None;
+            self.guard = None;
+        }
+        part
+    }
+}
+
+impl Drop for DumpSlot {
+    fn drop(&mut self) {
+        let (Some(mut replies), Some(guard)) = (self.replies.take(), self.guard.take()) else {
+            return;
+        };
+        // Without a runtime the connection task is gone too: nothing left to wait for.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                while let Some(Part::Data(_)) = replies.recv().await {}
+                drop(guard);
+            });
+        }
+    }
+}
+
 /// An async client of the kernel's IPVS family. Cheap to clone (an `Arc`); every clone
 /// shares one netlink connection and may be used from many tasks at once.
 ///
-/// Dumps on the shared connection are serialised (the kernel allows one dump per socket at
-/// a time); [`batch`](IpvsHandle::batch) and [`table`](IpvsHandle::table) use dedicated
-/// sockets from a small pool, opened in the handle's network namespace.
+/// The kernel runs one dump per socket at a time: a dump started while another one of the
+/// handle is still being read (destinations listed while the services are walked) runs on
+/// a pooled socket of its own, and is read whole before its first item comes.
+/// [`batch`](IpvsHandle::batch) and [`table`](IpvsHandle::table) use dedicated sockets from
+/// the same small pool, opened in the handle's network namespace.
 #[derive(Clone)]
 pub struct IpvsHandle {
     inner: Arc<Inner>,
@@ -237,7 +285,9 @@ impl IpvsHandle {
         Err(connection_lost(op))
     }
 
-    /// A dump on the shared connection, decoded item by item.
+    /// A dump, decoded item by item: on the shared connection when no other dump of this
+    /// handle is being read, else on a pooled socket of its own (so a caller may list each
+    /// service's destinations while it walks the services).
     fn dump<T, F>(
         &self,
         op: Operation,
@@ -251,16 +301,18 @@ impl IpvsHandle {
     {
         let this = self.clone();
         stream::once(async move {
-            // The kernel runs one dump per socket at a time; the lock is held until the
-            // stream ends or is dropped.
-            let guard = this.inner.dump_lock.clone().lock_owned().await;
+            // The kernel runs one dump per socket at a time.
+            let Ok(guard) = this.inner.dump_lock.clone().try_lock_owned() else {
+                let items = this.dump_on_own_socket(op, &object, msg, &decode).await;
+                return stream::iter(items).boxed();
+            };
             match this.send(op, msg, NLM_F_REQUEST | NLM_F_DUMP) {
                 Err(e) => stream::iter(vec![Err(e)]).boxed(),
                 Ok(replies) => stream::unfold(
-                    Some((replies, guard, Arc::new(decode), object)),
+                    Some((DumpSlot::new(replies, guard), Arc::new(decode), object)),
                     move |state| async move {
-                        let (mut replies, guard, decode, object) = state?;
-                        let item = match replies.recv().await {
+                        let (mut slot, decode, object) = state?;
+                        let item = match slot.next().await {
                             None => Err(connection_lost(op)),
                             Some(Part::Data(payload)) => IpvsMessage::from_genl(&payload)
                                 .and_then(|m| decode(&m))
@@ -271,7 +323,7 @@ impl IpvsHandle {
                         };
                         // A decoding error is one bad message; any other error ends the dump.
                         let more = matches!(item, Ok(_) | Err(Error::Decode { .. }));
-                        Some((item, more.then_some((replies, guard, decode, object))))
+                        Some((item, more.then_some((slot, decode, object))))
                     },
                 )
                 .boxed(),
@@ -279,6 +331,57 @@ impl IpvsHandle {
         })
         .flatten()
         .boxed()
+    }
+
+    /// Runs a dump on a pooled blocking socket and returns its items (one per reply, a
+    /// decoding error as its own item; a failure of the dump as a last item).
+    async fn dump_on_own_socket<T, F>(
+        &self,
+        op: Operation,
+        object: &Object,
+        msg: IpvsMessage,
+        decode: &F,
+    ) -> Vec<Result<T, Error>>
+    where
+        F: Fn(&IpvsMessage) -> Result<T, WireError>,
+    {
+        let mut sockets = match self.take_sockets(1).await {
+            Ok(sockets) => sockets,
+            Err(e) => return vec![Err(Error::io(op, e))],
+        };
+        let family = self.inner.family;
+        let joined = tokio::task::spawn_blocking(move || {
+            let mut payloads = Vec::new();
+            let answer = match sockets.first_mut() {
+                Some(socket) => socket.dump(message::genl(family, msg), |reply| {
+                    payloads.push(reply.payload.to_vec())
+                }),
+                None => Err(io::Error::other("no socket")),
+            };
+            (payloads, answer, sockets)
+        })
+        .await;
+        let (payloads, answer, sockets) = match joined {
+            Ok(done) => done,
+            Err(e) => return vec![Err(Error::io(op, io::Error::other(e.to_string())))],
+        };
+        if answer.is_ok() {
+            self.give_back(sockets);
+        }
+        let mut items: Vec<Result<T, Error>> = payloads
+            .iter()
+            .map(|payload| {
+                IpvsMessage::from_genl(payload)
+                    .and_then(|m| decode(&m))
+                    .map_err(|source| Error::Decode { op, source })
+            })
+            .collect();
+        match answer {
+            Ok(Ok(())) => {}
+            Ok(Err(errno)) => items.push(Err(Error::from_errno(op, object, errno))),
+            Err(e) => items.push(Err(Error::io(op, e))),
+        }
+        items
     }
 
     /// Escape hatch: runs any dump request on the shared connection and returns the reply

@@ -1,8 +1,10 @@
 //! Connection timeouts of the IPVS connection table (`ipvsadm --set`).
 
-/// Longest timeout in seconds the kernel accepts on every configuration: it keeps
-/// `timeout × HZ` in an `int` and refuses larger values (`INT_MAX / HZ`, HZ at most 1000).
-pub const MAX_TIMEOUT: u32 = i32::MAX as u32 / 1000;
+/// Longest timeout in seconds: 31 days, ipvsadm's limit for `--set`. The kernel keeps
+/// `timeout × HZ` in an `int` and refuses more than `INT_MAX / HZ` seconds with
+/// [`Error::InvalidArgument`](crate::Error::InvalidArgument) (2,147,483 s where HZ is 1000,
+/// 8,589,934 s where it is 250), as it refuses them to ipvsadm.
+pub const MAX_TIMEOUT: u32 = 31 * 24 * 3600;
 
 /// Timeouts in seconds, each at most [`MAX_TIMEOUT`]. When setting, 0 keeps the kernel's
 /// current value.

@@ -1,5 +1,7 @@
 //! ipvs-netlink against the real kernel: every error case maps to its typed error.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+// Confining one test thread (`unshare`, `capset`) takes system calls std does not wrap.
+#![allow(unsafe_code)]
 
 mod ipvs_support;
 
@@ -576,7 +578,7 @@ fn ipvs_values_the_kernel_cannot_hold_are_refused_before_sending() {
                 }),
             )
             .await;
-        assert_eq!(out_of_range(&r), ("TCP timeout", 3_000_000, 2_147_483));
+        assert_eq!(out_of_range(&r), ("TCP timeout", 3_000_000, 2_678_400));
         assert_eq!(h.step("timeouts", h.timeouts()).await.unwrap(), before);
 
         // In a batch, each invalid op gets its own error and the others still go.
@@ -640,4 +642,82 @@ fn ipvs_unavailable_is_reported_exactly_when_ipvs_is_missing() {
         (true, Err(e)) => panic!("kernel with IPVS, handle failed: {e}"),
     }
     let _ = (Netns::new, ForwardMethod::Masquerade);
+}
+
+/// `_LINUX_CAPABILITY_VERSION_3` (linux/capability.h): two 32-bit words per set.
+const CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: libc::c_int,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+#[test]
+fn a_batch_without_cap_net_admin_is_refused_op_by_op() {
+    // A caller without CAP_NET_ADMIN: its receive buffer cannot be forced up, so a datagram
+    // of requests must stay small enough for all of its acks to be queued. Every op must
+    // come back as PermissionDenied, none as an I/O error.
+    require_kernel!();
+    let results = std::thread::spawn(|| {
+        // Network namespace and capabilities are per thread, and inherited by the threads
+        // this one starts (the runtime's, and the library's socket threads).
+        // SAFETY: unshare(2) and capset(2) change only this thread's own attributes; the
+        // structs outlive the call.
+        unsafe {
+            assert_eq!(libc::unshare(libc::CLONE_NEWNET), 0, "unshare");
+            let header = CapHeader {
+                version: CAPABILITY_VERSION_3,
+                pid: 0,
+            };
+            let data = [CapData::default(); 2];
+            assert_eq!(
+                libc::syscall(libc::SYS_capset, &header, data.as_ptr()),
+                0,
+                "capset"
+            );
+        }
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let h = IpvsHandle::new()
+                .await
+                .expect("connecting needs no capability");
+            let ops: Vec<Op> = (0..1_000u32)
+                .map(|i| {
+                    let [_, _, hi, lo] = i.to_be_bytes();
+                    let address = IpAddr::from([10, 62, hi, lo]);
+                    Op::AddService(Service::new(
+                        ServiceKey::tcp(address, 80),
+                        Scheduler::RoundRobin,
+                    ))
+                })
+                .collect();
+            h.batch(ops).await
+        })
+    })
+    .join()
+    .unwrap();
+    assert_eq!(results.len(), 1_000);
+    let others: Vec<(usize, &Result<(), Error>)> = results
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| !matches!(r, Err(Error::PermissionDenied { .. })))
+        .collect();
+    assert!(
+        others.is_empty(),
+        "{} of 1,000 ops not refused as PermissionDenied; the first: {:?}",
+        others.len(),
+        others.first()
+    );
 }

@@ -1,23 +1,30 @@
-//! ipvs-netlink against the real kernel: a dump of 10,000 services.
+//! ipvs-netlink against the real kernel: large dumps (10,000 services), dumps of one handle
+//! read at once, and dumps abandoned part way.
 //!
 //! In a binary of its own so that no other test changes IPVS (in any namespace) while it
 //! dumps: the kernel resumes service dumps by position in a table shared by all
-//! namespaces.
+//! namespaces. Its tests take [`ALONE`] for the same reason.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod ipvs_support;
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Mutex;
+use std::time::Duration;
 
 use futures::TryStreamExt;
-use ipvs_netlink::{Op, Scheduler, Service, ServiceKey};
+use ipvs_netlink::{Destination, Op, Scheduler, Service, ServiceKey};
 use ipvs_proxier_tests::require_kernel;
 use ipvs_support::*;
+
+/// Held by each test: one test's IPVS changes would disturb another's dumps.
+static ALONE: Mutex<()> = Mutex::new(());
 
 #[test]
 fn ipvs_dump_of_10000_services() {
     require_kernel!();
+    let _alone = ALONE.lock().unwrap_or_else(|p| p.into_inner());
     let ns = netns_with_routes();
     let keys: Vec<ServiceKey> = (0..10_000u32)
         .map(|i| {
@@ -49,4 +56,76 @@ fn ipvs_dump_of_10000_services() {
     });
     let count = ns.sh_ok("ipvsadm -Sn | grep -c '^-A'");
     assert_eq!(count.trim(), "10000");
+}
+
+#[test]
+fn ipvs_dumps_of_one_handle_nest_and_an_abandoned_dump_does_not_hold_up_the_next() {
+    require_kernel!();
+    let _alone = ALONE.lock().unwrap_or_else(|p| p.into_inner());
+    let ns = netns_with_routes();
+    // 1,000 services (a dump of about a dozen datagrams), one destination each.
+    let keys: Vec<ServiceKey> = (0..1_000u32)
+        .map(|i| {
+            let [_, _, hi, lo] = i.to_be_bytes();
+            ServiceKey::tcp(IpAddr::V4(Ipv4Addr::new(10, 61, hi, lo)), 80)
+        })
+        .collect();
+    let k = keys.clone();
+    with_handle(&ns, |h| async move {
+        let ops: Vec<Op> = k
+            .iter()
+            .flat_map(|key| {
+                let dest = Destination::new(IpAddr::V4(Ipv4Addr::new(10, 1, 0, 7)), 8080);
+                [
+                    Op::AddService(Service::new(*key, Scheduler::RoundRobin)),
+                    Op::AddDestination(*key, dest),
+                ]
+            })
+            .collect();
+        assert!(h.batch(ops).await.iter().all(Result::is_ok));
+
+        // Each service's destinations listed while the walk of the services is still open,
+        // as `ipvsadm -Ln` lists them (and as the crate's README shows).
+        let walk = async {
+            let mut rows = BTreeSet::new();
+            let mut services = h.services();
+            while let Some(entry) = services.try_next().await.unwrap() {
+                let dests: Vec<_> = h
+                    .destinations(&entry.service.key)
+                    .try_collect()
+                    .await
+                    .unwrap();
+                assert_eq!(dests.len(), 1, "{:?}", entry.service.key);
+                rows.insert((entry.service.key, dests[0].destination.addr));
+            }
+            rows
+        };
+        let rows = tokio::time::timeout(Duration::from_secs(120), walk)
+            .await
+            .expect("a dump started while another was being read never ended");
+        let expected: BTreeSet<_> = k
+            .iter()
+            .map(|key| (*key, IpAddr::V4(Ipv4Addr::new(10, 1, 0, 7))))
+            .collect();
+        assert_eq!(rows, expected);
+
+        // A dump dropped after its first item, then another at once: the kernel is still
+        // sending the first one's rest, and would refuse a second dump on that socket.
+        for round in 0..20 {
+            let mut services = h.services();
+            assert!(services.try_next().await.unwrap().is_some());
+            drop(services);
+            let all: Vec<_> = h.services().try_collect().await.unwrap_or_else(|e| {
+                panic!("round {round}: a dump after an abandoned one failed: {e}")
+            });
+            assert_eq!(all.len(), 1_000, "round {round}");
+        }
+        // And the shared connection serves dumps again once the abandoned one has ended.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let all: Vec<_> = h.services().try_collect().await.unwrap();
+        assert_eq!(all.len(), 1_000);
+    });
+    let saved = saved_rules(&ns);
+    assert_eq!(saved.iter().filter(|l| l.starts_with("-A ")).count(), 1_000);
+    assert_eq!(saved.iter().filter(|l| l.starts_with("-a ")).count(), 1_000);
 }

@@ -423,6 +423,25 @@ fn ipvs_stats_zero_timeouts_info_daemons_flush() {
         ns.sh_ok("ipvsadm -Ln --timeout").trim(),
         format!("Timeout (tcp tcpfin udp): 1000 {} 200", before.tcp_fin)
     );
+    // ipvsadm's longest timeout (31 days): taken wherever this kernel takes it from ipvsadm
+    // (it refuses more than INT_MAX / HZ seconds), and refused the same way otherwise.
+    let ipvsadm_took_it = ns.sh("ipvsadm --set 2678400 0 0").status.success();
+    ns.sh_ok("ipvsadm --set 1000 0 200");
+    let ours = with_handle(&ns, |h| async move {
+        h.set_timeouts(&Timeouts::new(2_678_400, 0, 0)).await
+    });
+    assert_eq!(ours.is_ok(), ipvsadm_took_it, "{ours:?}");
+    if ipvsadm_took_it {
+        assert_eq!(
+            ns.sh_ok("ipvsadm -Ln --timeout").trim(),
+            format!("Timeout (tcp tcpfin udp): 2678400 {} 200", before.tcp_fin)
+        );
+    } else {
+        assert!(
+            matches!(ours, Err(ipvs_netlink::Error::InvalidArgument { .. })),
+            "{ours:?}"
+        );
+    }
 
     // Sync daemons.
     let daemons = with_handle(&ns, |h| async move {

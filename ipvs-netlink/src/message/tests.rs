@@ -383,12 +383,12 @@ fn values_the_kernel_cannot_hold_are_refused() {
     );
 
     let t = Timeouts {
-        tcp: 2_147_484,
+        tcp: 2_678_401,
         ..Timeouts::default()
     };
     assert_eq!(
         range_error(encode_set_timeouts(&t)),
-        ("TCP timeout", 2_147_484, 0, 2_147_483)
+        ("TCP timeout", 2_678_401, 0, 2_678_400)
     );
     let t = Timeouts {
         udp: u32::MAX,

@@ -23,6 +23,9 @@ const SLOTS: usize = 32;
 const CHUNK_BYTES: usize = 160 * 1024;
 /// Most requests per datagram, bounding the acks queued at once.
 const CHUNK_REQUESTS: usize = 2048;
+/// Receive-buffer bytes counted per queued acknowledgement: the kernel charges each ack's
+/// whole buffer (about 768 bytes) against the socket's receive buffer.
+const ACK_TRUESIZE: usize = 1024;
 
 /// What became of one request of a [`pipeline`](NetlinkSocket::pipeline).
 #[derive(Debug)]
@@ -47,6 +50,9 @@ pub struct NetlinkSocket {
     sequence: u32,
     inbox: Inbox,
     out: Vec<u8>,
+    /// Most requests per datagram: [`CHUNK_REQUESTS`], fewer when the receive buffer could
+    /// not be raised (no `CAP_NET_ADMIN`) and would overflow with the chunk's acks.
+    chunk_requests: usize,
 }
 
 /// The datagrams one `recvmmsg` took.
@@ -123,11 +129,16 @@ impl NetlinkSocket {
             &nix::sys::time::TimeVal::new(30, 0),
         )
         .map_err(io::Error::from)?;
+        // The acks of one datagram are queued while it is sent, before any is read.
+        let rcvbuf = nix::sys::socket::getsockopt(&socket, nix::sys::socket::sockopt::RcvBuf)
+            .unwrap_or(RCVBUF);
+        let chunk_requests = (rcvbuf / ACK_TRUESIZE).clamp(16, CHUNK_REQUESTS);
         Ok(NetlinkSocket {
             socket,
             sequence: 0,
             inbox: Inbox::new(),
             out: Vec::new(),
+            chunk_requests,
         })
     }
 
@@ -233,7 +244,7 @@ impl NetlinkSocket {
             self.out.clear();
             tags.clear();
             let first = self.sequence.wrapping_add(1).max(1);
-            while self.out.len() < CHUNK_BYTES && tags.len() < CHUNK_REQUESTS {
+            while self.out.len() < CHUNK_BYTES && tags.len() < self.chunk_requests {
                 let Some((tag, payload)) = requests.next() else {
                     break;
                 };
