@@ -117,7 +117,9 @@ pub struct Destination {
 }
 
 impl Destination {
-    /// A masquerading (NAT) destination with weight 1 and no thresholds.
+    /// A masquerading (NAT) destination with weight 1 and no thresholds. (ipvsadm's default
+    /// is direct routing, `-g`, for which it also sets the destination's port to the
+    /// service's; this crate sends the port as given.)
     pub fn new(addr: IpAddr, port: u16) -> Self {
         Destination {
             addr,

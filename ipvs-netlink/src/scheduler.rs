@@ -15,7 +15,8 @@ pub const SCHEDULER_NAME_MAX: usize = 15;
 /// with [`Scheduler::from_name`] or [`str::parse`], which map known names to their variants.
 #[derive(Debug, Clone, Default)]
 pub enum Scheduler {
-    /// Round robin (`rr`), the kernel's and kube-proxy's default.
+    /// Round robin (`rr`), kube-proxy's default and this crate's. (The kernel has none: a
+    /// service always names one; ipvsadm's is `wlc`.)
     #[default]
     RoundRobin,
     /// Weighted round robin (`wrr`).
