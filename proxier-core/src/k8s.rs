@@ -160,14 +160,53 @@ fn parse_ip(
     field: &'static str,
     value: &str,
 ) -> Result<IpAddr, ConversionError> {
-    value
-        .trim()
-        .parse()
-        .map_err(|_| ConversionError::InvalidIp {
-            object: object.clone(),
-            field,
-            value: value.to_owned(),
-        })
+    sloppy_ip(value.trim()).ok_or_else(|| ConversionError::InvalidIp {
+        object: object.clone(),
+        field,
+        value: value.to_owned(),
+    })
+}
+
+/// An address as kube-proxy reads one (`netutils.ParseIPSloppy`): objects stored before the
+/// API server's strict validation may hold IPv4 parts with leading zeros, which are read as
+/// decimal (`010.001.002.003` is 10.1.2.3), and an IPv4-mapped IPv6 address
+/// (`::ffff:10.1.2.3`) is the IPv4 address it maps.
+fn sloppy_ip(text: &str) -> Option<IpAddr> {
+    let ip = match text.parse::<IpAddr>() {
+        Ok(ip) => ip,
+        Err(_) => {
+            let mut octets = [0u8; 4];
+            let mut parts = text.split('.');
+            for octet in &mut octets {
+                let part = parts.next()?;
+                if part.is_empty() || part.len() > 3 || !part.bytes().all(|b| b.is_ascii_digit()) {
+                    return None;
+                }
+                *octet = part.parse().ok()?;
+            }
+            if parts.next().is_some() {
+                return None;
+            }
+            IpAddr::from(octets)
+        }
+    };
+    Some(match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    })
+}
+
+/// A CIDR as kube-proxy reads one (`netutils.ParseCIDRSloppy`): its address as
+/// [`sloppy_ip`] reads it (an IPv4-mapped IPv6 network is left as written).
+fn sloppy_cidr(text: &str) -> Option<IpNet> {
+    if let Ok(net) = text.parse::<IpNet>() {
+        return Some(net);
+    }
+    let (address, prefix) = text.split_once('/')?;
+    let IpAddr::V4(address) = sloppy_ip(address)? else {
+        return None;
+    };
+    IpNet::new(IpAddr::V4(address), prefix.parse().ok()?).ok()
 }
 
 /// Reads a Service: proxied, skipped (as kube-proxy skips it) or rejected.
@@ -304,13 +343,11 @@ pub fn convert_service(service: &core::Service) -> Result<ServiceConversion, Con
         .iter()
         .flatten()
         .map(|raw| {
-            raw.trim()
-                .parse::<IpNet>()
-                .map_err(|_| ConversionError::InvalidCidr {
-                    object: object.clone(),
-                    field: "loadBalancerSourceRanges",
-                    value: raw.clone(),
-                })
+            sloppy_cidr(raw.trim()).ok_or_else(|| ConversionError::InvalidCidr {
+                object: object.clone(),
+                field: "loadBalancerSourceRanges",
+                value: raw.clone(),
+            })
         })
         .collect::<Result<Vec<_>, _>>()?;
 
@@ -617,10 +654,8 @@ pub fn node_context(node: &core::Node) -> Result<NodeContext, ConversionError> {
     };
     let mut pod_cidrs: Vec<IpNet> = Vec::new();
     for raw in &raw_cidrs {
-        let net = raw
-            .trim()
-            .parse::<IpNet>()
-            .map_err(|_| ConversionError::InvalidCidr {
+        let net = sloppy_cidr(raw.trim())
+            .ok_or_else(|| ConversionError::InvalidCidr {
                 object: object.clone(),
                 field: "spec.podCIDRs",
                 value: raw.clone(),

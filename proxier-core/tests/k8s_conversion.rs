@@ -604,3 +604,54 @@ fn trigger_time_reads_the_endpoint_slice_controller_s_annotation() {
     assert_eq!(trigger_time(&slice(Some("yesterday"))), None);
     assert_eq!(trigger_time(&slice(None)), None);
 }
+
+#[test]
+fn addresses_are_read_as_kube_proxy_reads_them_leading_zeros_and_mapped_ipv4() {
+    // netutils.ParseIPSloppy: IPv4 parts with leading zeros (objects stored before strict
+    // validation) are decimal; an IPv4-mapped IPv6 address is its IPv4 address.
+    let s = proxied(&service(
+        "legacy",
+        json!({
+            "clusterIP": "010.096.000.010",
+            "externalIPs": ["192.168.001.009", "::ffff:192.168.1.10"],
+            "loadBalancerSourceRanges": ["010.0.0.0/8"],
+            "type": "LoadBalancer",
+            "ports": [{"name": "http", "port": 80, "nodePort": 30080}]
+        }),
+    ));
+    assert_eq!(s.cluster_ips, vec![ip("10.96.0.10")]);
+    assert_eq!(s.external_ips, vec![ip("192.168.1.9"), ip("192.168.1.10")]);
+    assert_eq!(
+        s.load_balancer_source_ranges,
+        vec!["10.0.0.0/8".parse::<ipnet::IpNet>().unwrap()]
+    );
+    let slice = convert_endpoint_slice(&slice_json(
+        "legacy-abc",
+        json!({}),
+        json!({
+            "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+            "endpoints": [{"addresses": ["10.001.000.005"]}, {"addresses": ["::ffff:10.1.0.6"]}]
+        }),
+    ))
+    .unwrap()
+    .unwrap();
+    let addresses: Vec<IpAddr> = slice.endpoints.iter().map(|e| e.address).collect();
+    assert_eq!(addresses, vec![ip("10.1.0.5"), ip("10.1.0.6")]);
+    // Still refused: not an address in any spelling.
+    for bad in [
+        "10.0.0.256",
+        "10.0.0",
+        "10.0.0.1.2",
+        "0x0a.0.0.1",
+        "10.0.0.-1",
+        "1e1.0.0.1",
+    ] {
+        let mut spec = basic_spec();
+        spec["clusterIP"] = json!(bad);
+        let err = rejected(&service("bad", spec));
+        assert!(
+            matches!(err, ConversionError::InvalidIp { .. }),
+            "{bad}: {err}"
+        );
+    }
+}
