@@ -1,5 +1,5 @@
 //! The graceful-termination queue: real servers that are no longer planned, held
-//! at weight 0 until their connections end or a time bound passes.
+//! at weight 0 until their connections end (or a time bound, when one is set, passes).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -8,9 +8,11 @@ use tokio::time::Instant;
 
 use crate::desired::{RealServerKey, VirtualServerKey};
 
-/// Default bound on how long a removed real server is kept for its connections
-/// (kube-proxy keeps them for as long as they last; 15 minutes caps stuck ones).
-pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(15 * 60);
+/// Default bound on how long a removed real server is kept for its connections: none
+/// (`Duration::MAX`), as kube-proxy keeps them for as long as they last. A connection that
+/// goes quiet still ends: IPVS expires an idle entry after its own timeout (`ipvsadm
+/// --set`, 15 minutes for established TCP by default).
+pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::MAX;
 
 /// Real servers being drained, with the time each one started draining.
 #[derive(Debug, Clone, Default)]

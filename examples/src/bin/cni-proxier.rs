@@ -24,7 +24,7 @@
 //! ```
 //! `--node`: this node's name (default: the hostname); endpoints on it are local. `--link`: the
 //! dummy link of the VIPs (default `kube-ipvs0`). `--drain-timeout`: how long a removed
-//! endpoint keeps its TCP connections at weight 0 (default 15 min). `--watch`: keep running,
+//! endpoint keeps its TCP connections at weight 0 (default: until they end). `--watch`: keep running,
 //! re-read FILE when it changes (checked every second; a FILE that does not parse changes
 //! nothing). `--resync`: the period of the full resync with `--watch` (default 30 s).
 //! `--dry-run`: in-memory backends, prints the planned table; needs no root: `cargo run -p

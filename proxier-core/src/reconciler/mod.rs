@@ -72,7 +72,8 @@ pub struct ReconcilerConfig {
     /// Port range of NodePorts; unplanned virtual servers on node addresses outside it
     /// are left alone. `None` owns every port on those addresses.
     pub node_port_range: Option<RangeInclusive<u16>>,
-    /// How long a removed TCP real server may keep its connections before it is deleted.
+    /// How long a removed TCP real server may keep its connections before it is deleted
+    /// ([`DEFAULT_DRAIN_TIMEOUT`]: as long as they last).
     pub drain_timeout: Duration,
     /// How often [`Reconciler::tick`] should run while real servers are draining.
     pub drain_check_interval: Duration,
