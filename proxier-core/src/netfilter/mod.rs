@@ -66,7 +66,7 @@
 //!   life.
 //! - `filter-input` (filter, input, priority filter: before IPVS's LOCAL_IN hook at 98)
 //!   sends LB IP:port with source ranges through `source-ranges` (allowed source → return,
-//!   else drop), accepts health-check NodePorts and every service VIP:port, and rejects new
+//!   else drop), accepts health-check NodePorts and every service VIP:port, and rejects
 //!   new traffic of any protocol to a bound VIP on any other port (kubernetes#72236).
 //! - `filter-output` (filter, output, priority -110: before IPVS's LOCAL_OUT hook at -99)
 //!   drops node-originated connections to a firewalled LB IP:port unless a source range holds
