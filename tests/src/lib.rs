@@ -13,10 +13,12 @@
 pub mod apiserver;
 mod background;
 pub mod bench;
+mod capabilities;
 mod kernel;
 mod netns;
 
 pub use background::{Background, ShellProcess, load_modules, wait_until};
+pub use capabilities::set_thread_capabilities;
 
 pub use kernel::{KERNEL_TESTS_ENV, PROXIER_BIN_ENV, kernel_tests_enabled, proxier_bin};
 pub use netns::Netns;

@@ -1,6 +1,6 @@
 //! ipvs-netlink against the real kernel: every error case maps to its typed error.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
-// Confining one test thread (`unshare`, `capset`) takes system calls std does not wrap.
+// Confining one test thread (`unshare`) takes a system call std does not wrap.
 #![allow(unsafe_code)]
 
 mod ipvs_support;
@@ -644,23 +644,6 @@ fn ipvs_unavailable_is_reported_exactly_when_ipvs_is_missing() {
     let _ = (Netns::new, ForwardMethod::Masquerade);
 }
 
-/// `_LINUX_CAPABILITY_VERSION_3` (linux/capability.h): two 32-bit words per set.
-const CAPABILITY_VERSION_3: u32 = 0x2008_0522;
-
-#[repr(C)]
-struct CapHeader {
-    version: u32,
-    pid: libc::c_int,
-}
-
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-struct CapData {
-    effective: u32,
-    permitted: u32,
-    inheritable: u32,
-}
-
 #[test]
 fn a_batch_without_cap_net_admin_is_refused_op_by_op() {
     // A caller without CAP_NET_ADMIN: its receive buffer cannot be forced up, so a datagram
@@ -670,21 +653,9 @@ fn a_batch_without_cap_net_admin_is_refused_op_by_op() {
     let results = std::thread::spawn(|| {
         // Network namespace and capabilities are per thread, and inherited by the threads
         // this one starts (the runtime's, and the library's socket threads).
-        // SAFETY: unshare(2) and capset(2) change only this thread's own attributes; the
-        // structs outlive the call.
-        unsafe {
-            assert_eq!(libc::unshare(libc::CLONE_NEWNET), 0, "unshare");
-            let header = CapHeader {
-                version: CAPABILITY_VERSION_3,
-                pid: 0,
-            };
-            let data = [CapData::default(); 2];
-            assert_eq!(
-                libc::syscall(libc::SYS_capset, &header, data.as_ptr()),
-                0,
-                "capset"
-            );
-        }
+        // SAFETY: unshare(2) moves only this thread to a new network namespace.
+        assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0, "unshare");
+        ipvs_proxier_tests::set_thread_capabilities(0).expect("capset");
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()

@@ -48,23 +48,6 @@ const CAP_NET_ADMIN: u32 = 12;
 /// The capabilities the daemon runs with: CAP_NET_ADMIN only.
 const NEEDED: u64 = 1 << CAP_NET_ADMIN;
 
-/// `_LINUX_CAPABILITY_VERSION_3`: two 32-bit words per set.
-const CAPABILITY_VERSION_3: u32 = 0x2008_0522;
-
-#[repr(C)]
-struct CapHeader {
-    version: u32,
-    pid: libc::c_int,
-}
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct CapData {
-    effective: u32,
-    permitted: u32,
-    inheritable: u32,
-}
-
 const SOURCE: &str = include_str!("../fixtures/web-and-dns.yaml");
 
 fn source(dns_endpoint: &str) -> String {
@@ -248,7 +231,7 @@ fn confine(netns_fd: libc::c_int, keep: u64, last_cap: u32) -> std::io::Result<(
             Err(std::io::Error::last_os_error())
         }
     };
-    // SAFETY: plain system calls; the pointers passed to capset point at live locals.
+    // SAFETY: plain system calls that change only this (forked) process; no pointers.
     unsafe {
         check(libc::setns(netns_fd, libc::CLONE_NEWNET).into())?;
         for cap in 0..=last_cap {
@@ -268,29 +251,7 @@ fn confine(netns_fd: libc::c_int, keep: u64, last_cap: u32) -> std::io::Result<(
             )
             .into(),
         )?;
-        let header = CapHeader {
-            version: CAPABILITY_VERSION_3,
-            pid: 0,
-        };
-        let low = (keep & 0xffff_ffff) as u32;
-        let high = (keep >> 32) as u32;
-        let data = [
-            CapData {
-                effective: low,
-                permitted: low,
-                inheritable: 0,
-            },
-            CapData {
-                effective: high,
-                permitted: high,
-                inheritable: 0,
-            },
-        ];
-        check(libc::syscall(
-            libc::SYS_capset,
-            &raw const header,
-            data.as_ptr(),
-        ))?;
+        ipvs_proxier_tests::set_thread_capabilities(keep)?;
         check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0).into())?;
     }
     Ok(())
