@@ -345,29 +345,31 @@ impl IpvsHandle {
     where
         F: Fn(&IpvsMessage) -> Result<T, WireError>,
     {
-        let mut sockets = match self.take_sockets(1).await {
+        let sockets = match self.take_sockets(1).await {
             Ok(sockets) => sockets,
             Err(e) => return vec![Err(Error::io(op, e))],
         };
         let family = self.inner.family;
-        let joined = tokio::task::spawn_blocking(move || {
-            let mut payloads = Vec::new();
-            let answer = match sockets.first_mut() {
-                Some(socket) => socket.dump(message::genl(family, msg), |reply| {
-                    payloads.push(reply.payload.to_vec())
-                }),
-                None => Err(io::Error::other("no socket")),
-            };
-            (payloads, answer, sockets)
-        })
-        .await;
-        let (payloads, answer, sockets) = match joined {
+        let joined = self
+            .on_blocking_thread(
+                sockets,
+                move |sockets| {
+                    let mut payloads = Vec::new();
+                    let answer = match sockets.first_mut() {
+                        Some(socket) => socket.dump(message::genl(family, msg), |reply| {
+                            payloads.push(reply.payload.to_vec())
+                        }),
+                        None => Err(io::Error::other("no socket")),
+                    };
+                    (payloads, answer)
+                },
+                |(_, answer)| answer.is_ok(),
+            )
+            .await;
+        let (payloads, answer) = match joined {
             Ok(done) => done,
             Err(e) => return vec![Err(Error::io(op, io::Error::other(e.to_string())))],
         };
-        if answer.is_ok() {
-            self.give_back(sockets);
-        }
         let mut items: Vec<Result<T, Error>> = payloads
             .iter()
             .map(|payload| {
@@ -629,6 +631,25 @@ impl IpvsHandle {
         pool.truncate(MAX_DUMP_WORKERS + 1);
     }
 
+    /// Runs `work` with `sockets` on a blocking thread; they go back to the pool when
+    /// `reusable` says the result left them in a known state.
+    async fn on_blocking_thread<R: Send + 'static>(
+        &self,
+        mut sockets: Vec<NetlinkSocket>,
+        work: impl FnOnce(&mut [NetlinkSocket]) -> R + Send + 'static,
+        reusable: impl FnOnce(&R) -> bool,
+    ) -> Result<R, tokio::task::JoinError> {
+        let (result, sockets) = tokio::task::spawn_blocking(move || {
+            let result = work(&mut sockets);
+            (result, sockets)
+        })
+        .await?;
+        if reusable(&result) {
+            self.give_back(sockets);
+        }
+        Ok(result)
+    }
+
     /// Applies many changes with as few round trips as the kernel allows (many requests per
     /// datagram, each acknowledged by the kernel on its own).
     ///
@@ -643,26 +664,23 @@ impl IpvsHandle {
             return Vec::new();
         }
         let operations: Vec<Operation> = ops.iter().map(Op::operation).collect();
-        let mut sockets = match self.take_sockets(1).await {
+        let sockets = match self.take_sockets(1).await {
             Ok(s) => s,
             Err(e) => return batch::failed_all(&operations, &e.to_string()),
         };
         let family = self.inner.family;
-        let joined = tokio::task::spawn_blocking(move || {
-            let results = match sockets.first_mut() {
-                Some(socket) => batch::run(socket, family, &ops),
-                None => Vec::new(),
-            };
-            (results, sockets)
-        })
-        .await;
+        let joined = self
+            .on_blocking_thread(
+                sockets,
+                move |sockets| match sockets.first_mut() {
+                    Some(socket) => batch::run(socket, family, &ops),
+                    None => Vec::new(),
+                },
+                |results| results.iter().all(|r| !matches!(r, Err(Error::Io { .. }))),
+            )
+            .await;
         match joined {
-            Ok((results, sockets)) => {
-                if results.iter().all(|r| !matches!(r, Err(Error::Io { .. }))) {
-                    self.give_back(sockets);
-                }
-                batch::one_per_op(results, &operations)
-            }
+            Ok(results) => batch::one_per_op(results, &operations),
             Err(e) => batch::failed_all(&operations, &format!("batch worker failed: {e}")),
         }
     }
@@ -730,18 +748,13 @@ impl IpvsHandle {
             .await
             .map_err(|e| Error::io(Operation::ListServices, e))?;
         let family = self.inner.family;
-        let joined = tokio::task::spawn_blocking(move || {
-            let mut sockets = sockets;
-            let result = table::read(&mut sockets, family, max_attempts);
-            (result, sockets)
-        })
+        self.on_blocking_thread(
+            sockets,
+            move |sockets| table::read(sockets, family, max_attempts),
+            Result::is_ok,
+        )
         .await
-        .map_err(|e| Error::io(Operation::ListServices, io::Error::other(e.to_string())))?;
-        let (result, sockets) = joined;
-        if result.is_ok() {
-            self.give_back(sockets);
-        }
-        result
+        .map_err(|e| Error::io(Operation::ListServices, io::Error::other(e.to_string())))?
     }
 }
 

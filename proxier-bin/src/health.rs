@@ -91,8 +91,8 @@ impl ProxyHealth {
         st.last_updated = Some(now);
     }
 
-    /// Records whether this node may take traffic (see [`proxier_core::k8s::node_eligible`]; `false` also while
-    /// its Node object is deleted).
+    /// Records whether this node may take traffic (see [`proxier_core::k8s::node_eligible`];
+    /// `false` also while its Node object is deleted).
     pub fn set_node_eligible(&self, eligible: bool) {
         self.lock().node_eligible = eligible;
     }
