@@ -3,24 +3,22 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use proxier_core::backend::{AddressBackend, IpvsBackend, MemoryAddressBackend};
 use proxier_core::conntrack::ConntrackBackend;
 use proxier_core::engine::driver::{self, ProxierHandle, SyncObserver};
 use proxier_core::netfilter::NetfilterBackend;
 use proxier_core::takeover::KubeProxyTakeover;
-use proxier_core::{
-    Backends, Change, EngineError, KernelProxier, Proxier, ProxierConfig, SyncKind,
-};
-use tokio::sync::{mpsc, watch};
+use proxier_core::{Backends, EngineError, KernelProxier, Proxier, ProxierConfig, SyncKind};
+use proxier_runtime::health::ProxyHealth;
+use proxier_runtime::health::servers::{ServiceHealthServers, serve_proxy_health};
+use proxier_runtime::http_server::{BindError, HttpServer};
+use proxier_runtime::observer::{Feed, RuntimeObserver};
+use proxier_runtime::source::{self, SourceHandle};
+use tokio::sync::watch;
 
 use crate::dry_run::DryRunObserver;
-use crate::health::{ProxyHealth, ServiceHealthServers, serve_proxy_health};
-use crate::http_server::{BindError, HttpServer};
 use crate::settings::{RunMode, Settings, SourceSettings};
-use crate::source::{self, SourceBatch, SourceHandle};
-use crate::sync_observer::{DaemonObserver, PendingChanges};
 
 /// Why the daemon stopped with an error (exit code 1).
 #[derive(Debug, thiserror::Error)]
@@ -97,39 +95,6 @@ fn source_name(settings: &Settings) -> &'static str {
     }
 }
 
-/// Hands a source's batches to the driver, counting the changes for the `*_changes_*`
-/// metrics and keeping the health state's view of this node current, until the source ends.
-async fn pump_events(
-    mut events: mpsc::Receiver<SourceBatch>,
-    engine: ProxierHandle,
-    health: ProxyHealth,
-    pending: Arc<PendingChanges>,
-) {
-    while let Some(batch) = events.recv().await {
-        if let Some(eligible) = batch.node_eligible {
-            health.set_node_eligible(eligible);
-        }
-        for change in &batch.changes {
-            tracing::debug!(change = %source::describe(change), "source change");
-            match change {
-                Change::UpsertService(_) | Change::DeleteService(_) => {
-                    let n = pending.services.fetch_add(1, Ordering::Relaxed) + 1;
-                    crate::metrics::record_service_change(n);
-                }
-                Change::UpsertSlice(_) | Change::DeleteSlice(_) => {
-                    let n = pending.endpoints.fetch_add(1, Ordering::Relaxed) + 1;
-                    crate::metrics::record_endpoint_change(n);
-                }
-                Change::UpsertNode(_) | Change::DeleteNode => {}
-            }
-        }
-        for at in batch.trigger_times {
-            engine.record_trigger_time(at);
-        }
-        engine.apply(batch.changes);
-    }
-}
-
 /// Runs the daemon until a signal (or, with `--once`, one sync).
 pub async fn run(settings: Settings) -> Result<(), DaemonError> {
     let mut config = ProxierConfig::new(settings.hostname.clone(), settings.planner.clone());
@@ -172,10 +137,10 @@ pub async fn run(settings: Settings) -> Result<(), DaemonError> {
     let mut servers: Vec<HttpServer> = Vec::new();
     let once = settings.run_mode == RunMode::Once;
     if !once {
-        match crate::metrics::install() {
+        match crate::exporter::install() {
             Ok(handle) => {
                 if let Some(addr) = settings.metrics_bind_address {
-                    let server = crate::metrics::serve(addr, handle).await?;
+                    let server = crate::exporter::serve(addr, handle).await?;
                     tracing::info!(address = %server.local_addr(), "metrics server listening");
                     servers.push(server);
                 }
@@ -188,8 +153,8 @@ pub async fn run(settings: Settings) -> Result<(), DaemonError> {
             servers.push(server);
         }
     }
-    let pending = Arc::new(PendingChanges::default());
-    let observer = DaemonObserver::new(health.clone(), Arc::clone(&pending));
+    let observer = RuntimeObserver::new(health.clone());
+    let feed = observer.feed();
 
     let result = if settings.dry_run {
         let backends = Backends {
@@ -205,7 +170,7 @@ pub async fn run(settings: Settings) -> Result<(), DaemonError> {
         if !once {
             observer = observer.watching();
         }
-        drive(&settings, proxier, observer, health, pending, shutdown_rx).await
+        drive(&settings, proxier, observer, feed, shutdown_rx).await
     } else {
         let config = ProxierConfig {
             node_addresses_from_kernel: true,
@@ -224,7 +189,7 @@ pub async fn run(settings: Settings) -> Result<(), DaemonError> {
                 health.clone(),
             )));
         }
-        drive(&settings, proxier, observer, health, pending, shutdown_rx).await
+        drive(&settings, proxier, observer, feed, shutdown_rx).await
     };
     drop(servers);
     result
@@ -235,8 +200,7 @@ async fn drive<I, A, N, C, O>(
     settings: &Settings,
     mut proxier: Proxier<I, A, N, C>,
     mut observer: O,
-    health: ProxyHealth,
-    pending: Arc<PendingChanges>,
+    feed: Feed,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), DaemonError>
 where
@@ -269,14 +233,8 @@ where
         rest = Some((events, task));
         first.ok_or(DaemonError::SourceEnded(source_name(settings)))?
     };
-    if let Some(eligible) = first.node_eligible {
-        health.set_node_eligible(eligible);
-    }
     let started = std::time::Instant::now();
-    let count = first.changes.len();
-    for change in first.changes {
-        proxier.apply(change);
-    }
+    let count = feed.apply_first(&mut proxier, first);
     tracing::info!(changes = count, took = ?started.elapsed(), "first picture applied");
 
     if once {
@@ -290,18 +248,8 @@ where
     }
 
     let (handle, commands) = ProxierHandle::new();
-    if proxier.config().node_addresses_from_kernel {
-        let engine = handle.clone();
-        let watched = proxier_core::backend::address::watch_node_addresses(
-            settings.dummy_interface.clone(),
-            move || engine.node_addresses_changed(),
-        );
-        if let Err(error) = watched {
-            tracing::warn!(%error, "cannot watch address changes; NodePorts follow them at full resyncs only");
-        }
-    }
     if let Some((events, _task)) = rest {
-        tokio::spawn(pump_events(events, handle.clone(), health, pending));
+        tokio::spawn(source::forward(events, handle.clone(), feed));
     }
     driver::run(
         &mut proxier,
@@ -325,7 +273,7 @@ pub trait OncePrinter<P> {
     );
 }
 
-impl<P> OncePrinter<P> for DaemonObserver {
+impl<P> OncePrinter<P> for RuntimeObserver {
     fn print_once(
         &mut self,
         _: &P,

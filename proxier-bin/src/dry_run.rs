@@ -17,7 +17,7 @@ use proxier_core::view::{
 use proxier_core::{Desired, MemoryProxier};
 
 use crate::cli::OutputFormat;
-use crate::sync_observer::DaemonObserver;
+use proxier_runtime::observer::RuntimeObserver;
 
 /// `--take-over-kube-proxy --dry-run`: lists what the takeover would remove from this node
 /// (read only). On standard output before the plan table; on standard error with
@@ -41,7 +41,7 @@ pub async fn print_takeover(
 /// first as the whole plan, later ones as what changed.
 #[derive(Debug)]
 pub struct DryRunObserver<W> {
-    daemon: DaemonObserver,
+    daemon: RuntimeObserver,
     out: W,
     format: OutputFormat,
     /// The plan as of the last printed sync.
@@ -52,12 +52,12 @@ pub struct DryRunObserver<W> {
 
 impl<W: Write> DryRunObserver<W> {
     /// Prints tables to `out`; metrics and health go through `daemon`.
-    pub fn new(daemon: DaemonObserver, out: W) -> Self {
+    pub fn new(daemon: RuntimeObserver, out: W) -> Self {
         Self::with_format(daemon, out, OutputFormat::Table)
     }
 
     /// Prints to `out` in `format`.
-    pub fn with_format(daemon: DaemonObserver, out: W, format: OutputFormat) -> Self {
+    pub fn with_format(daemon: RuntimeObserver, out: W, format: OutputFormat) -> Self {
         DryRunObserver {
             daemon,
             out,

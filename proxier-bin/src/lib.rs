@@ -1,18 +1,14 @@
-//! The `ipvs-proxier` daemon's parts: flags and config file, sources of cluster objects and
-//! their conversion into the engine's changes, metrics and health servers, logging. No proxy
-//! logic lives here: planning, reconciling and the sync loop belong to `proxier-core`.
+//! The `ipvs-proxier` daemon's parts: flags and config file, settings, logging, the metrics
+//! exporter, the dry run's printer, and the wiring. No proxy, source or health logic lives
+//! here: the engine is `proxier-core`, the sources, health servers and metrics are
+//! `proxier-runtime`.
 
-pub mod api_metrics;
 pub mod cli;
 pub mod config;
 pub mod daemon;
 pub mod dry_run;
+pub mod exporter;
 pub mod file_value;
 pub mod go_duration;
-pub mod health;
-pub mod http_server;
 pub mod logging;
-pub mod metrics;
 pub mod settings;
-pub mod source;
-pub mod sync_observer;

@@ -2,18 +2,16 @@
 //! through the engine on in-memory backends, printed by the dry-run observer as the daemon's
 //! `--dry-run` prints them.
 
-use std::sync::Arc;
-
 use proxier_bin::cli::OutputFormat;
 use proxier_bin::dry_run::DryRunObserver;
-use proxier_bin::health::ProxyHealth;
-use proxier_bin::source::file::FileReader;
-use proxier_bin::sync_observer::DaemonObserver;
 use proxier_core::engine::driver::{self, DriverConfig, ProxierHandle, SyncObserver, SyncOutcome};
 use proxier_core::model::Config;
 use proxier_core::view::render::render_plan;
 use proxier_core::view::{DOCUMENT_API_VERSION, PlanDocument, plan_document};
 use proxier_core::{Backends, Change, MemoryProxier, Proxier, ProxierConfig, SyncKind};
+use proxier_runtime::health::ProxyHealth;
+use proxier_runtime::observer::RuntimeObserver;
+use proxier_runtime::source::file::FileReader;
 use tokio::sync::watch;
 
 fn example_changes() -> Vec<Change> {
@@ -101,10 +99,7 @@ async fn the_driver_prints_each_sync_and_a_removed_service_deletes() {
     let mut proxier = proxier();
     let (handle, commands) = ProxierHandle::new();
     let (stop, shutdown) = watch::channel(false);
-    let daemon = DaemonObserver::new(
-        ProxyHealth::new(std::time::Duration::from_secs(60)),
-        Arc::default(),
-    );
+    let daemon = RuntimeObserver::new(ProxyHealth::new(std::time::Duration::from_secs(60)));
     let mut observer = DryRunObserver::new(daemon, Vec::new());
     let config = DriverConfig::new(
         std::time::Duration::from_secs(3600),
@@ -169,10 +164,7 @@ fn outcome(
 }
 
 fn observer(format: OutputFormat) -> DryRunObserver<Vec<u8>> {
-    let daemon = DaemonObserver::new(
-        ProxyHealth::new(std::time::Duration::from_secs(60)),
-        Arc::default(),
-    );
+    let daemon = RuntimeObserver::new(ProxyHealth::new(std::time::Duration::from_secs(60)));
     DryRunObserver::with_format(daemon, Vec::new(), format).watching()
 }
 

@@ -16,8 +16,8 @@ mod support;
 
 use std::net::SocketAddr;
 
+use ipvs_proxier_tests::apiserver::{FakeApiServer, Kind};
 use serde_json::json;
-use support::apiserver::{FakeApiServer, Kind};
 use support::process::{CLUSTER, Daemon, http_get, listening_address, temp_file, wait_line};
 
 /// Series (sample names, i.e. with `_bucket`/`_count` for histograms) queried by the

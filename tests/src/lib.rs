@@ -9,11 +9,11 @@
 //! [`Netns`] gives each test its own network namespace, so tests running in
 //! parallel do not see each other's IPVS services, links or addresses.
 
-#[path = "../../proxier-bin/tests/support/apiserver.rs"]
 pub mod apiserver;
 mod background;
 pub mod bench;
 mod capabilities;
+pub mod http_client;
 mod kernel;
 mod netns;
 

@@ -164,7 +164,7 @@ fn container_flags_and_config_file_are_accepted_by_the_daemon() {
 #[test]
 fn alerts_and_dashboard_use_metrics_the_daemon_exports() {
     // Every metric name the alerts and the dashboard list must be one the daemon registers.
-    let exported: Vec<&str> = proxier_bin::metrics::METRICS
+    let exported: Vec<&str> = proxier_runtime::metrics::METRICS
         .iter()
         .map(|m| m.name)
         .collect();

@@ -42,7 +42,7 @@ fn generated_manifests_parse_as_kubernetes_objects() {
         svc.to_yaml(),
         [v4.to_yaml(), v6.to_yaml()].join("---\n")
     );
-    let parsed = proxier_bin::source::manifests::parse_manifests(&text);
+    let parsed = proxier_runtime::source::manifests::parse_manifests(&text);
     assert!(parsed.problems.is_empty(), "{:?}\n{text}", parsed.problems);
     assert_eq!(parsed.services.len(), 1);
     assert_eq!(parsed.endpoint_slices.len(), 2);

@@ -1,16 +1,9 @@
 //! Unit-level tests of the daemon's parts (one module per source module of proxier-bin),
-//! in one test binary: flags and config, sources, metrics, health and HTTP servers.
+//! in one test binary: flags, config file, settings and logging.
 
 mod cli;
 mod config;
+mod exporter;
 mod go_duration;
-mod health;
-mod http_client;
-mod http_server;
 mod logging;
-mod metrics;
 mod settings;
-mod source;
-mod source_file;
-mod source_kube;
-mod source_manifests;

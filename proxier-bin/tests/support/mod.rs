@@ -2,5 +2,4 @@
 //! part of it).
 #![allow(dead_code)]
 
-pub mod apiserver;
 pub mod process;

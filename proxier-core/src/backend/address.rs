@@ -66,10 +66,9 @@ fn host_prefix(address: IpAddr) -> u8 {
 
 /// Follows the node's addresses: calls `on_change` for every rtnetlink address event (IPv4
 /// and IPv6, added or removed) of a link other than the dummy link `link`, whose VIPs are
-/// not the node's (they change by the thousand at a sync). A proxier that reads the node's
-/// addresses from the kernel passes `on_change` its driver's
-/// [`crate::engine::ProxierHandle::node_addresses_changed`], so NodePorts move with the
-/// node's interfaces as kube-proxy's do. Listens in the caller's network namespace on a task
+/// not the node's (they change by the thousand at a sync). The driver loop
+/// ([`crate::engine::driver::run`]) starts one for a proxier that reads the node's addresses
+/// from the kernel, so NodePorts move with the node's interfaces as kube-proxy's do. Listens in the caller's network namespace on a task
 /// of the current tokio runtime until the process ends; fails when the socket cannot be
 /// opened or cannot join the address groups.
 pub fn watch_node_addresses(

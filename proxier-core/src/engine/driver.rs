@@ -190,13 +190,16 @@ pub struct ProxierHandle {
 #[derive(Debug)]
 pub struct Commands {
     rx: mpsc::UnboundedReceiver<Command>,
+    /// For the loop's own address watch; weak, so that dropping every handle still ends it.
+    tx: mpsc::WeakUnboundedSender<Command>,
 }
 
 impl ProxierHandle {
     /// A handle and the receiving end to give [`run`].
     pub fn new() -> (ProxierHandle, Commands) {
         let (tx, rx) = mpsc::unbounded_channel();
-        (ProxierHandle { tx }, Commands { rx })
+        let weak = tx.downgrade();
+        (ProxierHandle { tx }, Commands { rx, tx: weak })
     }
 
     /// Applies changes (in order) before the next sync, and asks for one if they change
@@ -250,7 +253,11 @@ pub trait SyncObserver<P> {
 }
 
 /// Drives `proxier` until `shutdown` turns true or every [`ProxierHandle`] is dropped: the
-/// first sync (full) runs at once, then as `config` and the changes decide.
+/// first sync (full) runs at once, then as `config` and the changes decide. A proxier that
+/// takes the node's addresses from the kernel ([`ProxierConfig::node_addresses_from_kernel`])
+/// also follows rtnetlink address events, so NodePorts move with the node's interfaces.
+///
+/// [`ProxierConfig::node_addresses_from_kernel`]: crate::ProxierConfig::node_addresses_from_kernel
 pub async fn run<I, A, N, C, O>(
     proxier: &mut Proxier<I, A, N, C>,
     config: DriverConfig,
@@ -264,6 +271,9 @@ pub async fn run<I, A, N, C, O>(
     C: ConntrackBackend + Send + 'static,
     O: SyncObserver<Proxier<I, A, N, C>>,
 {
+    if proxier.config().node_addresses_from_kernel {
+        watch_node_addresses(proxier, commands.tx.clone());
+    }
     let mut scheduler = SyncScheduler::new(config, Instant::now());
     let mut open = true;
     let mut addresses_changed = false;
@@ -372,6 +382,32 @@ fn handle<P, O: SyncObserver<P>, I, A, N, C>(
         Command::TriggerTime(at) => proxier.record_trigger_time(at),
         Command::NodeAddresses => *addresses_changed = true,
         Command::Full => scheduler.request_full(Instant::now()),
+    }
+}
+
+/// Starts the address watch of a proxier that reads node addresses from the kernel; a watch
+/// that cannot start leaves NodePorts to follow address changes at full resyncs.
+fn watch_node_addresses<I, A, N, C>(
+    proxier: &Proxier<I, A, N, C>,
+    commands: mpsc::WeakUnboundedSender<Command>,
+) where
+    I: IpvsBackend,
+    A: AddressBackend,
+    N: NetfilterBackend,
+    C: ConntrackBackend + Send + 'static,
+{
+    let link = proxier
+        .reconciler()
+        .address_backend()
+        .link_name()
+        .to_owned();
+    let watched = crate::backend::address::watch_node_addresses(link, move || {
+        if let Some(tx) = commands.upgrade() {
+            let _ = tx.send(Command::NodeAddresses);
+        }
+    });
+    if let Err(error) = watched {
+        tracing::warn!(%error, "cannot watch address changes; NodePorts follow them at full resyncs only");
     }
 }
 

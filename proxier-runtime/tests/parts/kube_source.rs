@@ -2,16 +2,14 @@
 //! are sent, nothing is reported before Services and EndpointSlices have both listed, changes
 //! become events, and watch expiry (410 Gone) and API outages never make it forget objects.
 
-mod support;
-
 use std::time::Duration;
 
-use proxier_bin::source::kube::{KubeSourceConfig, client, spawn};
-use proxier_bin::source::{SourceBatch, SourceHandle, describe};
+use ipvs_proxier_tests::apiserver::{FakeApiServer, Kind};
 use proxier_core::Change;
 use proxier_core::k8s::PROXIED_OBJECTS_SELECTOR;
+use proxier_runtime::source::kube::{KubeSourceConfig, client, spawn};
+use proxier_runtime::source::{SourceBatch, SourceHandle, describe};
 use serde_json::{Value, json};
-use support::apiserver::{FakeApiServer, Kind};
 
 fn service(ns: &str, name: &str, ip: &str, labels: Value) -> Value {
     json!({"apiVersion": "v1", "kind": "Service",

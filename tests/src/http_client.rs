@@ -1,4 +1,4 @@
-//! A minimal HTTP client for the tests (loopback only).
+//! A minimal async HTTP client for tests of the HTTP servers (loopback only).
 
 use std::net::SocketAddr;
 

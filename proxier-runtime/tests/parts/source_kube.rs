@@ -1,11 +1,11 @@
-//! Tests of `proxier_bin::source::kube`.
+//! Tests of `proxier_runtime::source::kube`.
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::watcher::Event;
-use proxier_bin::source::{SourceBatch, describe};
+use proxier_runtime::source::{SourceBatch, describe};
 
-use proxier_bin::source::kube::*;
+use proxier_runtime::source::kube::*;
 
 fn svc(name: &str, rv: &str) -> Service {
     serde_json::from_value(serde_json::json!({

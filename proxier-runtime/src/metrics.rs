@@ -1,19 +1,12 @@
-//! Prometheus metrics: kube-proxy's names where users look for them, plus ipvs-proxier's own.
-//! Recorded through the `metrics` facade with small typed functions; rendered by
-//! `metrics-exporter-prometheus` and served on `--metrics-bind-address` at `/metrics`.
+//! The metric catalogue: kube-proxy's names where users look for them, plus ipvs-proxier's
+//! own, with their help texts and histogram buckets ([`METRICS`]), and small typed recorders
+//! that write through the `metrics` facade. Installing an exporter (and serving `/metrics`) is
+//! the application's choice: nothing here does it.
 
-use std::net::SocketAddr;
-use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
-use http::{Method, StatusCode};
-use metrics::{KeyName, SharedString, Unit, counter, gauge, histogram};
-use metrics_exporter_prometheus::{
-    Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
-};
-
-use crate::http_server::{BindError, Handler, HttpServer, not_found, response};
 use Kind::{Counter, Gauge, Histogram};
+use metrics::{KeyName, SharedString, Unit, counter, gauge, histogram};
 
 const SYNC_PROXY_RULES_DURATION: &str = "kubeproxy_sync_proxy_rules_duration_seconds";
 const SYNC_FULL_PROXY_RULES_DURATION: &str = "kubeproxy_sync_full_proxy_rules_duration_seconds";
@@ -72,6 +65,19 @@ pub struct Metric {
     /// Whether it has no labels and is therefore exported (at zero) from the first scrape, as
     /// kube-proxy's are; labeled series appear with their first observation.
     pub unlabeled: bool,
+    /// A histogram's bucket boundaries, as kube-proxy's (or client-go's) are; `None` for
+    /// counters and gauges.
+    pub buckets: Option<fn() -> Vec<f64>>,
+}
+
+impl Metric {
+    /// The same metric with histogram buckets.
+    const fn with_buckets(self, buckets: fn() -> Vec<f64>) -> Metric {
+        Metric {
+            buckets: Some(buckets),
+            ..self
+        }
+    }
 }
 
 const fn metric(name: &'static str, kind: Kind, unit: Option<Unit>, help: &'static str) -> Metric {
@@ -81,6 +87,7 @@ const fn metric(name: &'static str, kind: Kind, unit: Option<Unit>, help: &'stat
         unit,
         help,
         unlabeled: true,
+        buckets: None,
     }
 }
 
@@ -91,6 +98,7 @@ const fn labeled(name: &'static str, kind: Kind, unit: Option<Unit>, help: &'sta
         unit,
         help,
         unlabeled: false,
+        buckets: None,
     }
 }
 
@@ -102,16 +110,16 @@ const BYTES: Option<Unit> = Some(Unit::Bytes);
 /// (`ipvs_proxier_*`). One row per metric.
 #[rustfmt::skip]
 pub const METRICS: &[Metric] = &[
-    metric(SYNC_PROXY_RULES_DURATION, Histogram, SECONDS, "SyncProxyRules latency in seconds"),
-    metric(SYNC_FULL_PROXY_RULES_DURATION, Histogram, SECONDS, "SyncProxyRules latency in seconds for full resyncs"),
-    metric(SYNC_PARTIAL_PROXY_RULES_DURATION, Histogram, SECONDS, "SyncProxyRules latency in seconds for partial resyncs"),
+    metric(SYNC_PROXY_RULES_DURATION, Histogram, SECONDS, "SyncProxyRules latency in seconds").with_buckets(sync_duration_buckets),
+    metric(SYNC_FULL_PROXY_RULES_DURATION, Histogram, SECONDS, "SyncProxyRules latency in seconds for full resyncs").with_buckets(sync_duration_buckets),
+    metric(SYNC_PARTIAL_PROXY_RULES_DURATION, Histogram, SECONDS, "SyncProxyRules latency in seconds for partial resyncs").with_buckets(sync_duration_buckets),
     metric(SYNC_PROXY_RULES_LAST_TIMESTAMP, Gauge, SECONDS, "The last time proxy rules were successfully synced"),
     // Much later than the last sync for long means syncing is stuck.
     metric(SYNC_PROXY_RULES_LAST_QUEUED_TIMESTAMP, Gauge, SECONDS, "The last time a sync of proxy rules was queued"),
     // kube-proxy's histogram before 1.14, still read by netdata's `k8s_kubeproxy` collector.
-    metric(SYNC_PROXY_RULES_LATENCY_MICROSECONDS, Histogram, Some(Unit::Microseconds), "(Deprecated) SyncProxyRules latency in microseconds"),
+    metric(SYNC_PROXY_RULES_LATENCY_MICROSECONDS, Histogram, Some(Unit::Microseconds), "(Deprecated) SyncProxyRules latency in microseconds").with_buckets(sync_duration_microsecond_buckets),
     // From an EndpointSlice's `endpoints.kubernetes.io/last-change-trigger-time` to here.
-    metric(NETWORK_PROGRAMMING_DURATION, Histogram, SECONDS, "In Cluster Network Programming Latency in seconds"),
+    metric(NETWORK_PROGRAMMING_DURATION, Histogram, SECONDS, "In Cluster Network Programming Latency in seconds").with_buckets(network_programming_buckets),
     metric(ENDPOINT_CHANGES_PENDING, Gauge, None, "Pending proxy rules Endpoint changes"),
     metric(ENDPOINT_CHANGES_TOTAL, Counter, None, "Cumulative proxy rules Endpoint changes"),
     metric(SERVICE_CHANGES_PENDING, Gauge, None, "Pending proxy rules Service changes"),
@@ -132,9 +140,9 @@ pub const METRICS: &[Metric] = &[
     labeled(IPVS_TABLE_READS_TOTAL, Counter, None, "Whole-table IPVS reads, by whether their repeated service dumps agreed"),
     metric(IPVS_DUMP_RETRIES_TOTAL, Counter, None, "IPVS service dumps repeated because IPVS changed in another network namespace meanwhile"),
     labeled(REST_CLIENT_REQUESTS_TOTAL, Counter, None, "Number of HTTP requests, partitioned by status code, method, and host."),
-    labeled(REST_CLIENT_REQUEST_DURATION, Histogram, SECONDS, "Request latency in seconds. Broken down by verb, host and URL path."),
-    labeled(REST_CLIENT_REQUEST_SIZE, Histogram, BYTES, "Request size in bytes. Broken down by verb and host."),
-    labeled(REST_CLIENT_RESPONSE_SIZE, Histogram, BYTES, "Response size in bytes. Broken down by verb and host."),
+    labeled(REST_CLIENT_REQUEST_DURATION, Histogram, SECONDS, "Request latency in seconds. Broken down by verb, host and URL path.").with_buckets(rest_client_duration_buckets),
+    labeled(REST_CLIENT_REQUEST_SIZE, Histogram, BYTES, "Request size in bytes. Broken down by verb and host.").with_buckets(rest_client_size_buckets),
+    labeled(REST_CLIENT_RESPONSE_SIZE, Histogram, BYTES, "Response size in bytes. Broken down by verb and host.").with_buckets(rest_client_size_buckets),
 ];
 
 /// kube-proxy's buckets for sync durations: 1 ms doubling 15 times (~16 s).
@@ -169,62 +177,11 @@ fn rest_client_size_buckets() -> Vec<f64> {
     (0..8).map(|i| 64.0 * f64::powi(4.0, i)).collect()
 }
 
-/// The recorder with this crate's histogram buckets (tests build their own local one).
-pub fn build_recorder() -> PrometheusRecorder {
-    let full = |name: &str| Matcher::Full(name.to_owned());
-    let buckets = [
-        (
-            Matcher::Suffix("proxy_rules_duration_seconds".to_owned()),
-            sync_duration_buckets(),
-        ),
-        (
-            full(SYNC_PROXY_RULES_LATENCY_MICROSECONDS),
-            sync_duration_microsecond_buckets(),
-        ),
-        (
-            full(NETWORK_PROGRAMMING_DURATION),
-            network_programming_buckets(),
-        ),
-        (
-            full(REST_CLIENT_REQUEST_DURATION),
-            rest_client_duration_buckets(),
-        ),
-        (full(REST_CLIENT_REQUEST_SIZE), rest_client_size_buckets()),
-        (full(REST_CLIENT_RESPONSE_SIZE), rest_client_size_buckets()),
-    ];
-    let with_buckets = buckets
-        .into_iter()
-        .try_fold(PrometheusBuilder::new(), |builder, (matcher, buckets)| {
-            builder.set_buckets_for_metric(matcher, &buckets)
-        });
-    match with_buckets {
-        Ok(b) => b.build_recorder(),
-        Err(error) => {
-            // Only reachable with an empty bucket list, which the lists above are not.
-            tracing::warn!(%error, "histogram buckets refused; using summaries");
-            PrometheusBuilder::new().build_recorder()
-        }
-    }
-}
-
-/// Installs the global recorder and registers every metric (so each shows from the start).
-pub fn install() -> Result<PrometheusHandle, metrics::SetRecorderError<PrometheusRecorder>> {
-    let recorder = build_recorder();
-    let handle = recorder.handle();
-    metrics::set_global_recorder(recorder)?;
-    register();
-    Ok(handle)
-}
-
-/// The process metrics (`process_*`), read from `/proc` on every scrape.
-fn process_collector() -> &'static metrics_process::Collector {
-    static COLLECTOR: OnceLock<metrics_process::Collector> = OnceLock::new();
-    COLLECTOR.get_or_init(metrics_process::Collector::default)
-}
-
-/// Refreshes the process metrics (CPU, memory, file descriptors, start time).
-pub fn collect_process_metrics() {
-    process_collector().collect();
+/// Every histogram of [`METRICS`] with its bucket boundaries, for an exporter to configure.
+pub fn histogram_buckets() -> impl Iterator<Item = (&'static str, Vec<f64>)> {
+    METRICS
+        .iter()
+        .filter_map(|m| Some((m.name, (m.buckets?)())))
 }
 
 /// Describes every metric of [`METRICS`] and exports each unlabeled one at zero (histograms
@@ -257,8 +214,6 @@ pub fn register() {
         set_no_local_endpoints(policy, 0);
     }
     set_table_reads(proxier_core::backend::TableReads::default());
-    process_collector().describe();
-    collect_process_metrics();
 }
 
 /// Whether a sync re-read everything or only applied changes.
@@ -446,36 +401,4 @@ pub fn record_rejected_source_file() {
 pub fn record_health_answer(livez: bool, status: u16) {
     let name = if livez { LIVEZ_TOTAL } else { HEALTHZ_TOTAL };
     counter!(name, "code" => status.to_string()).increment(1);
-}
-
-/// Serves `/metrics` from `handle` on `addr`, refreshing the process metrics on each scrape.
-/// Also runs the recorder's upkeep periodically.
-pub async fn serve(addr: SocketAddr, handle: PrometheusHandle) -> Result<HttpServer, BindError> {
-    let upkeep = handle.clone();
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(Duration::from_secs(5));
-        loop {
-            tick.tick().await;
-            upkeep.run_upkeep();
-        }
-    });
-    let handler: Handler = Arc::new(move |method, path| {
-        if path != "/metrics" {
-            return not_found();
-        }
-        if method != Method::GET && method != Method::HEAD {
-            return response(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "text/plain",
-                "method not allowed\n",
-            );
-        }
-        collect_process_metrics();
-        response(
-            StatusCode::OK,
-            "text/plain; version=0.0.4; charset=utf-8",
-            handle.render(),
-        )
-    });
-    HttpServer::bind("metrics", addr, handler).await
 }

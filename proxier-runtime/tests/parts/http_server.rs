@@ -1,7 +1,7 @@
-//! Tests of `proxier_bin::http_server`.
+//! Tests of `proxier_runtime::http_server`.
 
 use http::{Method, StatusCode};
-use proxier_bin::http_server::*;
+use proxier_runtime::http_server::*;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,10 +19,10 @@ async fn serves_handler_and_stops_on_shutdown() {
         .expect("bind");
     let addr = server.local_addr();
     assert_ne!(addr.port(), 0);
-    let (status, headers, body) = crate::http_client::get(addr, "/hello").await;
+    let (status, headers, body) = ipvs_proxier_tests::http_client::get(addr, "/hello").await;
     assert_eq!((status, body.as_str()), (200, "hi"));
     assert_eq!(headers["x-content-type-options"], "nosniff");
-    let (status, _, _) = crate::http_client::get(addr, "/nope").await;
+    let (status, _, _) = ipvs_proxier_tests::http_client::get(addr, "/nope").await;
     assert_eq!(status, 404);
     server.shutdown();
     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
@@ -72,7 +72,7 @@ async fn connections_beyond_the_cap_are_closed_at_once() {
     // A slot freed is a connection served.
     drop(held.pop());
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let (status, _, body) = crate::http_client::get(addr, "/x").await;
+    let (status, _, body) = ipvs_proxier_tests::http_client::get(addr, "/x").await;
     assert_eq!((status, body.as_str()), (200, "hi"));
     server.shutdown();
 }
@@ -108,9 +108,9 @@ async fn a_panicking_handler_answers_500_and_the_server_goes_on() {
         .await
         .expect("bind");
     let addr = server.local_addr();
-    let (status, _, _) = crate::http_client::get(addr, "/panic").await;
+    let (status, _, _) = ipvs_proxier_tests::http_client::get(addr, "/panic").await;
     assert_eq!(status, 500);
-    let (status, _, body) = crate::http_client::get(addr, "/fine").await;
+    let (status, _, body) = ipvs_proxier_tests::http_client::get(addr, "/fine").await;
     assert_eq!((status, body.as_str()), (200, "ok"));
     server.shutdown();
 }

@@ -1,4 +1,4 @@
-//! Tests of `proxier_bin::health`.
+//! Tests of `proxier_runtime::health`.
 
 use http::StatusCode;
 use k8s_openapi::api::core::v1::Node;
@@ -9,7 +9,8 @@ use proxier_core::model::ServiceName;
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use proxier_bin::health::*;
+use proxier_runtime::health::servers::*;
+use proxier_runtime::health::*;
 
 fn at(secs: u64) -> SystemTime {
     UNIX_EPOCH + Duration::from_secs(secs)
@@ -126,7 +127,8 @@ async fn proxy_health_server_answers_on_loopback() {
     let server = serve_proxy_health("127.0.0.1:0".parse().expect("addr"), h.clone())
         .await
         .expect("bind");
-    let (status, headers, body) = crate::http_client::get(server.local_addr(), "/healthz").await;
+    let (status, headers, body) =
+        ipvs_proxier_tests::http_client::get(server.local_addr(), "/healthz").await;
     assert_eq!(status, 200);
     assert_eq!(headers["content-type"], "application/json");
     assert!(body.contains("\"nodeEligible\": true"), "{body}");
@@ -134,19 +136,19 @@ async fn proxy_health_server_answers_on_loopback() {
     h.updated(SystemTime::now() - Duration::from_secs(600));
     h.queued_update(SystemTime::now() - Duration::from_secs(300));
     assert_eq!(
-        crate::http_client::get(server.local_addr(), "/healthz")
+        ipvs_proxier_tests::http_client::get(server.local_addr(), "/healthz")
             .await
             .0,
         503
     );
     assert_eq!(
-        crate::http_client::get(server.local_addr(), "/livez")
+        ipvs_proxier_tests::http_client::get(server.local_addr(), "/livez")
             .await
             .0,
         503
     );
     assert_eq!(
-        crate::http_client::get(server.local_addr(), "/other")
+        ipvs_proxier_tests::http_client::get(server.local_addr(), "/other")
             .await
             .0,
         404
@@ -164,7 +166,7 @@ async fn service_health_servers_follow_services_and_endpoints() {
     assert!(errors.is_empty());
     let addrs = servers.local_addrs(&web).await;
     assert_eq!(addrs.len(), 1);
-    let (status, headers, body) = crate::http_client::get(addrs[0], "/").await;
+    let (status, headers, body) = ipvs_proxier_tests::http_client::get(addrs[0], "/").await;
     assert_eq!(status, 503, "no local endpoints yet");
     assert!(body.contains("\"localEndpoints\": 0"), "{body}");
     assert_eq!(headers["x-load-balancing-endpoint-weight"], "0");
@@ -172,7 +174,7 @@ async fn service_health_servers_follow_services_and_endpoints() {
     servers
         .sync_endpoints(&HashMap::from([(web.clone(), 2)]))
         .await;
-    let (status, headers, body) = crate::http_client::get(addrs[0], "/").await;
+    let (status, headers, body) = ipvs_proxier_tests::http_client::get(addrs[0], "/").await;
     assert_eq!(status, 200);
     assert!(body.contains("\"localEndpoints\": 2"), "{body}");
     assert_eq!(headers["x-load-balancing-endpoint-weight"], "2");
@@ -180,7 +182,10 @@ async fn service_health_servers_follow_services_and_endpoints() {
 
     // Endpoints gone from the map: 0 again.
     servers.sync_endpoints(&HashMap::new()).await;
-    assert_eq!(crate::http_client::get(addrs[0], "/").await.0, 503);
+    assert_eq!(
+        ipvs_proxier_tests::http_client::get(addrs[0], "/").await.0,
+        503
+    );
 
     // Service no longer wanted: its port closes.
     servers.sync_services(&HashMap::new()).await;

@@ -1,9 +1,9 @@
-//! Tests of `proxier_bin::source::file`.
+//! Tests of `proxier_runtime::source::file`.
 
-use proxier_bin::source::file::*;
-use proxier_bin::source::manifests::parse_manifests;
-use proxier_bin::source::{SourceBatch, SourceHandle, describe};
 use proxier_core::Change;
+use proxier_runtime::source::file::*;
+use proxier_runtime::source::manifests::parse_manifests;
+use proxier_runtime::source::{SourceBatch, SourceHandle, describe};
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 

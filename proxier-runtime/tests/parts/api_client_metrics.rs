@@ -2,17 +2,15 @@
 //! against the API server double on 127.0.0.1 (answered requests by status code) and against
 //! a loopback port nobody listens on (no answer: code `<error>`, as client-go reports it).
 
-mod support;
-
 use std::sync::OnceLock;
 
+use crate::metrics::build_recorder;
+use ipvs_proxier_tests::apiserver::{FakeApiServer, Kind};
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use kube::api::{Api, ListParams};
 use metrics_exporter_prometheus::PrometheusHandle;
-use proxier_bin::metrics::build_recorder;
-use proxier_bin::source::kube::client;
+use proxier_runtime::source::kube::client;
 use serde_json::json;
-use support::apiserver::{FakeApiServer, Kind};
 
 /// The process-wide recorder: the client's futures run on several tasks, so a thread-local
 /// recorder would miss some of them. Each test labels its series with its own host.

@@ -1,6 +1,6 @@
-//! Tests of `proxier_bin::source::manifests`.
+//! Tests of `proxier_runtime::source::manifests`.
 
-use proxier_bin::source::manifests::*;
+use proxier_runtime::source::manifests::*;
 
 const SVC: &str = "apiVersion: v1\nkind: Service\nmetadata:\n  name: web\n  namespace: shop\nspec:\n  clusterIP: 10.96.0.20\n  ports:\n  - port: 80\n    protocol: TCP\n    targetPort: 8080\n";
 const SLICE: &str = "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\naddressType: IPv4\nmetadata:\n  name: web-abc12\n  namespace: shop\n  labels:\n    kubernetes.io/service-name: web\nendpoints:\n- addresses: [10.244.1.5]\n  conditions: {ready: true}\nports:\n- port: 8080\n  protocol: TCP\n";

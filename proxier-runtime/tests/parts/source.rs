@@ -1,8 +1,8 @@
-//! Tests of `proxier_bin::source`: what a source batch makes of the objects it is given.
+//! Tests of `proxier_runtime::source`: what a source batch makes of the objects it is given.
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use proxier_bin::source::{ObjectKey, SourceBatch, describe};
+use proxier_runtime::source::{ObjectKey, SourceBatch, describe};
 use std::time::{Duration, SystemTime};
 
 fn service(spec: serde_json::Value) -> Service {

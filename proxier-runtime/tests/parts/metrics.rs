@@ -1,9 +1,21 @@
-//! Tests of `proxier_bin::metrics`.
+//! Tests of `proxier_runtime::metrics`, rendered by a local Prometheus recorder.
 
-use metrics_exporter_prometheus::PrometheusHandle;
+use metrics_exporter_prometheus::{
+    Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
+};
 use std::time::{Duration, SystemTime};
 
-use proxier_bin::metrics::*;
+use proxier_runtime::metrics::*;
+
+/// A recorder with the catalogue's buckets, as an exporter would configure it.
+pub fn build_recorder() -> PrometheusRecorder {
+    histogram_buckets()
+        .try_fold(PrometheusBuilder::new(), |builder, (name, buckets)| {
+            builder.set_buckets_for_metric(Matcher::Full(name.to_owned()), &buckets)
+        })
+        .expect("the catalogue has no empty bucket list")
+        .build_recorder()
+}
 
 fn render_with(f: impl FnOnce()) -> (String, PrometheusHandle) {
     let recorder = build_recorder();
@@ -192,30 +204,4 @@ fn typed_recorders_write_the_right_series() {
     ] {
         assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
     }
-}
-
-#[tokio::test]
-async fn metrics_endpoint_serves_prometheus_text() {
-    let recorder = build_recorder();
-    let handle = recorder.handle();
-    metrics::with_local_recorder(&recorder, || {
-        set_data_plane_size(proxier_core::engine::PlanSize {
-            virtual_servers: 2,
-            ..Default::default()
-        });
-    });
-    let server = serve("127.0.0.1:0".parse().expect("addr"), handle)
-        .await
-        .expect("bind");
-    let (status, headers, body) = crate::http_client::get(server.local_addr(), "/metrics").await;
-    assert_eq!(status, 200);
-    assert!(
-        headers["content-type"]
-            .to_str()
-            .expect("ascii")
-            .starts_with("text/plain")
-    );
-    assert!(body.contains("ipvs_proxier_virtual_servers 2"), "{body}");
-    let (status, _, _) = crate::http_client::get(server.local_addr(), "/other").await;
-    assert_eq!(status, 404);
 }

@@ -382,6 +382,18 @@ pub struct FileSourceConfig {
     pub poll_interval: Duration,
 }
 
+impl FileSourceConfig {
+    /// Follows `path` for node `hostname`, polling every [`DEFAULT_POLL_INTERVAL`] besides
+    /// inotify.
+    pub fn new(path: impl Into<PathBuf>, hostname: impl Into<String>) -> FileSourceConfig {
+        FileSourceConfig {
+            path: path.into(),
+            hostname: hostname.into(),
+            poll_interval: DEFAULT_POLL_INTERVAL,
+        }
+    }
+}
+
 fn stamp_of(path: &Path) -> std::io::Result<FileStamp> {
     let meta = std::fs::metadata(path)?;
     Ok(FileStamp {

@@ -1,0 +1,31 @@
+//! Tests of `proxier_bin::exporter`.
+
+use ipvs_proxier_tests::http_client::get as http_get;
+use proxier_bin::exporter::{build_recorder, serve};
+use proxier_runtime::metrics::set_data_plane_size;
+
+#[tokio::test]
+async fn metrics_endpoint_serves_prometheus_text() {
+    let recorder = build_recorder();
+    let handle = recorder.handle();
+    metrics::with_local_recorder(&recorder, || {
+        set_data_plane_size(proxier_core::engine::PlanSize {
+            virtual_servers: 2,
+            ..Default::default()
+        });
+    });
+    let server = serve("127.0.0.1:0".parse().expect("addr"), handle)
+        .await
+        .expect("bind");
+    let (status, headers, body) = http_get(server.local_addr(), "/metrics").await;
+    assert_eq!(status, 200);
+    assert!(
+        headers["content-type"]
+            .to_str()
+            .expect("ascii")
+            .starts_with("text/plain")
+    );
+    assert!(body.contains("ipvs_proxier_virtual_servers 2"), "{body}");
+    let (status, _, _) = http_get(server.local_addr(), "/other").await;
+    assert_eq!(status, 404);
+}

@@ -1,0 +1,52 @@
+//! What every program around the [`proxier_core`] engine needs, as kube-runtime is for
+//! kube-rs: sources of cluster objects, kube-proxy's health servers, and the `kubeproxy_*`
+//! metrics. The `ipvs-proxier` daemon is these parts wired together; a CNI or any program
+//! that embeds the engine takes the ones it needs.
+//!
+//! - [`source`]: the Kubernetes API server (feature `kube`: kube-runtime watchers with
+//!   kube-proxy's selectors and readiness rule) and a YAML file of manifests (feature `file`).
+//!   Each is a value the caller spawns, yielding the engine's [`Change`](proxier_core::Change)s;
+//!   [`source::forward`] hands them to a running engine.
+//! - [`health`]: kube-proxy's `/healthz` and `/livez` state and, with the `http` feature, its
+//!   servers and the per-Service health-check node ports of `externalTrafficPolicy: Local`.
+//! - [`metrics`]: the catalogue (kube-proxy's names, help texts and buckets) and recorders
+//!   through the `metrics` facade; installing an exporter stays the application's choice.
+//! - [`observer`]: a [`SyncObserver`](proxier_core::engine::driver::SyncObserver) that records
+//!   every sync in the metrics and the health state and opens or closes the health-check
+//!   servers.
+//!
+//! ```no_run
+//! use proxier_core::engine::driver::{self, DriverConfig, ProxierHandle};
+//! use proxier_core::model::Config;
+//! use proxier_core::{KernelProxier, ProxierConfig};
+//! use proxier_runtime::health::ProxyHealth;
+//! use proxier_runtime::observer::RuntimeObserver;
+//! use proxier_runtime::source::{self, file::FileSourceConfig};
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let config = ProxierConfig::new("node-a", Config::default());
+//! let mut proxier = KernelProxier::open(config, "kube-ipvs0").await?;
+//! let mut source = source::file::spawn(FileSourceConfig::new("cluster.yaml", "node-a"));
+//! let health = ProxyHealth::new(std::time::Duration::from_secs(60));
+//! let mut observer = RuntimeObserver::new(health.clone());
+//!
+//! // The first batch is the source's complete picture: apply it before the first sync.
+//! let first = source.events.recv().await.ok_or("the source ended")?;
+//! observer.feed().apply_first(&mut proxier, first);
+//! let (handle, commands) = ProxierHandle::new();
+//! tokio::spawn(source::forward(source.events, handle.clone(), observer.feed()));
+//! let (_stop, stopped) = tokio::sync::watch::channel(false);
+//! driver::run(&mut proxier, DriverConfig::default(), commands, &mut observer, stopped).await;
+//! # Ok(()) }
+//! ```
+
+#![deny(missing_docs)]
+
+#[cfg(feature = "kube")]
+pub mod api_metrics;
+pub mod health;
+#[cfg(feature = "http")]
+pub mod http_server;
+pub mod metrics;
+pub mod observer;
+pub mod source;

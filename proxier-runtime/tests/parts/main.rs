@@ -1,0 +1,12 @@
+//! Tests of the runtime's parts, one module per module of proxier-runtime, in one test
+//! binary: sources, metrics, health and HTTP servers.
+
+mod api_client_metrics;
+mod health;
+mod http_server;
+mod kube_source;
+mod metrics;
+mod source;
+mod source_file;
+mod source_kube;
+mod source_manifests;
