@@ -36,7 +36,8 @@
 //! let (handle, commands) = ProxierHandle::new();
 //! tokio::spawn(source::forward(source.events, handle.clone(), observer.feed()));
 //! let (_stop, stopped) = tokio::sync::watch::channel(false);
-//! driver::run(&mut proxier, DriverConfig::default(), commands, &mut observer, stopped).await;
+//! let timing = DriverConfig::new(std::time::Duration::from_secs(30), std::time::Duration::from_secs(1), 2);
+//! driver::run(&mut proxier, timing, commands, &mut observer, stopped).await;
 //! # Ok(()) }
 //! ```
 
@@ -50,3 +51,8 @@ pub mod http_server;
 pub mod metrics;
 pub mod observer;
 pub mod source;
+
+/// The README's examples, compiled as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -24,7 +24,7 @@ use syn::{
 use crate::workspace::Workspace;
 
 /// The library crates (package names) whose public API is guarded.
-const GUARDED: &[&str] = &["ipvs-netlink", "proxier-core"];
+const GUARDED: &[&str] = &["ipvs-netlink", "proxier-core", "proxier-runtime"];
 
 /// Where the snapshots are, relative to the workspace root.
 pub const SNAPSHOT_DIR: &str = "xtask/public-api";
