@@ -37,6 +37,8 @@
 //! # }
 //! ```
 
+#![deny(missing_docs)]
+
 /// The examples of the crate's README, compiled as doc tests.
 #[doc = include_str!("../README.md")]
 #[cfg(doctest)]

@@ -51,6 +51,13 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+#![deny(missing_docs)]
+
+/// The examples of the crate's README, compiled as doc tests.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
+
 pub mod backend;
 pub mod conntrack;
 pub mod desired;

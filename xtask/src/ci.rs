@@ -1,52 +1,155 @@
 //! `cargo xtask test`: every check CI runs, in order, stopping at the first failure:
-//! fmt, clippy, public API, host tests, cargo-deny, kernel tests in a VM.
+//! fmt, clippy, public API, library docs, host tests, packaging of the library crates,
+//! cargo-deny (licenses, bans, sources; then advisories against the offline snapshot),
+//! kernel tests in a VM.
 
+use std::ffi::OsString;
 use std::process::{Command, ExitCode};
 use std::time::Instant;
 
 use anyhow::{Context, Result};
 
+use crate::advisories;
 use crate::artifacts::TestSelection;
 use crate::deps;
 use crate::public_api;
 use crate::vm::{self, VmConfig};
 use crate::workspace::Workspace;
 
-/// One host step of the full check.
+/// One host step of the full check: `cargo <args>` with `env` set.
 struct Step {
     name: &'static str,
-    args: &'static [&'static str],
+    args: Vec<String>,
+    env: Vec<(&'static str, OsString)>,
 }
 
-/// Between clippy and the host tests: `cargo xtask public-api` (reads sources only, so it
+impl Step {
+    fn new(name: &'static str, args: &[&str]) -> Step {
+        Step {
+            name,
+            args: args.iter().map(|a| (*a).to_owned()).collect(),
+            env: Vec::new(),
+        }
+    }
+
+    /// The step with `-p <package>` for each package appended.
+    fn packages(mut self, packages: &[String]) -> Step {
+        for package in packages {
+            self.args.extend(["-p".to_owned(), package.clone()]);
+        }
+        self
+    }
+
+    fn env(mut self, key: &'static str, value: impl Into<OsString>) -> Step {
+        self.env.push((key, value.into()));
+        self
+    }
+
+    fn uses_cargo_deny(&self) -> bool {
+        self.args.first().is_some_and(|a| a == "deny")
+    }
+}
+
+/// Between clippy and the library docs: `cargo xtask public-api` (reads sources only, so it
 /// runs in-process and compiles nothing).
 const PUBLIC_API_AFTER: &str = "clippy";
 
-const HOST_STEPS: &[Step] = &[
-    Step {
-        name: "format",
-        args: &["fmt", "--all", "--check"],
-    },
-    Step {
-        name: "clippy",
-        args: &[
+/// The host steps, in order. The library crates are the workspace's publishable packages
+/// ([`Workspace::published_packages`]): a new library crate is documented and packaged
+/// here as soon as its manifest says `publish = true`.
+fn host_steps(workspace: &Workspace) -> Result<Vec<Step>> {
+    let libraries = workspace.published_packages()?;
+    anyhow::ensure!(
+        !libraries.is_empty(),
+        "no publishable package in the workspace"
+    );
+    let mut steps = vec![
+        Step::new("format", &["fmt", "--all", "--check"]),
+        Step::new(
             "clippy",
-            "--workspace",
-            "--all-targets",
-            "--",
-            "-D",
-            "warnings",
-        ],
-    },
-    Step {
-        name: "host tests",
-        args: &["test", "--workspace"],
-    },
-    Step {
-        name: "licenses, bans and sources",
-        args: &["deny", "check", "licenses", "bans", "sources"],
-    },
-];
+            &[
+                "clippy",
+                "--workspace",
+                "--all-targets",
+                "--",
+                "-D",
+                "warnings",
+            ],
+        ),
+        Step::new("library docs", &["doc", "--no-deps"])
+            .packages(&libraries)
+            .env("RUSTDOCFLAGS", "-D warnings"),
+        Step::new("host tests", &["test", "--workspace"]),
+        // All libraries in one call: a library that depends on another by path and version
+        // is packaged against the other's package (a local registry of them), not
+        // crates.io. Verifying builds each package as crates.io would (after the host
+        // tests, most dependencies are already built); --allow-dirty so that a local run
+        // with uncommitted changes packages them rather than failing.
+        Step::new(
+            "package libraries",
+            &["package", "--locked", "--allow-dirty"],
+        )
+        .packages(&libraries),
+        Step::new(
+            "licenses, bans and sources",
+            &["deny", "check", "licenses", "bans", "sources"],
+        ),
+    ];
+    // After the licenses step, whose `cargo deny` fetched every crate of the graph.
+    steps.extend(advisory_step(workspace)?);
+    Ok(steps)
+}
+
+/// `cargo deny --offline check advisories` against the snapshot laid out by
+/// [`advisories::prepare`]: `--offline` keeps cargo-deny from fetching the database, and
+/// from fetching crates, so they must have been fetched before. `None` (printed) when there
+/// is no snapshot outside CI; in CI that is an error.
+fn advisory_step(workspace: &Workspace) -> Result<Option<Step>> {
+    let snapshot = match advisories::find_snapshot(workspace) {
+        Ok(snapshot) => snapshot,
+        Err(err) if std::env::var_os("CI").is_some() => {
+            return Err(err.context("the advisory check needs the RustSec snapshot in CI"));
+        }
+        Err(err) => {
+            println!("xtask: the advisory check will be skipped: {err:#}");
+            return Ok(None);
+        }
+    };
+    let version =
+        advisories::snapshot_version(&snapshot).unwrap_or_else(|| "of unknown date".to_owned());
+    println!(
+        "xtask: advisories from the RustSec snapshot at {} ({version})",
+        snapshot.display()
+    );
+    let root = advisories::prepare(workspace, &snapshot)?;
+    Ok(Some(
+        Step::new("advisories", &["deny", "--offline", "check", "advisories"])
+            .env(advisories::DB_ROOT_ENV, root),
+    ))
+}
+
+/// `cargo xtask advisories`: the advisory step alone, after a `cargo fetch`.
+pub fn advisories_only() -> Result<ExitCode> {
+    let workspace = Workspace::locate()?;
+    ensure_cargo_deny(&workspace)?;
+    let Some(step) = advisory_step(&workspace)? else {
+        return Ok(ExitCode::FAILURE);
+    };
+    if !run(workspace.cargo().arg("fetch"))? {
+        println!("xtask: cargo fetch failed");
+        return Ok(ExitCode::FAILURE);
+    }
+    println!("xtask: == {}: {}", step.name, shown(&step));
+    let passed = run(workspace
+        .cargo()
+        .args(&step.args)
+        .envs(step.env.iter().cloned()))?;
+    Ok(if passed {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
 
 /// Makes sure `cargo deny` works, installing cargo-deny when it is missing.
 fn ensure_cargo_deny(workspace: &Workspace) -> Result<()> {
@@ -74,22 +177,26 @@ fn ensure_cargo_deny(workspace: &Workspace) -> Result<()> {
     Ok(())
 }
 
-/// Runs fmt, clippy, the public API check, host tests, cargo-deny and then the VM tests.
+/// Runs the host steps ([`host_steps`], the public API check after clippy) and then the VM
+/// tests.
 pub fn full_test(config: &VmConfig) -> Result<ExitCode> {
     let started = Instant::now();
     let workspace = Workspace::locate()?;
-    for step in HOST_STEPS {
-        if step.args[0] == "deny" {
+    for step in host_steps(&workspace)? {
+        if step.uses_cargo_deny() {
             ensure_cargo_deny(&workspace)?;
         }
-        println!("xtask: == {}: cargo {}", step.name, step.args.join(" "));
+        let shown = shown(&step);
+        println!("xtask: == {}: {shown}", step.name);
         let step_started = Instant::now();
-        let status = run(workspace.cargo().args(step.args))?;
+        let status = run(workspace
+            .cargo()
+            .args(&step.args)
+            .envs(step.env.iter().cloned()))?;
         if !status {
             println!(
-                "xtask: FAILED at step '{}' (cargo {}); fix it and run `cargo xtask test` again",
+                "xtask: FAILED at step '{}' ({shown}); fix it and run `cargo xtask test` again",
                 step.name,
-                step.args.join(" ")
             );
             return Ok(ExitCode::FAILURE);
         }
@@ -132,6 +239,25 @@ fn public_api_step(workspace: &Workspace) -> Result<bool> {
         started.elapsed().as_secs_f64()
     );
     Ok(true)
+}
+
+/// The step's command line as a shell would take it (environment first).
+fn shown(step: &Step) -> String {
+    let mut words: Vec<String> = step
+        .env
+        .iter()
+        .map(|(key, value)| {
+            let value = value.to_string_lossy();
+            if value.contains(' ') {
+                format!("{key}='{value}'")
+            } else {
+                format!("{key}={value}")
+            }
+        })
+        .collect();
+    words.push("cargo".to_owned());
+    words.extend(step.args.iter().cloned());
+    words.join(" ")
 }
 
 fn run(command: &mut Command) -> Result<bool> {

@@ -1,8 +1,9 @@
 //! Build and test automation for the workspace: the VM test runner
 //! (`cargo xtask vm-test`), one-off VM programs and benchmarks
-//! (`vm-run`, `vm-bench`), the public API guard (`public-api`) and the CI entry
-//! (`cargo xtask test`).
+//! (`vm-run`, `vm-bench`), the public API guard (`public-api`), the offline advisory check
+//! (`advisories`) and the CI entry (`cargo xtask test`).
 
+mod advisories;
 mod artifacts;
 mod ci;
 mod cpio;
@@ -105,7 +106,11 @@ enum Command {
         #[arg(long)]
         bless: bool,
     },
-    /// The full check, as CI runs it: fmt, clippy, public API, host tests, cargo-deny, vm-test.
+    /// `cargo deny check advisories` against the offline RustSec snapshot beside the clone
+    /// (or at $IPVS_PROXIER_ADVISORY_DB), as the full check runs it.
+    Advisories,
+    /// The full check, as CI runs it: fmt, clippy, public API, library docs, host tests,
+    /// packaging of the libraries, cargo-deny (advisories from the offline snapshot), vm-test.
     Test {
         #[command(flatten)]
         vm: VmOptions,
@@ -135,6 +140,7 @@ fn main() -> ExitCode {
         } => vm::vm_run(release, &command, &vm.to_config()),
         Command::VmBench { vm, name, args } => vm::vm_bench(&name, &args, &vm.to_config()),
         Command::PublicApi { bless } => public_api::run(bless),
+        Command::Advisories => ci::advisories_only(),
         Command::Test { vm } => ci::full_test(&vm.to_config()),
     };
     match result {

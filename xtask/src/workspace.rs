@@ -59,6 +59,30 @@ impl Workspace {
         command
     }
 
+    /// The packages that may be published (`publish` not `false` in their manifest): the
+    /// library crates, which CI packages and documents. A new library crate joins by
+    /// setting `publish = true`.
+    pub fn published_packages(&self) -> Result<Vec<String>> {
+        let packages = self.metadata["packages"]
+            .as_array()
+            .context("cargo metadata has no packages")?;
+        let mut names = Vec::new();
+        for package in packages {
+            // `null`: any registry; a list: those registries; `[]`: `publish = false`.
+            let publishable = match &package["publish"] {
+                serde_json::Value::Null => true,
+                serde_json::Value::Array(registries) => !registries.is_empty(),
+                _ => false,
+            };
+            if publishable {
+                let name = package["name"].as_str().context("package without a name")?;
+                names.push(name.to_owned());
+            }
+        }
+        names.sort();
+        Ok(names)
+    }
+
     /// Directory for the VM runner's files (`target/vm`).
     pub fn vm_dir(&self) -> PathBuf {
         self.target_dir.join("vm")

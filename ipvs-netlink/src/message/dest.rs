@@ -6,7 +6,7 @@ use super::consts::*;
 use super::service::InetAddr;
 use super::stats::{StatsAttr, stats, stats_of_nest};
 use super::{
-    EncodeError, WireError, emit_nested, get_be16, get_u8, get_u16, get_u32, nested_len,
+    EncodeError, Nest, WireError, emit_nested, get_be16, get_u8, get_u16, get_u32, nested_len,
     nla_buffers, parse_nested,
 };
 use crate::destination::{
@@ -39,11 +39,11 @@ pub enum DestAttr {
     /// `PERSIST_CONNS` (reported only).
     PersistentConns(u32),
     /// `STATS`: 32-bit statistics.
-    Stats(Vec<StatsAttr>),
+    Stats(Nest<StatsAttr>),
     /// `ADDR_FAMILY`: the address family (may differ from the service's when tunnelling).
     AddressFamily(u16),
     /// `STATS64`: 64-bit statistics.
-    Stats64(Vec<StatsAttr>),
+    Stats64(Nest<StatsAttr>),
     /// `TUN_TYPE`: `IP_VS_CONN_F_TUNNEL_TYPE_*`.
     TunnelType(u8),
     /// `TUN_PORT`: the tunnel's UDP port (big-endian on the wire).
@@ -70,7 +70,7 @@ impl Nla for DestAttr {
             | DestAttr::ActiveConns(_)
             | DestAttr::InactiveConns(_)
             | DestAttr::PersistentConns(_) => 4,
-            DestAttr::Stats(v) | DestAttr::Stats64(v) => nested_len(v),
+            DestAttr::Stats(v) | DestAttr::Stats64(v) => nested_len(&v.nlas),
             DestAttr::Other(a) => a.value_len(),
         }
     }
@@ -111,8 +111,16 @@ impl Nla for DestAttr {
             | DestAttr::ActiveConns(v)
             | DestAttr::InactiveConns(v)
             | DestAttr::PersistentConns(v) => buffer.copy_from_slice(&v.to_ne_bytes()),
-            DestAttr::Stats(v) | DestAttr::Stats64(v) => emit_nested(v, buffer),
+            DestAttr::Stats(v) | DestAttr::Stats64(v) => emit_nested(&v.nlas, buffer),
             DestAttr::Other(a) => a.emit_value(buffer),
+        }
+    }
+
+    fn is_nested(&self) -> bool {
+        match self {
+            DestAttr::Stats(v) | DestAttr::Stats64(v) => v.nested_flag,
+            DestAttr::Other(a) => a.is_nested(),
+            _ => false,
         }
     }
 }
@@ -261,8 +269,8 @@ impl DestFields {
             DestAttr::InactiveConns(v) => self.inactive = *v,
             DestAttr::PersistentConns(v) => self.persistent = *v,
             DestAttr::AddressFamily(v) => self.af = Some(*v),
-            DestAttr::Stats(v) => self.stats32 = Some(stats(v)),
-            DestAttr::Stats64(v) => self.stats64 = Some(stats(v)),
+            DestAttr::Stats(v) => self.stats32 = Some(stats(&v.nlas)),
+            DestAttr::Stats64(v) => self.stats64 = Some(stats(&v.nlas)),
             DestAttr::TunnelType(n) => {
                 self.tunnel.kind = TunnelType::from_number(*n)
                     .ok_or_else(|| WireError::new(format!("unknown tunnel type {n}")))?;

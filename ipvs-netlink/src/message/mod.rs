@@ -6,8 +6,8 @@
 //! the command, [`ParseableParametrized`]), as netlink-packet-route does for rtnetlink.
 //!
 //! Attributes this library does not know (a newer kernel's) are kept as `Other`
-//! ([`DefaultNla`]), so parsing a message and emitting it
-//! again gives the same bytes.
+//! ([`DefaultNla`]), and every nest remembers whether it came with `NLA_F_NESTED`
+//! ([`Nest`]), so parsing a message and emitting it again gives the same bytes.
 //!
 //! The conversions to and from the crate's domain types live here too: constructors such
 //! as [`IpvsMessage::new_service`] validate and encode, and accessors such as
@@ -193,11 +193,11 @@ impl IpvsCmd {
 #[non_exhaustive]
 pub enum IpvsAttr {
     /// `IPVS_CMD_ATTR_SERVICE`: a service (key only, or full configuration).
-    Service(Vec<ServiceAttr>),
+    Service(Nest<ServiceAttr>),
     /// `IPVS_CMD_ATTR_DEST`: a destination.
-    Dest(Vec<DestAttr>),
+    Dest(Nest<DestAttr>),
     /// `IPVS_CMD_ATTR_DAEMON`: a sync daemon.
-    Daemon(Vec<DaemonAttr>),
+    Daemon(Nest<DaemonAttr>),
     /// `IPVS_CMD_ATTR_TIMEOUT_TCP`, in seconds.
     TimeoutTcp(u32),
     /// `IPVS_CMD_ATTR_TIMEOUT_TCP_FIN`, in seconds.
@@ -208,6 +208,44 @@ pub enum IpvsAttr {
     Info(InfoAttr),
     /// An attribute this library does not know, kept as it came.
     Other(DefaultNla),
+}
+
+/// The attributes of a nest (service, destination, daemon, statistics), and whether its
+/// header carried `NLA_F_NESTED`.
+///
+/// The kernel's IPVS family reads nests without looking at the flag (its requests are
+/// parsed with the non-strict `nla_parse_nested_deprecated`) and leaves it off in its own
+/// replies (`nla_nest_start_noflag`). So a nest built here ([`Nest::new`], `From<Vec<T>>`)
+/// leaves it off too, and a parsed nest keeps what it came with: a sender that sets it
+/// (`nla_nest_start`) gets it back when the message is emitted again.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub struct Nest<T> {
+    /// The nested attributes, in wire order.
+    pub nlas: Vec<T>,
+    /// Whether the nest's type carries `NLA_F_NESTED` (0x8000).
+    pub nested_flag: bool,
+}
+
+impl<T> Nest<T> {
+    /// A nest of these attributes, without `NLA_F_NESTED`.
+    pub fn new(nlas: Vec<T>) -> Self {
+        Nest {
+            nlas,
+            nested_flag: false,
+        }
+    }
+
+    /// The same nest with `NLA_F_NESTED` set or cleared.
+    pub fn with_nested_flag(mut self, nested_flag: bool) -> Self {
+        self.nested_flag = nested_flag;
+        self
+    }
+}
+
+impl<T> From<Vec<T>> for Nest<T> {
+    fn from(nlas: Vec<T>) -> Self {
+        Nest::new(nlas)
+    }
 }
 
 /// Emitted length of a list of attributes.
@@ -260,11 +298,13 @@ where
         .collect()
 }
 
-fn parse_nested<T>(nla: &NlaBuffer<&[u8]>) -> Result<Vec<T>, DecodeError>
+/// The attributes nested in `nla`, with its `NLA_F_NESTED` flag.
+fn parse_nested<T>(nla: &NlaBuffer<&[u8]>) -> Result<Nest<T>, DecodeError>
 where
     T: for<'a> Parseable<NlaBuffer<&'a [u8]>>,
 {
-    parse_nlas(nla.value()).map_err(|e| DecodeError::from(e.to_string()))
+    let nlas = parse_nlas(nla.value()).map_err(|e| DecodeError::from(e.to_string()))?;
+    Ok(Nest::new(nlas).with_nested_flag(nla.nested_flag()))
 }
 
 /// A value of exactly `N` bytes.
@@ -305,9 +345,9 @@ fn emit_string(s: &str, buffer: &mut [u8]) {
 impl Nla for IpvsAttr {
     fn value_len(&self) -> usize {
         match self {
-            IpvsAttr::Service(v) => nested_len(v),
-            IpvsAttr::Dest(v) => nested_len(v),
-            IpvsAttr::Daemon(v) => nested_len(v),
+            IpvsAttr::Service(v) => nested_len(&v.nlas),
+            IpvsAttr::Dest(v) => nested_len(&v.nlas),
+            IpvsAttr::Daemon(v) => nested_len(&v.nlas),
             IpvsAttr::TimeoutTcp(_) | IpvsAttr::TimeoutTcpFin(_) | IpvsAttr::TimeoutUdp(_) => 4,
             IpvsAttr::Info(a) => a.value_len(),
             IpvsAttr::Other(a) => a.value_len(),
@@ -329,14 +369,25 @@ impl Nla for IpvsAttr {
 
     fn emit_value(&self, buffer: &mut [u8]) {
         match self {
-            IpvsAttr::Service(v) => emit_nested(v, buffer),
-            IpvsAttr::Dest(v) => emit_nested(v, buffer),
-            IpvsAttr::Daemon(v) => emit_nested(v, buffer),
+            IpvsAttr::Service(v) => emit_nested(&v.nlas, buffer),
+            IpvsAttr::Dest(v) => emit_nested(&v.nlas, buffer),
+            IpvsAttr::Daemon(v) => emit_nested(&v.nlas, buffer),
             IpvsAttr::TimeoutTcp(t) | IpvsAttr::TimeoutTcpFin(t) | IpvsAttr::TimeoutUdp(t) => {
                 buffer.copy_from_slice(&t.to_ne_bytes())
             }
             IpvsAttr::Info(a) => a.emit_value(buffer),
             IpvsAttr::Other(a) => a.emit_value(buffer),
+        }
+    }
+
+    fn is_nested(&self) -> bool {
+        match self {
+            IpvsAttr::Service(v) => v.nested_flag,
+            IpvsAttr::Dest(v) => v.nested_flag,
+            IpvsAttr::Daemon(v) => v.nested_flag,
+            IpvsAttr::TimeoutTcp(_) | IpvsAttr::TimeoutTcpFin(_) | IpvsAttr::TimeoutUdp(_) => false,
+            IpvsAttr::Info(a) => a.is_nested(),
+            IpvsAttr::Other(a) => a.is_nested(),
         }
     }
 }
@@ -449,7 +500,7 @@ impl IpvsMessage {
     pub fn new_service(service: &Service) -> Result<Self, EncodeError> {
         Ok(Self::with_nlas(
             IpvsCmd::NewService,
-            vec![IpvsAttr::Service(service::service_nlas(service)?)],
+            vec![IpvsAttr::Service(service::service_nlas(service)?.into())],
         ))
     }
 
@@ -458,7 +509,7 @@ impl IpvsMessage {
     pub fn set_service(service: &Service) -> Result<Self, EncodeError> {
         Ok(Self::with_nlas(
             IpvsCmd::SetService,
-            vec![IpvsAttr::Service(service::service_nlas(service)?)],
+            vec![IpvsAttr::Service(service::service_nlas(service)?.into())],
         ))
     }
 
@@ -483,8 +534,8 @@ impl IpvsMessage {
         Ok(Self::with_nlas(
             IpvsCmd::DelDest,
             vec![
-                IpvsAttr::Service(service::key_nlas(key)?),
-                IpvsAttr::Dest(dest::key_nlas(dest)),
+                IpvsAttr::Service(service::key_nlas(key)?.into()),
+                IpvsAttr::Dest(dest::key_nlas(dest).into()),
             ],
         ))
     }
@@ -507,7 +558,7 @@ impl IpvsMessage {
     pub fn new_daemon(d: &SyncDaemon) -> Result<Self, EncodeError> {
         Ok(Self::with_nlas(
             IpvsCmd::NewDaemon,
-            vec![IpvsAttr::Daemon(daemon::daemon_nlas(d)?)],
+            vec![IpvsAttr::Daemon(daemon::daemon_nlas(d)?.into())],
         ))
     }
 
@@ -515,16 +566,16 @@ impl IpvsMessage {
     pub fn del_daemon(state: SyncState) -> Self {
         Self::with_nlas(
             IpvsCmd::DelDaemon,
-            vec![IpvsAttr::Daemon(vec![DaemonAttr::State(
-                daemon::state_bits(state),
-            )])],
+            vec![IpvsAttr::Daemon(
+                vec![DaemonAttr::State(daemon::state_bits(state))].into(),
+            )],
         )
     }
 
     fn keyed(cmd: IpvsCmd, key: &ServiceKey) -> Result<Self, EncodeError> {
         Ok(Self::with_nlas(
             cmd,
-            vec![IpvsAttr::Service(service::key_nlas(key)?)],
+            vec![IpvsAttr::Service(service::key_nlas(key)?.into())],
         ))
     }
 
@@ -532,8 +583,8 @@ impl IpvsMessage {
         Ok(Self::with_nlas(
             cmd,
             vec![
-                IpvsAttr::Service(service::key_nlas(key)?),
-                IpvsAttr::Dest(dest::dest_nlas(dest)?),
+                IpvsAttr::Service(service::key_nlas(key)?.into()),
+                IpvsAttr::Dest(dest::dest_nlas(dest)?.into()),
             ],
         ))
     }
@@ -541,7 +592,7 @@ impl IpvsMessage {
     /// The first service attribute.
     pub fn service_nlas(&self) -> Option<&[ServiceAttr]> {
         self.nlas.iter().find_map(|a| match a {
-            IpvsAttr::Service(v) => Some(v.as_slice()),
+            IpvsAttr::Service(v) => Some(v.nlas.as_slice()),
             _ => None,
         })
     }
@@ -549,7 +600,7 @@ impl IpvsMessage {
     /// The first destination attribute.
     pub fn dest_nlas(&self) -> Option<&[DestAttr]> {
         self.nlas.iter().find_map(|a| match a {
-            IpvsAttr::Dest(v) => Some(v.as_slice()),
+            IpvsAttr::Dest(v) => Some(v.nlas.as_slice()),
             _ => None,
         })
     }
@@ -557,7 +608,7 @@ impl IpvsMessage {
     /// The first daemon attribute.
     pub fn daemon_nlas(&self) -> Option<&[DaemonAttr]> {
         self.nlas.iter().find_map(|a| match a {
-            IpvsAttr::Daemon(v) => Some(v.as_slice()),
+            IpvsAttr::Daemon(v) => Some(v.nlas.as_slice()),
             _ => None,
         })
     }

@@ -7,7 +7,7 @@ use netlink_packet_core::{DecodeError, DefaultNla, Nla, NlaBuffer, Parseable};
 use super::consts::*;
 use super::stats::{StatsAttr, stats, stats_of_nest};
 use super::{
-    EncodeError, WireError, emit_nested, emit_string, get_be16, get_string, get_u16, get_u32,
+    EncodeError, Nest, WireError, emit_nested, emit_string, get_be16, get_string, get_u16, get_u32,
     nested_len, nla_buffers, parse_nested,
 };
 use crate::range::RangeError;
@@ -84,11 +84,11 @@ pub enum ServiceAttr {
     /// `NETMASK`: IPv4 mask in network order, or IPv6 prefix length in host order.
     Netmask([u8; 4]),
     /// `STATS`: 32-bit statistics.
-    Stats(Vec<StatsAttr>),
+    Stats(Nest<StatsAttr>),
     /// `PE_NAME`: the persistence engine's name.
     PeName(String),
     /// `STATS64`: 64-bit statistics.
-    Stats64(Vec<StatsAttr>),
+    Stats64(Nest<StatsAttr>),
     /// An attribute this library does not know, kept as it came.
     Other(DefaultNla),
 }
@@ -101,7 +101,7 @@ impl Nla for ServiceAttr {
             ServiceAttr::Fwmark(_) | ServiceAttr::Timeout(_) | ServiceAttr::Netmask(_) => 4,
             ServiceAttr::SchedName(s) | ServiceAttr::PeName(s) => s.len() + 1,
             ServiceAttr::Flags { .. } => 8,
-            ServiceAttr::Stats(v) | ServiceAttr::Stats64(v) => nested_len(v),
+            ServiceAttr::Stats(v) | ServiceAttr::Stats64(v) => nested_len(&v.nlas),
             ServiceAttr::Other(a) => a.value_len(),
         }
     }
@@ -140,8 +140,16 @@ impl Nla for ServiceAttr {
                 buffer[..4].copy_from_slice(&flags.to_ne_bytes());
                 buffer[4..].copy_from_slice(&mask.to_ne_bytes());
             }
-            ServiceAttr::Stats(v) | ServiceAttr::Stats64(v) => emit_nested(v, buffer),
+            ServiceAttr::Stats(v) | ServiceAttr::Stats64(v) => emit_nested(&v.nlas, buffer),
             ServiceAttr::Other(a) => a.emit_value(buffer),
+        }
+    }
+
+    fn is_nested(&self) -> bool {
+        match self {
+            ServiceAttr::Stats(v) | ServiceAttr::Stats64(v) => v.nested_flag,
+            ServiceAttr::Other(a) => a.is_nested(),
+            _ => false,
         }
     }
 }
@@ -309,8 +317,8 @@ impl ServiceFields {
             ServiceAttr::Timeout(v) => self.timeout = *v,
             ServiceAttr::Netmask(v) => self.netmask = Some(*v),
             ServiceAttr::PeName(v) => self.pe_name = Some(v.clone()),
-            ServiceAttr::Stats(v) => self.stats32 = Some(stats(v)),
-            ServiceAttr::Stats64(v) => self.stats64 = Some(stats(v)),
+            ServiceAttr::Stats(v) => self.stats32 = Some(stats(&v.nlas)),
+            ServiceAttr::Stats64(v) => self.stats64 = Some(stats(&v.nlas)),
             ServiceAttr::Other(_) => {}
         }
     }

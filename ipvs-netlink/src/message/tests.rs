@@ -485,7 +485,7 @@ fn split_service_leaves_statistics_out() {
     record::split_service(&base, &mut key, &mut config).expect("splits");
     let split = |service: &Service| {
         let msg = IpvsMessage::new_service(service).expect("valid");
-        let IpvsAttr::Service(mut nlas) = msg.nlas[0].clone() else {
+        let IpvsAttr::Service(Nest { mut nlas, .. }) = msg.nlas[0].clone() else {
             panic!("no service attribute");
         };
         let unsplit = |nlas: &[ServiceAttr]| {
@@ -498,7 +498,7 @@ fn split_service_leaves_statistics_out() {
         let plain = unsplit(&nlas);
         nlas.insert(
             2,
-            ServiceAttr::Stats64(vec![StatsAttr::InPackets(Counter::U64(99))]),
+            ServiceAttr::Stats64(vec![StatsAttr::InPackets(Counter::U64(99))].into()),
         );
         assert_eq!(unsplit(&nlas), plain, "statistics are left out");
         plain
@@ -526,8 +526,8 @@ fn unknown_attributes_survive_a_round_trip() {
     assert_eq!(nlas.last(), Some(&ServiceAttr::Other(unknown)));
     // The stats' padding attributes are kept too.
     assert!(nlas.iter().any(|a| matches!(a,
-        ServiceAttr::Stats64(s) if s.iter().any(|x| matches!(x, StatsAttr::Other(_))))));
-    let msg = IpvsMessage::with_nlas(IpvsCmd::NewService, vec![IpvsAttr::Service(nlas)]);
+        ServiceAttr::Stats64(s) if s.nlas.iter().any(|x| matches!(x, StatsAttr::Other(_))))));
+    let msg = IpvsMessage::with_nlas(IpvsCmd::NewService, vec![IpvsAttr::Service(nlas.into())]);
     assert_eq!(&msg.to_bytes()[4..], &buf[..]);
     // Unknown top-level attributes and commands too.
     let top = hex("08 00 2a 00 01 02 03 04  08 00 04 00 84 03 00 00");
@@ -674,10 +674,10 @@ mod prop {
         fn equal_splits_mean_equal_services(a in service(), b in service(), packets in any::<u64>()) {
             let nest = |svc: &Service, packets: u64| {
                 let msg = IpvsMessage::new_service(svc).expect("valid");
-                let IpvsAttr::Service(mut nlas) = msg.nlas[0].clone() else {
+                let IpvsAttr::Service(Nest { mut nlas, .. }) = msg.nlas[0].clone() else {
                     panic!("no service attribute");
                 };
-                nlas.push(ServiceAttr::Stats64(vec![StatsAttr::Conns(Counter::U64(packets))]));
+                nlas.push(ServiceAttr::Stats64(vec![StatsAttr::Conns(Counter::U64(packets))].into()));
                 let mut buf = vec![0; nlas.as_slice().buffer_len()];
                 nlas.as_slice().emit(&mut buf);
                 buf
@@ -1036,6 +1036,189 @@ mod real_kernel {
             );
             assert_eq!(m.to_bytes(), hex(s));
         }
+    }
+
+    /// Every capture, with the command of its reply.
+    const CAPTURES: [(u8, &str); 7] = [
+        (IPVS_CMD_NEW_SERVICE, KERNEL_SVC_SCTP_V6_MH),
+        (IPVS_CMD_NEW_SERVICE, KERNEL_SVC_UDP_SH_PERSISTENT),
+        (IPVS_CMD_NEW_SERVICE, KERNEL_SVC_FWMARK_V6),
+        (IPVS_CMD_NEW_DEST, KERNEL_DEST_V6_MASQ),
+        (IPVS_CMD_NEW_DEST, KERNEL_DEST_GUE),
+        (IPVS_CMD_NEW_DEST, KERNEL_DEST_MASQ_THRESHOLDS),
+        (IPVS_CMD_NEW_DAEMON, KERNEL_DAEMON_MASTER),
+    ];
+
+    /// `attrs` with `NLA_F_NESTED` set in the type of every top-level attribute whose
+    /// kind is in `outer` and of every attribute directly inside one whose kind is in
+    /// `inner`: what a sender building its nests with `nla_nest_start()` sends. Walks the
+    /// headers by hand (little-endian length and type, values padded to 4).
+    fn with_nested_flags(attrs: &[u8], outer: &[u16], inner: &[u16]) -> Vec<u8> {
+        fn walk(buf: &mut [u8], kinds: &[u16], inner: Option<&[u16]>) {
+            let mut at = 0;
+            while at + 4 <= buf.len() {
+                let len = usize::from(u16::from_le_bytes([buf[at], buf[at + 1]]));
+                let kind = u16::from_le_bytes([buf[at + 2], buf[at + 3]]);
+                if kinds.contains(&kind) {
+                    buf[at + 3] |= 0x80;
+                    if let Some(inner) = inner {
+                        walk(&mut buf[at + 4..at + len], inner, None);
+                    }
+                }
+                at += (len + 3) & !3;
+            }
+        }
+        let mut out = attrs.to_vec();
+        walk(&mut out, outer, Some(inner));
+        out
+    }
+
+    /// The flagged form of a capture: every nest the kernel may send (service,
+    /// destination and daemon at the top; 32- and 64-bit statistics inside).
+    fn all_nests_flagged(s: &str) -> Vec<u8> {
+        let outer = [
+            IPVS_CMD_ATTR_SERVICE,
+            IPVS_CMD_ATTR_DEST,
+            IPVS_CMD_ATTR_DAEMON,
+        ];
+        let inner = [IPVS_SVC_ATTR_STATS, IPVS_SVC_ATTR_STATS64];
+        // The destination's statistics have the service's kinds.
+        assert_eq!(
+            (IPVS_DEST_ATTR_STATS, IPVS_DEST_ATTR_STATS64),
+            (inner[0], inner[1])
+        );
+        with_nested_flags(&hex(s), &outer, &inner)
+    }
+
+    /// The `NLA_F_NESTED` flags of a message's nests, in wire order, depth first.
+    fn nest_flags(m: &IpvsMessage) -> Vec<bool> {
+        let mut out = Vec::new();
+        for a in &m.nlas {
+            match a {
+                IpvsAttr::Service(n) => {
+                    out.push(n.nested_flag);
+                    for s in &n.nlas {
+                        if let ServiceAttr::Stats(v) | ServiceAttr::Stats64(v) = s {
+                            out.push(v.nested_flag);
+                        }
+                    }
+                }
+                IpvsAttr::Dest(n) => {
+                    out.push(n.nested_flag);
+                    for d in &n.nlas {
+                        if let DestAttr::Stats(v) | DestAttr::Stats64(v) = d {
+                            out.push(v.nested_flag);
+                        }
+                    }
+                }
+                IpvsAttr::Daemon(n) => out.push(n.nested_flag),
+                _ => {}
+            }
+        }
+        out
+    }
+
+    /// The kernel sends its nests without `NLA_F_NESTED`; they are parsed as such and
+    /// emitted again without it.
+    #[test]
+    fn nests_without_the_nested_flag_round_trip_without_it() {
+        for (cmd, s) in CAPTURES {
+            let m = msg(cmd, s);
+            let flags = nest_flags(&m);
+            assert!(!flags.is_empty(), "the capture has nests");
+            assert!(
+                flags.iter().all(|f| !f),
+                "no nest of the capture is flagged"
+            );
+            assert_eq!(m.to_bytes(), hex(s));
+        }
+    }
+
+    /// A sender that builds its nests with `nla_nest_start()` sets `NLA_F_NESTED` on each:
+    /// every nest remembers it and is emitted with it, byte for byte, and the flag changes
+    /// nothing in what the message means.
+    #[test]
+    fn nests_with_the_nested_flag_round_trip_with_it() {
+        for (cmd, s) in CAPTURES {
+            let flagged = all_nests_flagged(s);
+            assert_ne!(flagged, hex(s), "the capture has nests to flag");
+            let m = raw(cmd, flagged.clone());
+            let flags = nest_flags(&m);
+            assert!(flags.iter().all(|f| *f), "every nest is flagged: {flags:?}");
+            assert_eq!(flags.len(), nest_flags(&msg(cmd, s)).len());
+            assert_eq!(m.to_bytes(), flagged);
+
+            // Same meaning as the unflagged capture, through the typed and the record
+            // decoders alike.
+            let plain = msg(cmd, s);
+            let payload = |attrs: &[u8]| [&[cmd, 1, 0, 0][..], attrs].concat();
+            match cmd {
+                IPVS_CMD_NEW_SERVICE => {
+                    let e = decode_service_message(&m).expect("decodes");
+                    assert_eq!(e, decode_service_message(&plain).expect("decodes"));
+                    let p = payload(&flagged);
+                    let r = record::service_record(&p).expect("has a service nest");
+                    assert_eq!(record::decode_service(r).expect("decodes"), e);
+                }
+                IPVS_CMD_NEW_DEST => {
+                    let key = tcp_10_0_0_1_80();
+                    let e = decode_dest_message(&m, &key).expect("decodes");
+                    assert_eq!(e, decode_dest_message(&plain, &key).expect("decodes"));
+                    let p = payload(&flagged);
+                    let r = record::destination_record(&p).expect("has a destination nest");
+                    let d = record::decode_destination(r, key.family()).expect("decodes");
+                    assert_eq!(d, e);
+                }
+                _ => assert_eq!(
+                    decode_daemon_message(&m).expect("decodes"),
+                    decode_daemon_message(&plain).expect("decodes")
+                ),
+            }
+        }
+    }
+
+    /// Each nest keeps its own flag: a flagged service nest with unflagged statistics,
+    /// and the other way round, both come back as they were.
+    #[test]
+    fn each_nest_keeps_its_own_nested_flag() {
+        let s = KERNEL_SVC_UDP_SH_PERSISTENT;
+        let outer_only = with_nested_flags(&hex(s), &[IPVS_CMD_ATTR_SERVICE], &[]);
+        let m = raw(IPVS_CMD_NEW_SERVICE, outer_only.clone());
+        assert_eq!(nest_flags(&m), [true, false, false]);
+        assert_eq!(m.to_bytes(), outer_only);
+
+        // Only the 64-bit statistics: flag the service nest to reach inside, then clear
+        // its own flag again (the service header is the first attribute).
+        let mut stats64_only =
+            with_nested_flags(&hex(s), &[IPVS_CMD_ATTR_SERVICE], &[IPVS_SVC_ATTR_STATS64]);
+        stats64_only[3] &= !0x80;
+        let m = raw(IPVS_CMD_NEW_SERVICE, stats64_only.clone());
+        assert_eq!(nest_flags(&m), [false, false, true]);
+        assert_eq!(m.to_bytes(), stats64_only);
+    }
+
+    /// A message built here sends its nests without `NLA_F_NESTED`, as the kernel's own
+    /// replies; set on a nest by hand, the flag is emitted.
+    #[test]
+    fn built_nests_leave_the_nested_flag_off_unless_asked() {
+        let svc = Service::new(tcp_10_0_0_1_80(), Scheduler::RoundRobin);
+        let dest = Destination::new(v4(10, 1, 0, 5), 8080);
+        let mut m = IpvsMessage::new_destination(&svc.key, &dest).expect("valid");
+        assert_eq!(nest_flags(&m), [false, false]);
+        let bytes = m.to_bytes();
+        // The service nest first (type 1), then the destination nest (type 2).
+        assert_eq!(&bytes[2..4], &[0x01, 0x00]);
+        let dest_at = usize::from(u16::from_le_bytes([bytes[0], bytes[1]]));
+        assert_eq!(&bytes[dest_at + 2..dest_at + 4], &[0x02, 0x00]);
+
+        if let IpvsAttr::Dest(n) = &mut m.nlas[1] {
+            n.nested_flag = true;
+        }
+        let flagged = m.to_bytes();
+        assert_eq!(&flagged[2..4], &[0x01, 0x00]);
+        assert_eq!(&flagged[dest_at + 2..dest_at + 4], &[0x02, 0x80]);
+        assert_eq!(flagged.len(), bytes.len());
+        assert!(!Nest::from(vec![StatsAttr::Conns(Counter::U32(1))]).nested_flag);
     }
 
     #[test]

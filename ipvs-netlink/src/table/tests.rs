@@ -21,13 +21,13 @@ fn entry(i: u8, scheduler: Scheduler, packets: u64) -> ServiceEntry {
 /// statistics with the entry's packet count).
 fn record_of(entry: &ServiceEntry) -> Vec<u8> {
     let msg = IpvsMessage::new_service(&entry.service).expect("encodable");
-    let Some(IpvsAttr::Service(mut nlas)) = msg.nlas.into_iter().next() else {
+    let Some(IpvsAttr::Service(mut nest)) = msg.nlas.into_iter().next() else {
         panic!("NEW_SERVICE without a service attribute");
     };
-    nlas.push(ServiceAttr::Stats64(vec![StatsAttr::InPackets(
-        Counter::U64(entry.stats.in_packets),
-    )]));
-    let slice = nlas.as_slice();
+    nest.nlas.push(ServiceAttr::Stats64(
+        vec![StatsAttr::InPackets(Counter::U64(entry.stats.in_packets))].into(),
+    ));
+    let slice = nest.nlas.as_slice();
     let mut buf = vec![0; slice.buffer_len()];
     slice.emit(&mut buf);
     buf
