@@ -31,15 +31,21 @@ pub fn build_recorder() -> PrometheusRecorder {
     }
 }
 
-/// Installs the global recorder and registers every metric (so each shows from the start).
+/// Installs the global recorder and [`register`]s every metric.
 pub fn install() -> Result<PrometheusHandle, ::metrics::SetRecorderError<PrometheusRecorder>> {
     let recorder = build_recorder();
     let handle = recorder.handle();
     ::metrics::set_global_recorder(recorder)?;
+    register();
+    Ok(handle)
+}
+
+/// Registers the catalogue's metrics and the process metrics with the current recorder, so
+/// that each shows from the first scrape.
+pub fn register() {
     metrics::register();
     process_collector().describe();
     process_collector().collect();
-    Ok(handle)
 }
 
 /// The process metrics (`process_*`), read from `/proc` on every scrape.

@@ -1,7 +1,7 @@
 //! Tests of `proxier_bin::exporter`.
 
 use ipvs_proxier_tests::http_client::get as http_get;
-use proxier_bin::exporter::{build_recorder, serve};
+use proxier_bin::exporter::{build_recorder, register, serve};
 use proxier_runtime::metrics::set_data_plane_size;
 
 #[tokio::test]
@@ -28,4 +28,23 @@ async fn metrics_endpoint_serves_prometheus_text() {
     assert!(body.contains("ipvs_proxier_virtual_servers 2"), "{body}");
     let (status, _, _) = http_get(server.local_addr(), "/other").await;
     assert_eq!(status, 404);
+}
+
+#[test]
+fn process_metrics_are_exported_from_the_start() {
+    let recorder = build_recorder();
+    let handle = recorder.handle();
+    metrics::with_local_recorder(&recorder, register);
+    let text = handle.render();
+    for expected in [
+        "kubeproxy_sync_proxy_rules_duration_seconds_count 0",
+        "process_resident_memory_bytes ",
+        "process_cpu_seconds_total ",
+        "process_open_fds ",
+        "process_max_fds ",
+        "process_start_time_seconds ",
+        "process_virtual_memory_bytes ",
+    ] {
+        assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
+    }
 }
