@@ -10,10 +10,11 @@ use proxier_core::engine::driver::{self, ProxierHandle, SyncObserver};
 use proxier_core::netfilter::NetfilterBackend;
 use proxier_core::takeover::KubeProxyTakeover;
 use proxier_core::{Backends, EngineError, KernelProxier, Proxier, ProxierConfig, SyncKind};
+use proxier_runtime::feed::{self, Feed};
 use proxier_runtime::health::ProxyHealth;
 use proxier_runtime::health::servers::{ServiceHealthServers, serve_proxy_health};
 use proxier_runtime::http_server::{BindError, HttpServer};
-use proxier_runtime::observer::{Feed, RuntimeObserver};
+use proxier_runtime::observer::RuntimeObserver;
 use proxier_runtime::source::{self, SourceHandle};
 use tokio::sync::watch;
 
@@ -249,7 +250,7 @@ where
 
     let (handle, commands) = ProxierHandle::new();
     if let Some((events, _task)) = rest {
-        tokio::spawn(source::forward(events, handle.clone(), feed));
+        tokio::spawn(feed::forward(events, handle.clone(), feed));
     }
     driver::run(
         &mut proxier,

@@ -5,8 +5,9 @@
 //!
 //! - [`source`]: the Kubernetes API server (feature `kube`: kube-runtime watchers with
 //!   kube-proxy's selectors and readiness rule) and a YAML file of manifests (feature `file`).
-//!   Each is a value the caller spawns, yielding the engine's [`Change`](proxier_core::Change)s;
-//!   [`source::forward`] hands them to a running engine.
+//!   Each is a value the caller spawns, yielding the engine's [`Change`](proxier_core::Change)s.
+//! - [`feed`]: hands a source's batches to the engine (counted for the metrics, the node's
+//!   eligibility to the health state): the first before the first sync, the rest to the driver.
 //! - [`health`]: kube-proxy's `/healthz` and `/livez` state and, with the `http` feature, its
 //!   servers and the per-Service health-check node ports of `externalTrafficPolicy: Local`.
 //! - [`metrics`]: the catalogue (kube-proxy's names, help texts and buckets) and recorders
@@ -21,6 +22,7 @@
 //! use proxier_core::{KernelProxier, ProxierConfig};
 //! use proxier_runtime::health::ProxyHealth;
 //! use proxier_runtime::observer::RuntimeObserver;
+//! use proxier_runtime::feed;
 //! use proxier_runtime::source::{self, file::FileSourceConfig};
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -34,7 +36,7 @@
 //! let first = source.events.recv().await.ok_or("the source ended")?;
 //! observer.feed().apply_first(&mut proxier, first);
 //! let (handle, commands) = ProxierHandle::new();
-//! tokio::spawn(source::forward(source.events, handle.clone(), observer.feed()));
+//! tokio::spawn(feed::forward(source.events, handle.clone(), observer.feed()));
 //! let (_stop, stopped) = tokio::sync::watch::channel(false);
 //! let timing = DriverConfig::new(std::time::Duration::from_secs(30), std::time::Duration::from_secs(1), 2);
 //! driver::run(&mut proxier, timing, commands, &mut observer, stopped).await;
@@ -45,6 +47,7 @@
 
 #[cfg(feature = "kube")]
 pub mod api_metrics;
+pub mod feed;
 pub mod health;
 #[cfg(feature = "http")]
 pub mod http_server;

@@ -1,34 +1,26 @@
 //! What a program around the engine does after each sync the driver runs
 //! ([`RuntimeObserver`]): metrics, the health state, the health-check servers of
-//! `externalTrafficPolicy: Local` Services; and what it does with each batch a source
-//! delivers ([`Feed`]): count the changes, keep the node's eligibility, hand them on.
+//! `externalTrafficPolicy: Local` Services.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::SystemTime;
 
 use proxier_core::backend::{AddressBackend, IpvsBackend, OpKind};
 use proxier_core::conntrack::ConntrackBackend;
-use proxier_core::engine::driver::{ProxierHandle, SyncObserver, SyncOutcome};
+use proxier_core::engine::driver::{SyncObserver, SyncOutcome};
 use proxier_core::model::ServiceName;
 use proxier_core::netfilter::NetfilterBackend;
 use proxier_core::reconciler::OpCounts;
-use proxier_core::{Change, HealthCheck, Proxier, SyncKind};
+use proxier_core::{HealthCheck, Proxier, SyncKind};
 use tokio::sync::watch;
 
+use crate::feed::{Feed, PendingChanges};
 use crate::health::ProxyHealth;
 #[cfg(feature = "http")]
 use crate::health::servers::ServiceHealthServers;
 use crate::metrics::{self, OpResult, SyncScope, TrafficPolicy};
-use crate::source::{SourceBatch, describe};
-
-/// Changes counted since the last sync (for the `*_changes_pending` gauges).
-#[derive(Debug, Default)]
-struct PendingChanges {
-    services: AtomicUsize,
-    endpoints: AtomicUsize,
-}
 
 /// Records each sync in the metrics and the health state, and hands the health checks to
 /// their servers.
@@ -54,10 +46,7 @@ impl RuntimeObserver {
     /// Where a source's batches go in: counted as pending changes until the next sync, the
     /// node's eligibility given to the health state.
     pub fn feed(&self) -> Feed {
-        Feed {
-            health: self.health.clone(),
-            pending: Arc::clone(&self.pending),
-        }
+        Feed::new(self.health.clone(), Arc::clone(&self.pending))
     }
 
     /// Serves the health checks through `servers` (a tokio task; call it inside the runtime):
@@ -148,64 +137,5 @@ where
         } else {
             tracing::warn!(kind = ?report.kind, %report, phases = %report.timings, "sync finished with errors; failed service ports are retried");
         }
-    }
-}
-
-/// Where a source's batches enter the engine (from [`RuntimeObserver::feed`]): changes are
-/// counted for the `*_changes_*` metrics and the node's eligibility reaches the health state
-/// before the engine gets them. Cheap to clone.
-#[derive(Debug, Clone)]
-pub struct Feed {
-    health: ProxyHealth,
-    pending: Arc<PendingChanges>,
-}
-
-impl Feed {
-    /// Applies a source's first batch (its complete picture) to a proxier before its first
-    /// sync; returns how many changes it held.
-    pub fn apply_first<I, A, N, C>(
-        &self,
-        proxier: &mut Proxier<I, A, N, C>,
-        batch: SourceBatch,
-    ) -> usize
-    where
-        I: IpvsBackend,
-        A: AddressBackend,
-        N: NetfilterBackend,
-        C: ConntrackBackend + Send + 'static,
-    {
-        if let Some(eligible) = batch.node_eligible {
-            self.health.set_node_eligible(eligible);
-        }
-        let count = batch.changes.len();
-        for change in batch.changes {
-            proxier.apply(change);
-        }
-        count
-    }
-
-    /// Hands a later batch to a running driver.
-    pub fn send(&self, engine: &ProxierHandle, batch: SourceBatch) {
-        if let Some(eligible) = batch.node_eligible {
-            self.health.set_node_eligible(eligible);
-        }
-        for change in &batch.changes {
-            tracing::debug!(change = %describe(change), "source change");
-            match change {
-                Change::UpsertService(_) | Change::DeleteService(_) => {
-                    let n = self.pending.services.fetch_add(1, Ordering::Relaxed) + 1;
-                    metrics::record_service_change(n);
-                }
-                Change::UpsertSlice(_) | Change::DeleteSlice(_) => {
-                    let n = self.pending.endpoints.fetch_add(1, Ordering::Relaxed) + 1;
-                    metrics::record_endpoint_change(n);
-                }
-                Change::UpsertNode(_) | Change::DeleteNode => {}
-            }
-        }
-        for at in batch.trigger_times {
-            engine.record_trigger_time(at);
-        }
-        engine.apply(batch.changes);
     }
 }

@@ -21,10 +21,11 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 use proxier_core::engine::driver::{self, DriverConfig, ProxierHandle};
 use proxier_core::model::Config;
 use proxier_core::{KernelProxier, ProxierConfig};
+use proxier_runtime::feed;
 use proxier_runtime::health::ProxyHealth;
 use proxier_runtime::health::servers::{ServiceHealthServers, serve_proxy_health};
 use proxier_runtime::observer::RuntimeObserver;
-use proxier_runtime::source::{self, kube};
+use proxier_runtime::source::kube;
 use tokio::signal::unix::{SignalKind, signal};
 
 /// kube-proxy's timing: a full resync every 30 s, at most 2 syncs back to back, then 1 a second.
@@ -116,7 +117,7 @@ async fn main() -> anyhow::Result<()> {
 
     // From here on the driver syncs; later changes reach it through a handle.
     let (handle, commands) = ProxierHandle::new();
-    tokio::spawn(source::forward(
+    tokio::spawn(feed::forward(
         source.events,
         handle.clone(),
         observer.feed(),

@@ -1,8 +1,8 @@
 //! Sources of cluster objects: the Kubernetes API server (`kube`, feature `kube`) or a YAML
 //! file (`file`, feature `file`). Both convert what they read into the engine's changes at
 //! their edge (with proxier-core's `k8s` conversions), send them as [`SourceBatch`]es on a
-//! channel and raise the same "synced" signal once they hold a complete picture; [`forward`]
-//! hands them to a running engine.
+//! channel and raise the same "synced" signal once they hold a complete picture;
+//! [`crate::feed`] hands them to the engine.
 
 #[cfg(feature = "file")]
 pub mod file;
@@ -17,11 +17,9 @@ use std::time::SystemTime;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use proxier_core::engine::driver::ProxierHandle;
 use proxier_core::model::{ServiceName, SliceKey};
 use proxier_core::{Change, k8s};
 
-use crate::observer::Feed;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
@@ -162,11 +160,3 @@ pub struct SourceHandle {
 
 /// Channel capacity between a source and the daemon.
 pub const EVENT_CHANNEL_CAPACITY: usize = 1024;
-
-/// Hands every batch of `events` after the first to `engine` through `feed`, until the source
-/// ends or the engine's driver is gone.
-pub async fn forward(mut events: mpsc::Receiver<SourceBatch>, engine: ProxierHandle, feed: Feed) {
-    while let Some(batch) = events.recv().await {
-        feed.send(&engine, batch);
-    }
-}
