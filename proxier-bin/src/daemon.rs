@@ -43,6 +43,9 @@ pub enum DaemonError {
     /// `--once`: some writes failed.
     #[error("sync incomplete: {0}")]
     Incomplete(String),
+    /// The node cannot run the proxier (a missing IPVS scheduler).
+    #[error(transparent)]
+    Node(#[from] crate::node_setup::NodeSetupError),
     /// `--cleanup` could not remove something.
     #[error("cleanup: {0}")]
     Cleanup(String),
@@ -207,6 +210,7 @@ pub async fn run(settings: Settings) -> Result<(), DaemonError> {
         }
         drive(&settings, proxier, observer, health, pending, shutdown_rx).await
     } else {
+        crate::node_setup::prepare(&settings)?;
         let config = ProxierConfig {
             node_addresses_from_kernel: true,
             ..config

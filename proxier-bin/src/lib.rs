@@ -13,6 +13,7 @@ pub mod health;
 pub mod http_server;
 pub mod logging;
 pub mod metrics;
+pub mod node_setup;
 pub mod settings;
 pub mod source;
 pub mod sync_observer;

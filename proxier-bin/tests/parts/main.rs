@@ -7,6 +7,8 @@ mod go_duration;
 mod health;
 mod http_client;
 mod http_server;
+mod kube_proxy_validation;
+mod kubeadm_files;
 mod logging;
 mod metrics;
 mod settings;
