@@ -424,9 +424,14 @@ pub fn resolve(
         .filter(|c| matches!(c, IpNet::V4(_)))
         .count();
     if v4 > 1 || cluster_cidrs.len() - v4 > 1 {
+        let field = if cli.cluster_cidr.is_some() {
+            "--cluster-cidr"
+        } else {
+            "KubeProxyConfiguration.ClusterCIDR"
+        };
         return Err(invalid(
-            "--cluster-cidr",
-            "at most one CIDR per IP family is allowed",
+            field,
+            "at most one CIDR per IP family is allowed (a valid DualStack CIDR is one of each)",
         ));
     }
 

@@ -125,7 +125,10 @@ fn kube_proxy_configuration_cases() {
             "Invalid number of ClusterCIDRs",
             &[],
             Some(&three_cidrs),
-            Some(("cluster-cidr", "one CIDR per IP family")),
+            Some((
+                "KubeProxyConfiguration.ClusterCIDR",
+                "one CIDR per IP family",
+            )),
         ),
         // "IPVS mode selected without providing required SyncPeriod": a file's 0s is
         // defaulted to 30s; a flag's 0 is refused.
