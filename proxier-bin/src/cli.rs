@@ -108,7 +108,7 @@ pub struct Cli {
     /// SNAT all traffic sent via Service cluster IPs.
     #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
           default_missing_value = "true", value_parser = BoolishValueParser::new())]
-    #[serde(rename = "masqueradeAll")]
+    #[serde(rename = "iptables.masqueradeAll")]
     pub masquerade_all: Option<bool>,
 
     /// Addresses on which NodePort Services are served: comma-separated CIDRs, or `primary`
@@ -122,9 +122,13 @@ pub struct Cli {
     #[serde(rename = "ipvs.scheduler", deserialize_with = "file::text")]
     pub ipvs_scheduler: Option<Scheduler>,
 
-    /// Maximum interval between full resyncs of the IPVS rules (Go duration, e.g. 30s). Must be > 0.
+    /// Maximum interval between full resyncs of the IPVS rules (Go duration, e.g. 30s). Must be
+    /// > 0 (in the config file, 0 means the default, 30s).
     #[arg(long, value_name = "DURATION", value_parser = parse_go_duration)]
-    #[serde(rename = "ipvs.syncPeriod", deserialize_with = "file::duration")]
+    #[serde(
+        rename = "ipvs.syncPeriod",
+        deserialize_with = "file::duration_zero_is_default"
+    )]
     pub ipvs_sync_period: Option<Duration>,
 
     /// Minimum interval between rule syncs as Services and EndpointSlices change (Go
@@ -158,6 +162,61 @@ pub struct Cli {
     #[arg(long, value_name = "DURATION", value_parser = parse_go_duration)]
     #[serde(rename = "ipvs.udpTimeout", deserialize_with = "file::duration")]
     pub ipvs_udp_timeout: Option<Duration>,
+
+    /// Maximum number of NAT connections to track per CPU core (0 leaves nf_conntrack_max as
+    /// it is and ignores --conntrack-min). Default 32768.
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    #[serde(rename = "conntrack.maxPerCore")]
+    pub conntrack_max_per_core: Option<i32>,
+
+    /// Minimum number of conntrack entries to allocate, regardless of
+    /// --conntrack-max-per-core. Default 131072.
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    #[serde(rename = "conntrack.min")]
+    pub conntrack_min: Option<i32>,
+
+    /// Idle timeout for established TCP connections (Go duration; 0 leaves the kernel's
+    /// value). Default 24h0m0s.
+    #[arg(long, value_name = "DURATION", value_parser = parse_go_duration)]
+    #[serde(
+        rename = "conntrack.tcpEstablishedTimeout",
+        deserialize_with = "file::duration"
+    )]
+    pub conntrack_tcp_timeout_established: Option<Duration>,
+
+    /// NAT timeout for TCP connections in the CLOSE_WAIT state (Go duration; 0 leaves the
+    /// kernel's value). Default 1h0m0s.
+    #[arg(long, value_name = "DURATION", value_parser = parse_go_duration)]
+    #[serde(
+        rename = "conntrack.tcpCloseWaitTimeout",
+        deserialize_with = "file::duration"
+    )]
+    pub conntrack_tcp_timeout_close_wait: Option<Duration>,
+
+    /// Set nf_conntrack_tcp_be_liberal to 1 (packets outside the TCP window are not marked
+    /// INVALID).
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
+          default_missing_value = "true", value_parser = BoolishValueParser::new())]
+    #[serde(rename = "conntrack.tcpBeLiberal")]
+    pub conntrack_tcp_be_liberal: Option<bool>,
+
+    /// Idle timeout for UNREPLIED UDP connections (Go duration; 0 leaves the kernel's value).
+    #[arg(long, value_name = "DURATION", value_parser = parse_go_duration)]
+    #[serde(rename = "conntrack.udpTimeout", deserialize_with = "file::duration")]
+    pub conntrack_udp_timeout: Option<Duration>,
+
+    /// Idle timeout for ASSURED UDP connections (Go duration; 0 leaves the kernel's value).
+    #[arg(long, value_name = "DURATION", value_parser = parse_go_duration)]
+    #[serde(
+        rename = "conntrack.udpStreamTimeout",
+        deserialize_with = "file::duration"
+    )]
+    pub conntrack_udp_timeout_stream: Option<Duration>,
+
+    /// The oom_score_adj value for this process, in [-1000, 1000]. Default -999.
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    #[serde(rename = "oomScoreAdj")]
+    pub oom_score_adj: Option<i32>,
 
     /// How many syncs may run back to back before --ipvs-min-sync-period applies (>= 1).
     #[arg(long, value_name = "N")]

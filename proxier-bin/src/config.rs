@@ -65,7 +65,13 @@ pub struct KubeProxyConfiguration {
 }
 
 /// The sections whose fields are settings (`ipvs:` with nothing under it is an empty one).
-const SECTIONS: [&str; 3] = ["clientConnection", "detectLocal", "ipvs"];
+const SECTIONS: [&str; 5] = [
+    "clientConnection",
+    "conntrack",
+    "detectLocal",
+    "iptables",
+    "ipvs",
+];
 
 /// Reads and parses a config file.
 pub fn load_config_file(path: &Path) -> Result<KubeProxyConfiguration, ConfigError> {
@@ -116,14 +122,74 @@ pub fn parse_config(text: &str, path: &Path) -> Result<KubeProxyConfiguration, C
     let (used, ignored): (Vec<_>, Vec<_>) = fields
         .into_iter()
         .partition(|(key, _)| known.contains(&key.as_str()));
-    let values = Cli::deserialize(de::value::MapAccessDeserializer::new(Fields {
+    let mut values = Cli::deserialize(de::value::MapAccessDeserializer::new(Fields {
         entries: used.into_iter(),
         value: None,
     }))
     .map_err(parse_error)?;
+    // kube-proxy's defaulting leaves `ipvs.minSyncPeriod` alone: a file without one (or with
+    // 0s, as kubeadm writes it) means no minimum, where a run without a file gets 1s.
+    values
+        .ipvs_min_sync_period
+        .get_or_insert(std::time::Duration::ZERO);
     Ok(KubeProxyConfiguration {
         values,
         ignored_fields: ignored.into_iter().map(|(key, _)| key).collect(),
+    })
+}
+
+/// Why a field kube-proxy users may expect to work is ignored, for the warning that lists
+/// it; `None` for the rest.
+pub fn ignored_field_hint(field: &str) -> Option<&'static str> {
+    match field {
+        "masqueradeAll" => Some(
+            "kubeproxy.config.k8s.io/v1alpha1 has no top-level masqueradeAll; \
+             use iptables.masqueradeAll",
+        ),
+        "udpIdleTimeout" | "resourceContainer" | "portRange" | "conntrack.max" => {
+            Some("removed from kube-proxy; it has no effect there either")
+        }
+        _ => None,
+    }
+}
+
+/// The field path kube-proxy's validation names for a file field (`ipvs.syncPeriod` →
+/// `KubeProxyConfiguration.KubeProxyIPVSConfiguration.SyncPeriod`), for the fields
+/// ipvs-proxier reads.
+pub fn kube_proxy_path(field: &str) -> Option<&'static str> {
+    Some(match field {
+        "ipvs.syncPeriod" => "KubeProxyConfiguration.KubeProxyIPVSConfiguration.SyncPeriod",
+        "ipvs.minSyncPeriod" => "KubeProxyConfiguration.KubeProxyIPVSConfiguration.MinSyncPeriod",
+        "ipvs.tcpTimeout" => "KubeProxyConfiguration.KubeProxyIPVSConfiguration.TCPTimeout",
+        "ipvs.tcpFinTimeout" => "KubeProxyConfiguration.KubeProxyIPVSConfiguration.TCPFinTimeout",
+        "ipvs.udpTimeout" => "KubeProxyConfiguration.KubeProxyIPVSConfiguration.UDPTimeout",
+        "ipvs.scheduler" => "KubeProxyConfiguration.KubeProxyIPVSConfiguration.Scheduler.Scheduler",
+        "ipvs.excludeCIDRs" => "KubeProxyConfiguration.KubeProxyIPVSConfiguration.ExcludeCIDRs",
+        "conntrack.maxPerCore" => {
+            "KubeProxyConfiguration.KubeProxyConntrackConfiguration.MaxPerCore"
+        }
+        "conntrack.min" => "KubeProxyConfiguration.KubeProxyConntrackConfiguration.Min",
+        "conntrack.tcpEstablishedTimeout" => {
+            "KubeProxyConfiguration.KubeProxyConntrackConfiguration.TCPEstablishedTimeout"
+        }
+        "conntrack.tcpCloseWaitTimeout" => {
+            "KubeProxyConfiguration.KubeProxyConntrackConfiguration.TCPCloseWaitTimeout"
+        }
+        "conntrack.udpTimeout" => {
+            "KubeProxyConfiguration.KubeProxyConntrackConfiguration.UDPTimeout"
+        }
+        "conntrack.udpStreamTimeout" => {
+            "KubeProxyConfiguration.KubeProxyConntrackConfiguration.UDPStreamTimeout"
+        }
+        "oomScoreAdj" => "KubeProxyConfiguration.OOMScoreAdj",
+        "mode" => "KubeProxyConfiguration.Mode.ProxyMode",
+        "bindAddress" => "KubeProxyConfiguration.BindAddress",
+        "healthzBindAddress" => "KubeProxyConfiguration.HealthzBindAddress",
+        "metricsBindAddress" => "KubeProxyConfiguration.MetricsBindAddress",
+        "clusterCIDR" => "KubeProxyConfiguration.ClusterCIDR",
+        "nodePortAddresses" => "KubeProxyConfiguration.NodePortAddresses",
+        "detectLocalMode" => "KubeProxyConfiguration.DetectLocalMode",
+        _ => return None,
     })
 }
 
@@ -220,6 +286,9 @@ impl<'de, I: Iterator<Item = (String, (String, Value))>> MapAccess<'de> for Fiel
     ) -> Result<V::Value, Self::Error> {
         let (name, value) = self.value.take().unwrap_or_default();
         seed.deserialize(value)
-            .map_err(|e| de::Error::custom(format!("field {name}: {e}")))
+            .map_err(|e| match kube_proxy_path(&name) {
+                Some(path) => de::Error::custom(format!("field {name} ({path}): {e}")),
+                None => de::Error::custom(format!("field {name}: {e}")),
+            })
     }
 }

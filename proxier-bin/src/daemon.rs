@@ -42,6 +42,9 @@ pub enum DaemonError {
     /// `--once`: some writes failed.
     #[error("sync incomplete: {0}")]
     Incomplete(String),
+    /// The node cannot run the proxier (a missing IPVS scheduler).
+    #[error(transparent)]
+    Node(#[from] crate::node_setup::NodeSetupError),
     /// `--cleanup` could not remove something.
     #[error("cleanup: {0}")]
     Cleanup(String),
@@ -173,6 +176,7 @@ pub async fn run(settings: Settings) -> Result<(), DaemonError> {
         }
         drive(&settings, proxier, observer, feed, shutdown_rx).await
     } else {
+        crate::node_setup::prepare(&settings)?;
         let config = ProxierConfig {
             node_addresses_from_kernel: true,
             ..config

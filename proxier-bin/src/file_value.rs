@@ -36,11 +36,34 @@ where
     .transpose()
 }
 
-/// A Go duration (`30s`, `1m30s`); blank means absent.
+/// A Go duration (`30s`, `1m30s`); blank means absent. A negative one is refused as
+/// kube-proxy's validation refuses it.
 pub(crate) fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    non_negative(d, "must be greater than or equal to 0")
+}
+
+fn non_negative<'de, D: Deserializer<'de>>(
+    d: D,
+    negative: &str,
+) -> Result<Option<Duration>, D::Error> {
     let text: Option<String> = text(d)?;
-    text.map(|t| parse_go_duration(&t).map_err(de::Error::custom))
-        .transpose()
+    text.map(|t| {
+        if t.starts_with('-') && parse_go_duration(&t[1..]).is_ok_and(|d| !d.is_zero()) {
+            return Err(de::Error::custom(format!(
+                "Invalid value: {t:?}: {negative}"
+            )));
+        }
+        parse_go_duration(&t).map_err(de::Error::custom)
+    })
+    .transpose()
+}
+
+/// A Go duration where 0 (or blank) means the default, as kube-proxy's defaulting treats
+/// `ipvs.syncPeriod`: the file's zero is absent.
+pub(crate) fn duration_zero_is_default<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<Duration>, D::Error> {
+    Ok(non_negative(d, "must be greater than 0")?.filter(|d| !d.is_zero()))
 }
 
 /// `clusterCIDR`: comma-separated CIDRs, one per family.

@@ -46,7 +46,14 @@ fn main() -> ExitCode {
     }
     if let Some(file) = &file {
         for field in &file.ignored_fields {
-            tracing::warn!(field = %field, "config file field is not used by ipvs-proxier; ignored");
+            match proxier_bin::config::ignored_field_hint(field) {
+                Some(hint) => {
+                    tracing::warn!(field = %field, hint, "config file field is not used by ipvs-proxier; ignored")
+                }
+                None => {
+                    tracing::warn!(field = %field, "config file field is not used by ipvs-proxier; ignored")
+                }
+            }
         }
     }
     tracing::info!(hostname = %settings.hostname, source = ?settings.source,

@@ -11,9 +11,10 @@ use proxier_core::engine::driver::DriverConfig;
 pub use proxier_core::model::NodePortAddresses;
 use proxier_core::model::config::{DetectLocal, InterfaceName};
 use proxier_core::model::{AddressFamily, Config, ConfigError, IpvsTimeouts};
+use proxier_core::sysctl::ConntrackSettings;
 
 use crate::cli::{Cli, LogFormat, OutputFormat};
-use crate::config::KubeProxyConfiguration;
+use crate::config::{KubeProxyConfiguration, kube_proxy_path};
 use crate::go_duration::format_go_duration;
 
 /// kube-proxy's health server port.
@@ -28,6 +29,13 @@ pub const DEFAULT_MIN_SYNC_PERIOD: Duration = Duration::from_secs(1);
 pub const DEFAULT_SYNC_BURST: u32 = 2;
 /// kube-proxy's dummy link for Service VIPs.
 pub const DEFAULT_DUMMY_INTERFACE: &str = "kube-ipvs0";
+/// kube-proxy's `oomScoreAdj` (the kubelet's `KubeProxyOOMScoreAdj`).
+pub const DEFAULT_OOM_SCORE_ADJ: i32 = -999;
+/// The IPVS schedulers a scheduler setting may name: kube-proxy's list (`rr wrr lc wlc lblc
+/// lblcr sh dh sed nq`) and the kernel's others (`mh fo ovf twos`).
+pub const IPVS_SCHEDULERS: [&str; 14] = [
+    "rr", "wrr", "lc", "wlc", "lblc", "lblcr", "sh", "dh", "sed", "nq", "mh", "fo", "ovf", "twos",
+];
 
 /// Settings that cannot be used together or make no sense. All map to exit code 2.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -118,6 +126,10 @@ pub struct Settings {
     pub take_over_kube_proxy: bool,
     /// Logging.
     pub log: LogSettings,
+    /// Conntrack sysctls applied at start (not in a dry run).
+    pub conntrack: ConntrackSettings,
+    /// The process's `oom_score_adj`, applied at start (not in a dry run).
+    pub oom_score_adj: i32,
 }
 
 impl Settings {
@@ -209,6 +221,19 @@ fn layered<'a>(
         .or_else(|| given(file_value).map(|v| (field, v)))
 }
 
+/// The flag's value (named by `flag`) over the file's (named by kube-proxy's path for
+/// `field`), for the settings whose errors name where the value came from.
+fn origin<T: Clone>(
+    (flag, flag_value): (&'static str, &Option<T>),
+    (field, file_value): (&'static str, &Option<T>),
+) -> Option<(&'static str, T)> {
+    flag_value.clone().map(|v| (flag, v)).or_else(|| {
+        file_value
+            .clone()
+            .map(|v| (kube_proxy_path(field).unwrap_or(field), v))
+    })
+}
+
 /// Resolves `--detect-local-mode` (or `detectLocalMode`) and the interface setting its mode
 /// needs; the other mode's interface setting is ignored, as kube-proxy ignores it.
 fn resolve_detect_local(cli: &Cli, file: &Cli) -> Result<DetectLocal, SettingsError> {
@@ -267,14 +292,28 @@ pub fn resolve(
         };
     }
 
-    // Proxy mode: only ipvs.
-    if let Some(mode) = value!(proxy_mode).as_deref().map(str::trim)
-        && !mode.is_empty()
-        && !mode.eq_ignore_ascii_case("ipvs")
-    {
-        return Err(SettingsError::Conflict(format!(
-            "proxy mode {mode:?} is not supported: ipvs-proxier only implements \"ipvs\""
-        )));
+    // Proxy mode: only ipvs, compared exactly as kube-proxy compares it.
+    if let Some((source, mode)) = origin(
+        ("--proxy-mode", &cli.proxy_mode),
+        ("mode", &file.proxy_mode),
+    ) {
+        match mode.trim() {
+            "" | "ipvs" => {}
+            "iptables" | "nftables" => {
+                return Err(SettingsError::Conflict(format!(
+                    "proxy mode {mode:?} is not supported: ipvs-proxier only implements \"ipvs\""
+                )));
+            }
+            other => {
+                return Err(invalid(
+                    source,
+                    format!(
+                        "Invalid value: {other:?}: must be iptables,ipvs,nftables or blank \
+                         (ipvs-proxier implements \"ipvs\", and blank means ipvs)"
+                    ),
+                ));
+            }
+        }
     }
 
     // Source: the flags only, a kubeconfig in the file does not compete with --source-file.
@@ -342,23 +381,40 @@ pub fn resolve(
         IpAddr::V6(_) => (Ipv6Addr::UNSPECIFIED.into(), Ipv6Addr::LOCALHOST.into()),
     };
     // A flag set to "" disables the server (a blank file field is absent: the default).
-    let server_address = |field: &'static str, value: Option<String>, default: SocketAddr| {
-        match value {
-            Some(text) if text.trim().is_empty() => Ok(None),
-            Some(text) => parse_bind_address(field, &text, default.port()).map(Some),
+    let server_address = |given: Option<(&'static str, String)>, default: SocketAddr| {
+        match given {
+            Some((_, text)) if text.trim().is_empty() => Ok(None),
+            Some((field, text)) => parse_bind_address(field, &text, default.port()).map(Some),
             // A dry run serves nothing unless asked: it must run beside a live proxier that
             // holds the default ports.
             None => Ok((!dry_run).then_some(default)),
         }
     };
+    // kube-proxy refuses port 0 (validateHostPort); a flag may ask for it (an ephemeral
+    // port, for tests), a file may not.
+    for (field, text) in [
+        ("healthzBindAddress", &file.healthz_bind_address),
+        ("metricsBindAddress", &file.metrics_bind_address),
+    ] {
+        let field = kube_proxy_path(field).unwrap_or(field);
+        if let Some(text) = text.as_deref()
+            && parse_bind_address(field, text, 1)?.port() == 0
+        {
+            return Err(invalid(field, "Invalid value: \"0\": must be a valid port"));
+        }
+    }
     let healthz_bind_address = server_address(
-        "--healthz-bind-address",
-        value!(healthz_bind_address),
+        origin(
+            ("--healthz-bind-address", &cli.healthz_bind_address),
+            ("healthzBindAddress", &file.healthz_bind_address),
+        ),
         SocketAddr::new(healthz_host, DEFAULT_HEALTHZ_PORT),
     )?;
     let metrics_bind_address = server_address(
-        "--metrics-bind-address",
-        value!(metrics_bind_address),
+        origin(
+            ("--metrics-bind-address", &cli.metrics_bind_address),
+            ("metricsBindAddress", &file.metrics_bind_address),
+        ),
         SocketAddr::new(metrics_host, DEFAULT_METRICS_PORT),
     )?;
 
@@ -368,15 +424,22 @@ pub fn resolve(
         .filter(|c| matches!(c, IpNet::V4(_)))
         .count();
     if v4 > 1 || cluster_cidrs.len() - v4 > 1 {
+        let field = if cli.cluster_cidr.is_some() {
+            "--cluster-cidr"
+        } else {
+            "KubeProxyConfiguration.ClusterCIDR"
+        };
         return Err(invalid(
-            "--cluster-cidr",
-            "at most one CIDR per IP family is allowed",
+            field,
+            "at most one CIDR per IP family is allowed (a valid DualStack CIDR is one of each)",
         ));
     }
 
     let node_port_addresses = match (&cli.nodeport_addresses, &file.nodeport_addresses) {
         (Some(items), _) => parse_nodeport_addresses("--nodeport-addresses", items)?,
-        (None, Some(items)) => parse_nodeport_addresses("nodePortAddresses", items)?,
+        (None, Some(items)) => {
+            parse_nodeport_addresses("KubeProxyConfiguration.NodePortAddresses", items)?
+        }
         (None, None) => NodePortAddresses::All,
     };
 
@@ -387,6 +450,20 @@ pub fn resolve(
     }
     let min_sync_period =
         value!(ipvs_min_sync_period).unwrap_or(DEFAULT_MIN_SYNC_PERIOD.min(sync_period));
+    if min_sync_period > sync_period
+        && cli.ipvs_sync_period.is_none()
+        && cli.ipvs_min_sync_period.is_none()
+    {
+        // Both from the file: kube-proxy's message.
+        return Err(invalid(
+            "KubeProxyConfiguration.KubeProxyIPVSConfiguration.SyncPeriod",
+            format!(
+                "Invalid value: {:?}: must be greater than or equal to \
+                 KubeProxyConfiguration.KubeProxyIPVSConfiguration.MinSyncPeriod",
+                format_go_duration(min_sync_period)
+            ),
+        ));
+    }
     if min_sync_period > sync_period {
         return Err(SettingsError::Conflict(format!(
             "--ipvs-min-sync-period ({}) must not be greater than --ipvs-sync-period ({})",
@@ -405,8 +482,40 @@ pub fn resolve(
         .flatten()
         .map(IpNet::trunc)
         .collect();
+    let scheduler = match origin(
+        ("--ipvs-scheduler", &cli.ipvs_scheduler),
+        ("ipvs.scheduler", &file.ipvs_scheduler),
+    ) {
+        None => Default::default(),
+        Some((_, scheduler)) if IPVS_SCHEDULERS.contains(&scheduler.name()) => scheduler,
+        Some((source, scheduler)) => {
+            return Err(invalid(
+                source,
+                format!(
+                    "Invalid value: {:?}: must be in [{}], blank means the default \
+                     algorithm method (currently rr)",
+                    scheduler.name(),
+                    IPVS_SCHEDULERS.join(" ")
+                ),
+            ));
+        }
+    };
+    let conntrack = resolve_conntrack(cli, file)?;
+    let oom_score_adj = match origin(
+        ("--oom-score-adj", &cli.oom_score_adj),
+        ("oomScoreAdj", &file.oom_score_adj),
+    ) {
+        None => DEFAULT_OOM_SCORE_ADJ,
+        Some((_, value)) if (-1000..=1000).contains(&value) => value,
+        Some((source, value)) => {
+            return Err(invalid(
+                source,
+                format!("Invalid value: {value}: must be within the range [-1000, 1000]"),
+            ));
+        }
+    };
     let planner = Config {
-        scheduler: value!(ipvs_scheduler).unwrap_or_default(),
+        scheduler,
         exclude_cidrs: value!(ipvs_exclude_cidrs).unwrap_or_default(),
         node_port_addresses,
         strict_arp: value!(ipvs_strict_arp).unwrap_or(false),
@@ -452,6 +561,55 @@ pub fn resolve(
             format: cli.log_format.unwrap_or_default(),
             verbosity: cli.verbosity.unwrap_or(0),
         },
+        conntrack,
+        oom_score_adj,
+    })
+}
+
+/// The conntrack settings, flags over the file over kube-proxy's defaults; negative counts
+/// are refused as kube-proxy's validation refuses them.
+fn resolve_conntrack(cli: &Cli, file: &Cli) -> Result<ConntrackSettings, SettingsError> {
+    let defaults = ConntrackSettings::default();
+    let count = |flag, flag_value, field, file_value, default: u32| match origin(
+        (flag, flag_value),
+        (field, file_value),
+    ) {
+        None => Ok(default),
+        Some((source, value)) => u32::try_from(value).map_err(|_| {
+            invalid(
+                source,
+                format!("Invalid value: {value}: must be greater than or equal to 0"),
+            )
+        }),
+    };
+    macro_rules! value {
+        ($field:ident) => {
+            cli.$field.or(file.$field)
+        };
+    }
+    Ok(ConntrackSettings {
+        max_per_core: count(
+            "--conntrack-max-per-core",
+            &cli.conntrack_max_per_core,
+            "conntrack.maxPerCore",
+            &file.conntrack_max_per_core,
+            defaults.max_per_core,
+        )?,
+        min: count(
+            "--conntrack-min",
+            &cli.conntrack_min,
+            "conntrack.min",
+            &file.conntrack_min,
+            defaults.min,
+        )?,
+        tcp_established_timeout: value!(conntrack_tcp_timeout_established)
+            .unwrap_or(defaults.tcp_established_timeout),
+        tcp_close_wait_timeout: value!(conntrack_tcp_timeout_close_wait)
+            .unwrap_or(defaults.tcp_close_wait_timeout),
+        tcp_be_liberal: value!(conntrack_tcp_be_liberal).unwrap_or(defaults.tcp_be_liberal),
+        udp_timeout: value!(conntrack_udp_timeout).unwrap_or(defaults.udp_timeout),
+        udp_stream_timeout: value!(conntrack_udp_timeout_stream)
+            .unwrap_or(defaults.udp_stream_timeout),
     })
 }
 

@@ -37,6 +37,11 @@ fn usage_errors_exit_with_code_2() {
         vec!["--dry-run", "--output=xml"],
         vec!["--detect-local-mode=BridgeInterface"],
         vec!["--detect-local-mode=Nope"],
+        // Refused by kube-proxy's validation too.
+        vec!["--dry-run", "--ipvs-scheduler=bogus"],
+        vec!["--dry-run", "--proxy-mode=IPVS"],
+        vec!["--dry-run", "--oom-score-adj=-1001"],
+        vec!["--dry-run", "--conntrack-max-per-core=-1"],
     ] {
         let (code, stderr) = exit_code(&args);
         assert_eq!(code, 2, "{args:?}: {stderr}");
@@ -95,6 +100,41 @@ fn dry_run_prints_the_plan_once_and_exits_0() {
     let (status, once_stdout, _) = dry_run(&["--dry-run", "--once"]);
     assert!(status.success());
     assert_eq!(once_stdout, stdout);
+}
+
+#[test]
+fn kubeadms_generated_config_file_plans_unchanged() {
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    for name in [
+        "kubeadm-v1.31-kube-proxy-unchanged.yaml",
+        "kubeadm-v1.31-kube-proxy.yaml",
+        "kubeadm-v1.20-kube-proxy.yaml",
+    ] {
+        let source = temp_file(&format!("kubeadm-{}", name.replace('.', "-")), CLUSTER);
+        let out = Command::new(BIN)
+            .args(["--hostname-override=node-a", "--dry-run"])
+            .arg(format!("--config={}", fixtures.join(name).display()))
+            .arg(format!("--source-file={}", source.display()))
+            .stdin(Stdio::null())
+            .output()
+            .expect("run binary");
+        let _ = std::fs::remove_file(source);
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        assert!(out.status.success(), "{name}: {stderr}");
+        assert!(stdout.contains("9 services"), "{name}: {stdout}");
+        // The fields it does not use are named in the log, one line each.
+        for field in ["configSyncPeriod", "iptables.syncPeriod", "winkernel"] {
+            assert!(
+                stderr
+                    .lines()
+                    .any(|l| l.contains("not used") && l.contains(field)),
+                "{name}: {field} not reported: {stderr}"
+            );
+        }
+    }
 }
 
 #[test]

@@ -67,6 +67,7 @@ pub mod engine;
 pub mod health_check;
 #[cfg(feature = "k8s")]
 pub mod k8s;
+pub mod kernel_modules;
 pub mod model;
 pub mod netfilter;
 pub mod observed;

@@ -22,6 +22,7 @@
 use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 /// Reads and writes sysctls by key (`net/ipv4/ip_forward`: slash-separated, as under `/proc/sys`).
 pub trait SysctlStore {
@@ -316,6 +317,302 @@ pub fn ensure_sysctls(store: &impl SysctlStore, options: SysctlOptions) -> Sysct
     apply_settings(store, &plan)
 }
 
+/// Sysctls held in memory: for tests and for callers that plan without a kernel. Keys can be
+/// made to fail their writes with a chosen error kind (a read-only `/sys`, a missing
+/// capability).
+#[derive(Debug, Default)]
+pub struct MemorySysctl {
+    values: std::sync::Mutex<std::collections::BTreeMap<String, String>>,
+    refused: std::sync::Mutex<std::collections::BTreeMap<String, io::ErrorKind>>,
+}
+
+impl MemorySysctl {
+    /// A store holding `values`.
+    pub fn with(values: &[(&str, &str)]) -> Self {
+        let store = MemorySysctl::default();
+        for (key, value) in values {
+            store.set(key, value);
+        }
+        store
+    }
+
+    /// Sets `key` to `value` (bypassing any refusal).
+    pub fn set(&self, key: &str, value: &str) {
+        self.values
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(key.to_owned(), value.to_owned());
+    }
+
+    /// Makes every later write of `key` fail with `kind`.
+    pub fn refuse_writes(&self, key: &str, kind: io::ErrorKind) {
+        self.refused
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(key.to_owned(), kind);
+    }
+
+    /// The value of `key`, if it has one.
+    pub fn get(&self, key: &str) -> Option<String> {
+        self.values
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(key)
+            .cloned()
+    }
+}
+
+impl SysctlStore for MemorySysctl {
+    fn read(&self, key: &str) -> io::Result<String> {
+        self.get(key)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("no sysctl {key}")))
+    }
+
+    fn write(&self, key: &str, value: &str) -> io::Result<()> {
+        let refused = self
+            .refused
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(key)
+            .copied();
+        if let Some(kind) = refused {
+            return Err(io::Error::new(kind, format!("writing {key} refused")));
+        }
+        self.set(key, value.trim());
+        Ok(())
+    }
+}
+
+/// kube-proxy's conntrack settings (`--conntrack-*`, the `conntrack` section of a
+/// `KubeProxyConfiguration`), applied once at start as kube-proxy applies them. A zero means
+/// "leave the kernel's value".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConntrackSettings {
+    /// Conntrack entries per CPU; `nf_conntrack_max` becomes `max(max_per_core × CPUs,
+    /// min)`. 0 leaves `nf_conntrack_max` (and the hash size) alone and ignores `min`.
+    pub max_per_core: u32,
+    /// The floor of `nf_conntrack_max` when `max_per_core` is set.
+    pub min: u32,
+    /// `nf_conntrack_tcp_timeout_established` (whole seconds); zero leaves it.
+    pub tcp_established_timeout: Duration,
+    /// `nf_conntrack_tcp_timeout_close_wait` (whole seconds); zero leaves it.
+    pub tcp_close_wait_timeout: Duration,
+    /// Set `nf_conntrack_tcp_be_liberal` to 1; false leaves it.
+    pub tcp_be_liberal: bool,
+    /// `nf_conntrack_udp_timeout` (whole seconds); zero leaves it.
+    pub udp_timeout: Duration,
+    /// `nf_conntrack_udp_timeout_stream` (whole seconds); zero leaves it.
+    pub udp_stream_timeout: Duration,
+}
+
+impl Default for ConntrackSettings {
+    /// kube-proxy's defaults: 32768 per core, at least 131072, established TCP 24 h,
+    /// CLOSE_WAIT 1 h, the rest left to the kernel.
+    fn default() -> Self {
+        ConntrackSettings {
+            max_per_core: 32 * 1024,
+            min: 128 * 1024,
+            tcp_established_timeout: Duration::from_secs(24 * 3600),
+            tcp_close_wait_timeout: Duration::from_secs(3600),
+            tcp_be_liberal: false,
+            udp_timeout: Duration::ZERO,
+            udp_stream_timeout: Duration::ZERO,
+        }
+    }
+}
+
+impl ConntrackSettings {
+    /// Settings that change nothing (every value "leave the kernel's").
+    pub fn unchanged() -> Self {
+        ConntrackSettings {
+            max_per_core: 0,
+            min: 0,
+            tcp_established_timeout: Duration::ZERO,
+            tcp_close_wait_timeout: Duration::ZERO,
+            tcp_be_liberal: false,
+            udp_timeout: Duration::ZERO,
+            udp_stream_timeout: Duration::ZERO,
+        }
+    }
+
+    /// The `nf_conntrack_max` to set on a machine with `cpus` CPUs: `max_per_core × cpus`,
+    /// or `min` when that is larger; `None` when `max_per_core` is 0.
+    pub fn conntrack_max(&self, cpus: usize) -> Option<u64> {
+        if self.max_per_core == 0 {
+            return None;
+        }
+        let cpus = u64::try_from(cpus).unwrap_or(u64::MAX);
+        let scaled = u64::from(self.max_per_core).saturating_mul(cpus);
+        Some(scaled.max(u64::from(self.min)))
+    }
+
+    /// The sysctls to write, in kube-proxy's order (`nf_conntrack_max` first), with values.
+    pub fn sysctls(&self, cpus: usize) -> Vec<(&'static str, u64)> {
+        let seconds = |d: Duration| (!d.is_zero()).then_some(d.as_secs());
+        let mut out = Vec::new();
+        if let Some(max) = self.conntrack_max(cpus) {
+            out.push((CONNTRACK_MAX, max));
+        }
+        let timeouts = [
+            (
+                "net/netfilter/nf_conntrack_tcp_timeout_established",
+                seconds(self.tcp_established_timeout),
+            ),
+            (
+                "net/netfilter/nf_conntrack_tcp_timeout_close_wait",
+                seconds(self.tcp_close_wait_timeout),
+            ),
+            (
+                "net/netfilter/nf_conntrack_tcp_be_liberal",
+                self.tcp_be_liberal.then_some(1),
+            ),
+            (
+                "net/netfilter/nf_conntrack_udp_timeout",
+                seconds(self.udp_timeout),
+            ),
+            (
+                "net/netfilter/nf_conntrack_udp_timeout_stream",
+                seconds(self.udp_stream_timeout),
+            ),
+        ];
+        out.extend(
+            timeouts
+                .into_iter()
+                .filter_map(|(key, value)| value.map(|v| (key, v))),
+        );
+        out
+    }
+}
+
+/// The `nf_conntrack_max` sysctl.
+pub const CONNTRACK_MAX: &str = "net/netfilter/nf_conntrack_max";
+/// The conntrack hash size module parameter, as a key under `/sys/module`.
+pub const CONNTRACK_HASHSIZE: &str = "nf_conntrack/parameters/hashsize";
+
+/// A conntrack setting that could not be applied.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot set {key} = {value}: {source}")]
+pub struct ConntrackFailure {
+    /// The sysctl key, or [`CONNTRACK_HASHSIZE`].
+    pub key: &'static str,
+    /// The value it should have.
+    pub value: u64,
+    /// What the kernel said.
+    pub source: io::Error,
+}
+
+impl ConntrackFailure {
+    /// Whether the write failed because the filesystem (`/sys`, as some container runtimes
+    /// mount it) is read-only: kube-proxy reports that and carries on.
+    pub fn read_only(&self) -> bool {
+        self.source.kind() == io::ErrorKind::ReadOnlyFilesystem
+    }
+}
+
+/// What [`apply_conntrack`] did.
+#[derive(Debug, Default)]
+pub struct ConntrackReport {
+    /// Keys written, with the value written.
+    pub changed: Vec<(&'static str, u64)>,
+    /// Keys that already held their value.
+    pub unchanged: Vec<&'static str>,
+    /// Keys that could not be set.
+    pub failures: Vec<ConntrackFailure>,
+}
+
+/// Applies `settings` as kube-proxy does at start: `nf_conntrack_max` from the CPU count,
+/// then the hash size (`/sys/module/nf_conntrack/parameters/hashsize`, raised to
+/// `nf_conntrack_max / 4` only when smaller: the kernel takes it only in the initial network
+/// namespace), then each non-zero timeout. A key already holding its value is not written;
+/// a larger `nf_conntrack_max` is lowered, as kube-proxy does. Failures are collected and
+/// logged at warn; a failed `nf_conntrack_max` skips the hash size, as in kube-proxy.
+///
+/// `sysctl` is `/proc/sys` ([`ProcSysctl::default`]); `modules` is `/sys/module`
+/// (`ProcSysctl::new("/sys/module")`).
+pub fn apply_conntrack(
+    sysctl: &impl SysctlStore,
+    modules: &impl SysctlStore,
+    settings: &ConntrackSettings,
+    cpus: usize,
+) -> ConntrackReport {
+    let mut report = ConntrackReport::default();
+    let fail = |report: &mut ConntrackReport, key, value, source| {
+        let failure = ConntrackFailure { key, value, source };
+        tracing::warn!("{failure}");
+        report.failures.push(failure);
+    };
+    for (key, value) in settings.sysctls(cpus) {
+        let held = sysctl.read(key).ok().and_then(|v| v.parse::<u64>().ok());
+        let written = if held == Some(value) {
+            report.unchanged.push(key);
+            true
+        } else {
+            match sysctl.write(key, &value.to_string()) {
+                Ok(()) => {
+                    tracing::info!(sysctl = key, value, "conntrack sysctl set");
+                    report.changed.push((key, value));
+                    true
+                }
+                Err(source) => {
+                    fail(&mut report, key, value, source);
+                    false
+                }
+            }
+        };
+        if key == CONNTRACK_MAX && written {
+            let buckets = value / 4;
+            match modules.read(CONNTRACK_HASHSIZE).map(|v| v.parse::<u64>()) {
+                Ok(Ok(held)) if held >= buckets => report.unchanged.push(CONNTRACK_HASHSIZE),
+                Ok(Ok(_)) => match modules.write(CONNTRACK_HASHSIZE, &buckets.to_string()) {
+                    Ok(()) => {
+                        tracing::info!(hashsize = buckets, "conntrack hash size set");
+                        report.changed.push((CONNTRACK_HASHSIZE, buckets));
+                    }
+                    Err(source) => fail(&mut report, CONNTRACK_HASHSIZE, buckets, source),
+                },
+                Ok(Err(_)) => fail(
+                    &mut report,
+                    CONNTRACK_HASHSIZE,
+                    buckets,
+                    io::Error::new(io::ErrorKind::InvalidData, "hash size is not a number"),
+                ),
+                Err(source) => fail(&mut report, CONNTRACK_HASHSIZE, buckets, source),
+            }
+        }
+    }
+    report
+}
+
+/// The number of CPUs kube-proxy scales `nf_conntrack_max` by: the online CPUs of the
+/// machine (`/sys/devices/system/cpu/online`), not the ones this process may run on; the
+/// process's available parallelism if that file cannot be read.
+pub fn machine_cpus() -> usize {
+    std::fs::read_to_string("/sys/devices/system/cpu/online")
+        .ok()
+        .and_then(|list| count_cpu_list(&list))
+        .filter(|n| *n > 0)
+        .or_else(|| std::thread::available_parallelism().ok().map(usize::from))
+        .unwrap_or(1)
+}
+
+/// Counts the CPUs in a kernel CPU list such as `0-3,8,10-11`; `None` if it is malformed.
+pub fn count_cpu_list(list: &str) -> Option<usize> {
+    let mut count = 0usize;
+    for part in list.trim().split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((first, last)) => {
+                let (first, last): (usize, usize) = (first.parse().ok()?, last.parse().ok()?);
+                count += last.checked_sub(first)? + 1;
+            }
+            None => {
+                part.parse::<usize>().ok()?;
+                count += 1;
+            }
+        }
+    }
+    Some(count)
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -518,5 +815,114 @@ mod tests {
         assert!(message.contains("net/ipv4/vs/conntrack = 1"), "{message}");
         assert!(message.contains("masquerade"), "{message}");
         assert_eq!(report.unchanged, vec!["net/ipv4/ip_forward"]);
+    }
+
+    fn secs(n: u64) -> Duration {
+        Duration::from_secs(n)
+    }
+
+    #[test]
+    fn conntrack_max_is_per_core_with_a_floor_and_zero_leaves_it() {
+        let settings = ConntrackSettings::default();
+        // kube-proxy: 32768 per core, at least 131072.
+        assert_eq!(settings.conntrack_max(2), Some(131_072));
+        assert_eq!(settings.conntrack_max(8), Some(262_144));
+        let none = ConntrackSettings {
+            max_per_core: 0,
+            min: 500_000,
+            ..settings
+        };
+        assert_eq!(none.conntrack_max(64), None, "min alone sets nothing");
+        assert_eq!(ConntrackSettings::unchanged().sysctls(4), vec![]);
+    }
+
+    #[test]
+    fn conntrack_sysctls_are_whole_seconds_and_skip_zeros() {
+        let settings = ConntrackSettings {
+            max_per_core: 10,
+            min: 0,
+            tcp_established_timeout: Duration::from_millis(90_500),
+            tcp_close_wait_timeout: Duration::ZERO,
+            tcp_be_liberal: true,
+            udp_timeout: secs(30),
+            udp_stream_timeout: Duration::ZERO,
+        };
+        assert_eq!(
+            settings.sysctls(3),
+            vec![
+                ("net/netfilter/nf_conntrack_max", 30),
+                ("net/netfilter/nf_conntrack_tcp_timeout_established", 90),
+                ("net/netfilter/nf_conntrack_tcp_be_liberal", 1),
+                ("net/netfilter/nf_conntrack_udp_timeout", 30),
+            ]
+        );
+    }
+
+    #[test]
+    fn apply_conntrack_writes_what_differs_and_raises_the_hash_size() {
+        let sysctl = MemorySysctl::with(&[
+            (CONNTRACK_MAX, "524288"),
+            (
+                "net/netfilter/nf_conntrack_tcp_timeout_established",
+                "432000",
+            ),
+            ("net/netfilter/nf_conntrack_tcp_timeout_close_wait", "3600"),
+        ]);
+        let modules = MemorySysctl::with(&[(CONNTRACK_HASHSIZE, "16384")]);
+        let report = apply_conntrack(&sysctl, &modules, &ConntrackSettings::default(), 2);
+        assert!(report.failures.is_empty(), "{:?}", report.failures);
+        // A larger nf_conntrack_max is lowered, as kube-proxy does.
+        assert_eq!(sysctl.get(CONNTRACK_MAX).as_deref(), Some("131072"));
+        assert_eq!(modules.get(CONNTRACK_HASHSIZE).as_deref(), Some("32768"));
+        assert_eq!(
+            sysctl
+                .get("net/netfilter/nf_conntrack_tcp_timeout_established")
+                .as_deref(),
+            Some("86400")
+        );
+        assert_eq!(
+            report.unchanged,
+            vec!["net/netfilter/nf_conntrack_tcp_timeout_close_wait"]
+        );
+        // A hash size already large enough is left alone.
+        let modules = MemorySysctl::with(&[(CONNTRACK_HASHSIZE, "65536")]);
+        apply_conntrack(&sysctl, &modules, &ConntrackSettings::default(), 2);
+        assert_eq!(modules.get(CONNTRACK_HASHSIZE).as_deref(), Some("65536"));
+    }
+
+    #[test]
+    fn conntrack_failures_are_collected_not_fatal() {
+        let sysctl = MemorySysctl::with(&[(CONNTRACK_MAX, "65536")]);
+        sysctl.refuse_writes(CONNTRACK_MAX, io::ErrorKind::PermissionDenied);
+        let modules = MemorySysctl::with(&[(CONNTRACK_HASHSIZE, "1024")]);
+        let report = apply_conntrack(&sysctl, &modules, &ConntrackSettings::default(), 1);
+        let failed: Vec<&str> = report.failures.iter().map(|f| f.key).collect();
+        assert_eq!(failed, vec![CONNTRACK_MAX]);
+        // No hash size after a failed nf_conntrack_max; the timeouts still go on.
+        assert_eq!(modules.get(CONNTRACK_HASHSIZE).as_deref(), Some("1024"));
+        assert_eq!(
+            sysctl
+                .get("net/netfilter/nf_conntrack_tcp_timeout_close_wait")
+                .as_deref(),
+            Some("3600")
+        );
+
+        // A read-only /sys is told apart.
+        let sysctl = MemorySysctl::default();
+        let modules = MemorySysctl::with(&[(CONNTRACK_HASHSIZE, "1024")]);
+        modules.refuse_writes(CONNTRACK_HASHSIZE, io::ErrorKind::ReadOnlyFilesystem);
+        let report = apply_conntrack(&sysctl, &modules, &ConntrackSettings::default(), 1);
+        assert_eq!(report.failures.len(), 1, "{:?}", report.failures);
+        assert!(report.failures[0].read_only());
+        assert_eq!(report.failures[0].key, CONNTRACK_HASHSIZE);
+    }
+
+    #[test]
+    fn counts_cpu_lists() {
+        assert_eq!(count_cpu_list("0-3\n"), Some(4));
+        assert_eq!(count_cpu_list("0,2,4-5"), Some(4));
+        assert_eq!(count_cpu_list("0"), Some(1));
+        assert_eq!(count_cpu_list("3-1"), None);
+        assert_eq!(count_cpu_list("x"), None);
     }
 }

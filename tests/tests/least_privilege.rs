@@ -402,12 +402,28 @@ fn net_admin_alone_programs_adopts_and_cleans_up() {
     });
     stop(daemon);
     let daemon_log = node.read_log(log);
-    for refusal in ["Operation not permitted", "EPERM", "Permission denied"] {
-        assert!(
-            !daemon_log.contains(refusal),
-            "the confined daemon was refused something ({refusal}):\n{daemon_log}"
-        );
-    }
+    // What kube-proxy also tries at start and needs more than CAP_NET_ADMIN for: lowering
+    // oom_score_adj (CAP_SYS_RESOURCE) and nf_conntrack_max and the conntrack hash size
+    // (the initial network namespace only). The daemon logs those refusals and goes on.
+    let beyond_net_admin = [
+        "oom_score_adj",
+        "nf_conntrack_max",
+        "nf_conntrack/parameters",
+    ];
+    let refused: Vec<&str> = daemon_log
+        .lines()
+        .filter(|line| !beyond_net_admin.iter().any(|key| line.contains(key)))
+        .filter(|line| {
+            ["Operation not permitted", "EPERM", "Permission denied"]
+                .iter()
+                .any(|refusal| line.contains(refusal))
+        })
+        .collect();
+    assert!(
+        refused.is_empty(),
+        "the confined daemon was refused something:\n{}\n\ndaemon log:\n{daemon_log}",
+        refused.join("\n")
+    );
     assert!(
         !daemon_log.contains("some sysctls could not be set"),
         "sysctls failed:\n{daemon_log}"

@@ -74,7 +74,11 @@ fn reads_the_ipvs_relevant_fields() {
         "empty string means unset"
     );
     assert_eq!(cfg.values.proxy_mode.as_deref(), Some("ipvs"));
-    assert_eq!(cfg.values.masquerade_all, Some(true));
+    assert_eq!(
+        cfg.values.masquerade_all,
+        Some(false),
+        "iptables.masqueradeAll, not the top-level field the schema does not have"
+    );
     assert_eq!(
         cfg.values.nodeport_addresses,
         Some(vec!["192.0.2.0/24".to_owned()])
@@ -106,8 +110,8 @@ fn unknown_fields_are_listed_not_fatal() {
     let cfg = parse(KUBEADM_LIKE).expect("valid file");
     for field in [
         "configSyncPeriod",
-        "conntrack",
-        "iptables",
+        "masqueradeAll",
+        "iptables.syncPeriod",
         "clientConnection.qps",
     ] {
         assert!(
@@ -119,8 +123,10 @@ fn unknown_fields_are_listed_not_fatal() {
     assert!(
         !cfg.ignored_fields
             .iter()
-            .any(|f| f == "ipvs" || f == "mode")
+            .any(|f| f == "ipvs" || f == "mode" || f.starts_with("conntrack"))
     );
+    let hint = proxier_bin::config::ignored_field_hint("masqueradeAll").unwrap_or_default();
+    assert!(hint.contains("iptables.masqueradeAll"), "{hint:?}");
     let with_typo = parse(
         "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nipvs:\n  shceduler: rr\n",
     )
@@ -193,7 +199,7 @@ fn malformed_yaml_is_a_parse_error() {
     let err = parse("apiVersion: [unclosed\n").expect_err("bad yaml");
     assert!(matches!(err, ConfigError::Parse { .. }), "{err}");
     let err = parse(
-        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmasqueradeAll: sometimes\n",
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\niptables:\n  masqueradeAll: sometimes\n",
     )
     .expect_err("bad bool");
     assert!(matches!(err, ConfigError::Parse { .. }), "{err}");

@@ -5,5 +5,7 @@ mod cli;
 mod config;
 mod exporter;
 mod go_duration;
+mod kube_proxy_validation;
+mod kubeadm_files;
 mod logging;
 mod settings;

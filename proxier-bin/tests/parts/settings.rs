@@ -191,7 +191,7 @@ fn ipv6_bind_address_moves_default_servers_to_ipv6() {
 #[test]
 fn file_values_apply_and_flags_override_them() {
     let f = file(
-        "hostnameOverride: from-file\nmasqueradeAll: true\nclusterCIDR: 10.244.0.0/16\nmetricsBindAddress: 127.0.0.1:9999\nclientConnection:\n  kubeconfig: /file/kubeconfig\nipvs:\n  scheduler: lc\n  syncPeriod: 1m\n  minSyncPeriod: 10s\n  strictARP: true\n  excludeCIDRs: [198.51.100.0/24]\n",
+        "hostnameOverride: from-file\niptables:\n  masqueradeAll: true\nclusterCIDR: 10.244.0.0/16\nmetricsBindAddress: 127.0.0.1:9999\nclientConnection:\n  kubeconfig: /file/kubeconfig\nipvs:\n  scheduler: lc\n  syncPeriod: 1m\n  minSyncPeriod: 10s\n  strictARP: true\n  excludeCIDRs: [198.51.100.0/24]\n",
     );
     let from_file = resolve(&cli(&[]), Some(&f), "sys").expect("valid");
     assert_eq!(from_file.hostname, "from-file");
