@@ -14,6 +14,7 @@ use proxier_runtime::feed::{self, Feed};
 use proxier_runtime::health::ProxyHealth;
 use proxier_runtime::health::servers::{ServiceHealthServers, serve_proxy_health};
 use proxier_runtime::http_server::{BindError, HttpServer};
+use proxier_runtime::node_setup::NodeSetup;
 use proxier_runtime::observer::RuntimeObserver;
 use proxier_runtime::source::{self, SourceHandle};
 use tokio::sync::watch;
@@ -44,7 +45,7 @@ pub enum DaemonError {
     Incomplete(String),
     /// The node cannot run the proxier (a missing IPVS scheduler).
     #[error(transparent)]
-    Node(#[from] crate::node_setup::NodeSetupError),
+    Node(#[from] proxier_runtime::node_setup::NodeSetupError),
     /// `--cleanup` could not remove something.
     #[error("cleanup: {0}")]
     Cleanup(String),
@@ -176,7 +177,11 @@ pub async fn run(settings: Settings) -> Result<(), DaemonError> {
         }
         drive(&settings, proxier, observer, feed, shutdown_rx).await
     } else {
-        crate::node_setup::prepare(&settings)?;
+        proxier_runtime::node_setup::prepare(&NodeSetup {
+            scheduler: settings.planner.scheduler.clone(),
+            oom_score_adj: settings.oom_score_adj,
+            conntrack: settings.conntrack,
+        })?;
         let config = ProxierConfig {
             node_addresses_from_kernel: true,
             ..config

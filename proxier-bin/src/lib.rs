@@ -11,5 +11,4 @@ pub mod exporter;
 pub mod file_value;
 pub mod go_duration;
 pub mod logging;
-pub mod node_setup;
 pub mod settings;

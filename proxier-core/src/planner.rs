@@ -25,8 +25,8 @@ use crate::desired::{
     VirtualServer, VirtualServerKey, VirtualServerRole,
 };
 use crate::model::{
-    AddressFamily, Config, Endpoint, EndpointSlice, NodeContext, NodePortAddresses, Service,
-    ServicePortSpec, SessionAffinity, TrafficPolicy,
+    AddressFamily, Config, Endpoint, EndpointSlice, FamilyAddresses, NodeContext,
+    NodePortAddresses, Service, ServicePortSpec, SessionAffinity, TrafficPolicy,
 };
 use crate::state::ClusterState;
 
@@ -148,12 +148,12 @@ impl<'a> Planner<'a> {
             if !self.config.families.contains(&family) {
                 continue;
             }
-            let Some(cluster_ip) = service.cluster_ip(family) else {
+            let Some(addresses) = service.addresses_of(family) else {
                 continue;
             };
-            routed = Some(routed.unwrap_or(true) && self.config.is_routed(cluster_ip));
+            routed = Some(routed.unwrap_or(true) && self.config.is_routed(addresses.cluster_ip));
             self.plan_family(
-                service, port, family, cluster_ip, &endpoints, &template, &mut plan,
+                service, port, family, addresses, &endpoints, &template, &mut plan,
             );
         }
         plan.cluster_ips_routed = routed.unwrap_or(false);
@@ -166,27 +166,17 @@ impl<'a> Planner<'a> {
         service: &Service,
         port: &ServicePortSpec,
         family: AddressFamily,
-        cluster_ip: IpAddr,
+        addresses: FamilyAddresses,
         endpoints: &[(RealServerKey, &Endpoint)],
         template: &VsTemplate,
         plan: &mut ServicePortPlan,
     ) {
-        let in_family = |ip: &IpAddr| AddressFamily::of(*ip) == family;
-        let external_ips: Vec<IpAddr> = service
-            .external_ips
-            .iter()
-            .copied()
-            .filter(in_family)
-            .collect();
-        let lb_vips: Vec<IpAddr> = service.load_balancer_vips().filter(in_family).collect();
         let family_endpoints: Vec<(RealServerKey, &Endpoint)> = endpoints
             .iter()
-            .filter(|(key, _)| in_family(&key.address))
+            .filter(|(key, _)| AddressFamily::of(key.address) == family)
             .copied()
             .collect();
-
-        let externally_accessible =
-            port.node_port.is_some() || !external_ips.is_empty() || !lb_vips.is_empty();
+        let externally_accessible = addresses.externally_accessible(port.node_port);
         let internal_local = service.internal_traffic_policy == TrafficPolicy::Local;
         let external_local = service.external_traffic_policy == TrafficPolicy::Local;
         let policy = EndpointPolicy {
@@ -220,7 +210,7 @@ impl<'a> Planner<'a> {
             }
         };
         vs(
-            cluster_ip,
+            addresses.cluster_ip,
             port.port,
             VirtualServerRole::ClusterIp,
             &internal,
@@ -229,10 +219,10 @@ impl<'a> Planner<'a> {
             return;
         }
         let external = real_servers(categorized.for_policy(external_local));
-        for ip in external_ips {
+        for ip in addresses.external_ips {
             vs(ip, port.port, VirtualServerRole::ExternalIp, &external);
         }
-        for ip in lb_vips {
+        for ip in addresses.load_balancer_ips {
             vs(ip, port.port, VirtualServerRole::LoadBalancer, &external);
         }
         if let Some(node_port) = port.node_port {

@@ -12,6 +12,8 @@
 //!   servers and the per-Service health-check node ports of `externalTrafficPolicy: Local`.
 //! - [`metrics`]: the catalogue (kube-proxy's names, help texts and buckets) and recorders
 //!   through the `metrics` facade; installing an exporter stays the application's choice.
+//! - [`node_setup`]: what kube-proxy does to the node before it starts: the IPVS scheduler's
+//!   module checked, `oom_score_adj` and the conntrack sysctls set.
 //! - [`observer`]: a [`SyncObserver`](proxier_core::engine::driver::SyncObserver) that records
 //!   every sync in the metrics and the health state and opens or closes the health-check
 //!   servers.
@@ -52,6 +54,7 @@ pub mod health;
 #[cfg(feature = "http")]
 pub mod http_server;
 pub mod metrics;
+pub mod node_setup;
 pub mod observer;
 pub mod source;
 

@@ -29,8 +29,8 @@ pub use family::AddressFamily;
 pub use ipvs_netlink::{Protocol, Scheduler};
 pub use node::NodeContext;
 pub use service::{
-    DEFAULT_CLIENT_IP_TIMEOUT_SECONDS, IpMode, LoadBalancerIngress, Service, ServiceName,
-    ServicePortName, ServicePortSpec, SessionAffinity, TrafficPolicy,
+    DEFAULT_CLIENT_IP_TIMEOUT_SECONDS, FamilyAddresses, IpMode, LoadBalancerIngress, Service,
+    ServiceName, ServicePortName, ServicePortSpec, SessionAffinity, TrafficPolicy,
 };
 
 /// Service annotation choosing the IPVS scheduler of that Service (see the module docs).

@@ -190,6 +190,23 @@ impl Service {
             .find(|ip| AddressFamily::of(*ip) == family)
     }
 
+    /// The Service's addresses in `family`, or `None` when it has no ClusterIP there: a
+    /// family is served only when the Service has a ClusterIP in it. The one rule the IPVS
+    /// plan and the netfilter plan both follow.
+    pub fn addresses_of(&self, family: AddressFamily) -> Option<FamilyAddresses> {
+        let in_family = |ip: &IpAddr| AddressFamily::of(*ip) == family;
+        Some(FamilyAddresses {
+            cluster_ip: self.cluster_ip(family)?,
+            external_ips: self
+                .external_ips
+                .iter()
+                .copied()
+                .filter(in_family)
+                .collect(),
+            load_balancer_ips: self.load_balancer_vips().filter(in_family).collect(),
+        })
+    }
+
     /// The port with this name and protocol.
     pub fn port(&self, name: &str, protocol: Protocol) -> Option<&ServicePortSpec> {
         self.ports
@@ -210,5 +227,24 @@ impl Service {
             .iter()
             .filter(|i| i.ip_mode == IpMode::Vip)
             .map(|i| i.ip)
+    }
+}
+
+/// A Service's addresses in one address family ([`Service::addresses_of`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FamilyAddresses {
+    /// The ClusterIP of the family.
+    pub cluster_ip: IpAddr,
+    /// `spec.externalIPs` of the family.
+    pub external_ips: Vec<IpAddr>,
+    /// Load-balancer ingress IPs of the family in `VIP` mode.
+    pub load_balancer_ips: Vec<IpAddr>,
+}
+
+impl FamilyAddresses {
+    /// Whether the Service is reachable from outside the cluster on a port of this family:
+    /// it has a NodePort (`node_port`), an external IP or a load-balancer IP.
+    pub fn externally_accessible(&self, node_port: Option<u16>) -> bool {
+        node_port.is_some() || !self.external_ips.is_empty() || !self.load_balancer_ips.is_empty()
     }
 }

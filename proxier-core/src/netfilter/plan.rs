@@ -13,7 +13,7 @@ use ipnet::IpNet;
 
 use crate::desired::Protocol;
 use crate::model::config::{DetectLocal, InterfaceName};
-use crate::model::{AddressFamily, Config, NodeContext, Service, TrafficPolicy};
+use crate::model::{AddressFamily, Config, FamilyAddresses, NodeContext, Service, TrafficPolicy};
 use crate::planner::endpoints_for_port;
 use crate::state::ClusterState;
 
@@ -280,18 +280,15 @@ fn cluster_ip_masquerade(config: &Config, family: AddressFamily) -> ClusterIpMas
 
 fn plan_service(state: &ClusterState, service: &Service, node: &NodeContext, out: &mut FamilyPlan) {
     let family = out.family;
-    // As the IPVS planner: a family is served only when the Service has a ClusterIP in it.
-    let Some(cluster_ip) = service.cluster_ip(family) else {
+    let Some(FamilyAddresses {
+        cluster_ip,
+        external_ips,
+        load_balancer_ips: lb_ips,
+    }) = service.addresses_of(family)
+    else {
         return;
     };
     let in_family = |ip: &IpAddr| AddressFamily::of(*ip) == family;
-    let external_ips: Vec<IpAddr> = service
-        .external_ips
-        .iter()
-        .copied()
-        .filter(in_family)
-        .collect();
-    let lb_ips: Vec<IpAddr> = service.load_balancer_vips().filter(in_family).collect();
     let external_local = service.external_traffic_policy == TrafficPolicy::Local;
     let ranges = source_ranges_of(service, family);
     let node_allowed_by_ranges = ranges.as_ref().is_some_and(|ranges| {

@@ -1,12 +1,25 @@
-//! What kube-proxy does to the node before its proxier starts, and the daemon does too
-//! (never in a dry run): check that the kernel has the IPVS scheduler, set the process's
-//! `oom_score_adj` and the conntrack sysctls. Only a missing scheduler stops the daemon (as
-//! kube-proxy's start-up check does); a setting the kernel refuses is logged and skipped.
+//! What kube-proxy does to the node before its proxier starts, and every program that runs
+//! the engine on a node should do too (never in a dry run): check that the kernel has the
+//! IPVS scheduler, set the process's `oom_score_adj` and the conntrack sysctls. Only a missing
+//! scheduler is an error (as kube-proxy's start-up check); a setting the kernel refuses is
+//! logged and skipped.
 
 use proxier_core::kernel_modules::{ModuleFiles, ModuleStatus, module_status, scheduler_module};
-use proxier_core::sysctl::{ProcSysctl, SysctlStore, apply_conntrack, machine_cpus};
+use proxier_core::model::Scheduler;
+use proxier_core::sysctl::{
+    ConntrackSettings, ProcSysctl, SysctlStore, apply_conntrack, machine_cpus,
+};
 
-use crate::settings::Settings;
+/// What to prepare on the node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeSetup {
+    /// The IPVS scheduler the proxier will use (its module must be there).
+    pub scheduler: Scheduler,
+    /// The process's `oom_score_adj` (kube-proxy's default: -999).
+    pub oom_score_adj: i32,
+    /// kube-proxy's conntrack settings.
+    pub conntrack: ConntrackSettings,
+}
 
 /// Why the node cannot run the proxier.
 #[derive(Debug, thiserror::Error)]
@@ -26,25 +39,25 @@ pub enum NodeSetupError {
     },
 }
 
-/// Prepares the node for `settings`, reading and writing the real `/proc` and `/sys`.
-pub fn prepare(settings: &Settings) -> Result<(), NodeSetupError> {
+/// Prepares the node for `setup`, reading and writing the real `/proc` and `/sys`.
+pub fn prepare(setup: &NodeSetup) -> Result<(), NodeSetupError> {
     let proc_sys = ProcSysctl::default();
     let release = proc_sys.read("kernel/osrelease").unwrap_or_default();
-    check_scheduler(settings, &ModuleFiles::for_release(&release))?;
-    apply_oom_score_adj(settings.oom_score_adj);
+    check_scheduler(&setup.scheduler, &ModuleFiles::for_release(&release))?;
+    apply_oom_score_adj(setup.oom_score_adj);
     apply_conntrack(
         &proc_sys,
         &ProcSysctl::new("/sys/module"),
-        &settings.conntrack,
+        &setup.conntrack,
         machine_cpus(),
     );
     Ok(())
 }
 
-/// Fails when `files` show that the kernel cannot provide the configured scheduler; warns
-/// when they cannot tell.
-pub fn check_scheduler(settings: &Settings, files: &ModuleFiles) -> Result<(), NodeSetupError> {
-    let scheduler = settings.planner.scheduler.name();
+/// Fails when `files` show that the kernel cannot provide `scheduler`; warns when they
+/// cannot tell.
+pub fn check_scheduler(scheduler: &Scheduler, files: &ModuleFiles) -> Result<(), NodeSetupError> {
+    let scheduler = scheduler.name();
     let module = scheduler_module(scheduler);
     match module_status(files, &module) {
         ModuleStatus::Loaded | ModuleStatus::BuiltIn | ModuleStatus::Installed => Ok(()),
