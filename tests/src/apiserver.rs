@@ -7,7 +7,7 @@
 //! the WatchList feature does: every current object as ADDED, then a BOOKMARK annotated
 //! `k8s.io/initial-events-end`, then changes; or, after
 //! [`FakeApiServer::refuse_streaming_lists`], as one without it (422 Invalid). It counts the
-//! bytes of every response body it sends ([`FakeApiServer::bytes_served`]).
+//! bytes of every response body it sends, by kind ([`FakeApiServer::bytes_served`]).
 
 #![allow(dead_code)]
 
@@ -68,7 +68,8 @@ struct State {
     watchers: Vec<(Kind, Query, mpsc::UnboundedSender<Bytes>)>,
     outage: bool,
     refuse_streaming_lists: bool,
-    bytes_served: u64,
+    /// Bytes of response bodies sent, by kind.
+    bytes_served: BTreeMap<Kind, u64>,
     requests: Vec<String>,
     /// Watches from a resourceVersion older than this get 410 Gone.
     compacted_at: u64,
@@ -287,9 +288,9 @@ impl FakeApiServer {
         self.lock().refuse_streaming_lists = true;
     }
 
-    /// Bytes of response bodies sent so far: list responses and watch event lines.
-    pub fn bytes_served(&self) -> u64 {
-        self.lock().bytes_served
+    /// Bytes of response bodies sent so far for `kind`: list responses and watch event lines.
+    pub fn bytes_served(&self, kind: Kind) -> u64 {
+        self.lock().bytes_served.get(&kind).copied().unwrap_or(0)
     }
 
     /// Requests seen so far (`path?query`).
@@ -309,7 +310,7 @@ fn notify(st: &mut State, kind: Kind, rv: u64, event: Value) {
         sent += line.len() as u64;
         tx.send(line.clone()).is_ok()
     });
-    st.bytes_served += sent;
+    *st.bytes_served.entry(kind).or_default() += sent;
 }
 
 /// The refusal of a streaming list by an API server without the WatchList feature, as
@@ -356,7 +357,7 @@ fn handle(state: &Arc<Mutex<State>>, path: &str, query: &str) -> hyper::Response
             head.strip_suffix('}').expect("a JSON object"),
             items.join(",")
         );
-        st.bytes_served += list.len() as u64;
+        *st.bytes_served.entry(kind).or_default() += list.len() as u64;
         return full_text(200, list);
     }
     let (tx, rx) = mpsc::unbounded_channel::<Bytes>();
@@ -386,7 +387,7 @@ fn handle(state: &Arc<Mutex<State>>, path: &str, query: &str) -> hyper::Response
         let line = format!("{bookmark}\n");
         sent += line.len() as u64;
         let _ = tx.send(Bytes::from(line));
-        st.bytes_served += sent;
+        *st.bytes_served.entry(kind).or_default() += sent;
         st.watchers.push((kind, q, tx));
         return event_stream(rx);
     }
@@ -404,7 +405,7 @@ fn handle(state: &Arc<Mutex<State>>, path: &str, query: &str) -> hyper::Response
                 let _ = tx.send(Bytes::from(line));
             }
         }
-        st.bytes_served += sent;
+        *st.bytes_served.entry(kind).or_default() += sent;
         st.watchers.push((kind, q, tx));
     }
     event_stream(rx)
