@@ -6,6 +6,12 @@
 //! objects halfway; the swap is reported as the upserts and deletes it amounts to. Until
 //! Services and EndpointSlices have both listed once, nothing is sent; then the first
 //! [`SourceBatch`] with everything and the `synced` signal, then a batch per change.
+//!
+//! Objects are trimmed to what the conversions read ([`trim_service`], [`trim_slice`],
+//! [`trim_node`]) as they arrive, before anything keeps them. [`ListMode`] picks paginated
+//! lists (kube-proxy's way, the default) or streaming lists, which fall back to paginated ones
+//! on an API server that refuses them. What this costs the API server per node:
+//! `docs/api-server-cost.md`.
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
