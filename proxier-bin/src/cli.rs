@@ -64,6 +64,13 @@ pub struct Cli {
     #[serde(skip)]
     pub master: Option<String>,
 
+    /// Fetch Services, EndpointSlices and the Node with streaming lists (Kubernetes WatchList)
+    /// instead of paginated lists; an API server that refuses them gets paginated lists.
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
+          default_missing_value = "true", value_parser = BoolishValueParser::new())]
+    #[serde(skip)]
+    pub api_streaming_lists: Option<bool>,
+
     /// Use this name instead of the machine's hostname to identify this node.
     #[arg(long, value_name = "NAME")]
     #[serde(rename = "hostnameOverride", deserialize_with = "file::text")]

@@ -87,6 +87,11 @@ async fn start_source(settings: &Settings) -> Result<SourceHandle, DaemonError> 
                 client,
                 source::kube::KubeSourceConfig {
                     hostname: settings.hostname.clone(),
+                    list_mode: if settings.api_streaming_lists {
+                        source::kube::ListMode::Streaming
+                    } else {
+                        source::kube::ListMode::Paginated
+                    },
                 },
             )
         }

@@ -103,6 +103,8 @@ pub struct LogSettings {
 pub struct Settings {
     /// Where cluster objects come from.
     pub source: SourceSettings,
+    /// With the API server source: streaming lists instead of paginated ones.
+    pub api_streaming_lists: bool,
     /// This node's name (lower-cased, as kube-proxy does).
     pub hostname: String,
     /// What the planner needs: scheduler, excluded CIDRs, NodePort addresses, strict ARP,
@@ -547,6 +549,7 @@ pub fn resolve(
 
     Ok(Settings {
         source,
+        api_streaming_lists: cli.api_streaming_lists.unwrap_or(false),
         hostname,
         planner,
         driver: DriverConfig::new(sync_period, min_sync_period, sync_burst),

@@ -2,6 +2,12 @@
 //! EndpointSlices and Nodes over plain HTTP on 127.0.0.1, applies `!label` label selectors
 //! and `metadata.name=` field selectors like the real server, and lets a test add and delete
 //! objects, expire watches (410 Gone) and simulate an outage (every request fails).
+//!
+//! It answers streaming lists (a watch with `sendInitialEvents=true`) as an API server with
+//! the WatchList feature does: every current object as ADDED, then a BOOKMARK annotated
+//! `k8s.io/initial-events-end`, then changes; or, after
+//! [`FakeApiServer::refuse_streaming_lists`], as one without it (422 Invalid). It counts the
+//! bytes of every response body it sends, by kind ([`FakeApiServer::bytes_served`]).
 
 #![allow(dead_code)]
 
@@ -61,6 +67,9 @@ struct State {
     log: Vec<(Kind, u64, Value)>,
     watchers: Vec<(Kind, Query, mpsc::UnboundedSender<Bytes>)>,
     outage: bool,
+    refuse_streaming_lists: bool,
+    /// Bytes of response bodies sent, by kind.
+    bytes_served: BTreeMap<Kind, u64>,
     requests: Vec<String>,
     /// Watches from a resourceVersion older than this get 410 Gone.
     compacted_at: u64,
@@ -69,6 +78,8 @@ struct State {
 #[derive(Debug, Clone, Default)]
 struct Query {
     watch: bool,
+    send_initial_events: bool,
+    resource_version_match: Option<String>,
     resource_version: Option<u64>,
     label_selector: Option<String>,
     field_selector: Option<String>,
@@ -80,6 +91,8 @@ impl Query {
         for (k, v) in form_urlencoded::parse(query.as_bytes()) {
             match k.as_ref() {
                 "watch" => q.watch = v == "true" || v == "1",
+                "sendInitialEvents" => q.send_initial_events = v == "true",
+                "resourceVersionMatch" => q.resource_version_match = Some(v.into_owned()),
                 "resourceVersion" => q.resource_version = v.parse().ok(),
                 "labelSelector" => q.label_selector = Some(v.into_owned()),
                 "fieldSelector" => q.field_selector = Some(v.into_owned()),
@@ -269,6 +282,17 @@ impl FakeApiServer {
         }
     }
 
+    /// From now on, refuse streaming lists as an API server without the WatchList feature
+    /// does: 422 Invalid, naming `sendInitialEvents`.
+    pub fn refuse_streaming_lists(&self) {
+        self.lock().refuse_streaming_lists = true;
+    }
+
+    /// Bytes of response bodies sent so far for `kind`: list responses and watch event lines.
+    pub fn bytes_served(&self, kind: Kind) -> u64 {
+        self.lock().bytes_served.get(&kind).copied().unwrap_or(0)
+    }
+
     /// Requests seen so far (`path?query`).
     pub fn requests(&self) -> Vec<String> {
         self.lock().requests.clone()
@@ -278,12 +302,29 @@ impl FakeApiServer {
 fn notify(st: &mut State, kind: Kind, rv: u64, event: Value) {
     st.log.push((kind, rv, event.clone()));
     let line = Bytes::from(format!("{event}\n"));
+    let mut sent = 0;
     st.watchers.retain(|(k, q, tx)| {
         if *k != kind || !q.matches(&event["object"]) && event["type"] != "DELETED" {
             return !tx.is_closed();
         }
+        sent += line.len() as u64;
         tx.send(line.clone()).is_ok()
     });
+    *st.bytes_served.entry(kind).or_default() += sent;
+}
+
+/// The refusal of a streaming list by an API server without the WatchList feature, as
+/// kube-apiserver words it.
+fn watch_list_refusal() -> Value {
+    let message =
+        "sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled";
+    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+           "message": format!("ListOptions.meta.k8s.io \"\" is invalid: sendInitialEvents: Forbidden: {message}"),
+           "reason": "Invalid",
+           "details": {"group": "meta.k8s.io", "kind": "ListOptions",
+                       "causes": [{"reason": "FieldValueForbidden", "field": "sendInitialEvents",
+                                   "message": format!("Forbidden: {message}")}]},
+           "code": 422})
 }
 
 fn handle(state: &Arc<Mutex<State>>, path: &str, query: &str) -> hyper::Response<Body> {
@@ -316,22 +357,61 @@ fn handle(state: &Arc<Mutex<State>>, path: &str, query: &str) -> hyper::Response
             head.strip_suffix('}').expect("a JSON object"),
             items.join(",")
         );
+        *st.bytes_served.entry(kind).or_default() += list.len() as u64;
         return full_text(200, list);
     }
-    let since = q.resource_version.unwrap_or(0);
     let (tx, rx) = mpsc::unbounded_channel::<Bytes>();
+    if q.send_initial_events {
+        // A streaming list: the state now (whatever resourceVersion asked for, as
+        // NotOlderThan allows), its end marked by a bookmark, then changes.
+        if st.refuse_streaming_lists {
+            return full(422, &watch_list_refusal());
+        }
+        if q.resource_version_match.as_deref() != Some("NotOlderThan") {
+            let message = "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan";
+            return full(422, &status_object(422, "Invalid", message));
+        }
+        let mut sent = 0;
+        for ((k, _), (obj, text)) in &st.objects {
+            if *k == kind && q.matches(obj) {
+                let line = format!("{{\"type\":\"ADDED\",\"object\":{text}}}\n");
+                sent += line.len() as u64;
+                let _ = tx.send(Bytes::from(line));
+            }
+        }
+        let (api_version, list_kind) = kind.list_kind();
+        let bookmark = json!({"type": "BOOKMARK", "object": {
+            "apiVersion": api_version, "kind": list_kind.trim_end_matches("List"),
+            "metadata": {"resourceVersion": st.resource_version.to_string(),
+                         "annotations": {"k8s.io/initial-events-end": "true"}}}});
+        let line = format!("{bookmark}\n");
+        sent += line.len() as u64;
+        let _ = tx.send(Bytes::from(line));
+        *st.bytes_served.entry(kind).or_default() += sent;
+        st.watchers.push((kind, q, tx));
+        return event_stream(rx);
+    }
+    let since = q.resource_version.unwrap_or(0);
     if since < st.compacted_at {
         let gone = json!({"type": "ERROR", "object": status_object(410, "Expired", "too old resource version")});
         let _ = tx.send(Bytes::from(format!("{gone}\n")));
         drop(tx);
     } else {
+        let mut sent = 0;
         for (k, rv, event) in &st.log {
             if *k == kind && *rv > since && q.matches(&event["object"]) {
-                let _ = tx.send(Bytes::from(format!("{event}\n")));
+                let line = format!("{event}\n");
+                sent += line.len() as u64;
+                let _ = tx.send(Bytes::from(line));
             }
         }
+        *st.bytes_served.entry(kind).or_default() += sent;
         st.watchers.push((kind, q, tx));
     }
+    event_stream(rx)
+}
+
+fn event_stream(rx: mpsc::UnboundedReceiver<Bytes>) -> hyper::Response<Body> {
     let stream = futures::stream::unfold(rx, |mut rx| async move {
         rx.recv()
             .await

@@ -106,7 +106,7 @@ async fn main() -> anyhow::Result<()> {
     // The source: kube-proxy's watches; its first batch is the complete picture.
     let client = kube::client(args.kubeconfig.as_deref(), args.master.as_deref()).await?;
     let hostname = args.node.clone();
-    let mut source = kube::spawn(client, kube::KubeSourceConfig { hostname });
+    let mut source = kube::spawn(client, kube::KubeSourceConfig::new(hostname));
     let first = source
         .events
         .recv()

@@ -6,14 +6,22 @@
 //! objects halfway; the swap is reported as the upserts and deletes it amounts to. Until
 //! Services and EndpointSlices have both listed once, nothing is sent; then the first
 //! [`SourceBatch`] with everything and the `synced` signal, then a batch per change.
+//!
+//! Objects are trimmed to what the conversions read ([`trim_service`], [`trim_slice`],
+//! [`trim_node`]) as they arrive, before anything keeps them. [`ListMode`] picks paginated
+//! lists (kube-proxy's way, the default) or streaming lists, which fall back to paginated ones
+//! on an API server that refuses them. What this costs the API server per node:
+//! `docs/api-server-cost.md`.
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::path::{Path, PathBuf};
 
+use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
-use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::core::v1::{Node, NodeSpec, NodeStatus, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
 use kube::api::Api;
 use kube::runtime::watcher::{self, Event};
@@ -22,7 +30,11 @@ use serde::de::DeserializeOwned;
 use tokio::sync::{mpsc, watch};
 
 use super::{EVENT_CHANNEL_CAPACITY, ObjectKey, SourceBatch, SourceHandle};
-use proxier_core::k8s::PROXIED_OBJECTS_SELECTOR;
+use proxier_core::k8s::{
+    HEADLESS_LABEL, LAST_CHANGE_TRIGGER_TIME_ANNOTATION, PROXIED_OBJECTS_SELECTOR,
+    SERVICE_NAME_LABEL, SERVICE_PROXY_NAME_LABEL,
+};
+use proxier_core::model::{SCHEDULER_ANNOTATION, WEIGHTS_ANNOTATION};
 
 /// The API server could not be configured or reached.
 #[derive(Debug, thiserror::Error)]
@@ -274,21 +286,210 @@ impl KubeSourceState {
     }
 }
 
+/// Annotations the conversions read (scheduler, weights, the slice's trigger time): every
+/// other annotation is dropped before an object is kept.
+const READ_ANNOTATIONS: [&str; 3] = [
+    SCHEDULER_ANNOTATION,
+    WEIGHTS_ANNOTATION,
+    LAST_CHANGE_TRIGGER_TIME_ANNOTATION,
+];
+
+/// Drops what no conversion reads from any kind's metadata: managed fields, owner references,
+/// finalizers, annotations other than [`READ_ANNOTATIONS`] and, unless `keep_labels` is
+/// `None`, the labels it does not name. Name, namespace, resource version and deletion
+/// timestamp stay.
+fn trim_meta(meta: &mut ObjectMeta, keep_labels: Option<&[&str]>) {
+    meta.managed_fields = None;
+    meta.owner_references = None;
+    meta.finalizers = None;
+    if let Some(annotations) = &mut meta.annotations {
+        annotations.retain(|key, _| READ_ANNOTATIONS.contains(&key.as_str()));
+    }
+    if meta.annotations.as_ref().is_some_and(BTreeMap::is_empty) {
+        meta.annotations = None;
+    }
+    if let (Some(labels), Some(keep)) = (&mut meta.labels, keep_labels) {
+        labels.retain(|key, _| keep.contains(&key.as_str()));
+    }
+    if meta.labels.as_ref().is_some_and(BTreeMap::is_empty) {
+        meta.labels = None;
+    }
+}
+
+/// Drops from a Service what [`proxier_core::k8s::convert_service`] never reads, before the
+/// source keeps it: see `trim_meta`, plus labels other than kube-proxy's two, the pod
+/// selector, each port's target port and application protocol, status conditions and the
+/// load-balancer ingress' hostnames and ports. What remains converts to the same change.
+pub fn trim_service(service: &mut Service) {
+    trim_meta(
+        &mut service.metadata,
+        Some(&[SERVICE_PROXY_NAME_LABEL, HEADLESS_LABEL]),
+    );
+    if let Some(spec) = &mut service.spec {
+        spec.selector = None;
+        for port in spec.ports.iter_mut().flatten() {
+            port.target_port = None;
+            port.app_protocol = None;
+        }
+    }
+    if let Some(status) = &mut service.status {
+        status.conditions = None;
+        let ingress = status
+            .load_balancer
+            .as_mut()
+            .and_then(|lb| lb.ingress.as_mut());
+        for entry in ingress.into_iter().flatten() {
+            entry.hostname = None;
+            entry.ports = None;
+        }
+    }
+}
+
+/// Drops from an EndpointSlice what [`proxier_core::k8s::convert_endpoint_slice`] never reads:
+/// see `trim_meta`, plus labels other than the Service name (and kube-proxy's two), each
+/// endpoint's target reference, hostname and deprecated topology, and each port's application
+/// protocol. What remains converts to the same change and trigger time.
+pub fn trim_slice(slice: &mut EndpointSlice) {
+    trim_meta(
+        &mut slice.metadata,
+        Some(&[SERVICE_NAME_LABEL, SERVICE_PROXY_NAME_LABEL, HEADLESS_LABEL]),
+    );
+    for endpoint in slice.endpoints.iter_mut().flatten() {
+        endpoint.target_ref = None;
+        endpoint.hostname = None;
+        endpoint.deprecated_topology = None;
+    }
+    for port in slice.ports.iter_mut().flatten() {
+        port.app_protocol = None;
+    }
+}
+
+/// Drops from this node's Node what [`proxier_core::k8s::node_context`] and
+/// [`proxier_core::k8s::node_eligible`] never read: see `trim_meta` (every annotation goes;
+/// all labels stay, the engine keeps them), the spec but for pod CIDRs and taints, and the
+/// status but for addresses (images, conditions, capacity, node info, volumes).
+pub fn trim_node(node: &mut Node) {
+    trim_meta(&mut node.metadata, None);
+    node.spec = node.spec.take().map(|spec| NodeSpec {
+        pod_cidr: spec.pod_cidr,
+        pod_cidrs: spec.pod_cidrs,
+        taints: spec.taints,
+        ..NodeSpec::default()
+    });
+    node.status = node.status.take().map(|status| NodeStatus {
+        addresses: status.addresses,
+        ..NodeStatus::default()
+    });
+}
+
+/// How a watcher fetches its first picture of a kind (and the picture after a relist).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ListMode {
+    /// A paginated list (kube-runtime's default page size, 500 objects), then a watch from
+    /// the list's resource version: what kube-proxy does.
+    #[default]
+    Paginated,
+    /// A streaming list (Kubernetes' WatchList: one watch with `sendInitialEvents=true`,
+    /// answered from the API server's watch cache, ending with a bookmark annotated
+    /// `k8s.io/initial-events-end`). An API server that refuses it (the WatchList feature
+    /// gate off, or a server older than 1.27) answers 422 Invalid; that kind then falls back
+    /// to [`ListMode::Paginated`] for the life of the source, with a warning in the log.
+    Streaming,
+}
+
 /// Settings of the Kubernetes source.
 #[derive(Debug, Clone)]
 pub struct KubeSourceConfig {
     /// This node's name.
     pub hostname: String,
+    /// How lists and relists are made.
+    pub list_mode: ListMode,
 }
 
+impl KubeSourceConfig {
+    /// Settings for the node `hostname`, with paginated lists.
+    pub fn new(hostname: impl Into<String>) -> KubeSourceConfig {
+        KubeSourceConfig {
+            hostname: hostname.into(),
+            list_mode: ListMode::default(),
+        }
+    }
+}
+
+/// Whether a watcher error is the API server refusing a streaming list: 422 Invalid (or 400)
+/// about `sendInitialEvents` (1.27 and later with the WatchList gate off) or about
+/// `resourceVersionMatch` on a watch (servers older than 1.27).
+fn refuses_streaming_list(error: &watcher::Error) -> bool {
+    let status = match error {
+        watcher::Error::WatchStartFailed(kube::Error::Api(status))
+        | watcher::Error::WatchFailed(kube::Error::Api(status))
+        | watcher::Error::WatchError(status) => status,
+        _ => return false,
+    };
+    matches!(status.code, 400 | 422)
+        && ["sendInitialEvents", "resourceVersionMatch"]
+            .iter()
+            .any(|field| status.message.contains(field))
+}
+
+type WatchStream<K> = BoxStream<'static, watcher::Result<Event<K>>>;
+
+/// kube-runtime's watcher for `config` in `mode`. kube-runtime has no fallback of its own from
+/// streaming lists (it would retry the refused watch forever), so at the first refusal this
+/// one switches that kind to paginated lists for good and swallows the error: the list
+/// follows at once, without a backoff.
+fn watcher_with_fallback<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    mode: ListMode,
+    kind: &'static str,
+) -> WatchStream<K>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+{
+    if mode == ListMode::Paginated {
+        return make_watcher(api, config).boxed();
+    }
+    let streaming = make_watcher(api.clone(), config.clone().streaming_lists()).boxed();
+    let fallback = Some((api, config));
+    futures::stream::unfold(
+        (streaming, fallback),
+        move |(mut stream, mut fallback)| async move {
+            loop {
+                let item = stream.next().await?;
+                if let Err(error) = &item
+                    && refuses_streaming_list(error)
+                    && let Some((api, config)) = fallback.take()
+                {
+                    tracing::warn!(
+                        kind, %error,
+                        "the API server refuses streaming lists; falling back to paginated lists"
+                    );
+                    stream = make_watcher(api, config).boxed();
+                    continue;
+                }
+                return Some((item, (stream, fallback)));
+            }
+        },
+    )
+    .boxed()
+}
+
+/// A kind's watch: the watcher (with the fallback), objects trimmed by `trim` as they arrive,
+/// kube-runtime's default backoff after errors.
 fn watch_stream<K>(
     api: Api<K>,
     config: watcher::Config,
+    mode: ListMode,
+    kind: &'static str,
+    trim: fn(&mut K),
 ) -> impl Stream<Item = watcher::Result<Event<K>>> + Send
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
 {
-    make_watcher(api, config).default_backoff()
+    watcher_with_fallback(api, config, mode, kind)
+        .modify(trim)
+        .default_backoff()
 }
 
 /// Starts the watchers. Watch errors (API outages, expired resource versions) are logged and
@@ -296,17 +497,27 @@ where
 pub fn spawn(client: kube::Client, config: KubeSourceConfig) -> SourceHandle {
     let (tx, rx) = mpsc::channel(EVENT_CHANNEL_CAPACITY);
     let (synced_tx, synced_rx) = watch::channel(false);
+    let mode = config.list_mode;
     let services = watch_stream(
         Api::<Service>::all(client.clone()),
         watcher::Config::default().labels(PROXIED_OBJECTS_SELECTOR),
+        mode,
+        "Service",
+        trim_service,
     );
     let slices = watch_stream(
         Api::<EndpointSlice>::all(client.clone()),
         watcher::Config::default().labels(PROXIED_OBJECTS_SELECTOR),
+        mode,
+        "EndpointSlice",
+        trim_slice,
     );
     let nodes = watch_stream(
         Api::<Node>::all(client),
         watcher::Config::default().fields(&format!("metadata.name={}", config.hostname)),
+        mode,
+        "Node",
+        trim_node,
     );
     let task = tokio::spawn(run(services, slices, nodes, tx, synced_tx));
     SourceHandle {

@@ -1,13 +1,15 @@
 //! The Kubernetes source against an API server double on 127.0.0.1: kube-proxy's selectors
 //! are sent, nothing is reported before Services and EndpointSlices have both listed, changes
 //! become events, and watch expiry (410 Gone) and API outages never make it forget objects.
+//! With streaming lists the source sees the same, and falls back to paginated lists when the
+//! API server refuses them.
 
 use std::time::Duration;
 
 use ipvs_proxier_tests::apiserver::{FakeApiServer, Kind};
 use proxier_core::Change;
 use proxier_core::k8s::PROXIED_OBJECTS_SELECTOR;
-use proxier_runtime::source::kube::{KubeSourceConfig, client, spawn};
+use proxier_runtime::source::kube::{KubeSourceConfig, ListMode, client, spawn};
 use proxier_runtime::source::{SourceBatch, SourceHandle, describe};
 use serde_json::{Value, json};
 
@@ -52,6 +54,10 @@ async fn no_batch_for(source: &mut SourceHandle, wait: Duration) {
 }
 
 async fn start(api: &FakeApiServer) -> SourceHandle {
+    start_with(api, ListMode::Paginated).await
+}
+
+async fn start_with(api: &FakeApiServer, list_mode: ListMode) -> SourceHandle {
     let client = client(None, Some(&api.url()))
         .await
         .expect("client for the double");
@@ -59,6 +65,7 @@ async fn start(api: &FakeApiServer) -> SourceHandle {
         client,
         KubeSourceConfig {
             hostname: "node-a".into(),
+            list_mode,
         },
     )
 }
@@ -255,4 +262,205 @@ async fn api_outage_keeps_known_objects() {
             break;
         }
     }
+}
+
+/// A double holding two Services (one another proxy's), two slices (one headless) and two
+/// Nodes, as in the first test.
+async fn populated_double() -> FakeApiServer {
+    let api = FakeApiServer::start().await;
+    api.apply(
+        Kind::Service,
+        service("shop", "web", "10.96.0.20", json!({})),
+    );
+    api.apply(
+        Kind::Service,
+        service(
+            "shop",
+            "legacy",
+            "10.96.0.21",
+            json!({"service.kubernetes.io/service-proxy-name": "other"}),
+        ),
+    );
+    api.apply(
+        Kind::EndpointSlice,
+        slice("shop", "web-1", "web", "10.244.1.5", json!({})),
+    );
+    api.apply(
+        Kind::EndpointSlice,
+        slice(
+            "shop",
+            "db-1",
+            "db",
+            "10.244.1.6",
+            json!({"service.kubernetes.io/headless": ""}),
+        ),
+    );
+    api.apply(Kind::Node, node("node-a"));
+    api.apply(Kind::Node, node("node-b"));
+    api
+}
+
+/// The first picture, with this node's Node (which may come in the first batch or right
+/// after it), as changes sorted by description.
+async fn first_picture(source: &mut SourceHandle) -> Vec<(String, Change)> {
+    let mut changes = next_batch(source).await.changes;
+    if !changes.iter().any(|c| matches!(c, Change::UpsertNode(_))) {
+        changes.extend(next_batch(source).await.changes);
+    }
+    let mut described: Vec<(String, Change)> =
+        changes.into_iter().map(|c| (describe(&c), c)).collect();
+    described.sort_by(|a, b| a.0.cmp(&b.0));
+    described
+}
+
+/// Watch requests that asked for a streaming list, and plain list requests, of one path.
+fn streaming_and_lists(api: &FakeApiServer, path: &str) -> (usize, usize) {
+    let requests = api.requests();
+    let of_path = requests.iter().filter(|r| r.starts_with(path));
+    let streaming = of_path
+        .clone()
+        .filter(|r| r.contains("watch=true") && r.contains("sendInitialEvents=true"))
+        .count();
+    let lists = of_path.filter(|r| !r.contains("watch=true")).count();
+    (streaming, lists)
+}
+
+const KIND_PATHS: [&str; 3] = [
+    "/api/v1/services?",
+    "/apis/discovery.k8s.io/v1/endpointslices?",
+    "/api/v1/nodes?",
+];
+
+/// After the first picture: a slice added, a Service changed, a Service deleted, each
+/// reported on its own.
+async fn later_changes(api: &FakeApiServer, source: &mut SourceHandle) -> Vec<Vec<Change>> {
+    no_batch_for(source, Duration::from_millis(300)).await; // let the watches start
+    let mut seen = Vec::new();
+    api.apply(
+        Kind::EndpointSlice,
+        slice("shop", "web-2", "web", "10.244.1.7", json!({})),
+    );
+    seen.push(next_batch(source).await.changes);
+    api.apply(
+        Kind::Service,
+        service("shop", "web", "10.96.0.30", json!({})),
+    );
+    seen.push(next_batch(source).await.changes);
+    api.delete(Kind::Service, "shop", "web");
+    seen.push(next_batch(source).await.changes);
+    seen
+}
+
+#[tokio::test]
+async fn streaming_lists_give_the_same_picture_and_changes_as_paginated_lists() {
+    let paginated_api = populated_double().await;
+    let mut paginated = start_with(&paginated_api, ListMode::Paginated).await;
+    let paginated_first = first_picture(&mut paginated).await;
+    let paginated_later = later_changes(&paginated_api, &mut paginated).await;
+
+    let streaming_api = populated_double().await;
+    let mut streaming = start_with(&streaming_api, ListMode::Streaming).await;
+    let streaming_first = first_picture(&mut streaming).await;
+    assert!(*streaming.synced.borrow());
+    let streaming_later = later_changes(&streaming_api, &mut streaming).await;
+
+    let names: Vec<&str> = streaming_first.iter().map(|(d, _)| d.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "node update node-a",
+            "service upsert shop/web",
+            "slice upsert shop/web-1"
+        ],
+        "kube-proxy's selectors apply to streaming lists too"
+    );
+    assert_eq!(streaming_first, paginated_first);
+    assert_eq!(streaming_later, paginated_later);
+
+    for path in KIND_PATHS {
+        assert_eq!(
+            streaming_and_lists(&streaming_api, path),
+            (1, 0),
+            "{path}: one streaming list, no list call; {:?}",
+            streaming_api.requests()
+        );
+        assert_eq!(streaming_and_lists(&paginated_api, path), (0, 1), "{path}");
+    }
+}
+
+#[tokio::test]
+async fn streaming_relist_after_expiry_reports_only_the_difference() {
+    let api = FakeApiServer::start().await;
+    api.apply(
+        Kind::Service,
+        service("shop", "keep", "10.96.0.20", json!({})),
+    );
+    api.apply(
+        Kind::Service,
+        service("shop", "gone", "10.96.0.21", json!({})),
+    );
+    let mut source = start_with(&api, ListMode::Streaming).await;
+    next_batch(&mut source).await;
+    no_batch_for(&mut source, Duration::from_millis(300)).await;
+
+    api.delete_silently(Kind::Service, "shop", "gone");
+    api.apply_silently(
+        Kind::Service,
+        service("shop", "new", "10.96.0.22", json!({})),
+    );
+    api.expire_watches();
+
+    let mut seen = Vec::new();
+    while seen.len() < 2 {
+        seen.extend(described(&next_batch(&mut source).await));
+    }
+    seen.sort();
+    assert_eq!(
+        seen,
+        vec!["service delete shop/gone", "service upsert shop/new"]
+    );
+    no_batch_for(&mut source, Duration::from_millis(500)).await;
+    let (streaming, lists) = streaming_and_lists(&api, "/api/v1/services?");
+    assert_eq!((streaming, lists), (2, 0), "the relist streams too");
+}
+
+#[tokio::test]
+async fn a_server_that_refuses_streaming_lists_gets_paginated_lists() {
+    let api = populated_double().await;
+    api.refuse_streaming_lists();
+    let mut source = start_with(&api, ListMode::Streaming).await;
+    let first = first_picture(&mut source).await;
+    let names: Vec<&str> = first.iter().map(|(d, _)| d.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "node update node-a",
+            "service upsert shop/web",
+            "slice upsert shop/web-1"
+        ]
+    );
+    assert!(*source.synced.borrow());
+    for path in KIND_PATHS {
+        assert_eq!(
+            streaming_and_lists(&api, path),
+            (1, 1),
+            "{path}: refused once, then listed; {:?}",
+            api.requests()
+        );
+    }
+
+    // Later changes arrive over the plain watch; a relist after expiry lists, never asks
+    // for a streaming list again.
+    let later = later_changes(&api, &mut source).await;
+    assert_eq!(later.len(), 3);
+    api.apply_silently(
+        Kind::Service,
+        service("shop", "new", "10.96.0.22", json!({})),
+    );
+    api.expire_watches();
+    assert_eq!(
+        described(&next_batch(&mut source).await),
+        ["service upsert shop/new"]
+    );
+    assert_eq!(streaming_and_lists(&api, "/api/v1/services?"), (1, 2));
 }

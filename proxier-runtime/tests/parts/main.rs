@@ -5,6 +5,7 @@ mod api_client_metrics;
 mod health;
 mod http_server;
 mod kube_source;
+mod kube_source_cost;
 mod metrics;
 mod source;
 mod source_file;

@@ -197,3 +197,254 @@ fn node_relist_without_the_node_reports_deletion() {
     assert_eq!(batch.node_eligible, Some(false));
     assert_eq!(names(Some(batch)), vec!["node deleted"]);
 }
+
+/// Metadata as the API server sends it: what the conversions read plus what they never read.
+fn noisy_meta(
+    name: &str,
+    labels: serde_json::Value,
+    annotations: serde_json::Value,
+) -> serde_json::Value {
+    let mut annotations = annotations;
+    annotations["kubectl.kubernetes.io/last-applied-configuration"] = "{\"big\": \"blob\"}".into();
+    serde_json::json!({
+        "name": name, "namespace": "shop", "resourceVersion": "42", "uid": "0b0e",
+        "creationTimestamp": "2026-01-01T00:00:00Z", "generation": 3,
+        "labels": labels, "annotations": annotations,
+        "finalizers": ["example.com/keep"],
+        "ownerReferences": [{"apiVersion": "v1", "kind": "Service", "name": "web", "uid": "0b0f",
+                             "controller": true, "blockOwnerDeletion": true}],
+        "managedFields": [{"manager": "kube-controller-manager", "operation": "Update",
+                           "apiVersion": "v1", "time": "2026-01-01T00:00:00Z",
+                           "fieldsType": "FieldsV1",
+                           "fieldsV1": {"f:metadata": {"f:labels": {".": {}}}}}],
+    })
+}
+
+/// A LoadBalancer Service using every field `convert_service` reads, and others it never reads.
+fn full_service(labels: serde_json::Value) -> Service {
+    let mut meta = noisy_meta(
+        "web",
+        labels,
+        serde_json::json!({"ipvs.proxier.io/scheduler": "wrr"}),
+    );
+    meta["labels"]["app.kubernetes.io/name"] = "web".into();
+    serde_json::from_value(serde_json::json!({
+        "metadata": meta,
+        "spec": {
+            "type": "LoadBalancer",
+            "clusterIP": "10.96.0.10", "clusterIPs": ["10.96.0.10", "fd00::10"],
+            "ipFamilies": ["IPv4", "IPv6"], "ipFamilyPolicy": "PreferDualStack",
+            "selector": {"app": "web"},
+            "ports": [
+                {"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080,
+                 "nodePort": 30080, "appProtocol": "http"},
+                {"name": "dns", "port": 53, "protocol": "UDP", "targetPort": "dns", "nodePort": 30053},
+            ],
+            "externalIPs": ["192.0.2.7"],
+            "loadBalancerSourceRanges": ["198.51.100.0/24"],
+            "sessionAffinity": "ClientIP",
+            "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 600}},
+            "externalTrafficPolicy": "Local",
+            "internalTrafficPolicy": "Local",
+            "healthCheckNodePort": 32000,
+        },
+        "status": {
+            "loadBalancer": {"ingress": [
+                {"ip": "203.0.113.5", "ipMode": "Proxy", "hostname": "lb.example",
+                 "ports": [{"port": 80, "protocol": "TCP"}]},
+                {"hostname": "only-a-name.example"},
+            ]},
+            "conditions": [{"type": "Ready", "status": "True", "reason": "Ok", "message": "",
+                            "lastTransitionTime": "2026-01-01T00:00:00Z"}],
+        },
+    }))
+    .expect("a Service")
+}
+
+#[test]
+fn a_trimmed_service_converts_to_the_same_change_without_managed_fields() {
+    use proxier_core::Change;
+    use proxier_core::k8s::service_change;
+
+    let full = full_service(serde_json::json!({}));
+    let mut trimmed = full.clone();
+    trim_service(&mut trimmed);
+
+    let change = service_change(&full).expect("converts");
+    // The test means something only if the conversion used what it reads.
+    let Change::UpsertService(service) = &change else {
+        panic!("expected an upsert, got {change:?}");
+    };
+    assert_eq!(service.cluster_ips.len(), 2);
+    assert_eq!(service.ports.len(), 2);
+    assert!(
+        service.scheduler.is_some(),
+        "the scheduler annotation is read"
+    );
+    assert_eq!(service.load_balancer_ingress.len(), 1);
+    assert!(service.health_check_node_port.is_some());
+    assert_eq!(service_change(&trimmed).expect("converts"), change);
+
+    let meta = &trimmed.metadata;
+    assert!(meta.managed_fields.is_none(), "managedFields dropped");
+    assert!(meta.owner_references.is_none() && meta.finalizers.is_none());
+    let annotations: Vec<_> = meta
+        .annotations
+        .iter()
+        .flatten()
+        .map(|(k, _)| k.as_str())
+        .collect();
+    assert_eq!(annotations, ["ipvs.proxier.io/scheduler"]);
+    assert!(meta.labels.is_none(), "no label the conversion reads");
+    assert_eq!(meta.resource_version.as_deref(), Some("42"));
+    let spec = trimmed.spec.as_ref().expect("spec");
+    assert!(spec.selector.is_none());
+    assert!(spec.ports.iter().flatten().all(|p| p.target_port.is_none()));
+    assert!(
+        trimmed
+            .status
+            .as_ref()
+            .is_some_and(|s| s.conditions.is_none())
+    );
+    let smaller = serde_json::to_vec(&trimmed).expect("json").len();
+    assert!(smaller < serde_json::to_vec(&full).expect("json").len());
+
+    // Services another proxy serves, or headless ones, stay skipped once trimmed.
+    for label in [
+        "service.kubernetes.io/service-proxy-name",
+        "service.kubernetes.io/headless",
+    ] {
+        let full = full_service(serde_json::json!({label: "x"}));
+        let mut trimmed = full.clone();
+        trim_service(&mut trimmed);
+        let skipped = service_change(&full).expect("converts");
+        assert!(matches!(skipped, Change::DeleteService(_)), "{label}");
+        assert_eq!(
+            service_change(&trimmed).expect("converts"),
+            skipped,
+            "{label}"
+        );
+    }
+}
+
+#[test]
+fn a_trimmed_endpoint_slice_converts_to_the_same_change_and_trigger_time() {
+    use proxier_core::k8s::{slice_change, trigger_time};
+
+    let meta = noisy_meta(
+        "web-abc",
+        serde_json::json!({"kubernetes.io/service-name": "web",
+                           "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"}),
+        serde_json::json!({"endpoints.kubernetes.io/last-change-trigger-time": "2026-01-01T00:00:01Z",
+                           "ipvs.proxier.io/weights": "10.244.1.5=3"}),
+    );
+    let endpoint = |ip: &str, ready: bool, node: &str| {
+        serde_json::json!({
+            "addresses": [ip], "hostname": "pod",
+            "conditions": {"ready": ready, "serving": true, "terminating": !ready},
+            "nodeName": node, "zone": "zone-a",
+            "hints": {"forZones": [{"name": "zone-a"}], "forNodes": [{"name": node}]},
+            "targetRef": {"kind": "Pod", "namespace": "shop", "name": format!("web-{ip}"), "uid": "0c0c"},
+            "deprecatedTopology": {"kubernetes.io/hostname": node},
+        })
+    };
+    let full: EndpointSlice = serde_json::from_value(serde_json::json!({
+        "metadata": meta,
+        "addressType": "IPv4",
+        "endpoints": [endpoint("10.244.1.5", true, "node-a"), endpoint("10.244.2.6", false, "node-b")],
+        "ports": [{"name": "http", "port": 8080, "protocol": "TCP", "appProtocol": "http"},
+                  {"name": "dns", "port": 53, "protocol": "UDP"}],
+    }))
+    .expect("an EndpointSlice");
+    let mut trimmed = full.clone();
+    trim_slice(&mut trimmed);
+
+    let change = slice_change(&full).expect("converts").expect("not FQDN");
+    let proxier_core::Change::UpsertSlice(converted) = &change else {
+        panic!("expected a slice upsert, got {change:?}");
+    };
+    assert_eq!(
+        converted.endpoints[0].weight,
+        Some(3),
+        "the weights annotation is read"
+    );
+    assert_eq!(converted.endpoints[0].zone_hints.len(), 1);
+    assert_eq!(slice_change(&trimmed).expect("converts"), Some(change));
+    assert!(trigger_time(&full).is_some());
+    assert_eq!(trigger_time(&trimmed), trigger_time(&full));
+
+    assert!(
+        trimmed.metadata.managed_fields.is_none(),
+        "managedFields dropped"
+    );
+    let labels: Vec<_> = trimmed
+        .metadata
+        .labels
+        .iter()
+        .flatten()
+        .map(|(k, _)| k.as_str())
+        .collect();
+    assert_eq!(labels, ["kubernetes.io/service-name"]);
+    assert_eq!(
+        trimmed.metadata.annotations.as_ref().map(|a| a.len()),
+        Some(2)
+    );
+    assert!(
+        trimmed
+            .endpoints
+            .iter()
+            .flatten()
+            .all(|e| e.target_ref.is_none())
+    );
+}
+
+#[test]
+fn a_trimmed_node_gives_the_same_node_context_and_eligibility() {
+    use proxier_core::k8s::{node_context, node_eligible};
+
+    let mut meta = noisy_meta(
+        "node-a",
+        serde_json::json!({"topology.kubernetes.io/zone": "zone-a", "kubernetes.io/hostname": "node-a"}),
+        serde_json::json!({"node.alpha.kubernetes.io/ttl": "0"}),
+    );
+    meta["namespace"] = serde_json::Value::Null;
+    let node = |taint: &str| -> Node {
+        serde_json::from_value(serde_json::json!({
+            "metadata": meta,
+            "spec": {"podCIDR": "10.244.1.0/24", "podCIDRs": ["10.244.1.0/24", "fd00:244:1::/64"],
+                     "providerID": "kind://docker/kind/node-a",
+                     "taints": [{"key": taint, "effect": "NoSchedule"}]},
+            "status": {
+                "addresses": [{"type": "InternalIP", "address": "192.0.2.10"},
+                              {"type": "ExternalIP", "address": "198.51.100.10"},
+                              {"type": "Hostname", "address": "node-a"}],
+                "images": [{"names": ["registry.example/big:1"], "sizeBytes": 123456789}],
+                "conditions": [{"type": "Ready", "status": "True"}],
+                "capacity": {"cpu": "8"}, "allocatable": {"cpu": "7"},
+                "nodeInfo": {"machineID": "m", "systemUUID": "s", "bootID": "b",
+                             "kernelVersion": "6.12", "osImage": "x", "containerRuntimeVersion": "c",
+                             "kubeletVersion": "v1.35.0", "kubeProxyVersion": "",
+                             "operatingSystem": "linux", "architecture": "amd64"},
+            },
+        }))
+        .expect("a Node")
+    };
+    for taint in ["example.com/dedicated", "ToBeDeletedByClusterAutoscaler"] {
+        let full = node(taint);
+        let mut trimmed = full.clone();
+        trim_node(&mut trimmed);
+        let context = node_context(&full).expect("converts");
+        assert_eq!(context.primary_ips.len(), 1);
+        assert_eq!(context.pod_cidrs.len(), 2);
+        assert_eq!(
+            node_context(&trimmed).expect("converts"),
+            context,
+            "{taint}"
+        );
+        assert_eq!(node_eligible(&trimmed), node_eligible(&full), "{taint}");
+        assert!(trimmed.metadata.managed_fields.is_none());
+        assert!(trimmed.metadata.annotations.is_none());
+        let status = trimmed.status.as_ref().expect("status");
+        assert!(status.images.is_none() && status.node_info.is_none());
+    }
+}
