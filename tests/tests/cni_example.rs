@@ -1,13 +1,16 @@
 //! The `cni-proxier` example (examples/src/bin/cni-proxier.rs) against the real kernel (in
 //! the VM): the example binary runs inside a fresh network namespace with `ip netns exec`,
-//! fed a services file the test writes to /tmp.
+//! fed a YAML file of Services and EndpointSlices the test writes to /tmp (read by
+//! proxier-runtime's file source).
 //!
 //! - `--watch`: the table and the VIP on `kube-ipvs0` appear, real TCP traffic from a client
 //!   namespace reaches both pod namespaces through the VIP, then file edits are followed
 //!   incrementally (an endpoint removed, drained and deleted; a Service replaced by another),
-//!   drift is repaired by the periodic full resync, and a broken file changes nothing.
+//!   drift is repaired by the periodic full resync, a torn or malformed file changes nothing,
+//!   and a good file after them is followed again.
 //! - one-shot runs: a first run programs the kernel, an unchanged rerun writes nothing, an
-//!   edited rerun converges, and a virtual server someone else made is never touched.
+//!   edited rerun converges, a malformed file fails the run and changes nothing, and a
+//!   virtual server someone else made is never touched.
 //!
 //! The oracles are the kernel's tools (`ipvsadm -Sn`, `ip -o addr`, socat answers). Expected
 //! `ipvsadm -Sn` lines are written from the Services in the test (round robin, masquerade,
@@ -97,28 +100,38 @@ impl Svc {
         self
     }
 
-    fn json(&self) -> String {
-        let endpoints: Vec<String> = self
-            .endpoints
-            .iter()
-            .map(|(address, node)| format!(r#"{{"address": "{address}", "node": "{node}"}}"#))
-            .collect();
-        let mut extra = String::new();
+    /// The Service and its EndpointSlice as Kubernetes manifests (YAML documents).
+    fn yaml(&self) -> String {
+        let (namespace, name) = self.name.split_once('/').expect("namespace/name");
+        let protocol = self.protocol.to_uppercase();
+        let mut y = format!(
+            "---\napiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: {namespace}\n\
+             spec:\n  type: ClusterIP\n  clusterIP: {vip}\n  clusterIPs:\n  - {vip}\n\
+             \x20 ports:\n  - name: p\n    port: {port}\n    protocol: {protocol}\n    targetPort: {target}\n",
+            vip = self.vip,
+            port = self.port,
+            target = self.target,
+        );
         if let Some(seconds) = self.affinity {
-            extra.push_str(&format!(r#", "session_affinity_seconds": {seconds}"#));
+            y.push_str(&format!(
+                "  sessionAffinity: ClientIP\n  sessionAffinityConfig:\n    clientIP:\n      timeoutSeconds: {seconds}\n"
+            ));
         }
         if self.local {
-            extra.push_str(r#", "traffic_policy": "local""#);
+            y.push_str("  internalTrafficPolicy: Local\n");
         }
-        format!(
-            r#"{{"name": "{}", "vips": ["{}"], "ports": [{{"name": "p", "port": {}, "protocol": "{}", "target_port": {}}}]{extra}, "endpoints": [{}]}}"#,
-            self.name,
-            self.vip,
-            self.port,
-            self.protocol,
-            self.target,
-            endpoints.join(", ")
-        )
+        y.push_str(&format!(
+            "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}-cni\n\
+             \x20 namespace: {namespace}\n  labels:\n    kubernetes.io/service-name: {name}\n\
+             addressType: IPv4\nports:\n- name: p\n  port: {target}\n  protocol: {protocol}\nendpoints:\n",
+            target = self.target,
+        ));
+        for (address, node) in &self.endpoints {
+            y.push_str(&format!(
+                "- addresses:\n  - {address}\n  conditions:\n    ready: true\n  nodeName: {node}\n"
+            ));
+        }
+        y
     }
 
     /// The `ipvsadm -Sn` lines this Service should become on node [`NODE`].
@@ -155,9 +168,8 @@ impl Svc {
     }
 }
 
-fn services_json(services: &[Svc]) -> String {
-    let entries: Vec<String> = services.iter().map(Svc::json).collect();
-    format!("{{\"services\": [\n{}\n]}}\n", entries.join(",\n"))
+fn manifests(services: &[Svc]) -> String {
+    services.iter().map(Svc::yaml).collect()
 }
 
 fn expected_lines(services: &[Svc]) -> BTreeSet<String> {
@@ -184,7 +196,7 @@ impl Node {
     }
 
     fn input(&self) -> PathBuf {
-        self.dir.join("services.json")
+        self.dir.join("services.yaml")
     }
 
     fn log(&self) -> PathBuf {
@@ -193,8 +205,8 @@ impl Node {
 
     /// Replaces the input in one rename, as a CNI writing its state file would.
     fn write_input(&self, services: &[Svc]) {
-        let tmp = self.dir.join("services.json.tmp");
-        std::fs::write(&tmp, services_json(services)).unwrap();
+        let tmp = self.dir.join("services.yaml.tmp");
+        std::fs::write(&tmp, manifests(services)).unwrap();
         std::fs::rename(&tmp, self.input()).unwrap();
     }
 
@@ -490,17 +502,38 @@ fn watch_programs_the_kernel_carries_traffic_and_follows_edits() {
         node.log_text()
     );
 
-    // A broken file is refused and the kernel keeps the last good state.
-    std::fs::write(node.input(), "{ not json").unwrap();
-    node.wait_for(Duration::from_secs(30), "broken file reported", |n| {
-        n.log_text().contains("not a valid services file")
+    // A torn file (a writer cut off mid-line, without the api Service) and a malformed one
+    // (a Service whose port is no number, the rest well-formed) are refused whole: the
+    // kernel keeps the last good state, nothing the broken file no longer lists is removed.
+    let good = manifests(&api);
+    let torn = &good[..good.find("addressType").unwrap() + "address".len()];
+    std::fs::write(node.input(), torn).unwrap();
+    node.wait_for(Duration::from_secs(30), "torn file reported", |n| {
+        n.log_text().contains("ends mid-line")
     });
     assert_eq!(node.ipvs_lines(), expected_lines(&api));
+    let malformed =
+        format!("{good}{}", web(&[(POD_A, NODE)]).yaml()).replace("port: 80\n", "port: eighty\n");
+    std::fs::write(node.input(), malformed).unwrap();
+    node.wait_for(Duration::from_secs(30), "malformed file reported", |n| {
+        n.log_text().contains("refused whole")
+    });
+    assert_eq!(node.ipvs_lines(), expected_lines(&api));
+    assert_eq!(node.vips(), expected_vips(&api));
     assert!(
         watcher.running(),
         "{EXAMPLE} --watch exited:\n{}",
         node.log_text()
     );
+    // A good file after the broken ones is followed again.
+    let both_services = [api[0].clone(), web(&[(POD_A, NODE)])];
+    node.write_input(&both_services);
+    node.wait_for(
+        Duration::from_secs(30),
+        "good file after broken ones",
+        |n| n.ipvs_lines() == expected_lines(&both_services),
+    );
+    assert_eq!(pods.answers("10.96.0.10", 80, 1), ["pod-a"]);
 }
 
 #[test]
@@ -561,8 +594,10 @@ fn one_shot_runs_converge_rerun_writes_nothing_and_foreign_services_stay() {
     assert_eq!(node.ipvs_lines(), with_foreign(&second));
     assert_eq!(node.vips(), expected_vips(&second));
 
-    // A file it cannot read fails the run with a message and leaves the kernel alone.
-    std::fs::write(node.input(), r#"{"services": [{"name": "x", "vips": []}]}"#).unwrap();
+    // A file with a malformed object fails the run with a message naming the file and leaves
+    // the kernel alone (the well-formed rest is not applied either).
+    let malformed = manifests(&first).replace("timeoutSeconds: 600", "timeoutSeconds: [600]");
+    std::fs::write(node.input(), malformed).unwrap();
     let out = node.ns.sh(&node.command(""));
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);

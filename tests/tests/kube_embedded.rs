@@ -128,6 +128,11 @@ impl Drop for Embedded {
     }
 }
 
+/// Whether a pod's answer (`pod-i <peer address>`) came from pod `i`.
+fn answered_by(answer: Option<String>, i: usize) -> bool {
+    answer.is_some_and(|a| a.split_whitespace().next() == Some(pod_name(i).as_str()))
+}
+
 /// The HTTP status line's code of `GET path` on `target`, sent from the client namespace.
 fn http_status(topo: &Topology, target: &str, path: &str) -> Option<u16> {
     let out = topo.client.sh(&format!(
@@ -159,7 +164,7 @@ fn embedded_engine_follows_the_api_and_answers_health_checks() {
     });
     let node_port = format!("{NODE_IP}:{NODE_PORT}");
     embedded.wait("pod-0 answers on the NodePort", || {
-        topo.client_tcp(&node_port, None).as_deref() == Some(pod_name(0).as_str())
+        answered_by(topo.client_tcp(&node_port, None), 0)
     });
     let health = format!("{NODE_IP}:{HEALTH_PORT}");
     embedded.wait("the health check answers 200", || {
@@ -186,7 +191,7 @@ fn embedded_engine_follows_the_api_and_answers_health_checks() {
         http_status(&topo, &health, "/") == Some(200)
     });
     embedded.wait("pod-0 answers on the NodePort again", || {
-        topo.client_tcp(&node_port, None).as_deref() == Some(pod_name(0).as_str())
+        answered_by(topo.client_tcp(&node_port, None), 0)
     });
 
     // The runtime's metrics reach the example's exporter.

@@ -1,159 +1,151 @@
-//! `cni-proxier`: a CNI (or any program that knows its Services without a Kubernetes API
-//! server) embedding proxier-core's engine. It reads Services from a JSON file of its own
-//! ([`cni_input`]) and the engine converges the kernel on them: IPVS, the VIPs on the dummy
-//! link, sysctls, nftables, stale UDP conntrack entries, health-check decisions.
+//! `cni-proxier`: a CNI (or any program that knows its Services without an API server)
+//! embedding the engine. It writes Services, EndpointSlices and optionally its Node as
+//! Kubernetes manifests to a YAML file (sample: `examples/cni-services.yaml`); the engine
+//! converges the kernel on them: IPVS, VIPs on the dummy link, sysctls, nftables, conntrack.
 //!
-//! What a CNI author takes from it:
-//! 1. **Build a [`Proxier`]** from a [`ProxierConfig`] (node name, planner [`Config`], the drain
-//!    timeout in `reconciler`) and backends: [`KernelProxier::open`] for the kernel of the
-//!    current network namespace, or [`Backends::in_memory`] to run without root (`--dry-run`).
-//! 2. **Feed it [`Change`](proxier_core::Change)s** (Service, EndpointSlice, Node upserts and deletes in the model's
-//!    types): [`Proxier::apply`] before the first sync, a [`ProxierHandle`] afterwards. An
-//!    unchanged object changes nothing, so re-sending all you know is cheap; only deletes need
-//!    what was sent last time ([`cni_input::changes`]).
-//! 3. **Let the [`driver`] sync**: a full sync first (it reads the kernel, adopts what already
-//!    matches, removes only what it owns), then incremental syncs of the changed Service ports,
-//!    syncs when drains or retries are due, and a full resync (drift repair) every period.
-//! 4. **Print through a [`SyncObserver`]**: it sees each
-//!    [`SyncReport`](proxier_core::engine::SyncReport) and the proxier as it left it.
+//! What a CNI author takes from it (none of it is proxy, source or health logic):
+//! 1. **A proxier**: [`KernelProxier::open`] on this network namespace's kernel, or
+//!    [`Backends::in_memory`] to plan without root (`--dry-run`).
+//! 2. **A source**: [`source::file::spawn`] follows the file (inotify, polling as a fallback);
+//!    a torn or malformed file is refused whole. Its first batch, the complete picture, is
+//!    applied before the first sync ([`Feed::apply_first`](proxier_runtime::feed::Feed));
+//!    [`feed::forward`] hands the rest to the driver. A one-shot run uses [`source::file::load`].
+//! 3. **The driver** syncs: a full sync first (adopting what matches, removing only what it
+//!    owns), then the changed Service ports, drains, retries, and a full resync every period.
+//! 4. **An observer**: [`RuntimeObserver`] records metrics (export them as `kube-embedded` does)
+//!    and health, and serves the `externalTrafficPolicy: Local` health checks; [`Printer`] prints.
 //!
-//! # Usage
-//! ```text
-//! cni-proxier [--node NAME] [--link NAME] [--drain-timeout SECONDS] [--watch [--resync SECONDS]]
-//!             [--dry-run] FILE
-//! ```
-//! `--node`: this node's name (default: the hostname); endpoints on it are local. `--link`: the
-//! dummy link of the VIPs (default `kube-ipvs0`). `--drain-timeout`: how long a removed
-//! endpoint keeps its TCP connections at weight 0 (default: until they end). `--watch`: keep running,
-//! re-read FILE when it changes (checked every second; a FILE that does not parse changes
-//! nothing). `--resync`: the period of the full resync with `--watch` (default 30 s).
-//! `--dry-run`: in-memory backends, prints the planned table; needs no root: `cargo run -p
-//! ipvs-proxier-examples --bin cni-proxier -- --dry-run --node node-a examples/cni-services.json`
-//!
-//! Without `--dry-run` it needs CAP_NET_ADMIN, IPVS, the dummy link type and `nft`.
-//! `RUST_LOG=debug` shows proxier-core's logs. The input format: [`cni_input`].
+//! Usage: `cni-proxier [--node NAME] [--link NAME] [--drain-timeout S] [--watch [--resync S]]
+//! [--dry-run] FILE`. `--node` defaults to the hostname, `--link` (the VIPs' dummy link) to
+//! `kube-ipvs0`, `--drain-timeout` (a removed endpoint's connections at weight 0) to "until they
+//! end". `--watch` follows FILE (it may appear later), with a full resync every `--resync` s (30).
+//! `--dry-run`: in-memory backends, prints the plan, then what each sync changed; otherwise it
+//! needs CAP_NET_ADMIN, IPVS, the dummy link type and `nft`. Logs: `RUST_LOG=info`.
 
-use std::cell::RefCell;
-use std::collections::BTreeSet;
-use std::rc::Rc;
-use std::time::Duration;
+use std::{net::IpAddr, net::Ipv4Addr, path::PathBuf, sync::Arc, time::Duration};
 
-use anyhow::Context;
-use ipvs_proxier_examples::cni_input::{self, Args, InputFile, ServicesFile, USAGE};
+use anyhow::{Context, bail};
 use proxier_core::backend::{AddressBackend, IpvsBackend};
-use proxier_core::conntrack::ConntrackBackend;
 use proxier_core::engine::driver::{self, DriverConfig, ProxierHandle, SyncObserver, SyncOutcome};
-use proxier_core::model::{Config, ServicePortName};
-use proxier_core::netfilter::NetfilterBackend;
-use proxier_core::{Backends, KernelProxier, Proxier, ProxierConfig, SyncKind};
-use tokio::sync::watch;
+use proxier_core::view::render::{render_change_report, render_plan_report};
+use proxier_core::view::{change_document, link_name, plan_document};
+use proxier_core::{Backends, Desired, KernelProxier, Proxier, ProxierConfig, SyncKind, model};
+use proxier_core::{conntrack::ConntrackBackend, netfilter::NetfilterBackend};
+use proxier_runtime::health::{ProxyHealth, servers::ServiceHealthServers};
+use proxier_runtime::{feed, observer::RuntimeObserver, source, source::file::FileSourceConfig};
 
-/// Service ports sent to the driver and not yet reported by a sync.
-type Pending = Rc<RefCell<BTreeSet<ServicePortName>>>;
+#[derive(Default)]
+struct Args {
+    file: PathBuf,
+    node: String,
+    link: String,
+    drain_timeout: Option<Duration>,
+    watch: bool,
+    resync: Duration,
+    dry_run: bool,
+}
 
-fn main() -> std::process::ExitCode {
+fn parse_args() -> anyhow::Result<Args> {
+    let mut args = Args {
+        link: "kube-ipvs0".into(),
+        resync: Duration::from_secs(30),
+        ..Args::default()
+    };
+    let mut words = std::env::args().skip(1);
+    while let Some(word) = words.next() {
+        match word.as_str() {
+            "--watch" => args.watch = true,
+            "--dry-run" => args.dry_run = true,
+            "--node" => args.node = words.next().context("--node needs a name")?,
+            "--link" => args.link = words.next().context("--link needs a name")?,
+            "--drain-timeout" => args.drain_timeout = Some(seconds(words.next())?),
+            "--resync" => args.resync = seconds(words.next())?.max(Duration::from_secs(1)),
+            flag if flag.starts_with('-') => bail!("unknown flag {flag} (see the program's doc)"),
+            _ if !args.file.as_os_str().is_empty() => bail!("more than one FILE"),
+            file => args.file = file.into(),
+        }
+    }
+    anyhow::ensure!(!args.file.as_os_str().is_empty(), "no FILE given");
+    if args.node.is_empty() {
+        let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname");
+        args.node = hostname.context("no --node, no hostname")?.trim().into();
+    }
+    Ok(args)
+}
+
+fn seconds(value: Option<String>) -> anyhow::Result<Duration> {
+    let value = value.context("a flag needs seconds")?;
+    Ok(Duration::from_secs(value.parse().context("seconds")?))
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)
         .init();
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.iter().any(|a| a == "-h" || a == "--help") {
-        println!("{USAGE}");
-        return std::process::ExitCode::SUCCESS;
-    }
-    match Args::parse(args).and_then(|args| start(&args)) {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("cni-proxier: {error:#}");
-            std::process::ExitCode::FAILURE
-        }
-    }
-}
-
-/// Reads the input, builds the proxier (on the kernel, or in memory for `--dry-run`), runs it.
-fn start(args: &Args) -> anyhow::Result<()> {
-    let input = InputFile::open(&args.file)?;
-    // A CNI that also serves NodePorts sends a Change::UpsertNode with the node's addresses.
-    let mut config = ProxierConfig::new(args.node_name()?, Config::default());
+    let args = parse_args()?;
+    let mut config = ProxierConfig::new(&args.node, model::Config::default());
     if let Some(timeout) = args.drain_timeout {
         config.reconciler.drain_timeout = timeout;
     }
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the tokio runtime")?;
-    runtime.block_on(async {
-        if args.dry_run {
-            run(args, Proxier::new(config, Backends::in_memory())?, input).await
-        } else {
-            // In the current network namespace (`ip netns exec` to pick another).
-            run(args, KernelProxier::open(config, &args.link).await?, input).await
-        }
-    })
+    if args.dry_run {
+        run(&args, Proxier::new(config, Backends::in_memory())?).await
+    } else {
+        // In the current network namespace (`ip netns exec` to pick another).
+        run(&args, KernelProxier::open(config, &args.link).await?).await
+    }
 }
 
-/// Feeds the file to `proxier` and drives it: one full sync, or with `--watch` until killed.
-async fn run<I, A, N, C>(
-    args: &Args,
-    mut proxier: Proxier<I, A, N, C>,
-    mut input: InputFile,
-) -> anyhow::Result<()>
+/// Feeds the file to `proxier` and drives it: one sync, or with `--watch` until killed.
+async fn run<I, A, N, C>(args: &Args, mut proxier: Proxier<I, A, N, C>) -> anyhow::Result<()>
 where
     I: IpvsBackend,
     A: AddressBackend,
     N: NetfilterBackend,
     C: ConntrackBackend + Send + 'static,
 {
-    for change in cni_input::changes(&ServicesFile::default(), input.services())? {
-        proxier.apply(change);
-    }
+    let health = ProxyHealth::new(2 * args.resync);
+    let mut runtime = RuntimeObserver::new(health.clone());
     let (handle, commands) = ProxierHandle::new();
-    let (stop, shutdown) = watch::channel(false);
+    let first = if args.watch {
+        // The first batch comes once the file exists and reads well (the source logs why not).
+        let mut source = source::file::spawn(FileSourceConfig::new(&args.file, &args.node));
+        let Some(first) = source.events.recv().await else {
+            bail!("the file source ended");
+        };
+        let feed = runtime.feed();
+        tokio::spawn(feed::forward(source.events, handle.clone(), feed));
+        first
+    } else {
+        // Read once: a missing, torn or malformed file fails the run, the kernel untouched.
+        source::file::load(&args.file, &args.node)?
+    };
+    runtime.feed().apply_first(&mut proxier, first);
+    if args.watch && !args.dry_run {
+        let everywhere = vec![IpAddr::V4(Ipv4Addr::UNSPECIFIED)];
+        runtime.serve_health_checks(Arc::new(ServiceHealthServers::new(everywhere, health)));
+    }
+    let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut printer = Printer {
+        runtime,
         stop: (!args.watch).then(|| stop.clone()),
-        plan_link: args.dry_run.then(|| args.link.clone()),
-        pending: Pending::default(),
-        first: true,
+        dry_run: args.dry_run,
+        before: None,
         problem: None,
     };
-    let pending = printer.pending.clone();
     let timing = DriverConfig::new(args.resync, Duration::from_secs(1), 2);
-    let driver = driver::run(&mut proxier, timing, commands, &mut printer, shutdown);
-    if !args.watch {
-        driver.await;
-        return printer.problem.map_or(Ok(()), |p| Err(anyhow::anyhow!(p)));
-    }
-    // --watch: re-read the file every second; send its Services when it changed.
-    let follow = async move {
-        loop {
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            match input.reread() {
-                Ok(None) => {}
-                Ok(Some(edit)) if edit.ports.is_empty() => {
-                    println!("file changed, no service changed");
-                }
-                Ok(Some(edit)) => {
-                    pending.borrow_mut().extend(edit.ports);
-                    handle.apply(edit.changes);
-                }
-                Err(error) => eprintln!("{error:#}; keeping the current services"),
-            }
-        }
-    };
-    tokio::select! {
-        () = driver => Ok(()),
-        () = follow => Ok(()),
-    }
+    driver::run(&mut proxier, timing, commands, &mut printer, stopped).await;
+    printer.problem.map_or(Ok(()), |problem| bail!(problem))
 }
 
-/// Prints each sync; without `--watch`, stops the driver after the first one.
+/// Prints what each sync did, after [`RuntimeObserver`] recorded it; stops a one-shot run.
 struct Printer {
-    stop: Option<watch::Sender<bool>>,
-    plan_link: Option<String>,
-    pending: Pending,
-    first: bool,
-    /// Why the last sync did not complete.
-    problem: Option<String>,
+    runtime: RuntimeObserver,
+    stop: Option<tokio::sync::watch::Sender<bool>>,
+    dry_run: bool,
+    before: Option<Desired>, // the plan after the last sync
+    problem: Option<String>, // why the last sync did not complete
 }
 
 impl<I, A, N, C> SyncObserver<Proxier<I, A, N, C>> for Printer
@@ -163,35 +155,46 @@ where
     N: NetfilterBackend,
     C: ConntrackBackend + Send + 'static,
 {
+    fn queued(&mut self) {
+        SyncObserver::<Proxier<I, A, N, C>>::queued(&mut self.runtime);
+    }
+
     fn synced(&mut self, proxier: &Proxier<I, A, N, C>, outcome: &SyncOutcome<'_>) {
+        self.runtime.synced(proxier, outcome);
         if let Some(stop) = &self.stop {
             stop.send_replace(true);
         }
-        // Failures are logged by the engine (tracing, RUST_LOG); the report line counts them.
         self.problem = match outcome.result {
             Ok(report) => (!report.is_complete()).then(|| format!("incomplete sync: {report}")),
             Err(error) => Some(format!("sync failed: {error}")),
         };
         let Ok(report) = outcome.result else { return };
-        let first = std::mem::take(&mut self.first);
-        let ports: Vec<String> = self
-            .pending
-            .take()
-            .iter()
-            .map(ToString::to_string)
-            .collect();
-        let size = proxier.desired().services.len();
-        let what = match outcome.kind {
-            _ if first => format!("full sync of {size} service ports"),
-            SyncKind::Full => "full resync".to_owned(),
-            SyncKind::Incremental if ports.is_empty() => "drains and retries".to_owned(),
-            SyncKind::Incremental => format!("sync of {}", ports.join(", ")),
+        let Some(before) = self.before.replace(proxier.desired().clone()) else {
+            let size = proxier.desired().services.len();
+            println!("full sync of {size} service ports: {report}");
+            if self.dry_run {
+                print!("{}", render_plan_report(&plan_document(proxier, outcome)));
+            }
+            return;
         };
-        if first || !ports.is_empty() || report.ipvs.writes > 0 {
+        // The Service ports this sync changed: the plans before and after it, compared.
+        let changes = change_document(&before, proxier, outcome);
+        let vs = &changes.virtual_servers;
+        let changed = vs.changed.iter().map(|change| &change.after);
+        let all = vs.added.iter().chain(&vs.removed).chain(changed);
+        let mut ports: Vec<&str> = all.map(|v| v.service_port.as_str()).collect();
+        ports.sort_unstable();
+        ports.dedup();
+        let what = match (outcome.kind, ports.is_empty()) {
+            (SyncKind::Full, _) => "full resync".to_owned(),
+            (_, true) => "drains and retries".to_owned(),
+            (_, false) => format!("sync of {}", ports.join(", ")),
+        };
+        if !ports.is_empty() || report.ipvs.writes > 0 {
             println!("{what}: {report}");
         }
-        if let (Some(link), true) = (&self.plan_link, first || !ports.is_empty()) {
-            cni_input::print_plan(proxier.desired(), link);
+        if self.dry_run && !changes.is_empty() {
+            print!("{}", render_change_report(&changes, &link_name(proxier)));
         }
     }
 }

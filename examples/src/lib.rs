@@ -1,4 +1,0 @@
-//! Example programs live in `src/bin/`; this library holds what they share that is not about
-//! embedding proxier-core.
-
-pub mod cni_input;
