@@ -1,8 +1,8 @@
 //! The `kube-embedded` example (examples/src/bin/kube-embedded.rs) against the real kernel:
 //! the engine embedded with proxier-runtime's Kubernetes source, health servers and metrics,
 //! fed by the API server double inside the node's network namespace. Real TCP from the
-//! client namespace reaches pods through a NodePort Service with `externalTrafficPolicy:
-//! Local`; an endpoint change reaches the kernel; the Service's health-check node port
+//! client namespace reaches pods through the NodePort of a LoadBalancer Service with
+//! `externalTrafficPolicy: Local` (the type that gets a health-check node port); an endpoint change reaches the kernel; the Service's health-check node port
 //! answers 200 while the node has a local endpoint and 503 when it has none.
 //!
 //! Oracles: `ipvsadm -Ln` in the node, the pods' own answers, and the health check's HTTP
@@ -40,7 +40,7 @@ fn example_bin() -> PathBuf {
 fn service() -> Value {
     json!({"apiVersion": "v1", "kind": "Service",
            "metadata": {"name": "web", "namespace": "default"},
-           "spec": {"clusterIP": CLUSTER_IP, "clusterIPs": [CLUSTER_IP], "type": "NodePort",
+           "spec": {"clusterIP": CLUSTER_IP, "clusterIPs": [CLUSTER_IP], "type": "LoadBalancer",
                     "externalTrafficPolicy": "Local", "healthCheckNodePort": HEALTH_PORT,
                     "ports": [{"name": "http", "port": 80, "protocol": "TCP",
                                "targetPort": 8080, "nodePort": NODE_PORT}]}})
@@ -136,7 +136,7 @@ fn answered_by(answer: Option<String>, i: usize) -> bool {
 /// The HTTP status line's code of `GET path` on `target`, sent from the client namespace.
 fn http_status(topo: &Topology, target: &str, path: &str) -> Option<u16> {
     let out = topo.client.sh(&format!(
-        "printf 'GET {path} HTTP/1.0\\r\\nHost: x\\r\\n\\r\\n' | socat -T5 - TCP:{target},connect-timeout=5"
+        "printf 'GET {path} HTTP/1.0\\r\\nHost: x\\r\\n\\r\\n' | socat -T5 -t5 - TCP:{target},connect-timeout=5"
     ));
     let text = String::from_utf8_lossy(&out.stdout);
     text.lines().next()?.split_whitespace().nth(1)?.parse().ok()
