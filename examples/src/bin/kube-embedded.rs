@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use http::StatusCode;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 use proxier_core::engine::driver::{self, DriverConfig, ProxierHandle};
 use proxier_core::model::Config;
@@ -24,6 +25,7 @@ use proxier_core::{KernelProxier, ProxierConfig};
 use proxier_runtime::feed;
 use proxier_runtime::health::ProxyHealth;
 use proxier_runtime::health::servers::{ServiceHealthServers, serve_proxy_health};
+use proxier_runtime::http_server::{Handler, HttpServer, not_found, response};
 use proxier_runtime::observer::RuntimeObserver;
 use proxier_runtime::source::kube;
 use tokio::signal::unix::{SignalKind, signal};
@@ -80,16 +82,25 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse()?;
 
     // Metrics: the runtime records through the `metrics` facade; the exporter is ours to pick.
-    let exporter = proxier_runtime::metrics::histogram_buckets().try_fold(
-        PrometheusBuilder::new().with_http_listener(args.metrics),
+    let recorder = proxier_runtime::metrics::histogram_buckets().try_fold(
+        PrometheusBuilder::new(),
         |builder, (name, buckets)| {
             builder.set_buckets_for_metric(Matcher::Full(name.into()), &buckets)
         },
     )?;
-    exporter
-        .install()
-        .context("installing the Prometheus exporter")?;
+    let prometheus = recorder
+        .install_recorder()
+        .context("installing the Prometheus recorder")?;
     proxier_runtime::metrics::register();
+    let scrape: Handler = Arc::new(move |_method, path| match path {
+        "/metrics" => response(
+            StatusCode::OK,
+            "text/plain; version=0.0.4",
+            prometheus.render(),
+        ),
+        _ => not_found(),
+    });
+    let _metrics = HttpServer::bind("metrics", args.metrics, scrape).await?;
 
     // The engine on this network namespace's kernel, following the node's own addresses.
     let mut config = ProxierConfig::new(&args.node, Config::default());
