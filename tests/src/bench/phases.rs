@@ -252,6 +252,14 @@ thread 'main' panicked at src/main.rs:1:1: not JSON
 {"timestamp":"2026-12-02T01:42:16.094433Z","level":"INFO","message":"sync done","kind":"Incremental","report":"6 writes (3 deletes, 0 failed), nftables table written, 0 UDP conntrack entries deleted","phases":"plan 59.569µs, ipvs+addresses 64.086µs (kernel read 5.508µs, diff 10.957µs, address writes 260ns, ipvs writes 21.152µs), nftables 33.731µs, conntrack 43.024µs, total 205.065µs","writes":6,"deletes":3,"failed":0,"plan_s":0.000059569,"kernel_read_s":5.508e-6,"diff_s":0.000010957,"address_writes_s":2.6e-7,"ipvs_writes_s":0.000021152,"nftables_s":0.000033731,"conntrack_s":0.000043024,"total_s":0.000205065,"target":"proxier_bin::sync_observer"}
 "#;
 
+    /// The start-up of a real daemon on the kernel and the kube source, in the VM
+    /// (`cargo xtask vm-bench proxier --services 300 --endpoints 3`).
+    const KUBE_LOG: &str = r#"{"timestamp":"2026-12-02T02:19:44.593975Z","level":"INFO","message":"sysctls and IPVS timeouts set","took":"38.60911ms","target":"proxier_core::engine"}
+{"timestamp":"2026-12-02T02:19:45.146798Z","level":"INFO","message":"Services and EndpointSlices synced","services":300,"endpoint_slices":300,"took":"423.25535ms","target":"proxier_bin::source::kube"}
+{"timestamp":"2026-12-02T02:19:45.240568Z","level":"INFO","message":"first picture applied","changes":601,"took":"94.61046ms","target":"proxier_bin::daemon"}
+{"timestamp":"2026-12-02T02:19:46.266402Z","level":"INFO","message":"sync done","kind":"Full","report":"1500 writes (0 deletes, 0 failed), nftables table written, 0 UDP conntrack entries deleted","phases":"plan 143.67873ms, ipvs+addresses 799.36057ms (kernel read 113.92537ms, diff 188.04884ms, address writes 362.88013ms, ipvs writes 461.98121ms), nftables 838.43758ms, conntrack 891.08µs, total 988.88282ms","writes":1500,"deletes":0,"failed":0,"plan_s":0.14367873,"kernel_read_s":0.11392537,"diff_s":0.18804884,"address_writes_s":0.36288013,"ipvs_writes_s":0.46198121,"nftables_s":0.83843758,"conntrack_s":0.00089108,"total_s":0.98888282,"target":"proxier_bin::sync_observer"}
+"#;
+
     fn us(micros: f64) -> Option<Duration> {
         Some(Duration::from_secs_f64(micros * 1e-6))
     }
@@ -308,6 +316,17 @@ thread 'main' panicked at src/main.rs:1:1: not JSON
         assert!(close(second.address_writes, us(0.26)));
         assert!(close(second.total, us(205.065)));
         assert_eq!(Phases::from_log(LOG, 3).total, None);
+    }
+
+    #[test]
+    fn the_kernel_daemon_on_the_kube_source_logs_every_start_up_phase() {
+        let phases = Phases::from_log(KUBE_LOG, 1);
+        assert!(close(phases.sysctls, us(38609.11)));
+        assert!(close(phases.source, us(423255.35)));
+        assert!(close(phases.apply, us(94610.46)));
+        assert!(close(phases.address_writes, us(362880.13)));
+        assert!(close(phases.total, us(988882.82)));
+        assert_eq!(syncs(KUBE_LOG)[0].u64("writes"), Some(1500));
     }
 
     #[test]
