@@ -133,7 +133,24 @@ where
             tx.send_replace(proxier.health_checks().clone());
         }
         if report.is_complete() {
-            tracing::info!(kind = ?report.kind, %report, phases = %report.timings, "sync done");
+            let t = &report.timings;
+            tracing::info!(
+                kind = ?report.kind,
+                %report,
+                phases = %report.timings,
+                writes = report.ipvs.writes,
+                deletes = report.ipvs.deletes,
+                failed = report.ipvs.failed,
+                plan_s = t.plan.as_secs_f64(),
+                kernel_read_s = t.reconcile.read.as_secs_f64(),
+                diff_s = t.reconcile.diff.as_secs_f64(),
+                address_writes_s = t.reconcile.addresses.as_secs_f64(),
+                ipvs_writes_s = t.reconcile.ipvs.as_secs_f64(),
+                nftables_s = t.netfilter.as_secs_f64(),
+                conntrack_s = t.conntrack.as_secs_f64(),
+                total_s = t.total.as_secs_f64(),
+                "sync done"
+            );
         } else {
             tracing::warn!(kind = ?report.kind, %report, phases = %report.timings, "sync finished with errors; failed service ports are retried");
         }

@@ -1,10 +1,12 @@
 //! Build and test automation for the workspace: the VM test runner
 //! (`cargo xtask vm-test`), one-off VM programs and benchmarks
-//! (`vm-run`, `vm-bench`), the public API guard (`public-api`), the offline advisory check
-//! (`advisories`) and the CI entry (`cargo xtask test`).
+//! (`vm-run`, `vm-bench`), the benchmark page (`bench-report`), the public API guard
+//! (`public-api`), the offline advisory check (`advisories`) and the CI entry
+//! (`cargo xtask test`).
 
 mod advisories;
 mod artifacts;
+mod bench_report;
 mod ci;
 mod cpio;
 mod deps;
@@ -99,6 +101,31 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Run the VM benchmarks (`vm-bench ipvs`, then `vm-bench proxier`, one boot each) and
+    /// write `docs/benchmarks.md` from the reports they print.
+    BenchReport {
+        /// Virtual services (ClusterIP Services for the daemon).
+        #[arg(long, default_value_t = 10_000)]
+        services: usize,
+        /// Destinations per service (endpoints per Service for the daemon).
+        #[arg(long, default_value_t = 5)]
+        dests: usize,
+        /// Endpoint changes timed through the API server double.
+        #[arg(long, default_value_t = 100)]
+        changes: usize,
+        /// Services of the small cluster the changes are also timed on.
+        #[arg(long, default_value_t = 100)]
+        small: usize,
+        /// Where to write the page (relative to the workspace root).
+        #[arg(long, default_value = "docs/benchmarks.md")]
+        output: std::path::PathBuf,
+        /// Guest memory in MiB.
+        #[arg(long, default_value_t = bench_report::DEFAULT_MEMORY_MIB)]
+        memory_mib: u32,
+        /// Give up on a benchmark whose VM has not finished after this many minutes.
+        #[arg(long, default_value_t = 60)]
+        timeout_minutes: u64,
+    },
     /// Compare the public API of ipvs-netlink and proxier-core (read from their sources)
     /// with the snapshots in `xtask/public-api/`; print the differences.
     PublicApi {
@@ -139,6 +166,30 @@ fn main() -> ExitCode {
             command,
         } => vm::vm_run(release, &command, &vm.to_config()),
         Command::VmBench { vm, name, args } => vm::vm_bench(&name, &args, &vm.to_config()),
+        Command::BenchReport {
+            services,
+            dests,
+            changes,
+            small,
+            output,
+            memory_mib,
+            timeout_minutes,
+        } => {
+            let options = bench_report::Options {
+                services,
+                dests,
+                changes,
+                small,
+                output,
+            };
+            let config = vm::VmConfig {
+                timeout: Duration::from_secs(timeout_minutes.saturating_mul(60)),
+                memory_mib,
+                keep_debug: false,
+                binary_timeout: Duration::from_secs(timeout_minutes.saturating_mul(60)),
+            };
+            bench_report::run(&options, &config)
+        }
         Command::PublicApi { bless } => public_api::run(bless),
         Command::Advisories => ci::advisories_only(),
         Command::Test { vm } => ci::full_test(&vm.to_config()),

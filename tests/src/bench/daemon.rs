@@ -1,5 +1,6 @@
 //! The daemon under benchmark: started in a network namespace with a file or API source, its
-//! log in a file; waits for its syncs, reads its memory and the phase timings it logs.
+//! JSON log (`--log-format json`) in a file; waits for its syncs, reads its memory and the
+//! phase timings it logs (by event message and fields, not by target).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -10,7 +11,7 @@ use anyhow::{Context, bail};
 use crate::{Netns, proxier_bin};
 
 use super::cluster::NODE;
-use super::phases::Phases;
+use super::phases::{self, LogEvent, Phases};
 
 /// Where the daemon's metrics listen, in its namespace.
 pub const METRICS: &str = "127.0.0.1:10249";
@@ -34,7 +35,7 @@ pub struct BenchDaemon {
 }
 
 impl BenchDaemon {
-    /// Starts `ipvs-proxier` in `ns` on `source`, syncing as soon as something changes
+    /// Starts `ipvs-proxier` in `ns` on `source`, logging JSON lines, syncing as soon as something changes
     /// (`--ipvs-min-sync-period=0s`) and fully every `sync_period` (`--ipvs-sync-period`,
     /// e.g. `1h`); `extra` flags follow.
     pub fn start(
@@ -64,6 +65,7 @@ impl BenchDaemon {
                 &format!("--ipvs-sync-period={sync_period}"),
                 &format!("--metrics-bind-address={METRICS}"),
                 "--healthz-bind-address=127.0.0.1:10256",
+                "--log-format=json",
             ])
             .args(extra)
             .stdin(Stdio::null())
@@ -83,28 +85,33 @@ impl BenchDaemon {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    /// The `sync done` log lines so far.
-    pub fn syncs(&self) -> Vec<String> {
-        self.log()
-            .lines()
-            .filter(|l| l.contains("sync done") && l.contains("phases="))
-            .map(str::to_owned)
-            .collect()
+    /// The events of its log so far.
+    pub fn events(&self) -> Vec<LogEvent> {
+        phases::events(&self.log()).collect()
     }
 
-    /// Waits for sync number `n` (1-based); returns its line and when it was seen.
-    pub fn wait_sync(&mut self, n: usize, timeout: Duration) -> anyhow::Result<(String, Instant)> {
+    /// The `sync done` events so far.
+    pub fn syncs(&self) -> Vec<LogEvent> {
+        phases::syncs(&self.log())
+    }
+
+    /// Waits for sync number `n` (1-based); returns its event and when it was seen.
+    pub fn wait_sync(
+        &mut self,
+        n: usize,
+        timeout: Duration,
+    ) -> anyhow::Result<(LogEvent, Instant)> {
         self.wait_sync_where(n, |_| true, timeout)
     }
 
-    /// Waits for the `n`-th (1-based) sync whose log line passes `filter` (e.g. full syncs
-    /// only); returns its line and when it was seen.
+    /// Waits for the `n`-th (1-based) sync whose event passes `filter` (e.g. full syncs
+    /// only); returns its event and when it was seen.
     pub fn wait_sync_where(
         &mut self,
         n: usize,
-        filter: impl Fn(&str) -> bool,
+        filter: impl Fn(&LogEvent) -> bool,
         timeout: Duration,
-    ) -> anyhow::Result<(String, Instant)> {
+    ) -> anyhow::Result<(LogEvent, Instant)> {
         let deadline = Instant::now() + timeout;
         loop {
             let mut syncs = self.syncs();

@@ -1,6 +1,7 @@
 //! The kit of the daemon benchmarks in `src/bin` (`cargo xtask vm-bench proxier|soak`): the
-//! synthetic cluster, the daemon under benchmark with its logged phase timings, the API
-//! server double in a namespace, metrics, and change-to-kernel latency.
+//! synthetic cluster, the daemon under benchmark with the phase timings of its JSON log, the
+//! API server double in a namespace, metrics, change-to-kernel latency, and the report line
+//! `cargo xtask bench-report` reads.
 
 pub mod api;
 pub mod cluster;
@@ -8,3 +9,4 @@ pub mod daemon;
 pub mod latency;
 pub mod metrics;
 pub mod phases;
+pub mod report;

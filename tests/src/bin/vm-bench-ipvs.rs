@@ -7,7 +7,9 @@
 //! reported: one pair can land in a moment when the shared host is busy for one side only).
 //! Both listings are checked to hold the same table. Then rewrites every rule in place both ways (`ipvsadm -R` with `-E`/`-e` lines,
 //! and update ops in one batch), which isolates the client-side cost from the kernel's cost
-//! of creating services and destinations. Prints times and ours/ipvsadm ratios.
+//! of creating services and destinations. Prints times and ours/ipvsadm ratios, and last the
+//! machine-readable report (`VM-BENCH-REPORT: {json}`) that `cargo xtask bench-report` turns
+//! into `docs/benchmarks.md`.
 
 use std::collections::BTreeSet;
 use std::io::Write;
@@ -17,6 +19,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail, ensure};
 use ipvs_netlink::{Destination, IpvsHandle, Op, Scheduler, Service, ServiceKey};
 use ipvs_proxier_tests::Netns;
+use ipvs_proxier_tests::bench::report;
+use serde_json::json;
 
 /// Runs `command` in `ns` and returns how long it took, timed by the shell inside the
 /// namespace (`$EPOCHREALTIME` around it), so that starting `ip netns exec` and bash is not
@@ -204,6 +208,10 @@ async fn main() -> anyhow::Result<()> {
         );
         dumps.push((ipvsadm_dump, ours_dump));
     }
+    let pairs: Vec<serde_json::Value> = dumps
+        .iter()
+        .map(|(theirs, ours)| json!({"ipvsadm_s": secs(*theirs), "ours_s": secs(*ours)}))
+        .collect();
     dumps.sort_by(|a, b| (secs(a.1) / secs(a.0)).total_cmp(&(secs(b.1) / secs(b.0))));
     let (ipvsadm_dump, ours_dump) = dumps[dumps.len() / 2];
 
@@ -264,5 +272,15 @@ async fn main() -> anyhow::Result<()> {
         secs(ours_update) / secs(ipvsadm_update)
     )?;
     writeln!(out, "vm-bench-ipvs: OK ({expected} rules each way)")?;
+    drop(out);
+    report::emit(&json!({
+        "bench": "ipvs",
+        "services": services,
+        "dests": dests,
+        "rules": expected,
+        "program": {"ipvsadm_s": secs(ipvsadm_program), "ours_s": secs(ours_program)},
+        "dump": {"ipvsadm_s": secs(ipvsadm_dump), "ours_s": secs(ours_dump), "pairs": pairs},
+        "update": {"ipvsadm_s": secs(ipvsadm_update), "ours_s": secs(ours_update)},
+    }));
     Ok(())
 }

@@ -19,7 +19,8 @@
 //! 3. The same K kube-source changes on a cluster of S services, for the scaling ratio.
 //!
 //! Times under TCG are only meaningful as ratios against ipvsadm and the library in the same
-//! run.
+//! run. The last line is the machine-readable report (`VM-BENCH-REPORT: {json}`) that
+//! `cargo xtask bench-report` turns into `docs/benchmarks.md`.
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
@@ -36,8 +37,19 @@ use ipvs_proxier_tests::bench::cluster::{self, ENDPOINT_ROUTE};
 use ipvs_proxier_tests::bench::daemon::{BenchDaemon, METRICS, Source};
 use ipvs_proxier_tests::bench::latency::{Percentiles, wait_for_destination};
 use ipvs_proxier_tests::bench::metrics;
-use ipvs_proxier_tests::bench::phases::Phases;
+use ipvs_proxier_tests::bench::phases::{LogEvent, Phases, SYNC_DONE};
+use ipvs_proxier_tests::bench::report;
 use proxier_core::backend::{AddressBackend, KernelAddressBackend};
+use serde_json::json;
+
+/// Messages of the daemon's start-up events, echoed from its log after the first start.
+const STARTUP_EVENTS: [&str; 5] = [
+    "sysctls and IPVS timeouts set",
+    "source file loaded",
+    "Services and EndpointSlices synced",
+    "first picture applied",
+    SYNC_DONE,
+];
 
 /// Goals of issue #13.
 const GOAL_START_VS_FLOOR: f64 = 1.3;
@@ -326,13 +338,13 @@ fn wait_programmed(
     let mut n = 0;
     loop {
         n += 1;
-        let (line, at) = daemon.wait_sync(n, timeout)?;
+        let (sync, at) = daemon.wait_sync(n, timeout)?;
         let now = cluster::normalise(&sh(ns, "ipvsadm -Sn")?);
         if &now == table {
             return Ok((n, at));
         }
         println!(
-            "sync #{n} left {} rules (want {}); waiting for the next: {line}",
+            "sync #{n} left {} rules (want {}); waiting for the next: {sync}",
             now.len(),
             table.len()
         );
@@ -483,6 +495,14 @@ fn run_source(
     }
     let first_ops = metrics::describe(&metrics::netlink_ops(&metrics::scrape(&ns, METRICS)?));
     println!("programmed in {:.2} s: {first}", secs(program));
+    // The start-up events and the first sync as the daemon logged them (JSON lines).
+    for line in daemon
+        .log()
+        .lines()
+        .filter(|line| LogEvent::parse(line).is_some_and(|e| STARTUP_EVENTS.contains(&e.message())))
+    {
+        println!("  daemon log: {line}");
+    }
     std::thread::sleep(Duration::from_secs(2));
     let (rss, hwm) = daemon.memory_kib()?;
     println!(
@@ -502,7 +522,7 @@ fn run_source(
         secs(dump_addresses)
     );
     let mut daemon = BenchDaemon::start(&ns, &source, &log(2), "1h", &extra)?;
-    let (adopt_line, adopted_at) = daemon.wait_sync(1, timeout)?;
+    let (adopt_sync, adopted_at) = daemon.wait_sync(1, timeout)?;
     let adoption = adopted_at - daemon.started;
     let adoption_phases = daemon.phases(1);
     let ops = metrics::netlink_ops(&metrics::scrape(&ns, METRICS)?);
@@ -515,8 +535,8 @@ fn run_source(
         secs(adoption)
     );
     ensure!(
-        adopt_line.contains("report=0 writes") && adoption_writes == 0,
-        "restart adoption wrote to the kernel ({adoption_ops}): {adopt_line}"
+        adopt_sync.u64("writes") == Some(0) && adoption_writes == 0,
+        "restart adoption wrote to the kernel ({adoption_ops}): {adopt_sync}"
     );
 
     // Endpoint changes.
@@ -560,12 +580,8 @@ fn run_source(
         Percentiles::of(&changes).map_or("none".into(), |p| p.to_string()),
         metrics::describe(&delta)
     );
-    for line in daemon.syncs().iter().rev().take(2).rev() {
-        println!(
-            "  last syncs: {}",
-            line.split_once("sync done")
-                .map_or(line.as_str(), |(_, l)| l)
-        );
+    for sync in daemon.syncs().iter().rev().take(2).rev() {
+        println!("  last syncs: {sync}");
     }
     daemon.stop();
     let _ = std::fs::remove_file(&source_path);
@@ -648,7 +664,55 @@ fn main() -> anyhow::Result<()> {
     } else {
         None
     };
-    print_report(&a, &floors, &runs, small.as_deref())
+    print_report(&a, &floors, &runs, small.as_deref())?;
+    report::emit(&json_report(&a, &floors, &runs, small.as_deref()));
+    Ok(())
+}
+
+/// The run's figures for `cargo xtask bench-report` (seconds, MiB, milliseconds).
+fn json_report(
+    a: &Args,
+    floors: &Floors,
+    runs: &[SourceRun],
+    small: Option<&[Duration]>,
+) -> serde_json::Value {
+    let sources: Vec<serde_json::Value> = runs
+        .iter()
+        .map(|r| {
+            json!({
+                "source": r.kind.name(),
+                "program_s": secs(r.program),
+                "first_sync": r.first.to_json(),
+                "rss_mib": r.rss_mib,
+                "peak_rss_mib": r.hwm_mib,
+                "adoption_s": secs(r.adoption),
+                "adoption_writes": r.adoption_writes,
+                "adoption_phases": r.adoption_phases.to_json(),
+                "dump_table_s": secs(r.dump_table),
+                "dump_addresses_s": secs(r.dump_addresses),
+                "rss_adopted_mib": r.rss_adopted_mib,
+                "rss_after_changes_mib": r.rss_after_changes_mib,
+                "changes": report::percentiles(Percentiles::of(&r.changes)),
+                "change_failed_ops": r.change_failed,
+            })
+        })
+        .collect();
+    json!({
+        "bench": "proxier",
+        "services": a.services,
+        "endpoints": a.endpoints,
+        "changes": a.changes,
+        "small": a.small,
+        "bind_service_cidrs": a.routed,
+        "floors": {
+            "ipvsadm_restore_s": secs(floors.ipvsadm_restore),
+            "ip_batch_s": secs(floors.ip_batch),
+            "library_batch_s": secs(floors.library_batch),
+            "vip_binding_s": secs(floors.vip_floor),
+        },
+        "sources": sources,
+        "small_changes": report::percentiles(small.and_then(Percentiles::of)),
+    })
 }
 
 fn print_report(

@@ -33,6 +33,7 @@ use ipvs_proxier_tests::bench::cluster::{self, ENDPOINT_ROUTE};
 use ipvs_proxier_tests::bench::daemon::{BenchDaemon, METRICS, Source};
 use ipvs_proxier_tests::bench::latency::{Percentiles, wait_for_destination, wait_for_service};
 use ipvs_proxier_tests::bench::metrics;
+use ipvs_proxier_tests::bench::phases::{LogEvent, SYNC_WITH_ERRORS};
 
 /// Services whose endpoints are the pods (never churned).
 const TRAFFIC_SERVICES: usize = 10;
@@ -365,7 +366,7 @@ fn main() -> anyhow::Result<()> {
     // The end is measured as the start was: 3 s after a full sync. (A fixed delay after the
     // churn lands inside a full resync: the churn lasts a multiple of the resync period, and
     // at 10,000 Services a resync holds the whole IPVS table read for seconds.)
-    let is_full = |line: &str| line.contains("kind=Full");
+    let is_full = |sync: &LogEvent| sync.str("kind") == Some("Full");
     let fulls = daemon.syncs().iter().filter(|l| is_full(l)).count();
     daemon
         .wait_sync_where(fulls + 1, is_full, Duration::from_secs(120))
@@ -385,15 +386,11 @@ fn main() -> anyhow::Result<()> {
     let churn_ops = metrics::delta(&ops_start, &ops_end);
     let failed_ops = metrics::failed(&ops_end);
     let syncs = daemon.syncs().len();
-    let full_syncs = daemon
-        .syncs()
-        .iter()
-        .filter(|l| l.contains("kind=Full"))
-        .count();
+    let full_syncs = daemon.syncs().iter().filter(|sync| is_full(sync)).count();
     let error_syncs = daemon
-        .log()
-        .lines()
-        .filter(|l| l.contains("sync finished with errors"))
+        .events()
+        .iter()
+        .filter(|e| e.message().starts_with(SYNC_WITH_ERRORS))
         .count();
 
     let ok = traffic.ok.load(Ordering::Relaxed);

@@ -1,0 +1,723 @@
+//! `cargo xtask bench-report`: runs the VM benchmarks (`vm-bench ipvs`, then `vm-bench
+//! proxier`, one boot each), reads the machine-readable report each prints on its last line
+//! (`VM-BENCH-REPORT: {json}`, see `tests/src/bench/report.rs`) from the VM's console, and
+//! writes `docs/benchmarks.md`: the command, date, sizes, kernel and host, the figures with
+//! their same-run ratios, and a fixed text on what each row measures. No number on that page
+//! is typed by hand.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use serde_json::Value;
+
+use crate::vm::{self, VmConfig};
+use crate::workspace::Workspace;
+
+/// What starts a benchmark's report line on the console (`tests/src/bench/report.rs`).
+pub const REPORT_MARKER: &str = "VM-BENCH-REPORT:";
+
+/// Sizes and output of one `bench-report` run.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Virtual services (ClusterIP Services for the daemon).
+    pub services: usize,
+    /// Destinations per service (endpoints per Service for the daemon).
+    pub dests: usize,
+    /// Endpoint changes timed through the API double.
+    pub changes: usize,
+    /// Services of the small cluster the changes are also timed on.
+    pub small: usize,
+    /// Where the page goes (relative paths: from the workspace root).
+    pub output: PathBuf,
+}
+
+/// Facts about the run that go into the page's header.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Facts {
+    /// The command line that made the page.
+    pub command: String,
+    /// When the run started (UTC).
+    pub date: String,
+    /// The commit measured (`-dirty` when the tree had changes).
+    pub commit: String,
+    /// The guest kernel's release.
+    pub guest_kernel: String,
+    /// Guest memory.
+    pub memory_mib: u32,
+    /// qemu's version line.
+    pub qemu: String,
+    /// The host: kernel, CPU model, CPUs.
+    pub host: String,
+    /// Load average when the run started.
+    pub load_at_start: String,
+    /// How long each benchmark ran in the guest (`VM-RUN: took`), and its whole VM run
+    /// (build, boot, run).
+    pub run_times: Vec<(String, Option<Duration>, Duration)>,
+}
+
+/// `cargo xtask bench-report`.
+pub fn run(options: &Options, config: &VmConfig) -> Result<ExitCode> {
+    let workspace = Workspace::locate()?;
+    let output = if options.output.is_absolute() {
+        options.output.clone()
+    } else {
+        workspace.root.join(&options.output)
+    };
+    let mut facts = Facts {
+        command: command_line(options, config),
+        date: output_of("date", &["-u", "+%Y-%m-%d %H:%M UTC"]).unwrap_or_else(|| "?".into()),
+        commit: commit(&workspace.root),
+        guest_kernel: crate::guest_kernel::find()?.version,
+        memory_mib: config.memory_mib,
+        qemu: output_of("qemu-system-x86_64", &["--version"])
+            .and_then(|v| v.lines().next().map(str::to_owned))
+            .unwrap_or_else(|| "?".into()),
+        host: host(),
+        load_at_start: std::fs::read_to_string("/proc/loadavg")
+            .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+            .unwrap_or_else(|_| "?".into()),
+        run_times: Vec::new(),
+    };
+    let (s, d) = (options.services.to_string(), options.dests.to_string());
+    let ipvs_args = ["--services", &s, "--dests", &d].map(str::to_owned);
+    let (changes, small) = (options.changes.to_string(), options.small.to_string());
+    let proxier_args = [
+        "--services",
+        &s,
+        "--endpoints",
+        &d,
+        "--changes",
+        &changes,
+        "--small",
+        &small,
+    ]
+    .map(str::to_owned);
+    let mut reports = Vec::new();
+    for (name, args) in [("ipvs", &ipvs_args[..]), ("proxier", &proxier_args[..])] {
+        println!("xtask: bench-report: vm-bench {name} {}", args.join(" "));
+        let started = Instant::now();
+        let code = vm::vm_bench(name, args, config)?;
+        let console_path = workspace.vm_dir().join("last-console.log");
+        let console = std::fs::read_to_string(&console_path)
+            .with_context(|| format!("reading {}", console_path.display()))?;
+        facts
+            .run_times
+            .push((name.to_owned(), guest_run_time(&console), started.elapsed()));
+        if code != ExitCode::SUCCESS {
+            bail!(
+                "vm-bench {name} failed (console in {}); {} not written",
+                console_path.display(),
+                output.display()
+            );
+        }
+        reports.push(extract_report(&console, name)?);
+    }
+    let page = render(&facts, &reports[0], &reports[1])?;
+    if let Some(dir) = output.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(&output, page).with_context(|| format!("writing {}", output.display()))?;
+    println!("xtask: bench-report: wrote {}", output.display());
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The command as a user would type it again (defaults left out).
+fn command_line(options: &Options, config: &VmConfig) -> String {
+    let mut command = format!(
+        "cargo xtask bench-report --services {} --dests {}",
+        options.services, options.dests
+    );
+    if options.changes != 100 {
+        let _ = write!(command, " --changes {}", options.changes);
+    }
+    if options.small != 100 {
+        let _ = write!(command, " --small {}", options.small);
+    }
+    if config.memory_mib != DEFAULT_MEMORY_MIB {
+        let _ = write!(command, " --memory-mib {}", config.memory_mib);
+    }
+    command
+}
+
+/// The guest memory `bench-report` asks for by default: the daemon bench at 10,000 x 5
+/// needs more than the VM's usual 2 GiB (the reference table, the API double and the
+/// daemon share the guest).
+pub const DEFAULT_MEMORY_MIB: u32 = 6144;
+
+fn output_of(program: &str, args: &[&str]) -> Option<String> {
+    let out = Command::new(program).args(args).output().ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+fn commit(root: &Path) -> String {
+    let root = root.to_string_lossy();
+    let Some(hash) = output_of("git", &["-C", &root, "rev-parse", "--short=12", "HEAD"]) else {
+        return "?".into();
+    };
+    let dirty = output_of("git", &["-C", &root, "status", "--porcelain"])
+        .is_some_and(|s| s.lines().any(|l| !l.starts_with("??")));
+    if dirty { format!("{hash}-dirty") } else { hash }
+}
+
+fn host() -> String {
+    let kernel = output_of("uname", &["-sr"]).unwrap_or_else(|| "?".into());
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| {
+            let (key, value) = l.split_once(':')?;
+            (key.trim() == "model name").then(|| value.trim().to_owned())
+        })
+        .unwrap_or_else(|| "?".into());
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    format!("{kernel}, {model}, {cpus} CPUs")
+}
+
+/// How long the benchmark ran in the guest: the runner's `VM-RUN: took 42.675s` line.
+fn guest_run_time(console: &str) -> Option<Duration> {
+    console.lines().find_map(|l| {
+        let took = l.split_once("VM-RUN: took ")?.1.trim().strip_suffix('s')?;
+        Duration::try_from_secs_f64(took.parse().ok()?).ok()
+    })
+}
+
+/// The report line of benchmark `name` in a console log.
+pub fn extract_report(console: &str, name: &str) -> Result<Value> {
+    let line = console
+        .lines()
+        .rev()
+        .find_map(|l| Some(l.split_once(REPORT_MARKER)?.1.trim()))
+        .with_context(|| format!("vm-bench {name} printed no {REPORT_MARKER} line"))?;
+    let report: Value =
+        serde_json::from_str(line).with_context(|| format!("vm-bench {name}'s report"))?;
+    ensure!(
+        report["bench"] == name,
+        "the report found is not vm-bench {name}'s: {line}"
+    );
+    Ok(report)
+}
+
+/// A number of the report at `path` (`a.b.c`).
+fn num(report: &Value, path: &str) -> Result<f64> {
+    let mut value = report;
+    for key in path.split('.') {
+        value = &value[key];
+    }
+    value
+        .as_f64()
+        .with_context(|| format!("the report has no number at {path}"))
+}
+
+/// `12,345`.
+fn thousands(n: f64) -> String {
+    let digits = format!("{:.0}", n);
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Seconds with about three significant digits (milliseconds under 0.1 s).
+fn secs(s: f64) -> String {
+    if s < 0.1 {
+        format!("{:.1} ms", s * 1e3)
+    } else if s >= 100.0 {
+        format!("{s:.0} s")
+    } else if s >= 10.0 {
+        format!("{s:.1} s")
+    } else {
+        format!("{s:.2} s")
+    }
+}
+
+fn ratio(r: f64) -> String {
+    format!("{r:.3}")
+}
+
+fn met(ok: bool) -> &'static str {
+    if ok { "met" } else { "not met" }
+}
+
+/// Goals of issue #13 (as `vm-bench-proxier` checks them).
+const GOAL_START_VS_FLOOR: f64 = 1.3;
+const GOAL_START_VS_REFERENCE: f64 = 0.35;
+const GOAL_RSS_MIB: f64 = 64.0;
+const GOAL_ADOPTION_VS_DUMPS: f64 = 2.0;
+const GOAL_P99_MS: f64 = 50.0;
+const GOAL_SCALING: f64 = 2.0;
+
+/// The phase rows of a sync breakdown, as `vm-bench-proxier` names them.
+const PHASES: [&str; 11] = [
+    "sysctls",
+    "source read+parse",
+    "first picture applied",
+    "planning",
+    "kernel read (dumps)",
+    "diff",
+    "address ops",
+    "IPVS ops",
+    "nftables",
+    "conntrack",
+    "sync total",
+];
+
+/// The page.
+pub fn render(facts: &Facts, ipvs: &Value, proxier: &Value) -> Result<String> {
+    let mut out = String::new();
+    header(&mut out, facts, ipvs, proxier)?;
+    out.push_str(HOW_TO_READ);
+    ipvs_section(&mut out, ipvs)?;
+    proxier_section(&mut out, proxier)?;
+    Ok(out)
+}
+
+fn header(out: &mut String, facts: &Facts, ipvs: &Value, proxier: &Value) -> Result<()> {
+    let services = num(ipvs, "services")?;
+    let dests = num(ipvs, "dests")?;
+    let _ = writeln!(out, "# Benchmarks\n");
+    let _ = writeln!(
+        out,
+        "Written by `{}`, run started {}; do not edit by hand, run the command again.\n",
+        facts.command, facts.date
+    );
+    let _ = writeln!(out, "| run | |\n|---|---|");
+    let _ = writeln!(
+        out,
+        "| sizes | `vm-bench ipvs`: {} TCP services × {} masquerading destinations ({} rules); `vm-bench proxier`: {} ClusterIP Services × {} endpoints, {} endpoint changes, small cluster {} Services |",
+        thousands(services),
+        dests,
+        thousands(num(ipvs, "rules")?),
+        thousands(num(proxier, "services")?),
+        num(proxier, "endpoints")?,
+        num(proxier, "changes")?,
+        num(proxier, "small")?,
+    );
+    let _ = writeln!(out, "| commit | `{}` |", facts.commit);
+    let _ = writeln!(
+        out,
+        "| guest | Debian cloud kernel {}, qemu TCG (software emulation), 2 vCPUs, {} MiB, no network card |",
+        facts.guest_kernel, facts.memory_mib
+    );
+    let _ = writeln!(out, "| emulator | {} |", facts.qemu);
+    let _ = writeln!(
+        out,
+        "| host | {}; load average at start {} |",
+        facts.host, facts.load_at_start
+    );
+    let times: Vec<String> = facts
+        .run_times
+        .iter()
+        .map(|(name, guest, whole)| {
+            let guest = guest.map_or("?".to_owned(), |d| {
+                format!("{:.1} min", d.as_secs_f64() / 60.0)
+            });
+            format!(
+                "`vm-bench {name}` {guest} ({:.1} min with build and boot)",
+                whole.as_secs_f64() / 60.0
+            )
+        })
+        .collect();
+    let _ = writeln!(out, "| run time in the VM | {} |\n", times.join(", "));
+    Ok(())
+}
+
+const HOW_TO_READ: &str = "\
+## How to read these figures
+
+The benchmarks run inside a qemu VM with software emulation (TCG) on a shared 2-core host,
+because the development machines' kernel has no IPVS. Emulation makes every absolute time
+several times longer than on hardware, and by a factor that changes with the host's load
+from one run to the next. **Only ratios between figures of the same run compare**: ours
+against `ipvsadm` (and `ip`) run a moment before in the same VM, and the daemon against
+the library's own floor. Never quote an absolute time from this page as a product figure,
+and never compare seconds across two runs of this page.
+
+Each side programs its own fresh network namespace. The kernel keeps deleted IPVS
+destinations in a per-namespace trash list for about two minutes and looks every new
+destination up there linearly, so whoever programs right after a flush of a large table pays
+a walk the other side did not.
+
+The run's full console (every figure printed as it was measured, the daemon's phases, the
+kernel op counts) is `target/vm/last-console.log` after each benchmark; this page is built
+only from the JSON report each benchmark prints last.
+
+";
+
+fn ipvs_section(out: &mut String, ipvs: &Value) -> Result<()> {
+    let _ = writeln!(out, "## ipvs-netlink against ipvsadm (`vm-bench ipvs`)\n");
+    let _ = writeln!(out, "| operation | ipvsadm | ipvs-netlink | ratio |");
+    let _ = writeln!(out, "|---|---|---|---|");
+    let row = |out: &mut String, label: &str, key: &str, extra: &str| -> Result<()> {
+        let theirs = num(ipvs, &format!("{key}.ipvsadm_s"))?;
+        let ours = num(ipvs, &format!("{key}.ours_s"))?;
+        let _ = writeln!(
+            out,
+            "| {label} | {} | {} | {}{extra} |",
+            secs(theirs),
+            secs(ours),
+            ratio(ours / theirs)
+        );
+        Ok(())
+    };
+    row(out, "program (`ipvsadm -R` / one `batch`)", "program", "")?;
+    let pairs: Vec<f64> = ipvs["dump"]["pairs"]
+        .as_array()
+        .map(|pairs| {
+            pairs
+                .iter()
+                .filter_map(|p| Some(p["ours_s"].as_f64()? / p["ipvsadm_s"].as_f64()?))
+                .collect()
+        })
+        .unwrap_or_default();
+    let range = match (
+        pairs.iter().copied().reduce(f64::min),
+        pairs.iter().copied().reduce(f64::max),
+    ) {
+        (Some(lo), Some(hi)) => format!(" (median of {} pairs, {lo:.3}–{hi:.3})", pairs.len()),
+        _ => String::new(),
+    };
+    row(
+        out,
+        "dump (`ipvsadm -Sn` / verified `table()`)",
+        "dump",
+        &range,
+    )?;
+    row(
+        out,
+        "rewrite in place (`-E`/`-e` lines / update ops in one `batch`)",
+        "update",
+        "",
+    )?;
+    out.push_str(IPVS_TEXT);
+    Ok(())
+}
+
+const IPVS_TEXT: &str = "
+- **program**: `ipvsadm -R` reading the whole table from a file, against one pipelined
+  `IpvsHandle::batch` of the same add-service and add-destination ops (one result per op).
+  Both tables are then checked equal (`ipvsadm -Sn`).
+- **dump**: timed in alternating pairs on the same table, and the pair with the median ratio
+  is shown, because one pair can land in a moment when the shared host is busy for one side
+  only. A verified `table()` dumps the service list until two dumps in a row bring nothing
+  new (the kernel positions a multi-part dump by an index that counts every namespace's
+  services, so one dump can skip entries while another namespace changes IPVS), then every
+  service's destinations on two sockets. IPVS has no all-destinations dump, so both sides make
+  one destination dump per service, and the IPVS generic-netlink family (no `parallel_ops` on
+  this kernel) serves them one at a time under its global lock: the dump ratio is the
+  kernel's per-request cost over ipvsadm's, halved by the second socket. On a busy host
+  ipvsadm suffers more than the library does, so the ratio is lower there.
+- **rewrite in place**: every rule edited with the values it already has. The kernel
+  allocates nothing, so this isolates the client side (sockets, round trips, encoding) from
+  the kernel's cost of creating objects.
+
+";
+
+fn proxier_section(out: &mut String, p: &Value) -> Result<()> {
+    let services = num(p, "services")?;
+    let endpoints = num(p, "endpoints")?;
+    let restore = num(p, "floors.ipvsadm_restore_s")?;
+    let ip_batch = num(p, "floors.ip_batch_s")?;
+    let library = num(p, "floors.library_batch_s")?;
+    let binding = num(p, "floors.vip_binding_s")?;
+    let reference = restore + ip_batch;
+    let floor = library + binding;
+    let _ = writeln!(
+        out,
+        "## The daemon against the reference and the floor (`vm-bench proxier`)\n"
+    );
+    if p["bind_service_cidrs"].as_bool() == Some(true) {
+        let _ = writeln!(
+            out,
+            "The daemon ran with `--bind-service-cidrs` (one local route, no address per ClusterIP).\n"
+        );
+    }
+    let _ = writeln!(out, "| baseline, same run | parts | total |\n|---|---|---|");
+    let _ = writeln!(
+        out,
+        "| reference: `ipvsadm -R` + `ip -batch` of {} addresses | {} + {} | {} |",
+        thousands(services),
+        secs(restore),
+        secs(ip_batch),
+        secs(reference)
+    );
+    let _ = writeln!(
+        out,
+        "| floor: library `batch` + the engine's pipelined binding of the ClusterIPs | {} + {} | {} |\n",
+        secs(library),
+        secs(binding),
+        secs(floor)
+    );
+
+    let sources = p["sources"]
+        .as_array()
+        .context("the report has no sources")?;
+    let names: Vec<String> = sources
+        .iter()
+        .map(|s| format!("{} source", s["source"].as_str().unwrap_or("?")))
+        .collect();
+    let _ = writeln!(
+        out,
+        "| step ({} svc × {} ep) | {} | goal | status |",
+        thousands(services),
+        endpoints,
+        names.join(" | ")
+    );
+    let _ = writeln!(out, "|---|{}---|---|", "---|".repeat(sources.len()));
+
+    let mut cells = Vec::new();
+    let mut ok = true;
+    for s in sources {
+        let program = num(s, "program_s")?;
+        ok &= program <= GOAL_START_VS_FLOOR * floor
+            && program <= GOAL_START_VS_REFERENCE * reference;
+        cells.push(format!(
+            "{} ({:.2} × floor, {:.2} × reference)",
+            secs(program),
+            program / floor,
+            program / reference
+        ));
+    }
+    let _ = writeln!(
+        out,
+        "| start → programmed ({} rules + {} ClusterIPs) | {} | ≤ {GOAL_START_VS_FLOOR} × floor and ≤ {GOAL_START_VS_REFERENCE} × reference | {} |",
+        thousands(services * (endpoints + 1.0)),
+        thousands(services),
+        cells.join(" | "),
+        met(ok)
+    );
+
+    let mut cells = Vec::new();
+    let mut ok = true;
+    for s in sources {
+        let adoption = num(s, "adoption_s")?;
+        let dumps = num(s, "dump_table_s")? + num(s, "dump_addresses_s")?;
+        let writes = num(s, "adoption_writes")?;
+        ok &= writes == 0.0 && adoption <= GOAL_ADOPTION_VS_DUMPS * dumps;
+        cells.push(format!(
+            "{}, {writes:.0} writes ({:.2} × dumps: `table()` {} + address dump {})",
+            secs(adoption),
+            adoption / dumps,
+            secs(num(s, "dump_table_s")?),
+            secs(num(s, "dump_addresses_s")?)
+        ));
+    }
+    let _ = writeln!(
+        out,
+        "| restart adoption | {} | 0 writes, ≤ {GOAL_ADOPTION_VS_DUMPS} × dumps | {} |",
+        cells.join(" | "),
+        met(ok)
+    );
+
+    let mut cells = Vec::new();
+    let mut ok = true;
+    for s in sources {
+        let rss = num(s, "rss_mib")?;
+        ok &= rss <= GOAL_RSS_MIB;
+        cells.push(format!(
+            "{rss:.1} / {:.1} / {:.1} MiB (peak {:.1})",
+            num(s, "rss_adopted_mib")?,
+            num(s, "rss_after_changes_mib")?,
+            num(s, "peak_rss_mib")?
+        ));
+    }
+    let _ = writeln!(
+        out,
+        "| RSS 2 s after programmed / after adoption / after the changes | {} | ≤ {GOAL_RSS_MIB} MiB after programmed | {} |",
+        cells.join(" | "),
+        met(ok)
+    );
+
+    let small = &p["small_changes"];
+    let mut cells = Vec::new();
+    let mut status = "";
+    for s in sources {
+        let changes = &s["changes"];
+        let failed = num(s, "change_failed_ops")?;
+        match s["source"].as_str() {
+            Some("kube") => {
+                let p50 = num(changes, "p50_ms")?;
+                let p99 = num(changes, "p99_ms")?;
+                let mut cell = format!(
+                    "p50 {p50:.1} ms, p99 {p99:.1} ms ({:.0} changes)",
+                    num(changes, "count")?
+                );
+                if !small.is_null() {
+                    let small_p50 = num(small, "p50_ms")?;
+                    let _ = write!(
+                        cell,
+                        "; at {:.0} Services p50 {small_p50:.1}, p99 {:.1} ms (p50 ratio {:.2})",
+                        num(p, "small")?,
+                        num(small, "p99_ms")?,
+                        p50 / small_p50
+                    );
+                    status =
+                        met(p99 <= GOAL_P99_MS && p50 / small_p50 < GOAL_SCALING && failed == 0.0);
+                }
+                cells.push(cell);
+            }
+            _ => cells.push(format!(
+                "{} (the file rewritten and read whole)",
+                secs(num(changes, "max_ms")? / 1e3)
+            )),
+        }
+    }
+    let _ = writeln!(
+        out,
+        "| one endpoint change, event → kernel | {} | kube: p99 ≤ {GOAL_P99_MS} ms, p50 at {} / at {} < {GOAL_SCALING} | {status} |\n",
+        cells.join(" | "),
+        thousands(services),
+        num(p, "small")?,
+    );
+
+    // Phases.
+    let mut columns = Vec::new();
+    for s in sources {
+        let name = s["source"].as_str().unwrap_or("?");
+        columns.push((format!("{name}: first sync"), &s["first_sync"]));
+        columns.push((format!("{name}: adoption"), &s["adoption_phases"]));
+    }
+    let _ = writeln!(
+        out,
+        "Where the time goes (the daemon's own phase timings, from its JSON log; `?`: not logged):\n"
+    );
+    let heads: Vec<&str> = columns.iter().map(|(h, _)| h.as_str()).collect();
+    let _ = writeln!(out, "| phase | {} |", heads.join(" | "));
+    let _ = writeln!(out, "|---|{}", "---|".repeat(columns.len()));
+    for phase in PHASES {
+        let cells: Vec<String> = columns
+            .iter()
+            .map(|(_, phases)| phases[phase].as_f64().map_or("?".to_owned(), secs))
+            .collect();
+        let _ = writeln!(out, "| {phase} | {} |", cells.join(" | "));
+    }
+    out.push_str(PROXIER_TEXT);
+    Ok(())
+}
+
+const PROXIER_TEXT: &str = "
+What the rows measure:
+
+- **reference**: what a shell script would do with the standard tools: `ipvsadm -R` of the
+  whole table, then `ip -batch` binding every ClusterIP on a dummy link. **floor**: the
+  library's own `batch` of the same rules plus the engine's pipelined binding of the
+  ClusterIPs, with nothing else (no source, no planning, no nftables): the least any program
+  built on these libraries can take.
+- **start → programmed**: the daemon started on an empty kernel in a fresh namespace, timed
+  until a sync leaves exactly the reference's table in the kernel (checked against `ipvsadm
+  -Sn`) and every ClusterIP bound. The file source reads a YAML file of every Service and
+  EndpointSlice; the kube source lists them from a Kubernetes API server double that serves
+  the same objects inside the VM.
+- **restart adoption**: the daemon killed and started again on the table it programmed; timed
+  to its first sync, which must write nothing (read from the daemon's metrics and its sync
+  event). Compared with what reading that kernel costs the library alone: a verified
+  `table()` plus a dump of the link's addresses.
+- **RSS**: `VmRSS` of the daemon 2 s after each step (peak: `VmHWM`). The daemon uses mimalloc
+  and turns transparent huge pages off for itself.
+- **one endpoint change**: kube source: one endpoint of one Service replaced through the API
+  double, timed until the new destination shows in the kernel (polled every millisecond),
+  20 ms between changes; the same changes on the small cluster give the scaling ratio (work
+  per change must not grow with the cluster). File source: one endpoint changed by rewriting
+  the whole file, which the daemon re-reads whole.
+- **phases**: the source's first picture, applying it to the engine, then the sync's steps
+  (planning, kernel read, diff, address and IPVS writes, nftables, conntrack) as the daemon
+  logs them. Address and IPVS writes run in parallel with nftables, so the steps add up to
+  more than the sync's total.
+- **goals and status**: the goals of issue #13, judged on this run's same-run ratios.
+
+The soak benchmark (`cargo xtask vm-bench --memory-mib 6144 soak --services 10000 --minutes
+5`: churn under traffic, RSS growth, change latency during full resyncs) is not part of this
+page.
+";
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_report_is_the_last_marker_line_of_the_console() {
+        let console = "boot\r\nVM-BENCH-REPORT: {\"bench\":\"ipvs\",\"services\":1}\r\n\
+                       VM-BENCH-REPORT: {\"bench\":\"ipvs\",\"services\":2}\r\nVM-RUN-EXIT: 0\r\n";
+        let report = extract_report(console, "ipvs").unwrap();
+        assert_eq!(report["services"], 2);
+        assert!(extract_report(console, "proxier").is_err());
+        assert!(extract_report("no report here", "ipvs").is_err());
+    }
+
+    /// The reports of a real run: `cargo xtask bench-report --services 300 --dests 3
+    /// --changes 20 --small 50`.
+    const IPVS: &str = include_str!("testdata/ipvs-report-300x3.json");
+    const PROXIER: &str = include_str!("testdata/proxier-report-300x3.json");
+
+    fn facts() -> Facts {
+        Facts {
+            command: "cargo xtask bench-report --services 300 --dests 3".into(),
+            date: "2026-12-02 01:51 UTC".into(),
+            commit: "5440a3000ccc".into(),
+            guest_kernel: "6.1.0-57-cloud-amd64".into(),
+            memory_mib: 6144,
+            qemu: "QEMU emulator version 7.2.22".into(),
+            host: "Linux 6.18, AMD EPYC, 2 CPUs".into(),
+            load_at_start: "5.89 8.00 8.69".into(),
+            run_times: vec![(
+                "ipvs".into(),
+                Some(Duration::from_secs(43)),
+                Duration::from_secs(600),
+            )],
+        }
+    }
+
+    #[test]
+    fn the_page_shows_every_figure_with_its_same_run_ratio() {
+        let ipvs: Value = serde_json::from_str(IPVS).unwrap();
+        let proxier: Value = serde_json::from_str(PROXIER).unwrap();
+        let page = render(&facts(), &ipvs, &proxier).unwrap();
+        assert!(page.starts_with("# Benchmarks\n"));
+        assert!(page.contains("`cargo xtask bench-report --services 300 --dests 3`"));
+        assert!(page.contains("300 TCP services × 3 masquerading destinations (1,200 rules)"));
+        // ipvs: 0.18972062 / 2.368223906, and the dump's median pair with the range.
+        assert!(
+            page.contains("| program (`ipvsadm -R` / one `batch`) | 2.37 s | 0.19 s | 0.080 |")
+        );
+        assert!(
+            page.contains("0.552 (median of 3 pairs, 0.472–0.717)"),
+            "{page}"
+        );
+        // proxier: reference 0.793 + 0.149, floor 0.108 + 0.112; file start 1.93 s.
+        assert!(page.contains("| 0.79 s + 0.15 s | 0.94 s |"), "{page}");
+        assert!(page.contains("(8.78 × floor, 2.05 × reference)"), "{page}");
+        assert!(
+            page.contains("at 50 Services p50 27.0, p99 108.6 ms"),
+            "{page}"
+        );
+        assert!(page.contains("| nftables | 0.79 s |"), "{page}");
+        assert!(page.contains("`vm-bench ipvs` 0.7 min (10.0 min with build and boot)"));
+        assert!(page.contains("Only ratios between figures of the same run compare"));
+    }
+
+    #[test]
+    fn the_guest_run_time_comes_from_the_runner_line() {
+        let console = "x\r\nVM-RUN: took 42.675s\r\nVM-RUN-EXIT: 0\r\n";
+        assert_eq!(guest_run_time(console), Some(Duration::from_millis(42675)));
+        assert_eq!(guest_run_time("nothing"), None);
+    }
+
+    #[test]
+    fn numbers_are_grouped_and_seconds_keep_three_digits() {
+        assert_eq!(thousands(60000.0), "60,000");
+        assert_eq!(thousands(300.0), "300");
+        assert_eq!(secs(0.0123), "12.3 ms");
+        assert_eq!(secs(1.234), "1.23 s");
+        assert_eq!(secs(27.44), "27.4 s");
+        assert_eq!(secs(123.4), "123 s");
+    }
+}
