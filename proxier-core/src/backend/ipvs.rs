@@ -3,15 +3,13 @@
 //! Virtual servers map to tuple services; real servers to masquerading destinations.
 //! Firewall-mark services are never reported (the proxier does not own them).
 
-use std::collections::BTreeMap;
-
 use futures::TryStreamExt;
 use ipvs_netlink::{
     Destination, DestinationEntry, DestinationKey, IpvsHandle, NetnsTarget, Op, Service,
     ServiceFlags, ServiceKey,
 };
 
-use super::{BackendError, IpvsBackend, IpvsOp, TableReads};
+use super::{BackendError, IpvsBackend, IpvsOp, PendingTableRead, TableRead, TableReads};
 use crate::desired::{RealServerKey, VirtualServerKey};
 use crate::observed::{
     Forwarding, ObservedRealServer, ObservedVirtualServer, VirtualServerSettings,
@@ -155,33 +153,44 @@ impl KernelIpvsBackend {
 }
 
 impl IpvsBackend for KernelIpvsBackend {
-    async fn list_virtual_servers(
-        &mut self,
-    ) -> Result<BTreeMap<VirtualServerKey, ObservedVirtualServer>, BackendError> {
-        // Verified, but an unverified merged read is still used (and counted): every service
-        // in it exists, and one a dump skipped throughout is found by a later sync.
-        let read = self.handle.table_verified().await.map_err(map_error)?;
-        self.reads.record(read.attempts, read.verified);
-        if !read.verified {
-            tracing::warn!(
-                dumps = read.attempts,
-                "IPVS service dumps kept changing (churn in another network namespace?): using the merged table"
-            );
-        }
-        Ok(read
-            .table
-            .iter()
-            .filter_map(|(entry, destinations)| {
-                let key = virtual_server_key(&entry.service.key)?;
-                Some((
-                    key,
-                    ObservedVirtualServer {
-                        settings: settings(&entry.service),
-                        real_servers: destinations.iter().map(real_server).collect(),
-                    },
-                ))
+    fn read_table(&self) -> PendingTableRead {
+        let handle = self.handle.clone();
+        Box::pin(async move {
+            let started = std::time::Instant::now();
+            // Verified, but an unverified merged read is still used (and counted): every
+            // service in it exists, and one a dump skipped throughout is found by a later sync.
+            let read = handle.table_verified().await.map_err(map_error)?;
+            if !read.verified {
+                tracing::warn!(
+                    dumps = read.attempts,
+                    "IPVS service dumps kept changing (churn in another network namespace?): using the merged table"
+                );
+            }
+            let virtual_servers = read
+                .table
+                .iter()
+                .filter_map(|(entry, destinations)| {
+                    let key = virtual_server_key(&entry.service.key)?;
+                    Some((
+                        key,
+                        ObservedVirtualServer {
+                            settings: settings(&entry.service),
+                            real_servers: destinations.iter().map(real_server).collect(),
+                        },
+                    ))
+                })
+                .collect();
+            Ok(TableRead {
+                virtual_servers,
+                dumps: read.attempts,
+                verified: read.verified,
+                took: started.elapsed(),
             })
-            .collect())
+        })
+    }
+
+    fn record_read(&mut self, read: &TableRead) {
+        self.reads.record(read.dumps, read.verified);
     }
 
     fn table_reads(&self) -> TableReads {

@@ -14,7 +14,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use ipnet::IpNet;
 
-use super::{AddressBackend, BackendError, DEFAULT_DUMMY_LINK, IpvsBackend, IpvsOp};
+use super::{
+    AddressBackend, BackendError, DEFAULT_DUMMY_LINK, IpvsBackend, IpvsOp, PendingTableRead,
+    TableRead,
+};
 use crate::desired::{RealServerKey, SortedMap, VirtualServerKey};
 use crate::observed::{Forwarding, ObservedRealServer, ObservedVirtualServer};
 
@@ -183,15 +186,19 @@ impl MemoryIpvsBackend {
 }
 
 impl IpvsBackend for MemoryIpvsBackend {
-    async fn list_virtual_servers(
-        &mut self,
-    ) -> Result<BTreeMap<VirtualServerKey, ObservedVirtualServer>, BackendError> {
+    /// The table as it is when the read starts (the stalest answer a kernel read may give).
+    fn read_table(&self) -> PendingTableRead {
         let mut state = lock(&self.state);
         state.list_calls += 1;
         let hidden = std::mem::take(&mut state.hidden_from_next_list);
         let mut table = state.table.clone();
         table.retain(|key, _| !hidden.contains(key));
-        Ok(table)
+        Box::pin(std::future::ready(Ok(TableRead {
+            virtual_servers: table,
+            dumps: 0,
+            verified: true,
+            took: std::time::Duration::ZERO,
+        })))
     }
 
     async fn get_virtual_server(

@@ -12,6 +12,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::future::Future;
 use std::net::IpAddr;
+use std::pin::Pin;
+use std::time::Duration;
 
 use ipnet::IpNet;
 
@@ -198,20 +200,59 @@ impl TableReads {
     }
 }
 
+/// One whole-table read: every tuple virtual server with its real servers, and how the
+/// read went.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TableRead {
+    /// The virtual servers read.
+    pub virtual_servers: BTreeMap<VirtualServerKey, ObservedVirtualServer>,
+    /// Service dumps the read took (0 for backends whose reads are exact).
+    pub dumps: u32,
+    /// Whether the dumps agreed (always true for exact backends).
+    pub verified: bool,
+    /// How long the read took, from its first poll to its answer.
+    pub took: Duration,
+}
+
+/// A whole-table read that borrows nothing of its backend ([`IpvsBackend::read_table`]): it
+/// may be spawned and run while the backend keeps writing.
+pub type PendingTableRead =
+    Pin<Box<dyn Future<Output = Result<TableRead, BackendError>> + Send + 'static>>;
+
 /// Reads and writes IPVS virtual servers and their real servers.
 ///
 /// Only tuple (address, port, protocol) virtual servers are reported; firewall-mark
 /// services and protocols outside [`crate::desired::Protocol`] are left out (the proxier never owns them).
 pub trait IpvsBackend: Send {
-    /// Every tuple virtual server with its real servers and their connection counts.
+    /// Starts a read of the whole table that holds no borrow of the backend, so a full
+    /// resync can read while incremental syncs keep writing through the backend (the
+    /// kernel backend reads on sockets of its own). A read sees each virtual server as it
+    /// was at some moment between its start and its end; hand the result to
+    /// [`IpvsBackend::record_read`] to count it.
+    fn read_table(&self) -> PendingTableRead;
+
+    /// Counts a finished [`IpvsBackend::read_table`] in [`IpvsBackend::table_reads`].
+    fn record_read(&mut self, read: &TableRead) {
+        let _ = read;
+    }
+
+    /// Every tuple virtual server with its real servers and their connection counts: a
+    /// [`IpvsBackend::read_table`], counted.
     fn list_virtual_servers(
         &mut self,
     ) -> impl Future<
         Output = Result<BTreeMap<VirtualServerKey, ObservedVirtualServer>, BackendError>,
-    > + Send;
+    > + Send {
+        let read = self.read_table();
+        async move {
+            let read = read.await?;
+            self.record_read(&read);
+            Ok(read.virtual_servers)
+        }
+    }
 
-    /// How the whole-table reads of [`IpvsBackend::list_virtual_servers`] went so far
-    /// (all zero for backends whose reads are exact, like the in-memory one).
+    /// How the whole-table reads went so far (all zero for backends whose reads are exact,
+    /// like the in-memory one).
     fn table_reads(&self) -> TableReads {
         TableReads::default()
     }

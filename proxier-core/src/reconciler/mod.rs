@@ -48,7 +48,10 @@ use std::time::Duration;
 use ipnet::IpNet;
 use tokio::time::Instant;
 
-use crate::backend::{AddressBackend, BackendError, IpvsBackend, IpvsOp, OpKind, TableReads};
+use crate::backend::{
+    AddressBackend, BackendError, IpvsBackend, IpvsOp, OpKind, PendingTableRead, TableRead,
+    TableReads,
+};
 use crate::desired::{
     Desired, ServicePortName, ServicePortPlan, SortedMap, VirtualServer, VirtualServerKey,
     VirtualServerRole,
@@ -350,6 +353,9 @@ pub struct Reconciler<I, A> {
     retired: HashMap<VirtualServerKey, u8>,
     /// IPVS writes sent so far (for [`ReconcilerConfig::pause_after_ops`]).
     ops_sent: u64,
+    /// While a full sync's table read is in flight: the virtual servers incremental syncs
+    /// looked at or wrote since it started, whose cached state is newer than the read.
+    touched_since_read: Option<HashSet<VirtualServerKey>>,
     stats: ReconcilerStats,
 }
 
@@ -376,6 +382,7 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
             suspect: HashSet::new(),
             retired: HashMap::new(),
             ops_sent: 0,
+            touched_since_read: None,
             stats: ReconcilerStats::default(),
         }
     }
@@ -433,13 +440,50 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
     /// differences: creates the dummy link if missing, binds and unbinds addresses,
     /// deletes owned virtual servers nobody plans, drains removed real servers.
     /// Service ports waiting for a retry are left as they are until it is due.
+    ///
+    /// The same as [`Reconciler::begin_full_sync`], the read awaited, then
+    /// [`Reconciler::finish_full_sync`].
     pub async fn full_sync(
         &mut self,
         desired: &Desired,
     ) -> Result<ReconcileReport, ReconcileError> {
+        let read = self.begin_full_sync().await;
+        self.finish_full_sync(desired, read).await
+    }
+
+    /// Starts a full sync by reading the IPVS table, the slow part (seconds at 10,000
+    /// Services), as a future that borrows nothing: run it (spawn it) while incremental
+    /// syncs ([`Reconciler::sync_services`], [`Reconciler::tick`]) go on, then hand its
+    /// result to [`Reconciler::finish_full_sync`]. Virtual servers those syncs look at in
+    /// the meantime are remembered: for them the cache, which holds their writes, is newer
+    /// than the read, so they are never mistaken for drift and no write is undone.
+    pub fn begin_full_sync(&mut self) -> PendingTableRead {
+        self.touched_since_read = Some(HashSet::new());
+        let read = self.ipvs.read_table();
+        Box::pin(async move {
+            let started = std::time::Instant::now();
+            let mut read = read.await?;
+            read.took = read.took.max(started.elapsed());
+            Ok(read)
+        })
+    }
+
+    /// Ends a full sync begun with [`Reconciler::begin_full_sync`], given its read: the
+    /// read, with the virtual servers touched since it started taken from the cache, is
+    /// the kernel; the link, its addresses and routes are read now; then drift is repaired
+    /// as in [`Reconciler::full_sync`].
+    pub async fn finish_full_sync(
+        &mut self,
+        desired: &Desired,
+        read: Result<TableRead, BackendError>,
+    ) -> Result<ReconcileReport, ReconcileError> {
+        let touched = self.touched_since_read.take().unwrap_or_default();
         let now = Instant::now();
         self.drains_checked_at = now;
         let link = self.addresses.link_name().to_owned();
+        let read = read.map_err(|source| ReconcileError::ListVirtualServers { source })?;
+        self.ipvs.record_read(&read);
+        self.stats.table_reads = self.ipvs.table_reads();
         let read_started = std::time::Instant::now();
         self.addresses
             .ensure_link()
@@ -460,15 +504,32 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
                 source,
             }
         })?;
-        let listed = self.ipvs.list_virtual_servers().await;
-        self.stats.table_reads = self.ipvs.table_reads();
-        let virtual_servers =
-            listed.map_err(|source| ReconcileError::ListVirtualServers { source })?;
+        let mut virtual_servers = read.virtual_servers;
+        // Written (or re-read) after the read started: the cache is newer. One whose last
+        // write failed is read again, alone.
+        let mut still_suspect = Vec::new();
+        for key in touched {
+            let newer = if self.suspect.contains(&key) {
+                match self.ipvs.get_virtual_server(&key).await {
+                    Ok(fresh) => fresh,
+                    Err(_) => {
+                        still_suspect.push(key);
+                        self.kernel.virtual_servers.get(&key).cloned()
+                    }
+                }
+            } else {
+                self.kernel.virtual_servers.get(&key).cloned()
+            };
+            match newer {
+                Some(vs) => virtual_servers.insert(key, vs),
+                None => virtual_servers.remove(&key),
+            };
+        }
         let fresh = Observed {
             virtual_servers,
             bound_addresses,
         };
-        let read = read_started.elapsed();
+        let read = read.took + read_started.elapsed();
         let route_report = self.sync_routes(&link, &routes).await;
         let diff_started = std::time::Instant::now();
 
@@ -509,6 +570,7 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
         };
         self.kernel = fresh;
         self.suspect.clear();
+        self.suspect.extend(still_suspect);
         let kernel = &self.kernel;
         self.drains.retain(|vs, rs| {
             kernel
@@ -899,6 +961,9 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
         attempted: &BTreeSet<ServicePortName>,
         now: Instant,
     ) -> ReconcileReport {
+        if let Some(touched) = &mut self.touched_since_read {
+            touched.extend(keys.keys().copied());
+        }
         let read_started = std::time::Instant::now();
         let mut read_errors: Vec<Failed> = Vec::new();
         let mut unreadable = HashSet::new();

@@ -827,10 +827,10 @@ async fn a_listing_failure_fails_the_whole_sync() {
     #[derive(Debug)]
     struct Broken;
     impl IpvsBackend for Broken {
-        async fn list_virtual_servers(
-            &mut self,
-        ) -> Result<BTreeMap<VirtualServerKey, ObservedVirtualServer>, BackendError> {
-            Err(BackendError::Unavailable("no ip_vs".into()))
+        fn read_table(&self) -> crate::backend::PendingTableRead {
+            Box::pin(std::future::ready(Err(BackendError::Unavailable(
+                "no ip_vs".into(),
+            ))))
         }
         async fn get_virtual_server(
             &mut self,
