@@ -4,8 +4,10 @@
 //! namespace of the calling thread (a child process inherits it). [`MemoryNetfilterBackend`]
 //! records scripts for tests and dry runs.
 
+use std::collections::BTreeSet;
 use std::future::Future;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::process::Stdio;
 
 use tokio::io::AsyncWriteExt;
@@ -44,10 +46,32 @@ pub enum NetfilterError {
     Render(#[from] super::render::RenderError),
 }
 
+/// The tables present in the kernel, each as `family name` (`ip ipvs-proxier`), read by a
+/// future that borrows nothing of its backend ([`NetfilterBackend::list_tables`]).
+pub type PendingTableList =
+    Pin<Box<dyn Future<Output = Result<BTreeSet<String>, NetfilterError>> + Send + 'static>>;
+
 /// Applies nft scripts, each as one transaction.
 pub trait NetfilterBackend: Send {
     /// Applies `script` atomically: all of it or none.
     fn apply(&mut self, script: &str) -> impl Future<Output = Result<(), NetfilterError>> + Send;
+
+    /// Lists the tables present (not their contents: cheap at any size), without borrowing
+    /// the backend, so a full resync can check that its tables are still there while
+    /// changes go on. `None` (the default): this backend cannot look, so every full resync
+    /// rewrites the tables.
+    fn list_tables(&self) -> Option<PendingTableList> {
+        None
+    }
+}
+
+/// The `family name` of each `table family name` line of `nft list tables`.
+pub fn parse_table_list(listing: &str) -> BTreeSet<String> {
+    listing
+        .lines()
+        .filter_map(|line| line.trim().strip_prefix("table "))
+        .map(|table| table.trim_end_matches('{').trim().to_owned())
+        .collect()
 }
 
 /// Runs the `nft` binary.
@@ -106,6 +130,32 @@ impl NetfilterBackend for NftBackend {
             })
         }
     }
+
+    fn list_tables(&self) -> Option<PendingTableList> {
+        let nft = self.nft.clone();
+        Some(Box::pin(async move {
+            let output = tokio::process::Command::new(&nft)
+                .args(["list", "tables"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .kill_on_drop(true)
+                .output()
+                .await
+                .map_err(|source| NetfilterError::Spawn {
+                    nft: nft.clone(),
+                    source,
+                })?;
+            if !output.status.success() {
+                return Err(NetfilterError::Rejected {
+                    nft,
+                    status: output.status,
+                    stderr: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
+                });
+            }
+            Ok(parse_table_list(&String::from_utf8_lossy(&output.stdout)))
+        }))
+    }
 }
 
 /// Records every script instead of applying it (tests, `--dry-run`).
@@ -115,6 +165,9 @@ pub struct MemoryNetfilterBackend {
     pub scripts: Vec<String>,
     /// When set, the next `apply` fails with this message (and records nothing).
     pub fail_next: Option<String>,
+    /// The tables the scripts left, as `family name` (`add table`, a `table … {` block and
+    /// `delete table` lines followed in order); tests may remove one to play a flush.
+    pub tables: BTreeSet<String>,
 }
 
 impl NetfilterBackend for MemoryNetfilterBackend {
@@ -125,7 +178,39 @@ impl NetfilterBackend for MemoryNetfilterBackend {
                 source: std::io::Error::other(message),
             });
         }
+        for line in script.lines() {
+            let line = line.trim();
+            if let Some(table) = line.strip_prefix("delete table ") {
+                self.tables.remove(table.trim());
+            } else if let Some(table) = line
+                .strip_prefix("add table ")
+                .or_else(|| line.strip_prefix("table "))
+            {
+                self.tables
+                    .insert(table.trim_end_matches('{').trim().to_owned());
+            }
+        }
         self.scripts.push(script.to_owned());
         Ok(())
+    }
+
+    fn list_tables(&self) -> Option<PendingTableList> {
+        Some(Box::pin(std::future::ready(Ok(self.tables.clone()))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_listings_name_family_and_table() {
+        let listing = "table ip filter\ntable ip ipvs-proxier\ntable ip6 ipvs-proxier\n";
+        let tables = parse_table_list(listing);
+        assert_eq!(
+            tables.into_iter().collect::<Vec<_>>(),
+            ["ip filter", "ip ipvs-proxier", "ip6 ipvs-proxier"]
+        );
+        assert!(parse_table_list("").is_empty());
     }
 }

@@ -86,8 +86,10 @@
 //!    [`crate::conntrack::KernelConntrack`] (or [`crate::conntrack::MemoryConntrack`]).
 //! 3. Every sync, after the reconciler applied IPVS:
 //!    `netfilter.sync(&netfilter::plan(&state, &node, &config)).await` (a no-op when the plan
-//!    did not change); on the periodic full resync call [`Netfilter::invalidate`] first, so
-//!    drift is repaired.
+//!    did not change); on a periodic full resync, when [`Netfilter::check_tables`] finds a
+//!    table missing or [`Netfilter::replaced_before`] the rewrite period (an hour, as
+//!    kube-proxy's nftables mode), call [`Netfilter::invalidate`] first, so drift is
+//!    repaired.
 //! 4. After the reconciler removed real servers: the filters of
 //!    [`crate::conntrack::stale_udp_flows_of_port`] (incremental, old and new plan of each
 //!    dirty port) or [`crate::conntrack::stale_udp_flows`] (full sync) go to
@@ -99,7 +101,10 @@ pub mod plan;
 pub mod render;
 pub mod tracker;
 
-pub use apply::{MemoryNetfilterBackend, NetfilterBackend, NetfilterError, NftBackend};
+pub use apply::{
+    MemoryNetfilterBackend, NetfilterBackend, NetfilterError, NftBackend, PendingTableList,
+    parse_table_list,
+};
 pub use plan::{
     AddrPort, ClusterIpMasquerade, FamilyPlan, NetfilterPlan, ProtoPort, SourceRange, empty_plan,
     plan, plan_of_service,
@@ -110,6 +115,13 @@ pub use render::{
 };
 pub use tracker::{NetfilterTracker, PlanChanges};
 
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use crate::model::AddressFamily;
+use render::nft_family;
+
 /// Keeps the node's nftables tables equal to the latest plan.
 #[derive(Debug)]
 pub struct Netfilter<B> {
@@ -118,6 +130,8 @@ pub struct Netfilter<B> {
     last_applied: Option<NetfilterPlan>,
     /// The tables hold what [`Netfilter::sync_changes`] was last given.
     tracked_in_sync: bool,
+    /// The tables (`family name`) the last replace wrote, and when.
+    replaced: Option<(BTreeSet<String>, Instant)>,
 }
 
 impl<B: NetfilterBackend> Netfilter<B> {
@@ -129,12 +143,19 @@ impl<B: NetfilterBackend> Netfilter<B> {
             options,
             last_applied: None,
             tracked_in_sync: false,
+            replaced: None,
         })
     }
 
     /// The backend.
     pub fn backend(&self) -> &B {
         &self.backend
+    }
+
+    /// The backend, to play with it in tests (a table deleted behind the proxier's back).
+    #[cfg(test)]
+    pub(crate) fn backend_mut(&mut self) -> &mut B {
+        &mut self.backend
     }
 
     /// The options.
@@ -169,6 +190,7 @@ impl<B: NetfilterBackend> Netfilter<B> {
         }
         let script = render_replace(plan, &self.options)?;
         self.backend.apply(&script).await?;
+        self.note_replaced(plan);
         self.applied(plan, "replaced");
         Ok(true)
     }
@@ -204,6 +226,7 @@ impl<B: NetfilterBackend> Netfilter<B> {
         let script = render_replace(plan, &self.options)?;
         self.backend.apply(&script).await?;
         self.tracked_in_sync = true;
+        self.note_replaced(plan);
         tracing::debug!(
             table = %self.options.table_name,
             v4_elements = plan.v4.as_ref().map_or(0, FamilyPlan::element_count),
@@ -228,6 +251,54 @@ impl<B: NetfilterBackend> Netfilter<B> {
     pub fn invalidate(&mut self) {
         self.last_applied = None;
         self.tracked_in_sync = false;
+    }
+
+    fn note_replaced(&mut self, plan: &NetfilterPlan) {
+        let tables = AddressFamily::ALL
+            .into_iter()
+            .filter(|family| plan.family(*family).is_some())
+            .map(|family| format!("{} {}", nft_family(family), self.options.table_name))
+            .collect();
+        self.replaced = Some((tables, Instant::now()));
+    }
+
+    /// Whether the tables were last replaced (rewritten whole) longer than `period` ago, or
+    /// never: a periodic resync rewrites them then, to repair edits inside them.
+    pub fn replaced_before(&self, period: Duration) -> bool {
+        self.replaced
+            .as_ref()
+            .is_none_or(|(_, at)| at.elapsed() >= period)
+    }
+
+    /// Checks, without borrowing `self`, that every table the last replace wrote is still
+    /// in the kernel (a `nft flush ruleset` or a deleted table is then repaired at the next
+    /// resync, without rewriting tables that are there). Answers `false` when the tables
+    /// cannot be listed (or the backend cannot list them), and `true` before the first
+    /// replace (there is nothing to miss).
+    pub fn check_tables(&self) -> impl Future<Output = bool> + Send + 'static {
+        let expected = self.replaced.as_ref().map(|(tables, _)| tables.clone());
+        let listing = self.backend.list_tables();
+        async move {
+            let Some(expected) = expected else {
+                return true;
+            };
+            let Some(listing) = listing else {
+                return false;
+            };
+            match listing.await {
+                Ok(present) => {
+                    let missing: Vec<&String> = expected.difference(&present).collect();
+                    if !missing.is_empty() {
+                        tracing::warn!(?missing, "nftables tables missing; rewriting them");
+                    }
+                    missing.is_empty()
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "cannot list the nftables tables; rewriting them");
+                    false
+                }
+            }
+        }
     }
 
     /// Removes the proxier's tables of both families completely (`--cleanup`).
