@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use super::{EngineError, Proxier, SyncKind, SyncReport};
+use super::{EngineError, FullSyncRead, KernelRead, Proxier, SyncKind, SyncReport};
 use crate::backend::{AddressBackend, IpvsBackend};
 use crate::conntrack::ConntrackBackend;
 use crate::netfilter::NetfilterBackend;
@@ -67,6 +67,8 @@ pub struct SyncScheduler {
     retry_at: Option<Instant>,
     retry_delay: Duration,
     running: bool,
+    /// A full sync's kernel read is in flight (incremental syncs may run meanwhile).
+    reading: bool,
 }
 
 impl SyncScheduler {
@@ -82,6 +84,7 @@ impl SyncScheduler {
             retry_at: None,
             retry_delay: config.retry_initial,
             running: false,
+            reading: false,
         }
     }
 
@@ -128,11 +131,13 @@ impl SyncScheduler {
             return Decision::Busy;
         }
         self.refill(now);
-        // After a failure, the retry time (not the missed schedule) says when the full sync runs.
-        let full_due = match self.retry_at {
-            Some(retry) => now >= retry,
-            None => now >= self.full_due_at,
-        };
+        // After a failure, the retry time (not the missed schedule) says when the full sync
+        // runs; one whose read is in flight is not due again.
+        let full_due = !self.reading
+            && match self.retry_at {
+                Some(retry) => now >= retry,
+                None => now >= self.full_due_at,
+            };
         let wanted = if full_due {
             Some(SyncKind::Full)
         } else if self.changes_pending && self.retry_at.is_none() {
@@ -141,6 +146,10 @@ impl SyncScheduler {
             None
         };
         let Some(kind) = wanted else {
+            if self.reading {
+                // The read's end wakes the driver; nothing else is due before it.
+                return Decision::WaitUntil(now + self.config.sync_period);
+            }
             return Decision::WaitUntil(self.retry_at.unwrap_or(self.full_due_at));
         };
         let ready = self.token_ready_at(now);
@@ -153,9 +162,19 @@ impl SyncScheduler {
         Decision::Run(kind)
     }
 
-    /// Records the end of the running sync.
+    /// The full sync [`SyncScheduler::poll`] started runs its kernel read beside other work:
+    /// incremental syncs may run until it is [`SyncScheduler::finished`].
+    pub fn reading(&mut self) {
+        self.running = false;
+        self.reading = true;
+    }
+
+    /// Records the end of the running sync (or of the full sync whose read was in flight).
     pub fn finished(&mut self, now: Instant, kind: SyncKind, succeeded: bool) {
         self.running = false;
+        if kind == SyncKind::Full {
+            self.reading = false;
+        }
         if succeeded {
             self.retry_at = None;
             self.retry_delay = self.config.retry_initial;
@@ -277,6 +296,9 @@ pub async fn run<I, A, N, C, O>(
     let mut scheduler = SyncScheduler::new(config, Instant::now());
     let mut open = true;
     let mut addresses_changed = false;
+    // A full sync's kernel read, running beside incremental syncs (decision 8: no change
+    // waits for a full resync's read).
+    let mut full_read: Option<SpawnedRead> = None;
     loop {
         while let Ok(command) = commands.rx.try_recv() {
             handle(
@@ -286,6 +308,20 @@ pub async fn run<I, A, N, C, O>(
                 observer,
                 &mut addresses_changed,
             );
+        }
+        if full_read.as_ref().is_some_and(SpawnedRead::is_finished) {
+            let (read, started) = SpawnedRead::answer(&mut full_read).await;
+            let result = proxier.finish_full_sync(read).await;
+            report(
+                proxier,
+                &mut scheduler,
+                observer,
+                &commands,
+                SyncKind::Full,
+                started,
+                result,
+            );
+            continue;
         }
         // A burst of address events is one re-read.
         if std::mem::take(&mut addresses_changed) && proxier.refresh_node_addresses().await {
@@ -302,27 +338,24 @@ pub async fn run<I, A, N, C, O>(
             scheduler.request_sync();
         }
         match scheduler.poll(Instant::now()) {
+            Decision::Run(SyncKind::Full) if proxier.reads_concurrently() => {
+                tracing::debug!("full sync starting: reading the kernel");
+                full_read = Some(SpawnedRead::start(proxier.begin_full_sync()));
+                scheduler.reading();
+            }
             Decision::Run(kind) => {
                 let started = Instant::now();
                 tracing::debug!(?kind, "sync starting");
                 let result = proxier.sync(kind).await;
-                let succeeded = result
-                    .as_ref()
-                    .is_ok_and(|report| report.netfilter_error.is_none());
-                let kind = result.as_ref().map_or(kind, |report| report.kind);
-                if let Err(error) = &result {
-                    tracing::error!(?kind, %error, "sync failed; will retry with a full sync");
-                }
-                scheduler.finished(Instant::now(), kind, succeeded);
-                tracing::debug!(?kind, took = ?started.elapsed(), succeeded, "sync done");
-                let outcome = SyncOutcome {
+                report(
+                    proxier,
+                    &mut scheduler,
+                    observer,
+                    &commands,
                     kind,
-                    took: started.elapsed(),
-                    result: &result,
-                    succeeded,
-                    changes_pending: scheduler.changes_pending() || !commands.rx.is_empty(),
-                };
-                observer.synced(proxier, &outcome);
+                    started,
+                    result,
+                );
             }
             Decision::Busy => tokio::task::yield_now().await,
             Decision::WaitUntil(at) => {
@@ -335,6 +368,18 @@ pub async fn run<I, A, N, C, O>(
                 }
                 tokio::select! {
                     _ = tokio::time::sleep_until(at) => {}
+                    (read, started) = SpawnedRead::answer(&mut full_read) => {
+                        let result = proxier.finish_full_sync(read).await;
+                        report(
+                            proxier,
+                            &mut scheduler,
+                            observer,
+                            &commands,
+                            SyncKind::Full,
+                            started,
+                            result,
+                        );
+                    }
                     command = commands.rx.recv() => match command {
                         Some(command) => handle(
                             command,
@@ -354,6 +399,82 @@ pub async fn run<I, A, N, C, O>(
             }
         }
     }
+}
+
+/// A full sync's kernel read spawned on the runtime; aborted when dropped (the driver
+/// stopping mid-read).
+struct SpawnedRead {
+    task: tokio::task::JoinHandle<KernelRead>,
+    started: Instant,
+}
+
+impl SpawnedRead {
+    fn start(read: FullSyncRead) -> SpawnedRead {
+        SpawnedRead {
+            task: tokio::spawn(read),
+            started: Instant::now(),
+        }
+    }
+
+    fn is_finished(&self) -> bool {
+        self.task.is_finished()
+    }
+
+    /// Waits for the answer of the read in `slot` (forever when there is none), then empties
+    /// the slot. Cancel-safe: dropped before the answer, it leaves the read in the slot.
+    async fn answer(slot: &mut Option<SpawnedRead>) -> (KernelRead, Instant) {
+        let Some(read) = slot else {
+            return std::future::pending().await;
+        };
+        let answer = match (&mut read.task).await {
+            Ok(answer) => answer,
+            Err(error) => KernelRead::failed(format!("the kernel read task failed: {error}")),
+        };
+        let started = read.started;
+        *slot = None;
+        (answer, started)
+    }
+}
+
+impl Drop for SpawnedRead {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Records a finished sync with the scheduler and tells the observer.
+fn report<I, A, N, C, O>(
+    proxier: &Proxier<I, A, N, C>,
+    scheduler: &mut SyncScheduler,
+    observer: &mut O,
+    commands: &Commands,
+    kind: SyncKind,
+    started: Instant,
+    result: Result<SyncReport, EngineError>,
+) where
+    I: IpvsBackend,
+    A: AddressBackend,
+    N: NetfilterBackend,
+    C: ConntrackBackend + Send + 'static,
+    O: SyncObserver<Proxier<I, A, N, C>>,
+{
+    let succeeded = result
+        .as_ref()
+        .is_ok_and(|report| report.netfilter_error.is_none());
+    let kind = result.as_ref().map_or(kind, |report| report.kind);
+    if let Err(error) = &result {
+        tracing::error!(?kind, %error, "sync failed; will retry with a full sync");
+    }
+    scheduler.finished(Instant::now(), kind, succeeded);
+    tracing::debug!(?kind, took = ?started.elapsed(), succeeded, "sync done");
+    let outcome = SyncOutcome {
+        kind,
+        took: started.elapsed(),
+        result: &result,
+        succeeded,
+        changes_pending: scheduler.changes_pending() || !commands.rx.is_empty(),
+    };
+    observer.synced(proxier, &outcome);
 }
 
 fn handle<P, O: SyncObserver<P>, I, A, N, C>(
@@ -538,6 +659,36 @@ mod tests {
         s.finished(t0, SyncKind::Full, true);
         assert!(s.changes_pending());
         assert_eq!(s.poll(t0), Decision::Run(SyncKind::Incremental));
+    }
+
+    #[test]
+    fn changes_sync_while_a_full_resyncs_read_is_in_flight() {
+        let t0 = Instant::now();
+        let mut s = SyncScheduler::new(cfg(0, 30, 2), t0);
+        assert_eq!(s.poll(t0), Decision::Run(SyncKind::Full));
+        s.finished(t0, SyncKind::Full, true);
+        let t1 = t0 + Duration::from_secs(30);
+        assert_eq!(s.poll(t1), Decision::Run(SyncKind::Full));
+        s.reading();
+        // The read runs: nothing is due, and the wait is not a spin on a past deadline.
+        match s.poll(t1) {
+            Decision::WaitUntil(at) => assert!(at > t1, "{at:?} is not after {t1:?}"),
+            other => panic!("expected a wait, got {other:?}"),
+        }
+        // A change during the read syncs at once, and again for the next one.
+        for step in 1..=3 {
+            let t = t1 + ms(10 * step);
+            s.request_sync();
+            assert_eq!(s.poll(t), Decision::Run(SyncKind::Incremental));
+            s.finished(t, SyncKind::Incremental, true);
+        }
+        // The read's end finishes the full sync: the next one is a period later.
+        let t2 = t1 + Duration::from_secs(4);
+        s.finished(t2, SyncKind::Full, true);
+        assert_eq!(
+            s.poll(t2),
+            Decision::WaitUntil(t2 + Duration::from_secs(30))
+        );
     }
 
     #[test]

@@ -6,8 +6,9 @@
 //! and the dummy link through the [`Reconciler`], adds and deletes only the nftables set
 //! elements of the Services that changed, forgets stale UDP conntrack entries, and updates
 //! the health-check decisions, all in time proportional to the change. A
-//! [`SyncKind::Full`] sync re-reads the kernel and rewrites the nftables tables: the repair
-//! path.
+//! [`SyncKind::Full`] sync re-reads the kernel and repairs drift: the repair path. Its slow
+//! part, the kernel read, can run beside incremental syncs ([`Proxier::begin_full_sync`],
+//! [`Proxier::finish_full_sync`]; the [`driver`] does), so no change waits for a resync.
 //!
 //! ```
 //! use proxier_core::engine::{Backends, Proxier, ProxierConfig, SyncKind};
@@ -32,7 +33,10 @@ pub mod driver;
 mod report;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::future::Future;
 use std::net::IpAddr;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
@@ -41,7 +45,7 @@ pub use driver::{DriverConfig, ProxierHandle, SyncScheduler};
 pub use report::{PlanSize, SyncKind, SyncReport, SyncTimings};
 
 use crate::backend::memory::{MemoryAddressBackend, MemoryIpvsBackend};
-use crate::backend::{AddressBackend, BackendError, IpvsBackend};
+use crate::backend::{AddressBackend, BackendError, IpvsBackend, TableRead};
 use crate::backend::{KernelAddressBackend, KernelIpvsBackend};
 use crate::conntrack::{
     ConntrackBackend, FlowFilter, KernelConntrack, MemoryConntrack, stale_udp_flows_of_port,
@@ -76,6 +80,10 @@ pub struct ProxierConfig {
     /// re-read at every full sync and on [`Proxier::refresh_node_addresses`], instead of from
     /// the Node object (kube-proxy reads the interfaces; a dry run cannot).
     pub node_addresses_from_kernel: bool,
+    /// How often a full resync rewrites the nftables tables whole (kube-proxy's nftables
+    /// mode: one hour). Between those, a full resync only checks that the tables are there;
+    /// a failed update, or a missing table, rewrites them at once.
+    pub netfilter_full_sync_period: Duration,
 }
 
 impl ProxierConfig {
@@ -94,7 +102,48 @@ impl ProxierConfig {
             reconciler,
             netfilter: RenderOptions::default(),
             node_addresses_from_kernel: false,
+            netfilter_full_sync_period: DEFAULT_NETFILTER_FULL_SYNC_PERIOD,
         }
+    }
+}
+
+/// [`ProxierConfig::netfilter_full_sync_period`]'s default: one hour, as kube-proxy's
+/// nftables mode rewrites its table.
+pub const DEFAULT_NETFILTER_FULL_SYNC_PERIOD: Duration = Duration::from_secs(3600);
+
+/// What a full sync reads before it can repair anything, read by [`FullSyncRead`].
+#[derive(Debug)]
+pub struct KernelRead {
+    ipvs: Result<TableRead, BackendError>,
+    netfilter_tables_present: bool,
+}
+
+impl KernelRead {
+    /// A read that could not be made (its task failed): the full sync then fails, and the
+    /// driver retries it.
+    pub fn failed(reason: impl Into<String>) -> Self {
+        KernelRead {
+            ipvs: Err(BackendError::Other(reason.into())),
+            netfilter_tables_present: false,
+        }
+    }
+}
+
+/// The reads of a full sync in flight ([`Proxier::begin_full_sync`]): a future that borrows
+/// nothing of the proxier, to be spawned (or awaited) while incremental syncs go on.
+pub struct FullSyncRead(Pin<Box<dyn Future<Output = KernelRead> + Send + 'static>>);
+
+impl std::fmt::Debug for FullSyncRead {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FullSyncRead")
+    }
+}
+
+impl Future for FullSyncRead {
+    type Output = KernelRead;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<KernelRead> {
+        self.0.as_mut().poll(cx)
     }
 }
 
@@ -335,19 +384,73 @@ where
 
     /// Converges the kernel. `Incremental` applies the Service ports changed since the last
     /// sync and runs due drain checks and retries; `Full` (and the first sync) re-reads the
-    /// kernel, adopting what matches and repairing drift, and rewrites the nftables tables.
-    /// Per-Service failures do not fail the sync: they are in the report and retried.
+    /// kernel, adopting what matches and repairing drift, and checks the nftables tables
+    /// (rewriting them when one is missing or [`ProxierConfig::netfilter_full_sync_period`]
+    /// passed). Per-Service failures do not fail the sync: they are in the report and
+    /// retried.
+    ///
+    /// A `Full` sync here awaits its kernel read; the [`driver`] instead splits it in
+    /// [`Proxier::begin_full_sync`] and [`Proxier::finish_full_sync`] and keeps syncing
+    /// changes while the read runs.
     pub async fn sync(&mut self, kind: SyncKind) -> Result<SyncReport, EngineError> {
+        if kind == SyncKind::Full || !self.synced_once {
+            let read = self.begin_full_sync().await;
+            return self.finish_full_sync(read).await;
+        }
+        self.run_sync(None).await
+    }
+
+    /// Whether a full sync may read while incremental syncs go on: only after the first
+    /// sync (before it, every sync is the first, full one).
+    pub fn reads_concurrently(&self) -> bool {
+        self.synced_once
+    }
+
+    /// Starts a full sync: its kernel reads (the IPVS table, seconds at 10,000 Services;
+    /// the nftables tables present), as a future that borrows nothing of the proxier. Spawn
+    /// it, keep feeding changes and running [`SyncKind::Incremental`] syncs meanwhile, and
+    /// hand its answer to [`Proxier::finish_full_sync`]: what those syncs wrote is not
+    /// mistaken for drift (see [`Reconciler::begin_full_sync`]).
+    pub fn begin_full_sync(&mut self) -> FullSyncRead {
+        let ipvs = self.reconciler.begin_full_sync();
+        let tables = self.netfilter.check_tables();
+        FullSyncRead(Box::pin(async move {
+            let (ipvs, netfilter_tables_present) = futures::join!(ipvs, tables);
+            KernelRead {
+                ipvs,
+                netfilter_tables_present,
+            }
+        }))
+    }
+
+    /// Ends a full sync begun with [`Proxier::begin_full_sync`]: re-plans what changed,
+    /// repairs drift between the plan and what was read, rewrites the nftables tables when
+    /// due, runs the takeover's next step.
+    pub async fn finish_full_sync(&mut self, read: KernelRead) -> Result<SyncReport, EngineError> {
+        self.run_sync(Some(read)).await
+    }
+
+    /// One sync: full with the kernel's read, incremental without.
+    async fn run_sync(&mut self, read: Option<KernelRead>) -> Result<SyncReport, EngineError> {
         let started = Instant::now();
-        let kind = if self.synced_once {
-            kind
-        } else {
+        let kind = if read.is_some() {
             SyncKind::Full
+        } else {
+            SyncKind::Incremental
         };
         let mut report = SyncReport {
             kind,
             ..SyncReport::default()
         };
+        let (ipvs_read, tables_present) = match read {
+            Some(read) => (Some(read.ipvs), read.netfilter_tables_present),
+            None => (None, true),
+        };
+        // The table read ran before (beside incremental syncs); it is part of this sync.
+        let read_took = ipvs_read
+            .as_ref()
+            .and_then(|read| read.as_ref().ok())
+            .map_or(Duration::ZERO, |read| read.took);
         if kind == SyncKind::Full {
             self.refresh_node_addresses().await;
         }
@@ -358,7 +461,12 @@ where
 
         // IPVS and the dummy link (netlink) and the nftables transaction (`nft`) are
         // independent: they are written at the same time.
-        if kind == SyncKind::Full {
+        if kind == SyncKind::Full
+            && (!tables_present
+                || self
+                    .netfilter
+                    .replaced_before(self.config.netfilter_full_sync_period))
+        {
             self.netfilter.invalidate();
         }
         let netfilter_changes = self.netfilter_plan.take_changes();
@@ -369,11 +477,9 @@ where
         let (ipvs, (netfilter_result, netfilter_time)) = tokio::join!(
             async {
                 let started = Instant::now();
-                let report = match kind {
-                    SyncKind::Full => reconciler.full_sync(desired).await,
-                    SyncKind::Incremental => {
-                        incremental_reconcile(reconciler, desired, &changed).await
-                    }
+                let report = match ipvs_read {
+                    Some(read) => reconciler.finish_full_sync(desired, read).await,
+                    None => incremental_reconcile(reconciler, desired, &changed).await,
                 };
                 report.map(|report| (report, started.elapsed()))
             },
@@ -439,7 +545,7 @@ where
             .filter_map(|at| programmed.duration_since(at).ok())
             .collect();
         report.size = self.plan_size();
-        report.timings.total = started.elapsed();
+        report.timings.total = started.elapsed() + read_took;
         tracing::debug!(kind = ?kind, %report, "sync done");
         Ok(report)
     }

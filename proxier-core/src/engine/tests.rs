@@ -7,12 +7,14 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::backend::memory::AddressOp;
+use crate::desired::VirtualServerKey;
 use crate::health_check::{health_checks, services_without_local_endpoints};
 use crate::model::{
     Endpoint, EndpointPort, EndpointSlice, Protocol, Service, ServicePortSpec, SliceKey,
     TrafficPolicy,
 };
 use crate::netfilter;
+use crate::observed::ObservedVirtualServer;
 
 const NODE: &str = "node-a";
 
@@ -56,6 +58,11 @@ enum Step {
     DeleteSlice(u8, u8),
     Node(Option<u8>),
     Sync,
+    /// A full resync's kernel read starts (the memory backend answers with the table as
+    /// it is now: the stalest a kernel read can be).
+    BeginFullSync,
+    /// The read in flight, if any, ends and the full resync finishes with it.
+    FinishFullSync,
 }
 
 fn service_name(id: u8) -> ServiceName {
@@ -165,6 +172,8 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (0u8..4, 0u8..2).prop_map(|(s, n)| Step::DeleteSlice(s, n)),
         1 => prop::option::of(10u8..12).prop_map(Step::Node),
         3 => Just(Step::Sync),
+        1 => Just(Step::BeginFullSync),
+        1 => Just(Step::FinishFullSync),
     ]
 }
 
@@ -181,7 +190,7 @@ fn apply_step(proxier: &mut MemoryProxier, udp: &mut [bool; 4], step: &Step) -> 
             Change::DeleteSlice(SliceKey::new("prop", format!("svc-{service}-{slice}")))
         }
         Step::Node(address) => node_change(*address),
-        Step::Sync => {
+        Step::Sync | Step::BeginFullSync | Step::FinishFullSync => {
             let _ = proxier;
             return None;
         }
@@ -195,39 +204,100 @@ fn runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
+/// A virtual server another program made, on an address the proxier does not own.
+fn foreign() -> (VirtualServerKey, ObservedVirtualServer) {
+    let key = VirtualServerKey {
+        address: IpAddr::V4(Ipv4Addr::new(192, 0, 2, 77)),
+        port: 80,
+        protocol: Protocol::Tcp,
+    };
+    let mut vs = ObservedVirtualServer::default();
+    vs.real_servers.insert(
+        crate::desired::RealServerKey {
+            address: IpAddr::V4(Ipv4Addr::new(192, 0, 2, 78)),
+            port: 8080,
+        },
+        crate::observed::ObservedRealServer::new(1),
+    );
+    (key, vs)
+}
+
+/// The kernel a fresh proxier leaves after one full sync of `changes` (with the foreign
+/// virtual server beside).
+fn fresh_kernel(
+    rt: &tokio::runtime::Runtime,
+    changes: &[Change],
+) -> (MemoryProxier, MemoryIpvsBackend, MemoryAddressBackend) {
+    let (mut fresh, fresh_ipvs, fresh_addresses) = memory_proxier();
+    let (key, vs) = foreign();
+    fresh_ipvs.insert_virtual_server(key, vs);
+    for change in changes {
+        fresh.apply(change.clone());
+    }
+    rt.block_on(fresh.sync(SyncKind::Full)).unwrap();
+    (fresh, fresh_ipvs, fresh_addresses)
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
 
-    /// Incremental syncs after any sequence of changes leave the kernel as one full sync of
-    /// the final state does, and a full sync after them writes nothing.
+    /// Incremental syncs after any sequence of changes, interleaved with full resyncs whose
+    /// kernel read runs across them, leave the kernel as one full sync of the final state
+    /// does, and a full sync after them writes nothing. Every full resync that finishes
+    /// leaves the kernel as a fresh full sync of the state at that moment (no write of a
+    /// change undone by a read older than it, no change lost), and the foreign virtual
+    /// server stays as it was.
     #[test]
     fn incremental_syncs_converge_like_a_fresh_full_sync(steps in prop::collection::vec(step(), 1..40)) {
         let rt = runtime();
         let (mut incremental, ipvs, addresses) = memory_proxier();
+        let (foreign_key, foreign_vs) = foreign();
+        ipvs.insert_virtual_server(foreign_key, foreign_vs.clone());
         let mut udp = [false; 4];
         let mut changes = Vec::new();
+        let mut reading = None;
         rt.block_on(incremental.sync(SyncKind::Full)).unwrap();
         for step in &steps {
-            match apply_step(&mut incremental, &mut udp, step) {
-                Some(change) => {
-                    incremental.apply(change.clone());
-                    changes.push(change);
+            match step {
+                Step::BeginFullSync => {
+                    if reading.is_none() {
+                        reading = Some(incremental.begin_full_sync());
+                    }
                 }
-                None => {
-                    rt.block_on(incremental.sync(SyncKind::Incremental)).unwrap();
+                Step::FinishFullSync => {
+                    if let Some(read) = reading.take() {
+                        let read = rt.block_on(read);
+                        let report = rt.block_on(incremental.finish_full_sync(read)).unwrap();
+                        prop_assert!(report.is_complete(), "{:?}", report.ipvs.errors);
+                        prop_assert_eq!(report.ipvs.drift, Some(0), "nothing changed behind the proxier's back");
+                        let (_, fresh_ipvs, fresh_addresses) = fresh_kernel(&rt, &changes);
+                        prop_assert_eq!(ipvs.table(), fresh_ipvs.table());
+                        prop_assert_eq!(addresses.addresses(), fresh_addresses.addresses());
+                    }
                 }
+                _ => match apply_step(&mut incremental, &mut udp, step) {
+                    Some(change) => {
+                        incremental.apply(change.clone());
+                        changes.push(change);
+                    }
+                    None => {
+                        rt.block_on(incremental.sync(SyncKind::Incremental)).unwrap();
+                    }
+                },
             }
+        }
+        if let Some(read) = reading.take() {
+            let read = rt.block_on(read);
+            rt.block_on(incremental.finish_full_sync(read)).unwrap();
         }
         let last = rt.block_on(incremental.sync(SyncKind::Incremental)).unwrap();
         prop_assert!(last.is_complete(), "{:?}", last.ipvs.errors);
 
-        let (mut fresh, fresh_ipvs, fresh_addresses) = memory_proxier();
-        for change in changes {
-            fresh.apply(change);
-        }
-        rt.block_on(fresh.sync(SyncKind::Full)).unwrap();
+        let (fresh, fresh_ipvs, fresh_addresses) = fresh_kernel(&rt, &changes);
 
         prop_assert_eq!(ipvs.table(), fresh_ipvs.table());
+        let table = ipvs.table();
+        prop_assert_eq!(table.get(&foreign_key), Some(&foreign_vs));
         prop_assert_eq!(addresses.addresses(), fresh_addresses.addresses());
         prop_assert_eq!(incremental.desired(), fresh.desired());
         prop_assert_eq!(incremental.plan_size(), fresh.plan_size());
@@ -244,6 +314,110 @@ proptest! {
         prop_assert!(ipvs.applied_ops().is_empty());
         prop_assert!(addresses.applied_ops().is_empty());
     }
+}
+
+#[test]
+fn a_change_synced_during_a_full_resyncs_read_is_kept_and_drift_before_it_repaired() {
+    let rt = runtime();
+    let (mut proxier, ipvs, _) = memory_proxier();
+    for id in 0..3u8 {
+        let service = ServiceSpec {
+            id,
+            vip: id + 1,
+            udp: false,
+            node_port: None,
+            local: false,
+            external_ip: None,
+        };
+        proxier.apply(Change::UpsertService(service.model()));
+        let slice = SliceSpec {
+            service: id,
+            slice: 0,
+            endpoints: vec![(1, true, true)],
+        };
+        proxier.apply(Change::UpsertSlice(slice.model(false)));
+    }
+    rt.block_on(proxier.sync(SyncKind::Full)).unwrap();
+    let key = |vip: u8| VirtualServerKey {
+        address: ip(vip),
+        port: 80,
+        protocol: Protocol::Tcp,
+    };
+    // Drift before the read: someone deletes Service 2's virtual server.
+    ipvs.remove_virtual_server(&key(3)).unwrap();
+    let read = proxier.begin_full_sync();
+    // While the read runs: Service 0 gets a second endpoint, Service 1 loses its own.
+    let grown = SliceSpec {
+        service: 0,
+        slice: 0,
+        endpoints: vec![(1, true, true), (2, true, true)],
+    };
+    proxier.apply(Change::UpsertSlice(grown.model(false)));
+    proxier.apply(Change::DeleteSlice(SliceKey::new("prop", "svc-1-0")));
+    let incremental = rt.block_on(proxier.sync(SyncKind::Incremental)).unwrap();
+    assert!(incremental.ipvs.writes >= 2, "{incremental:?}");
+    ipvs.take_applied_ops();
+
+    let report = rt
+        .block_on(proxier.finish_full_sync(rt.block_on(read)))
+        .unwrap();
+    assert_eq!(report.kind, SyncKind::Full);
+    assert_eq!(
+        report.ipvs.drift,
+        Some(1),
+        "only the deleted virtual server drifted"
+    );
+    let ops = ipvs.take_applied_ops();
+    assert!(
+        ops.iter().all(|op| *op.virtual_server() == key(3)),
+        "the full sync writes only the drifted virtual server, undoing nothing: {ops:?}"
+    );
+    let table = ipvs.table();
+    assert_eq!(
+        table[&key(1)].real_servers.len(),
+        2,
+        "the new endpoint stays"
+    );
+    assert!(
+        table[&key(2)].real_servers.is_empty(),
+        "the removed endpoint stays removed"
+    );
+    assert!(table.contains_key(&key(3)), "the drift is repaired");
+}
+
+#[test]
+fn full_resyncs_check_the_nftables_tables_and_rewrite_them_only_when_missing_or_due() {
+    let rt = runtime();
+    let (mut proxier, _, _) = memory_proxier();
+    proxier.apply(Change::UpsertService(web(1)));
+    rt.block_on(proxier.sync(SyncKind::Full)).unwrap();
+    let replaces = |proxier: &MemoryProxier| {
+        proxier
+            .netfilter
+            .backend()
+            .scripts
+            .iter()
+            .filter(|script| script.contains("delete table"))
+            .count()
+    };
+    assert_eq!(replaces(&proxier), 1, "the first sync writes the tables");
+    rt.block_on(proxier.sync(SyncKind::Full)).unwrap();
+    assert_eq!(replaces(&proxier), 1, "tables in place: not rewritten");
+    // Someone deletes the table (`nft flush ruleset`): the next resync rewrites it.
+    proxier.netfilter.backend_mut().tables.clear();
+    rt.block_on(proxier.sync(SyncKind::Full)).unwrap();
+    assert_eq!(replaces(&proxier), 2);
+    assert!(
+        proxier
+            .netfilter
+            .backend()
+            .tables
+            .contains("ip ipvs-proxier")
+    );
+    // The rewrite period passed: rewritten although present.
+    proxier.config.netfilter_full_sync_period = Duration::ZERO;
+    rt.block_on(proxier.sync(SyncKind::Full)).unwrap();
+    assert_eq!(replaces(&proxier), 3);
 }
 
 fn web(vip: u8) -> Service {
