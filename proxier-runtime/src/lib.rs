@@ -17,6 +17,9 @@
 //! - [`observer`]: a [`SyncObserver`](proxier_core::engine::driver::SyncObserver) that records
 //!   every sync in the metrics and the health state and opens or closes the health-check
 //!   servers.
+//! - [`plan_printer`] (feature `printer`): a `SyncObserver` around another that prints the
+//!   plan of an engine on in-memory backends after every sync, as a table, JSON or YAML (a
+//!   dry run).
 //!
 //! ```no_run
 //! use proxier_core::engine::driver::{self, DriverConfig, ProxierHandle};
@@ -56,6 +59,8 @@ pub mod http_server;
 pub mod metrics;
 pub mod node_setup;
 pub mod observer;
+#[cfg(feature = "printer")]
+pub mod plan_printer;
 pub mod source;
 
 /// The README's examples, compiled as doc tests.

@@ -1,5 +1,5 @@
 //! Tests of the runtime's parts, one module per module of proxier-runtime, in one test
-//! binary: sources, metrics, health and HTTP servers.
+//! binary: sources, metrics, health and HTTP servers, the plan printer.
 
 mod api_client_metrics;
 mod health;
@@ -7,6 +7,7 @@ mod http_server;
 mod kube_source;
 mod kube_source_cost;
 mod metrics;
+mod plan_printer;
 mod source;
 mod source_file;
 mod source_kube;
