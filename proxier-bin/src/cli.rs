@@ -12,11 +12,11 @@ use clap::Parser;
 use clap::builder::BoolishValueParser;
 use ipnet::IpNet;
 use ipvs_netlink::Scheduler;
+use proxier_runtime::go_duration::parse_go_duration;
 use proxier_runtime::plan_printer::PlanFormat;
 use serde::Deserialize;
 
 use crate::file_value as file;
-use crate::go_duration::parse_go_duration;
 
 /// How log lines are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Default)]

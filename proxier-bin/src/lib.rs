@@ -8,6 +8,5 @@ pub mod config;
 pub mod daemon;
 pub mod exporter;
 pub mod file_value;
-pub mod go_duration;
 pub mod logging;
 pub mod settings;

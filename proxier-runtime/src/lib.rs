@@ -8,6 +8,8 @@
 //!   Each is a value the caller spawns, yielding the engine's [`Change`](proxier_core::Change)s.
 //! - [`feed`]: hands a source's batches to the engine (counted for the metrics, the node's
 //!   eligibility to the health state): the first before the first sync, the rest to the driver.
+//! - [`go_duration`]: durations as Kubernetes components' flags and config files write them
+//!   (Go's `time.ParseDuration`), parsed and printed.
 //! - [`health`]: kube-proxy's `/healthz` and `/livez` state and, with the `http` feature, its
 //!   servers and the per-Service health-check node ports of `externalTrafficPolicy: Local`.
 //! - [`metrics`]: the catalogue (kube-proxy's names, help texts and buckets) and recorders
@@ -53,6 +55,7 @@
 #[cfg(feature = "kube")]
 pub mod api_metrics;
 pub mod feed;
+pub mod go_duration;
 pub mod health;
 #[cfg(feature = "http")]
 pub mod http_server;

@@ -1,7 +1,8 @@
 //! Tests of the runtime's parts, one module per module of proxier-runtime, in one test
-//! binary: sources, metrics, health and HTTP servers, the plan printer.
+//! binary: sources, metrics, health and HTTP servers, the plan printer, Go durations.
 
 mod api_client_metrics;
+mod go_duration;
 mod health;
 mod http_server;
 mod kube_source;
