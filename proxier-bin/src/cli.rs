@@ -12,10 +12,11 @@ use clap::Parser;
 use clap::builder::BoolishValueParser;
 use ipnet::IpNet;
 use ipvs_netlink::Scheduler;
+use proxier_runtime::go_duration::parse_go_duration;
+use proxier_runtime::plan_printer::PlanFormat;
 use serde::Deserialize;
 
 use crate::file_value as file;
-use crate::go_duration::parse_go_duration;
 
 /// How log lines are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Default)]
@@ -27,7 +28,7 @@ pub enum LogFormat {
     Json,
 }
 
-/// How `--dry-run` prints the plan.
+/// How `--dry-run` prints the plan: the flag's values for the runtime's [`PlanFormat`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Default)]
 pub enum OutputFormat {
     /// A summary and one row per virtual server (for people).
@@ -37,6 +38,16 @@ pub enum OutputFormat {
     Json,
     /// The plan as YAML (same schema); with --watch, one `---` document per sync.
     Yaml,
+}
+
+impl From<OutputFormat> for PlanFormat {
+    fn from(format: OutputFormat) -> Self {
+        match format {
+            OutputFormat::Table => PlanFormat::Table,
+            OutputFormat::Json => PlanFormat::Json,
+            OutputFormat::Yaml => PlanFormat::Yaml,
+        }
+    }
 }
 
 /// `ipvs-proxier`: a Kubernetes Service proxy for the Linux IPVS data plane, a drop-in

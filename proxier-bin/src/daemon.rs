@@ -16,10 +16,10 @@ use proxier_runtime::health::servers::{ServiceHealthServers, serve_proxy_health}
 use proxier_runtime::http_server::{BindError, HttpServer};
 use proxier_runtime::node_setup::NodeSetup;
 use proxier_runtime::observer::RuntimeObserver;
+use proxier_runtime::plan_printer::{PlanFormat, PlanPrinter};
 use proxier_runtime::source::{self, SourceHandle};
 use tokio::sync::watch;
 
-use crate::dry_run::DryRunObserver;
 use crate::settings::{RunMode, Settings, SourceSettings};
 
 /// Why the daemon stopped with an error (exit code 1).
@@ -172,11 +172,11 @@ pub async fn run(settings: Settings) -> Result<(), DaemonError> {
             ..Backends::in_memory()
         };
         let proxier = Proxier::new(config, backends)?;
+        let format = PlanFormat::from(settings.output);
         if settings.take_over_kube_proxy {
-            crate::dry_run::print_takeover(&KubeProxyTakeover::default(), settings.output).await;
+            print_takeover(&KubeProxyTakeover::default(), format).await;
         }
-        let mut observer =
-            DryRunObserver::with_format(observer, std::io::stdout(), settings.output);
+        let mut observer = PlanPrinter::with_format(observer, std::io::stdout(), format);
         if !once {
             observer = observer.watching();
         }
@@ -208,6 +208,21 @@ pub async fn run(settings: Settings) -> Result<(), DaemonError> {
     };
     drop(servers);
     result
+}
+
+/// `--take-over-kube-proxy --dry-run`: lists what the takeover would remove from this node
+/// (read only). On standard output before the plan table; on standard error with
+/// `--output json|yaml`, which keep standard output one document.
+async fn print_takeover(takeover: &KubeProxyTakeover, format: PlanFormat) {
+    let text = match takeover.plan().await {
+        Ok(plan) => format!("kube-proxy takeover would:\n{plan}"),
+        Err(error) => format!("kube-proxy takeover: cannot read the node: {error}\n"),
+    };
+    if format == PlanFormat::Table {
+        print!("{text}");
+    } else {
+        eprint!("{text}");
+    }
 }
 
 /// Fills `proxier` from the source, then syncs once (`--once`) or hands it to the driver.
@@ -300,19 +315,14 @@ impl<P> OncePrinter<P> for RuntimeObserver {
     }
 }
 
-impl<W: std::io::Write> OncePrinter<proxier_core::MemoryProxier> for DryRunObserver<W> {
+impl<W: std::io::Write> OncePrinter<proxier_core::MemoryProxier>
+    for PlanPrinter<RuntimeObserver, W>
+{
     fn print_once(
         &mut self,
         proxier: &proxier_core::MemoryProxier,
         result: &Result<proxier_core::engine::SyncReport, EngineError>,
     ) {
-        let outcome = proxier_core::engine::driver::SyncOutcome {
-            kind: SyncKind::Full,
-            took: result.as_ref().map(|r| r.timings.total).unwrap_or_default(),
-            result,
-            succeeded: result.is_ok(),
-            changes_pending: false,
-        };
-        self.print_plan(proxier, &outcome);
+        self.print_full_sync(proxier, result);
     }
 }

@@ -1,39 +1,20 @@
 //! The Prometheus exporter: a `metrics-exporter-prometheus` recorder with the buckets of the
-//! runtime's catalogue, the process metrics (`process_*`), and `/metrics` served on
-//! `--metrics-bind-address`.
+//! runtime's catalogue (`proxier_runtime::metrics::prometheus_builder`), the process metrics
+//! (`process_*`), and `/metrics` served on `--metrics-bind-address`.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use http::{Method, StatusCode};
-use metrics_exporter_prometheus::{
-    Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
-};
+use metrics_exporter_prometheus::{PrometheusHandle, PrometheusRecorder};
 use proxier_runtime::http_server::{BindError, Handler, HttpServer, not_found, response};
 use proxier_runtime::metrics;
 
-/// A recorder with the catalogue's histogram buckets (tests build their own local one).
-pub fn build_recorder() -> PrometheusRecorder {
-    let with_buckets = metrics::histogram_buckets().try_fold(
-        PrometheusBuilder::new(),
-        |builder, (name, buckets)| {
-            builder.set_buckets_for_metric(Matcher::Full(name.to_owned()), &buckets)
-        },
-    );
-    match with_buckets {
-        Ok(builder) => builder.build_recorder(),
-        Err(error) => {
-            // Only reachable with an empty bucket list, which the catalogue has none of.
-            tracing::warn!(%error, "histogram buckets refused; using summaries");
-            PrometheusBuilder::new().build_recorder()
-        }
-    }
-}
-
-/// Installs the global recorder and [`register`]s every metric.
+/// Installs the global recorder, with the catalogue's histogram buckets, and [`register`]s
+/// every metric.
 pub fn install() -> Result<PrometheusHandle, ::metrics::SetRecorderError<PrometheusRecorder>> {
-    let recorder = build_recorder();
+    let recorder = metrics::prometheus_builder().build_recorder();
     let handle = recorder.handle();
     ::metrics::set_global_recorder(recorder)?;
     register();

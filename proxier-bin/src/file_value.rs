@@ -6,11 +6,10 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use ipnet::IpNet;
+use proxier_runtime::go_duration::parse_go_duration;
 use serde::de;
 use serde::{Deserialize, Deserializer};
 use serde_yaml::Value;
-
-use crate::go_duration::parse_go_duration;
 
 /// A text field: blank means absent; otherwise parsed with `FromStr` (paths, addresses, names).
 /// A number or a boolean is read as the text it was written as (`hostnameOverride: 12345`,

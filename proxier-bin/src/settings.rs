@@ -12,10 +12,10 @@ pub use proxier_core::model::NodePortAddresses;
 use proxier_core::model::config::{DetectLocal, InterfaceName};
 use proxier_core::model::{AddressFamily, Config, ConfigError, IpvsTimeouts};
 use proxier_core::sysctl::ConntrackSettings;
+use proxier_runtime::go_duration::format_go_duration;
 
 use crate::cli::{Cli, LogFormat, OutputFormat};
 use crate::config::{KubeProxyConfiguration, kube_proxy_path};
-use crate::go_duration::format_go_duration;
 
 /// kube-proxy's health server port.
 pub const DEFAULT_HEALTHZ_PORT: u16 = 10256;

@@ -8,6 +8,8 @@
 //!   Each is a value the caller spawns, yielding the engine's [`Change`](proxier_core::Change)s.
 //! - [`feed`]: hands a source's batches to the engine (counted for the metrics, the node's
 //!   eligibility to the health state): the first before the first sync, the rest to the driver.
+//! - [`go_duration`]: durations as Kubernetes components' flags and config files write them
+//!   (Go's `time.ParseDuration`), parsed and printed.
 //! - [`health`]: kube-proxy's `/healthz` and `/livez` state and, with the `http` feature, its
 //!   servers and the per-Service health-check node ports of `externalTrafficPolicy: Local`.
 //! - [`metrics`]: the catalogue (kube-proxy's names, help texts and buckets) and recorders
@@ -17,6 +19,9 @@
 //! - [`observer`]: a [`SyncObserver`](proxier_core::engine::driver::SyncObserver) that records
 //!   every sync in the metrics and the health state and opens or closes the health-check
 //!   servers.
+//! - [`plan_printer`] (feature `printer`): a `SyncObserver` around another that prints the
+//!   plan of an engine on in-memory backends after every sync, as a table, JSON or YAML (a
+//!   dry run).
 //!
 //! ```no_run
 //! use proxier_core::engine::driver::{self, DriverConfig, ProxierHandle};
@@ -50,12 +55,15 @@
 #[cfg(feature = "kube")]
 pub mod api_metrics;
 pub mod feed;
+pub mod go_duration;
 pub mod health;
 #[cfg(feature = "http")]
 pub mod http_server;
 pub mod metrics;
 pub mod node_setup;
 pub mod observer;
+#[cfg(feature = "printer")]
+pub mod plan_printer;
 pub mod source;
 
 /// The README's examples, compiled as doc tests.

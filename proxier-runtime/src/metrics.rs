@@ -1,7 +1,9 @@
 //! The metric catalogue: kube-proxy's names where users look for them, plus ipvs-proxier's
 //! own, with their help texts and histogram buckets ([`METRICS`]), and small typed recorders
 //! that write through the `metrics` facade. Installing an exporter (and serving `/metrics`) is
-//! the application's choice: nothing here does it.
+//! the application's choice: nothing here does it. For an application that picks
+//! `metrics-exporter-prometheus`, the `prometheus` feature adds `prometheus_builder`: that
+//! exporter's builder with the catalogue's histogram buckets.
 
 use std::time::{Duration, SystemTime};
 
@@ -182,6 +184,26 @@ pub fn histogram_buckets() -> impl Iterator<Item = (&'static str, Vec<f64>)> {
     METRICS
         .iter()
         .filter_map(|m| Some((m.name, (m.buckets?)())))
+}
+
+/// A `metrics-exporter-prometheus` builder with the bucket boundaries of every histogram of
+/// [`METRICS`] (without them the exporter writes histograms as summaries); build or install
+/// the recorder from it.
+#[cfg(feature = "prometheus")]
+pub fn prometheus_builder() -> metrics_exporter_prometheus::PrometheusBuilder {
+    use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+    let with_buckets =
+        histogram_buckets().try_fold(PrometheusBuilder::new(), |builder, (name, buckets)| {
+            builder.set_buckets_for_metric(Matcher::Full(name.to_owned()), &buckets)
+        });
+    match with_buckets {
+        Ok(builder) => builder,
+        Err(error) => {
+            // Only reachable with an empty bucket list, which the catalogue has none of.
+            tracing::warn!(%error, "histogram buckets refused; using summaries");
+            PrometheusBuilder::new()
+        }
+    }
 }
 
 /// Describes every metric of [`METRICS`] and exports each unlabeled one at zero (histograms

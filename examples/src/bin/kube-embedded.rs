@@ -18,7 +18,6 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use http::StatusCode;
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 use proxier_core::engine::driver::{self, DriverConfig, ProxierHandle};
 use proxier_core::model::Config;
 use proxier_core::{KernelProxier, ProxierConfig};
@@ -81,14 +80,9 @@ async fn main() -> anyhow::Result<()> {
         .init();
     let args = Args::parse()?;
 
-    // Metrics: the runtime records through the `metrics` facade; the exporter is ours to pick.
-    let recorder = proxier_runtime::metrics::histogram_buckets().try_fold(
-        PrometheusBuilder::new(),
-        |builder, (name, buckets)| {
-            builder.set_buckets_for_metric(Matcher::Full(name.into()), &buckets)
-        },
-    )?;
-    let prometheus = recorder
+    // Metrics: the runtime records through the `metrics` facade; the exporter is ours to pick
+    // (the runtime's `prometheus` feature gives its builder the catalogue's buckets).
+    let prometheus = proxier_runtime::metrics::prometheus_builder()
         .install_recorder()
         .context("installing the Prometheus recorder")?;
     proxier_runtime::metrics::register();

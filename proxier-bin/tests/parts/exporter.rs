@@ -1,8 +1,14 @@
 //! Tests of `proxier_bin::exporter`.
 
 use ipvs_proxier_tests::http_client::get as http_get;
-use proxier_bin::exporter::{build_recorder, register, serve};
-use proxier_runtime::metrics::set_data_plane_size;
+use metrics_exporter_prometheus::PrometheusRecorder;
+use proxier_bin::exporter::{register, serve};
+use proxier_runtime::metrics::{prometheus_builder, set_data_plane_size};
+
+/// A local recorder, as [`proxier_bin::exporter::install`] builds the global one.
+fn build_recorder() -> PrometheusRecorder {
+    prometheus_builder().build_recorder()
+}
 
 #[tokio::test]
 async fn metrics_endpoint_serves_prometheus_text() {

@@ -4,7 +4,6 @@
 mod cli;
 mod config;
 mod exporter;
-mod go_duration;
 mod kube_proxy_validation;
 mod kubeadm_files;
 mod logging;

@@ -74,6 +74,30 @@ fn histograms_are_exported_before_any_observation() {
     }
 }
 
+#[cfg(feature = "prometheus")]
+#[test]
+fn the_prometheus_builder_has_the_catalogue_s_buckets() {
+    let recorder = prometheus_builder().build_recorder();
+    let handle = recorder.handle();
+    metrics::with_local_recorder(&recorder, register);
+    let text = handle.render();
+    assert!(
+        text.contains("kubeproxy_network_programming_duration_seconds_bucket{le=\"0.25\"} 0"),
+        "{text}"
+    );
+    let by_hand = render_with(register).0;
+    let lines = |text: &str| {
+        text.lines()
+            .map(str::to_owned)
+            .collect::<std::collections::BTreeSet<_>>()
+    };
+    assert_eq!(
+        lines(&text),
+        lines(&by_hand),
+        "as an exporter configured by hand"
+    );
+}
+
 #[test]
 fn network_programming_buckets_are_kube_proxy_s() {
     let b = network_programming_buckets();

@@ -1,6 +1,6 @@
-//! Tests of `proxier_bin::go_duration`.
+//! Tests of `proxier_runtime::go_duration`.
 
-use proxier_bin::go_duration::*;
+use proxier_runtime::go_duration::*;
 use std::time::Duration;
 
 fn ms(v: u64) -> Duration {

@@ -1,9 +1,7 @@
-//! The dry run on the example cluster (`examples/cluster.yaml`): the file source's objects
-//! through the engine on in-memory backends, printed by the dry-run observer as the daemon's
-//! `--dry-run` prints them.
+//! Tests of `proxier_runtime::plan_printer`, the dry run on the example cluster
+//! (`examples/cluster.yaml`): the file source's objects through the engine on in-memory
+//! backends, printed by the plan printer as the daemon's `--dry-run` prints them.
 
-use proxier_bin::cli::OutputFormat;
-use proxier_bin::dry_run::DryRunObserver;
 use proxier_core::engine::driver::{self, DriverConfig, ProxierHandle, SyncObserver, SyncOutcome};
 use proxier_core::model::Config;
 use proxier_core::view::render::render_plan;
@@ -11,11 +9,12 @@ use proxier_core::view::{DOCUMENT_API_VERSION, PlanDocument, plan_document};
 use proxier_core::{Backends, Change, MemoryProxier, Proxier, ProxierConfig, SyncKind};
 use proxier_runtime::health::ProxyHealth;
 use proxier_runtime::observer::RuntimeObserver;
+use proxier_runtime::plan_printer::{PlanFormat, PlanPrinter};
 use proxier_runtime::source::file::FileReader;
 use tokio::sync::watch;
 
 fn example_changes() -> Vec<Change> {
-    let text = include_str!("../../examples/cluster.yaml");
+    let text = include_str!("../../../examples/cluster.yaml");
     let batch = FileReader::new("cluster.yaml", "node-a").read(text);
     batch.expect("the example is well-formed").changes
 }
@@ -100,7 +99,7 @@ async fn the_driver_prints_each_sync_and_a_removed_service_deletes() {
     let (handle, commands) = ProxierHandle::new();
     let (stop, shutdown) = watch::channel(false);
     let daemon = RuntimeObserver::new(ProxyHealth::new(std::time::Duration::from_secs(60)));
-    let mut observer = DryRunObserver::new(daemon, Vec::new());
+    let mut observer = PlanPrinter::new(daemon, Vec::new());
     let config = DriverConfig::new(
         std::time::Duration::from_secs(3600),
         std::time::Duration::ZERO,
@@ -118,7 +117,7 @@ async fn the_driver_prints_each_sync_and_a_removed_service_deletes() {
         driver::run(&mut proxier, config, commands, &mut observer, shutdown),
         feeder
     );
-    let printed = String::from_utf8(observer.into_inner()).expect("utf8");
+    let printed = String::from_utf8(observer.into_writer()).expect("utf8");
     let plans: Vec<&str> = printed
         .lines()
         .filter(|l| l.starts_with("plan: ") || l.starts_with("changes: "))
@@ -163,9 +162,9 @@ fn outcome(
     }
 }
 
-fn observer(format: OutputFormat) -> DryRunObserver<Vec<u8>> {
+fn observer(format: PlanFormat) -> PlanPrinter<RuntimeObserver, Vec<u8>> {
     let daemon = RuntimeObserver::new(ProxyHealth::new(std::time::Duration::from_secs(60)));
-    DryRunObserver::with_format(daemon, Vec::new(), format).watching()
+    PlanPrinter::with_format(daemon, Vec::new(), format).watching()
 }
 
 #[tokio::test]
@@ -229,7 +228,7 @@ async fn plan_documents_round_trip_through_json_and_yaml() {
 #[tokio::test]
 async fn watch_prints_the_plan_then_only_what_changed() {
     let mut proxier = proxier();
-    let mut obs = observer(OutputFormat::Table);
+    let mut obs = observer(PlanFormat::Table);
     let result = proxier.sync(SyncKind::Full).await;
     obs.synced(&proxier, &outcome(&result, SyncKind::Full));
 
@@ -244,7 +243,7 @@ async fn watch_prints_the_plan_then_only_what_changed() {
     let result = proxier.sync(SyncKind::Incremental).await;
     obs.synced(&proxier, &outcome(&result, SyncKind::Incremental));
 
-    let printed = String::from_utf8(obs.into_inner()).expect("utf8");
+    let printed = String::from_utf8(obs.into_writer()).expect("utf8");
     let reports: Vec<&str> = printed
         .split("dry-run ")
         .filter(|r| !r.is_empty())

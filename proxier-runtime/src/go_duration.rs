@@ -1,5 +1,7 @@
 //! Durations written the way Go's `time.ParseDuration` reads them (`30s`, `1m30s`, `500ms`, `2h`),
-//! as kube-proxy's flags and `KubeProxyConfiguration` files spell them.
+//! as Kubernetes components spell them in their flags and config files (`metav1.Duration`):
+//! for a program that takes kube-proxy's settings, as the `ipvs-proxier` daemon does with its
+//! flags and `KubeProxyConfiguration`.
 
 use std::time::Duration;
 
