@@ -12,7 +12,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-const SAMPLE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/cni-services.yaml");
+/// The sample, compiled in: the kernel tests run this binary in a VM where the source tree
+/// is not.
+const SAMPLE: &str = include_str!("../cni-services.yaml");
 
 fn cni_proxier(args: &[&str], file: &Path) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_cni-proxier"));
@@ -51,7 +53,9 @@ fn scratch(name: &str) -> PathBuf {
 
 #[test]
 fn the_sample_becomes_the_table_its_manifests_describe() {
-    let out = cni_proxier(&[], Path::new(SAMPLE)).output().unwrap();
+    let file = scratch("sample").join("cni-services.yaml");
+    std::fs::write(&file, SAMPLE).unwrap();
+    let out = cni_proxier(&[], &file).output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -84,7 +88,7 @@ fn the_sample_becomes_the_table_its_manifests_describe() {
 fn a_malformed_file_fails_a_one_shot_run_and_plans_nothing() {
     let dir = scratch("malformed");
     let file = dir.join("services.yaml");
-    let sample = std::fs::read_to_string(SAMPLE).unwrap();
+    let sample = SAMPLE.to_owned();
     std::fs::write(
         &file,
         sample.replace("timeoutSeconds: 600", "timeoutSeconds: [600]"),
@@ -132,7 +136,7 @@ impl Drop for Watch {
 fn watch_follows_an_edit_and_a_torn_file_changes_nothing() {
     let dir = scratch("watch");
     let file = dir.join("services.yaml");
-    let sample = std::fs::read_to_string(SAMPLE).unwrap();
+    let sample = SAMPLE.to_owned();
     std::fs::write(&file, &sample).unwrap();
     let mut child = cni_proxier(&["--watch"], &file)
         .stdout(Stdio::piped())

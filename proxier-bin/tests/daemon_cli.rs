@@ -104,21 +104,32 @@ fn dry_run_prints_the_plan_once_and_exits_0() {
 
 #[test]
 fn kubeadms_generated_config_file_plans_unchanged() {
-    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
-    for name in [
-        "kubeadm-v1.31-kube-proxy-unchanged.yaml",
-        "kubeadm-v1.31-kube-proxy.yaml",
-        "kubeadm-v1.20-kube-proxy.yaml",
+    // Compiled in: the kernel tests run this binary in a VM where the source tree is not.
+    for (name, fixture) in [
+        (
+            "kubeadm-v1.31-kube-proxy-unchanged.yaml",
+            include_str!("fixtures/kubeadm-v1.31-kube-proxy-unchanged.yaml"),
+        ),
+        (
+            "kubeadm-v1.31-kube-proxy.yaml",
+            include_str!("fixtures/kubeadm-v1.31-kube-proxy.yaml"),
+        ),
+        (
+            "kubeadm-v1.20-kube-proxy.yaml",
+            include_str!("fixtures/kubeadm-v1.20-kube-proxy.yaml"),
+        ),
     ] {
         let source = temp_file(&format!("kubeadm-{}", name.replace('.', "-")), CLUSTER);
+        let config = temp_file(&format!("config-{}", name.replace('.', "-")), fixture);
         let out = Command::new(BIN)
             .args(["--hostname-override=node-a", "--dry-run"])
-            .arg(format!("--config={}", fixtures.join(name).display()))
+            .arg(format!("--config={}", config.display()))
             .arg(format!("--source-file={}", source.display()))
             .stdin(Stdio::null())
             .output()
             .expect("run binary");
         let _ = std::fs::remove_file(source);
+        let _ = std::fs::remove_file(config);
         let (stdout, stderr) = (
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr),

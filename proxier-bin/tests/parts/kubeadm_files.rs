@@ -11,11 +11,38 @@ use proxier_bin::config::{KubeProxyConfiguration, load_config_file};
 use proxier_bin::settings::{Settings, resolve};
 use proxier_core::sysctl::ConntrackSettings;
 
+/// The fixtures, compiled in: the kernel tests run this binary in a VM where the source
+/// tree is not.
+const FIXTURES: [(&str, &str); 3] = [
+    (
+        "kubeadm-v1.20-kube-proxy.yaml",
+        include_str!("../fixtures/kubeadm-v1.20-kube-proxy.yaml"),
+    ),
+    (
+        "kubeadm-v1.31-kube-proxy-unchanged.yaml",
+        include_str!("../fixtures/kubeadm-v1.31-kube-proxy-unchanged.yaml"),
+    ),
+    (
+        "kubeadm-v1.31-kube-proxy.yaml",
+        include_str!("../fixtures/kubeadm-v1.31-kube-proxy.yaml"),
+    ),
+];
+
+/// Loads fixture `name` from a file, as the daemon reads `--config`.
 fn fixture(name: &str) -> KubeProxyConfiguration {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(name);
-    load_config_file(&path).unwrap_or_else(|e| panic!("{name} must load: {e}"))
+    let (_, content) = FIXTURES
+        .iter()
+        .find(|(fixture, _)| *fixture == name)
+        .unwrap_or_else(|| panic!("no fixture {name}"));
+    let path = std::env::temp_dir().join(format!(
+        "ipvs-proxier-fixture-{}-{:?}-{name}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    std::fs::write(&path, content).expect("write the fixture");
+    let loaded = load_config_file(&path);
+    let _ = std::fs::remove_file(&path);
+    loaded.unwrap_or_else(|e| panic!("{name} must load: {e}"))
 }
 
 fn settings(file: &KubeProxyConfiguration, flags: &[&str]) -> Settings {
