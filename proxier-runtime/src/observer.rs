@@ -2,7 +2,7 @@
 //! ([`RuntimeObserver`]): metrics, the health state, the health-check servers of
 //! `externalTrafficPolicy: Local` Services.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::SystemTime;
@@ -58,11 +58,11 @@ impl RuntimeObserver {
         tokio::spawn(async move {
             while rx.changed().await.is_ok() {
                 let checks = rx.borrow_and_update().clone();
-                let ports: HashMap<ServiceName, u16> = checks
+                let ports: std::collections::HashMap<ServiceName, u16> = checks
                     .iter()
                     .map(|(name, check)| (name.clone(), check.node_port))
                     .collect();
-                let counts: HashMap<ServiceName, usize> = checks
+                let counts: std::collections::HashMap<ServiceName, usize> = checks
                     .iter()
                     .map(|(name, check)| (name.clone(), check.local_endpoints))
                     .collect();
