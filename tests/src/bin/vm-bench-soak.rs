@@ -43,6 +43,25 @@ const GOAL_RSS_GROWTH: f64 = 0.05;
 /// Change to kernel during the soak, full resyncs included (issue #28's goals).
 const GOAL_CHANGE_P99: Duration = Duration::from_millis(50);
 const GOAL_CHANGE_MAX: Duration = Duration::from_millis(250);
+/// Changes slower than this are listed with their time, to place them among the syncs.
+const SLOW: Duration = Duration::from_millis(250);
+
+/// The UTC time of day when `at` was, as `HH:MM:SS.mmm`.
+fn wall_clock(at: Instant) -> String {
+    let now = std::time::SystemTime::now();
+    let then = now.checked_sub(at.elapsed()).unwrap_or(now);
+    let since_epoch = then
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let ms = since_epoch.as_millis() % 86_400_000;
+    format!(
+        "{:02}:{:02}:{:02}.{:03}",
+        ms / 3_600_000,
+        ms / 60_000 % 60,
+        ms / 1000 % 60,
+        ms % 1000
+    )
+}
 
 struct Args {
     services: usize,
@@ -302,11 +321,12 @@ fn main() -> anyhow::Result<()> {
     // Churn.
     let duration = Duration::from_secs_f64(a.minutes * 60.0);
     let churn_services = n - TRAFFIC_SERVICES;
-    let (endpoint_samples, service_samples, rss_samples) = node.block_on(|| async {
+    let (endpoint_samples, service_samples, rss_samples, slow) = node.block_on(|| async {
         let handle = IpvsHandle::new().await?;
         let mut endpoint_samples = Vec::new();
         let mut service_samples = Vec::new();
         let mut rss_samples = Vec::new();
+        let mut slow = Vec::new();
         let mut generation = vec![0usize; n];
         let mut ticker = tokio::time::interval(Duration::from_millis(100));
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -329,6 +349,9 @@ fn main() -> anyhow::Result<()> {
             )
             .await?;
             endpoint_samples.push(seen - t);
+            if seen - t >= SLOW {
+                slow.push((wall_clock(t), seen - t, "endpoint change"));
+            }
             // Every second: a new Service added, the previous one deleted.
             if tick % 10 == 5 {
                 let new = n + tick / 10;
@@ -344,6 +367,9 @@ fn main() -> anyhow::Result<()> {
                     )
                     .await?;
                     service_samples.push(gone - t);
+                    if gone - t >= SLOW {
+                        slow.push((wall_clock(t), gone - t, "Service delete"));
+                    }
                 }
                 let seen = wait_for_service(
                     &handle,
@@ -353,13 +379,16 @@ fn main() -> anyhow::Result<()> {
                 )
                 .await?;
                 service_samples.push(seen - t);
+                if seen - t >= SLOW {
+                    slow.push((wall_clock(t), seen - t, "Service delete+add"));
+                }
             }
             if tick.is_multiple_of(300) {
                 rss_samples.push((started.elapsed(), rss_mib(&daemon)?));
             }
             tick += 1;
         }
-        anyhow::Ok((endpoint_samples, service_samples, rss_samples))
+        anyhow::Ok((endpoint_samples, service_samples, rss_samples, slow))
     })?;
     stop.store(true, Ordering::Relaxed);
     match client_thread.join() {
@@ -415,6 +444,27 @@ fn main() -> anyhow::Result<()> {
     );
     for f in failures.lock().map(|f| f.clone()).unwrap_or_default() {
         println!("failed connection: {f}");
+    }
+    // Where the slow changes fell: beside the full resyncs and the source's relists (UTC
+    // times of day, as the daemon's log writes them).
+    for (at, took, what) in slow.iter().take(20) {
+        println!(
+            "slow: {what} at {at} took {:.1} ms",
+            took.as_secs_f64() * 1e3
+        );
+    }
+    for event in daemon.events() {
+        let full = event.message() == "sync done" && event.str("kind") == Some("Full");
+        let notable = event.level() != "INFO" && event.level() != "DEBUG";
+        let time = event.str("timestamp").unwrap_or_default();
+        if full {
+            println!(
+                "log: {time} full sync: {}",
+                event.str("phases").unwrap_or_default()
+            );
+        } else if notable || event.message().contains("synced") {
+            println!("log: {time} {} {event}", event.level());
+        }
     }
     let met = |ok: bool| if ok { "met" } else { "NOT met" };
     println!(
