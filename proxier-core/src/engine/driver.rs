@@ -311,6 +311,7 @@ pub async fn run<I, A, N, C, O>(
         }
         if full_read.as_ref().is_some_and(SpawnedRead::is_finished) {
             let (read, started) = SpawnedRead::answer(&mut full_read).await;
+            tracing::info!(waited = ?started.elapsed(), "full sync: kernel read, repairing");
             let result = proxier.finish_full_sync(read).await;
             report(
                 proxier,
@@ -339,9 +340,13 @@ pub async fn run<I, A, N, C, O>(
         }
         match scheduler.poll(Instant::now()) {
             Decision::Run(SyncKind::Full) if proxier.reads_concurrently() => {
-                tracing::debug!("full sync starting: reading the kernel");
+                tracing::info!("full sync: reading the kernel beside incremental syncs");
                 full_read = Some(SpawnedRead::start(proxier.begin_full_sync()));
                 scheduler.reading();
+                // The changes the full sync would have taken do not wait for its read.
+                if proxier.has_pending_changes() {
+                    scheduler.request_sync();
+                }
             }
             Decision::Run(kind) => {
                 let started = Instant::now();
@@ -369,6 +374,7 @@ pub async fn run<I, A, N, C, O>(
                 tokio::select! {
                     _ = tokio::time::sleep_until(at) => {}
                     (read, started) = SpawnedRead::answer(&mut full_read) => {
+                        tracing::info!(waited = ?started.elapsed(), "full sync: kernel read, repairing");
                         let result = proxier.finish_full_sync(read).await;
                         report(
                             proxier,

@@ -609,3 +609,59 @@ fn node_ports_follow_the_kernels_addresses() {
         "the NodePort on the removed address goes"
     );
 }
+
+/// Counts what the driver loop does.
+#[derive(Default)]
+struct Counting {
+    full: usize,
+    incremental: usize,
+}
+
+impl driver::SyncObserver<MemoryProxier> for Counting {
+    fn synced(&mut self, _: &MemoryProxier, outcome: &driver::SyncOutcome<'_>) {
+        match outcome.kind {
+            SyncKind::Full => self.full += 1,
+            SyncKind::Incremental => self.incremental += 1,
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_driver_keeps_its_full_resync_period_under_constant_changes() {
+    let (mut proxier, ipvs, _) = memory_proxier();
+    let (handle, commands) = ProxierHandle::new();
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let changes = tokio::spawn(async move {
+        // A change every 100 ms for two minutes, then the loop is stopped.
+        for step in 0..1200u32 {
+            let spec = SliceSpec {
+                service: 0,
+                slice: 0,
+                endpoints: vec![(1 + (step % 5) as u8, true, true)],
+            };
+            handle.apply(vec![Change::UpsertSlice(spec.model(false))]);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let _ = stop.send(true);
+        handle
+    });
+    proxier.apply(Change::UpsertService(web(1)));
+    let mut counting = Counting::default();
+    let timing = DriverConfig::new(Duration::from_secs(30), Duration::ZERO, 2);
+    driver::run(&mut proxier, timing, commands, &mut counting, stopped).await;
+    let _handle = changes.await.unwrap();
+    // The first sync at 0 s, then one every 30 s: 0, 30, 60, 90 and 120 s at most.
+    assert!(
+        (4..=5).contains(&counting.full),
+        "{} full syncs in 120 s",
+        counting.full
+    );
+    assert!(counting.incremental > 1000, "{}", counting.incremental);
+    // The last endpoint is in the kernel.
+    let key = VirtualServerKey {
+        address: ip(1),
+        port: 80,
+        protocol: Protocol::Tcp,
+    };
+    assert_eq!(ipvs.table()[&key].real_servers.len(), 1);
+}

@@ -462,7 +462,10 @@ fn main() -> anyhow::Result<()> {
                 "log: {time} full sync: {}",
                 event.str("phases").unwrap_or_default()
             );
-        } else if notable || event.message().contains("synced") {
+        } else if notable
+            || event.message().contains("synced")
+            || event.message().starts_with("full sync")
+        {
             println!("log: {time} {} {event}", event.level());
         }
     }
