@@ -184,3 +184,106 @@ fn a_refused_script_leaves_the_previous_table_intact() {
     let listing = node.sh_ok("nft list table ip ipvs-proxier");
     assert_eq!(set_elements(&listing, "cluster-ips"), Some(5));
 }
+
+/// The elements of `plan`'s IPv4 `cluster-ips` set, as a plan of their own (what a
+/// tracker hands [`Netfilter::sync_changes`] as added or removed).
+fn cluster_ips_only(plan: &netfilter::NetfilterPlan) -> netfilter::NetfilterPlan {
+    let v4 = plan.v4.as_ref().unwrap();
+    let mut only = netfilter::FamilyPlan::new(v4.family, v4.cluster_ip_masquerade.clone());
+    only.cluster_ips = v4.cluster_ips.clone();
+    netfilter::NetfilterPlan {
+        v4: Some(only),
+        v6: None,
+    }
+}
+
+/// The digest `nft list set` shows in our IPv4 table.
+fn kernel_digest(node: &Netns) -> Option<u64> {
+    let listing = node.sh_ok(&format!(
+        "nft list set ip ipvs-proxier {}",
+        netfilter::DIGEST_SET
+    ));
+    netfilter::parse_digest(&listing)
+}
+
+#[test]
+fn a_restart_adopts_the_tables_its_plan_left_and_rewrites_any_other() {
+    require_kernel!();
+    load_nft_modules();
+    let node = Netns::new();
+    let options = RenderOptions::default();
+    let empty = || netfilter::empty_plan(&config());
+    let first = plan(4);
+    // An update on top of the first replace: one more ClusterIP port, the tables' digest
+    // follows by the change alone.
+    let mut grown = first.clone();
+    let extra = netfilter::AddrPort {
+        address: ip("10.96.7.7"),
+        protocol: Protocol::Tcp,
+        port: 8080,
+    };
+    grown.v4.as_mut().unwrap().cluster_ips.insert(extra);
+    let mut added = empty();
+    added.v4.as_mut().unwrap().cluster_ips.insert(extra);
+    node.block_on(|| async {
+        let mut nf = Netfilter::new(NftBackend::default(), options.clone()).unwrap();
+        let everything = netfilter::PlanChanges {
+            added: cluster_ips_only(&first),
+            removed: empty(),
+        };
+        assert!(nf.sync_changes(&first, &everything).await.unwrap());
+        let change = netfilter::PlanChanges {
+            added,
+            removed: empty(),
+        };
+        assert!(nf.sync_changes(&grown, &change).await.unwrap());
+    });
+    let digest = netfilter::plan_digest(&grown, &options).unwrap();
+    assert_eq!(
+        kernel_digest(&node),
+        Some(digest),
+        "the kernel holds the whole plan's digest"
+    );
+
+    // A witness: an element only a rewrite would remove.
+    node.sh_ok("nft add element ip ipvs-proxier health-check-node-ports { 31999 }");
+    let witness = || {
+        node.sh_ok("nft list set ip ipvs-proxier health-check-node-ports")
+            .contains("31999")
+    };
+    // The next process with the same plan adopts the tables: nothing written.
+    let written = node.block_on(|| async {
+        let mut nf = Netfilter::new(NftBackend::default(), options.clone()).unwrap();
+        let changes = netfilter::PlanChanges {
+            added: cluster_ips_only(&grown),
+            removed: empty(),
+        };
+        nf.sync_changes(&grown, &changes).await.unwrap()
+    });
+    assert!(
+        !written,
+        "the tables were rewritten although they hold the plan"
+    );
+    assert!(
+        witness(),
+        "the tables were rewritten although they hold the plan"
+    );
+
+    // With another plan it rewrites them whole, digest included.
+    let written = node.block_on(|| async {
+        let mut nf = Netfilter::new(NftBackend::default(), options.clone()).unwrap();
+        let changes = netfilter::PlanChanges {
+            added: cluster_ips_only(&first),
+            removed: empty(),
+        };
+        nf.sync_changes(&first, &changes).await.unwrap()
+    });
+    assert!(written);
+    assert!(!witness(), "a table holding another plan was kept");
+    assert_eq!(
+        kernel_digest(&node),
+        Some(netfilter::plan_digest(&first, &options).unwrap())
+    );
+    let listing = node.sh_ok("nft list table ip ipvs-proxier");
+    assert_eq!(set_elements(&listing, "cluster-ips"), Some(5));
+}

@@ -304,6 +304,9 @@ proptest! {
         // The per-Service bookkeeping equals the whole-state functions.
         let (state, node, config) = (incremental.state(), incremental.node(), &incremental.config().planner);
         prop_assert_eq!(incremental.netfilter_plan(), &netfilter::plan(state, node, config));
+        // The digest the tables carry, kept by sums over the changes, is the whole plan's.
+        let whole = netfilter::plan_digest(incremental.netfilter_plan(), incremental.netfilter.options()).unwrap();
+        prop_assert_eq!(incremental.netfilter.digest(), Some(whole));
         prop_assert_eq!(incremental.health_checks(), &health_checks(state, node));
         prop_assert_eq!(incremental.no_local_endpoints(), services_without_local_endpoints(state, node));
 

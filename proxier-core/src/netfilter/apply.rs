@@ -4,7 +4,7 @@
 //! namespace of the calling thread (a child process inherits it). [`MemoryNetfilterBackend`]
 //! records scripts for tests and dry runs.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
@@ -51,6 +51,11 @@ pub enum NetfilterError {
 pub type PendingTableList =
     Pin<Box<dyn Future<Output = Result<BTreeSet<String>, NetfilterError>> + Send + 'static>>;
 
+/// One set as `nft list set` prints it, read by a future that borrows nothing of its
+/// backend ([`NetfilterBackend::list_set`]).
+pub type PendingSetList =
+    Pin<Box<dyn Future<Output = Result<String, NetfilterError>> + Send + 'static>>;
+
 /// Applies nft scripts, each as one transaction.
 pub trait NetfilterBackend: Send {
     /// Applies `script` atomically: all of it or none.
@@ -61,6 +66,14 @@ pub trait NetfilterBackend: Send {
     /// changes go on. `None` (the default): this backend cannot look, so every full resync
     /// rewrites the tables.
     fn list_tables(&self) -> Option<PendingTableList> {
+        None
+    }
+
+    /// Lists one set of one table (`table` as `family name`), as `nft list set` prints it;
+    /// an error when the table or the set does not exist. `None` (the default): this
+    /// backend cannot look, so the tables are rewritten at start.
+    fn list_set(&self, table: &str, set: &str) -> Option<PendingSetList> {
+        let _ = (table, set);
         None
     }
 }
@@ -156,6 +169,35 @@ impl NetfilterBackend for NftBackend {
             Ok(parse_table_list(&String::from_utf8_lossy(&output.stdout)))
         }))
     }
+
+    fn list_set(&self, table: &str, set: &str) -> Option<PendingSetList> {
+        let nft = self.nft.clone();
+        let mut args = vec!["list".to_owned(), "set".to_owned()];
+        args.extend(table.split_whitespace().map(str::to_owned));
+        args.push(set.to_owned());
+        Some(Box::pin(async move {
+            let output = tokio::process::Command::new(&nft)
+                .args(&args)
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .kill_on_drop(true)
+                .output()
+                .await
+                .map_err(|source| NetfilterError::Spawn {
+                    nft: nft.clone(),
+                    source,
+                })?;
+            if !output.status.success() {
+                return Err(NetfilterError::Rejected {
+                    nft,
+                    status: output.status,
+                    stderr: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
+                });
+            }
+            Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+        }))
+    }
 }
 
 /// Records every script instead of applying it (tests, `--dry-run`).
@@ -168,6 +210,10 @@ pub struct MemoryNetfilterBackend {
     /// The tables the scripts left, as `family name` (`add table`, a `table … {` block and
     /// `delete table` lines followed in order); tests may remove one to play a flush.
     pub tables: BTreeSet<String>,
+    /// Elements added by one-line `add element FAMILY TABLE SET { … }` commands, by
+    /// `family table set` (emptied by `flush set` and with their table); elements inside
+    /// `table … {` blocks are not followed.
+    pub set_elements: BTreeMap<String, Vec<String>>,
 }
 
 impl NetfilterBackend for MemoryNetfilterBackend {
@@ -181,7 +227,20 @@ impl NetfilterBackend for MemoryNetfilterBackend {
         for line in script.lines() {
             let line = line.trim();
             if let Some(table) = line.strip_prefix("delete table ") {
-                self.tables.remove(table.trim());
+                let table = table.trim();
+                self.tables.remove(table);
+                let prefix = format!("{table} ");
+                self.set_elements.retain(|set, _| !set.starts_with(&prefix));
+            } else if let Some(set) = line.strip_prefix("flush set ") {
+                self.set_elements.remove(set.trim());
+            } else if let Some(rest) = line.strip_prefix("add element ")
+                && let Some((set, elements)) = rest.split_once('{')
+            {
+                let elements = elements.trim_end_matches('}').trim();
+                self.set_elements
+                    .entry(set.trim().to_owned())
+                    .or_default()
+                    .extend(elements.split(',').map(|e| e.trim().to_owned()));
             } else if let Some(table) = line
                 .strip_prefix("add table ")
                 .or_else(|| line.strip_prefix("table "))
@@ -196,6 +255,30 @@ impl NetfilterBackend for MemoryNetfilterBackend {
 
     fn list_tables(&self) -> Option<PendingTableList> {
         Some(Box::pin(std::future::ready(Ok(self.tables.clone()))))
+    }
+
+    /// The set as `nft list set` would print it, with the elements of one-line
+    /// `add element` commands only.
+    fn list_set(&self, table: &str, set: &str) -> Option<PendingSetList> {
+        let listing = if self.tables.contains(table) {
+            let elements = self
+                .set_elements
+                .get(&format!("{table} {set}"))
+                .cloned()
+                .unwrap_or_default();
+            let mut listing = format!("table {table} {{\n\tset {set} {{\n");
+            if !elements.is_empty() {
+                listing.push_str(&format!("\t\telements = {{ {} }}\n", elements.join(", ")));
+            }
+            listing.push_str("\t}\n}\n");
+            Ok(listing)
+        } else {
+            Err(NetfilterError::Io {
+                nft: PathBuf::from("memory"),
+                source: std::io::Error::from(std::io::ErrorKind::NotFound),
+            })
+        };
+        Some(Box::pin(std::future::ready(listing)))
     }
 }
 

@@ -11,7 +11,9 @@
 //! - [`apply::NetfilterBackend`] (I/O): hands the script to the kernel ([`NftBackend`] runs
 //!   the `nft` binary; [`MemoryNetfilterBackend`] records scripts).
 //!
-//! [`Netfilter`] ties them together and skips no-op syncs.
+//! [`Netfilter`] ties them together and skips no-op syncs. At start it adopts tables that
+//! already hold its plan (a restart with nothing changed) instead of rewriting them: each
+//! table carries a digest of its contents ([`digest`]), kept current by every update.
 //!
 //! # Mechanism: nft script text through `nft -f`
 //!
@@ -48,6 +50,7 @@
 //! | `health-check-node-ports` | `inet_service`: health-check NodePorts (`KUBE-HEALTH-CHECK-NODE-PORT`) |
 //! | `service-ips` | `address`: every VIP bound on the dummy link (`KUBE-IPVS-IPS`) |
 //! | `service-ports` | every VIP:port some Service uses |
+//! | `plan-digest` | `mark . mark`: one element, the digest of the tables' contents ([`digest`]) |
 //!
 //! Chains:
 //!
@@ -97,14 +100,16 @@
 //! 5. `--cleanup`: [`Netfilter::cleanup`].
 
 pub mod apply;
+pub mod digest;
 pub mod plan;
 pub mod render;
 pub mod tracker;
 
 pub use apply::{
-    MemoryNetfilterBackend, NetfilterBackend, NetfilterError, NftBackend, PendingTableList,
-    parse_table_list,
+    MemoryNetfilterBackend, NetfilterBackend, NetfilterError, NftBackend, PendingSetList,
+    PendingTableList, parse_table_list,
 };
+pub use digest::{DIGEST_SET, changed_digest, parse_digest, plan_digest, render_digest};
 pub use plan::{
     AddrPort, ClusterIpMasquerade, FamilyPlan, NetfilterPlan, ProtoPort, SourceRange, empty_plan,
     plan, plan_of_service,
@@ -130,8 +135,11 @@ pub struct Netfilter<B> {
     last_applied: Option<NetfilterPlan>,
     /// The tables hold what [`Netfilter::sync_changes`] was last given.
     tracked_in_sync: bool,
-    /// The tables (`family name`) the last replace wrote, and when.
+    /// The tables (`family name`) the last replace wrote (or the start adopted), and when.
     replaced: Option<(BTreeSet<String>, Instant)>,
+    /// The digest the tables hold ([`digest`]), while they hold what
+    /// [`Netfilter::sync_changes`] was last given.
+    digest: Option<u64>,
 }
 
 impl<B: NetfilterBackend> Netfilter<B> {
@@ -144,6 +152,7 @@ impl<B: NetfilterBackend> Netfilter<B> {
             last_applied: None,
             tracked_in_sync: false,
             replaced: None,
+            digest: None,
         })
     }
 
@@ -210,9 +219,14 @@ impl<B: NetfilterBackend> Netfilter<B> {
             if changes.is_empty() {
                 return Ok(false);
             }
-            let script = render_update(&changes.removed, &changes.added, &self.options)?;
+            let mut script = render_update(&changes.removed, &changes.added, &self.options)?;
+            let digest = self.digest.map(|digest| changed_digest(digest, changes));
+            if let Some(digest) = digest {
+                script.push_str(&render_digest(plan, &self.options, digest));
+            }
             match self.backend.apply(&script).await {
                 Ok(()) => {
+                    self.digest = digest;
                     tracing::debug!(table = %self.options.table_name, "nftables set elements updated");
                     return Ok(true);
                 }
@@ -223,9 +237,24 @@ impl<B: NetfilterBackend> Netfilter<B> {
             }
         }
         self.tracked_in_sync = false;
-        let script = render_replace(plan, &self.options)?;
+        self.digest = None;
+        let digest = plan_digest(plan, &self.options)?;
+        if self.replaced.is_none() && self.tables_hold(plan, digest).await {
+            // A restart: the tables a previous run left already hold this plan.
+            self.tracked_in_sync = true;
+            self.digest = Some(digest);
+            self.note_replaced(plan);
+            tracing::info!(
+                table = %self.options.table_name,
+                "nftables tables already hold the plan: adopted without a rewrite"
+            );
+            return Ok(false);
+        }
+        let mut script = render_replace(plan, &self.options)?;
+        script.push_str(&render_digest(plan, &self.options, digest));
         self.backend.apply(&script).await?;
         self.tracked_in_sync = true;
+        self.digest = Some(digest);
         self.note_replaced(plan);
         tracing::debug!(
             table = %self.options.table_name,
@@ -251,6 +280,50 @@ impl<B: NetfilterBackend> Netfilter<B> {
     pub fn invalidate(&mut self) {
         self.last_applied = None;
         self.tracked_in_sync = false;
+        self.digest = None;
+    }
+
+    /// The digest the tables hold ([`digest`]) while they hold what
+    /// [`Netfilter::sync_changes`] was last given; `None` before that or after a failure.
+    pub fn digest(&self) -> Option<u64> {
+        self.digest
+    }
+
+    /// Whether the kernel holds exactly the proxier's tables of `plan`'s families (none of
+    /// another family), each with `digest` in its [`DIGEST_SET`]: what a previous run left
+    /// when nothing changed since. Any doubt (a backend that cannot look, a listing that
+    /// fails) answers `false`, and the tables are rewritten.
+    async fn tables_hold(&self, plan: &NetfilterPlan, digest: u64) -> bool {
+        let Some(listing) = self.backend.list_tables() else {
+            return false;
+        };
+        let Ok(present) = listing.await else {
+            return false;
+        };
+        let name = |family| format!("{} {}", nft_family(family), self.options.table_name);
+        let ours: BTreeSet<String> = AddressFamily::ALL
+            .into_iter()
+            .map(name)
+            .filter(|table| present.contains(table))
+            .collect();
+        let wanted: BTreeSet<String> = AddressFamily::ALL
+            .into_iter()
+            .filter(|family| plan.family(*family).is_some())
+            .map(name)
+            .collect();
+        if ours != wanted {
+            return false;
+        }
+        for table in &wanted {
+            let Some(listing) = self.backend.list_set(table, DIGEST_SET) else {
+                return false;
+            };
+            match listing.await {
+                Ok(listing) if parse_digest(&listing) == Some(digest) => {}
+                _ => return false,
+            }
+        }
+        true
     }
 
     fn note_replaced(&mut self, plan: &NetfilterPlan) {
@@ -338,6 +411,98 @@ mod tests {
             .build()
             .unwrap()
             .block_on(f)
+    }
+
+    fn changes(added: &[u16], removed: &[u16]) -> PlanChanges {
+        PlanChanges {
+            added: plan_with(added),
+            removed: plan_with(removed),
+        }
+    }
+
+    #[test]
+    fn a_restart_adopts_tables_that_hold_its_plan_and_rewrites_any_other() {
+        let options = RenderOptions::default();
+        let mut first = Netfilter::new(MemoryNetfilterBackend::default(), options.clone()).unwrap();
+        let plan = plan_with(&[80, 443]);
+        assert!(block_on(first.sync_changes(&plan, &changes(&[80, 443], &[]))).unwrap());
+        // Churn after the replace keeps the digest of the whole plan in the tables.
+        let plan = plan_with(&[80, 8443]);
+        assert!(block_on(first.sync_changes(&plan, &changes(&[8443], &[443]))).unwrap());
+        assert_eq!(first.digest(), Some(plan_digest(&plan, &options).unwrap()));
+
+        // The next process, same plan: nothing is written.
+        let kernel = first.backend().clone();
+        let mut second = Netfilter::new(kernel.clone(), options.clone()).unwrap();
+        assert!(!block_on(second.sync_changes(&plan, &changes(&[80, 8443], &[]))).unwrap());
+        assert_eq!(second.backend().scripts.len(), kernel.scripts.len());
+        assert!(!second.replaced_before(Duration::from_secs(60)));
+        // ... and it goes on with updates.
+        let next = plan_with(&[80]);
+        assert!(block_on(second.sync_changes(&next, &changes(&[], &[8443]))).unwrap());
+        assert!(
+            second
+                .backend()
+                .scripts
+                .last()
+                .unwrap()
+                .starts_with("delete element")
+        );
+
+        // Another plan, other options, or a table of another family: rewritten whole.
+        let rewrites = |netfilter: &mut Netfilter<MemoryNetfilterBackend>, plan: &NetfilterPlan| {
+            let before = netfilter.backend().scripts.len();
+            assert!(block_on(netfilter.sync_changes(plan, &changes(&[], &[]))).unwrap());
+            assert_eq!(netfilter.backend().scripts.len(), before + 1);
+            assert!(
+                netfilter
+                    .backend()
+                    .scripts
+                    .last()
+                    .unwrap()
+                    .contains("delete table")
+            );
+        };
+        let mut other_plan = Netfilter::new(kernel.clone(), options.clone()).unwrap();
+        rewrites(&mut other_plan, &plan_with(&[80, 443]));
+        let renamed_mark = RenderOptions {
+            masquerade_mark: 0x8000,
+            ..options.clone()
+        };
+        rewrites(
+            &mut Netfilter::new(kernel.clone(), renamed_mark).unwrap(),
+            &plan,
+        );
+        let mut stray = kernel.clone();
+        stray.tables.insert(format!("ip6 {}", options.table_name));
+        rewrites(&mut Netfilter::new(stray, options.clone()).unwrap(), &plan);
+        let mut flushed = kernel.clone();
+        flushed.set_elements.clear();
+        rewrites(
+            &mut Netfilter::new(flushed, options.clone()).unwrap(),
+            &plan,
+        );
+        // A backend that cannot look always rewrites.
+        let mut blind = Netfilter::new(Blind(kernel), options).unwrap();
+        assert!(block_on(blind.sync_changes(&plan, &changes(&[], &[]))).unwrap());
+        assert!(
+            blind
+                .backend()
+                .0
+                .scripts
+                .last()
+                .unwrap()
+                .contains("delete table")
+        );
+    }
+
+    /// A backend that applies but cannot list.
+    struct Blind(MemoryNetfilterBackend);
+
+    impl NetfilterBackend for Blind {
+        async fn apply(&mut self, script: &str) -> Result<(), NetfilterError> {
+            self.0.apply(script).await
+        }
     }
 
     #[test]

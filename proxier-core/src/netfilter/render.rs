@@ -13,6 +13,7 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 
+use super::digest::DIGEST_SET;
 use super::plan::{AddrPort, ClusterIpMasquerade, FamilyPlan, NetfilterPlan, ProtoPort};
 use crate::desired::Protocol;
 use crate::model::AddressFamily;
@@ -162,6 +163,8 @@ fn render_table(out: &mut String, plan: &FamilyPlan, options: &RenderOptions) {
             content.elements.into_iter().collect(),
         );
     }
+    // What the tables hold, as one number (filled by the caller: `super::digest`).
+    set(out, DIGEST_SET, "mark . mark", false, Vec::new());
 
     // Masquerade marking, for packets from pods (prerouting) and from the node (output).
     let mark_it = format!("meta mark set meta mark | {mark}");
@@ -298,14 +301,15 @@ fn render_table(out: &mut String, plan: &FamilyPlan, options: &RenderOptions) {
 }
 
 /// One set of a family's table, with its elements rendered as nft text.
-struct SetContent {
-    name: &'static str,
+pub(super) struct SetContent {
+    pub(super) name: &'static str,
     key_type: String,
     interval: bool,
-    elements: BTreeSet<String>,
+    pub(super) elements: BTreeSet<String>,
 }
 
-fn set_contents(plan: &FamilyPlan) -> Vec<SetContent> {
+/// Every set of a family's table with its elements, as rendered.
+pub(super) fn set_contents(plan: &FamilyPlan) -> Vec<SetContent> {
     let s = Syntax::of(plan.family);
     let addr = s.addr_type;
     let addr_port = format!("{addr} . inet_proto . inet_service");
