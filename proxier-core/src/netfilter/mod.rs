@@ -127,6 +127,10 @@ use std::time::{Duration, Instant};
 use crate::model::AddressFamily;
 use render::nft_family;
 
+/// How long a listing of the tables ([`Netfilter::check_tables`]) or of the digest (at
+/// start) may take before it is abandoned; an `nft` listing is dropped with its process.
+pub const LISTING_TIMEOUT: Duration = Duration::from_secs(3);
+
 /// Keeps the node's nftables tables equal to the latest plan.
 #[derive(Debug)]
 pub struct Netfilter<B> {
@@ -297,7 +301,7 @@ impl<B: NetfilterBackend> Netfilter<B> {
         let Some(listing) = self.backend.list_tables() else {
             return false;
         };
-        let Ok(present) = listing.await else {
+        let Ok(Ok(present)) = tokio::time::timeout(LISTING_TIMEOUT, listing).await else {
             return false;
         };
         let name = |family| format!("{} {}", nft_family(family), self.options.table_name);
@@ -318,8 +322,8 @@ impl<B: NetfilterBackend> Netfilter<B> {
             let Some(listing) = self.backend.list_set(table, DIGEST_SET) else {
                 return false;
             };
-            match listing.await {
-                Ok(listing) if parse_digest(&listing) == Some(digest) => {}
+            match tokio::time::timeout(LISTING_TIMEOUT, listing).await {
+                Ok(Ok(listing)) if parse_digest(&listing) == Some(digest) => {}
                 _ => return false,
             }
         }
@@ -348,6 +352,12 @@ impl<B: NetfilterBackend> Netfilter<B> {
     /// resync, without rewriting tables that are there). Answers `false` when the tables
     /// cannot be listed (or the backend cannot list them), and `true` before the first
     /// replace (there is nothing to miss).
+    ///
+    /// A listing that takes longer than [`LISTING_TIMEOUT`] is abandoned and the tables are
+    /// taken as present: `nft` starts its listing again whenever the ruleset changed while
+    /// it read, so under constant changes (ours: an update every few hundred milliseconds)
+    /// it may not finish before the changes stop, spinning meanwhile. Then a missing table
+    /// is found anyway: the next incremental update fails on it and replaces the tables.
     pub fn check_tables(&self) -> impl Future<Output = bool> + Send + 'static {
         let expected = self.replaced.as_ref().map(|(tables, _)| tables.clone());
         let listing = self.backend.list_tables();
@@ -358,7 +368,14 @@ impl<B: NetfilterBackend> Netfilter<B> {
             let Some(listing) = listing else {
                 return false;
             };
-            match listing.await {
+            let Ok(listing) = tokio::time::timeout(LISTING_TIMEOUT, listing).await else {
+                tracing::info!(
+                    timeout = ?LISTING_TIMEOUT,
+                    "nftables tables not listed in time (the ruleset kept changing); taken as present"
+                );
+                return true;
+            };
+            match listing {
                 Ok(present) => {
                     let missing: Vec<&String> = expected.difference(&present).collect();
                     if !missing.is_empty() {
@@ -408,6 +425,7 @@ mod tests {
 
     fn block_on<F: std::future::Future>(f: F) -> F::Output {
         tokio::runtime::Builder::new_current_thread()
+            .enable_time()
             .build()
             .unwrap()
             .block_on(f)
@@ -494,6 +512,42 @@ mod tests {
                 .unwrap()
                 .contains("delete table")
         );
+    }
+
+    /// A backend whose listings never end (`nft` restarting its listing under changes).
+    struct Stuck(MemoryNetfilterBackend);
+
+    impl NetfilterBackend for Stuck {
+        async fn apply(&mut self, script: &str) -> Result<(), NetfilterError> {
+            self.0.apply(script).await
+        }
+
+        fn list_tables(&self) -> Option<PendingTableList> {
+            Some(Box::pin(std::future::pending()))
+        }
+
+        fn list_set(&self, _: &str, _: &str) -> Option<PendingSetList> {
+            Some(Box::pin(std::future::pending()))
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn listings_that_do_not_end_are_abandoned() {
+        let mut nf = Netfilter::new(
+            Stuck(MemoryNetfilterBackend::default()),
+            RenderOptions::default(),
+        )
+        .unwrap();
+        let plan = plan_with(&[80]);
+        // At start the digest cannot be read: the tables are written.
+        let started = tokio::time::Instant::now();
+        assert!(nf.sync_changes(&plan, &changes(&[80], &[])).await.unwrap());
+        assert_eq!(started.elapsed(), LISTING_TIMEOUT);
+        assert_eq!(nf.backend().0.scripts.len(), 1);
+        // A resync's check gives up and takes the tables as present.
+        let started = tokio::time::Instant::now();
+        assert!(nf.check_tables().await);
+        assert_eq!(started.elapsed(), LISTING_TIMEOUT);
     }
 
     /// A backend that applies but cannot list.
