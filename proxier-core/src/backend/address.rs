@@ -13,7 +13,7 @@ use netlink_packet_route::route::{
 };
 use rtnetlink::{AddressMessageBuilder, Handle, LinkDummy, LinkUnspec, RouteMessageBuilder};
 
-use super::{AddressBackend, BackendError};
+use super::{AddressBackend, BackendError, LinkRead, PendingLinkRead};
 
 /// Maps an rtnetlink error to a [`BackendError`] by its errno.
 fn map_error(error: rtnetlink::Error) -> BackendError {
@@ -150,40 +150,11 @@ impl KernelAddressBackend {
 
     /// The link's interface index, `None` when it does not exist.
     async fn link_index(&self) -> Result<Option<u32>, BackendError> {
-        let mut links = self
-            .handle
-            .link()
-            .get()
-            .match_name(self.link.clone())
-            .execute();
-        match links.try_next().await {
-            Ok(Some(link)) => Ok(Some(link.header.index)),
-            Ok(None) => Ok(None),
-            Err(error) => match map_error(error) {
-                BackendError::NotFound => Ok(None),
-                other => Err(other),
-            },
-        }
+        link_index(&self.handle, &self.link).await
     }
 
     async fn read_node_addresses(&self) -> Result<BTreeSet<IpAddr>, BackendError> {
-        let dummy = self.link_index().await?;
-        let mut messages = self.handle.address().get().execute();
-        let mut addresses = BTreeSet::new();
-        while let Some(message) = messages.try_next().await.map_err(map_error)? {
-            if Some(message.header.index) == dummy {
-                continue;
-            }
-            // As kube-proxy: IPv4 link-local addresses can serve NodePorts, IPv6
-            // link-local ones cannot.
-            if let Some(address) = local_address(&message)
-                && !matches!(address, IpAddr::V6(v6) if v6.is_unicast_link_local())
-                && !address.is_loopback()
-            {
-                addresses.insert(address);
-            }
-        }
-        Ok(addresses)
+        read_node_addresses(&self.handle, &self.link).await
     }
 
     /// Sends one request per address on the dummy link, up to [`PIPELINE_DEPTH`] in flight
@@ -307,27 +278,10 @@ impl AddressBackend for KernelAddressBackend {
 
     async fn list_addresses(&mut self) -> Result<BTreeSet<IpAddr>, BackendError> {
         self.index = self.link_index().await?;
-        let Some(index) = self.index else {
-            return Ok(BTreeSet::new());
-        };
-        let mut messages = self
-            .handle
-            .address()
-            .get()
-            .set_link_index_filter(index)
-            .execute();
-        let mut addresses = BTreeSet::new();
-        while let Some(message) = messages.try_next().await.map_err(map_error)? {
-            if message.header.index != index {
-                continue;
-            }
-            if let Some(address) = local_address(&message)
-                && !is_link_local(&address)
-            {
-                addresses.insert(address);
-            }
+        match self.index {
+            Some(index) => link_addresses(&self.handle, index).await,
+            None => Ok(BTreeSet::new()),
         }
-        Ok(addresses)
     }
 
     async fn add_address(&mut self, address: IpAddr) -> Result<(), BackendError> {
@@ -377,20 +331,28 @@ impl AddressBackend for KernelAddressBackend {
 
     async fn list_local_routes(&mut self) -> Result<BTreeSet<IpNet>, BackendError> {
         self.index = self.link_index().await?;
-        let Some(index) = self.index else {
-            return Ok(BTreeSet::new());
-        };
-        let mut routes = BTreeSet::new();
-        for family in [AddressFamily::Inet, AddressFamily::Inet6] {
-            let mut request = RouteMessage::default();
-            request.header.address_family = family;
-            request.header.table = LOCAL_TABLE;
-            let mut messages = self.handle.route().get(request).execute();
-            while let Some(message) = messages.try_next().await.map_err(map_error)? {
-                routes.extend(own_local_route(&message, index));
-            }
+        match self.index {
+            Some(index) => local_routes(&self.handle, index).await,
+            None => Ok(BTreeSet::new()),
         }
-        Ok(routes)
+    }
+
+    fn read_link(&self) -> Option<PendingLinkRead> {
+        let (handle, link) = (self.handle.clone(), self.link.clone());
+        Some(Box::pin(async move {
+            let (addresses, routes) = match link_index(&handle, &link).await? {
+                Some(index) => (
+                    link_addresses(&handle, index).await?,
+                    local_routes(&handle, index).await?,
+                ),
+                None => (BTreeSet::new(), BTreeSet::new()),
+            };
+            Ok(LinkRead {
+                addresses,
+                routes,
+                node_addresses: read_node_addresses(&handle, &link).await?,
+            })
+        }))
     }
 
     async fn add_local_route(&mut self, net: IpNet) -> Result<(), BackendError> {
@@ -427,6 +389,79 @@ impl AddressBackend for KernelAddressBackend {
         }
         result
     }
+}
+
+/// The interface index of link `link`, `None` when it does not exist.
+async fn link_index(handle: &Handle, link: &str) -> Result<Option<u32>, BackendError> {
+    let mut links = handle.link().get().match_name(link.to_owned()).execute();
+    match links.try_next().await {
+        Ok(Some(link)) => Ok(Some(link.header.index)),
+        Ok(None) => Ok(None),
+        Err(error) => match map_error(error) {
+            BackendError::NotFound => Ok(None),
+            other => Err(other),
+        },
+    }
+}
+
+/// The node's own addresses: every interface's but `link`'s, loopback and IPv6 link-local.
+async fn read_node_addresses(
+    handle: &Handle,
+    link: &str,
+) -> Result<BTreeSet<IpAddr>, BackendError> {
+    let dummy = link_index(handle, link).await?;
+    let mut messages = handle.address().get().execute();
+    let mut addresses = BTreeSet::new();
+    while let Some(message) = messages.try_next().await.map_err(map_error)? {
+        if Some(message.header.index) == dummy {
+            continue;
+        }
+        // As kube-proxy: IPv4 link-local addresses can serve NodePorts, IPv6
+        // link-local ones cannot.
+        if let Some(address) = local_address(&message)
+            && !matches!(address, IpAddr::V6(v6) if v6.is_unicast_link_local())
+            && !address.is_loopback()
+        {
+            addresses.insert(address);
+        }
+    }
+    Ok(addresses)
+}
+
+/// The addresses bound on the link with index `index`, link-local ones left out.
+async fn link_addresses(handle: &Handle, index: u32) -> Result<BTreeSet<IpAddr>, BackendError> {
+    let mut messages = handle
+        .address()
+        .get()
+        .set_link_index_filter(index)
+        .execute();
+    let mut addresses = BTreeSet::new();
+    while let Some(message) = messages.try_next().await.map_err(map_error)? {
+        if message.header.index != index {
+            continue;
+        }
+        if let Some(address) = local_address(&message)
+            && !is_link_local(&address)
+        {
+            addresses.insert(address);
+        }
+    }
+    Ok(addresses)
+}
+
+/// The `local` routes through the link with index `index` but those for its own addresses.
+async fn local_routes(handle: &Handle, index: u32) -> Result<BTreeSet<IpNet>, BackendError> {
+    let mut routes = BTreeSet::new();
+    for family in [AddressFamily::Inet, AddressFamily::Inet6] {
+        let mut request = RouteMessage::default();
+        request.header.address_family = family;
+        request.header.table = LOCAL_TABLE;
+        let mut messages = handle.route().get(request).execute();
+        while let Some(message) = messages.try_next().await.map_err(map_error)? {
+            routes.extend(own_local_route(&message, index));
+        }
+    }
+    Ok(routes)
 }
 
 /// The kernel's `local` routing table (`RT_TABLE_LOCAL`).

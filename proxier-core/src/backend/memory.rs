@@ -15,8 +15,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use ipnet::IpNet;
 
 use super::{
-    AddressBackend, BackendError, DEFAULT_DUMMY_LINK, IpvsBackend, IpvsOp, PendingTableRead,
-    TableRead,
+    AddressBackend, BackendError, DEFAULT_DUMMY_LINK, IpvsBackend, IpvsOp, LinkRead,
+    PendingLinkRead, PendingTableRead, TableRead,
 };
 use crate::desired::{RealServerKey, SortedMap, VirtualServerKey};
 use crate::observed::{Forwarding, ObservedRealServer, ObservedVirtualServer};
@@ -355,6 +355,17 @@ impl MemoryAddressBackend {
 impl AddressBackend for MemoryAddressBackend {
     fn link_name(&self) -> &str {
         &self.link
+    }
+
+    /// The link as it is when the read starts (the stalest answer a kernel read may give).
+    fn read_link(&self) -> Option<PendingLinkRead> {
+        let state = lock(&self.state);
+        let read = LinkRead {
+            addresses: state.addresses.clone(),
+            routes: state.routes.clone(),
+            node_addresses: state.node_addresses.clone(),
+        };
+        Some(Box::pin(std::future::ready(Ok(read))))
     }
 
     async fn ensure_link(&mut self) -> Result<(), BackendError> {

@@ -271,10 +271,32 @@ pub trait IpvsBackend: Send {
     ) -> impl Future<Output = Vec<Result<(), BackendError>>> + Send;
 }
 
+/// What a full sync reads of the node's links ([`AddressBackend::read_link`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LinkRead {
+    /// The addresses bound on the dummy link (none when it does not exist).
+    pub addresses: BTreeSet<IpAddr>,
+    /// The `local` routes through it ([`AddressBackend::list_local_routes`]).
+    pub routes: BTreeSet<IpNet>,
+    /// The node's own addresses ([`AddressBackend::node_addresses`]).
+    pub node_addresses: BTreeSet<IpAddr>,
+}
+
+/// A read of the links that borrows nothing of its backend ([`AddressBackend::read_link`]).
+pub type PendingLinkRead =
+    Pin<Box<dyn Future<Output = Result<LinkRead, BackendError>> + Send + 'static>>;
+
 /// Manages the dummy link and the service addresses bound on it (/32 or /128).
 pub trait AddressBackend: Send {
     /// Name of the link.
     fn link_name(&self) -> &str;
+
+    /// Reads the dummy link's addresses and routes and the node's addresses without
+    /// borrowing the backend, so a full resync reads them beside incremental syncs (with
+    /// the IPVS table). `None` (the default): the full sync reads them when it finishes.
+    fn read_link(&self) -> Option<PendingLinkRead> {
+        None
+    }
 
     /// Creates the dummy link if it is missing and brings it up.
     fn ensure_link(&mut self) -> impl Future<Output = Result<(), BackendError>> + Send;

@@ -45,7 +45,7 @@ pub use driver::{DriverConfig, ProxierHandle, SyncScheduler};
 pub use report::{PlanSize, SyncKind, SyncReport, SyncTimings};
 
 use crate::backend::memory::{MemoryAddressBackend, MemoryIpvsBackend};
-use crate::backend::{AddressBackend, BackendError, IpvsBackend, TableRead};
+use crate::backend::{AddressBackend, BackendError, IpvsBackend};
 use crate::backend::{KernelAddressBackend, KernelIpvsBackend};
 use crate::conntrack::{
     ConntrackBackend, FlowFilter, KernelConntrack, MemoryConntrack, stale_udp_flows_of_port,
@@ -59,7 +59,8 @@ use crate::netfilter::{
 };
 use crate::planner::Planner;
 use crate::reconciler::{
-    CleanupReport, ReconcileError, ReconcileReport, Reconciler, ReconcilerConfig, ReconcilerStats,
+    CleanupReport, FullRead, ReconcileError, ReconcileReport, Reconciler, ReconcilerConfig,
+    ReconcilerStats,
 };
 use crate::state::{Change, ClusterState, DirtyPorts};
 use crate::sysctl::{ProcSysctl, SysctlOptions, ensure_sysctls};
@@ -114,7 +115,7 @@ pub const DEFAULT_NETFILTER_FULL_SYNC_PERIOD: Duration = Duration::from_secs(360
 /// What a full sync reads before it can repair anything, read by [`FullSyncRead`].
 #[derive(Debug)]
 pub struct KernelRead {
-    ipvs: Result<TableRead, BackendError>,
+    kernel: FullRead,
     netfilter_tables_present: bool,
 }
 
@@ -123,7 +124,10 @@ impl KernelRead {
     /// driver retries it.
     pub fn failed(reason: impl Into<String>) -> Self {
         KernelRead {
-            ipvs: Err(BackendError::Other(reason.into())),
+            kernel: FullRead {
+                table: Err(BackendError::Other(reason.into())),
+                link: None,
+            },
             netfilter_tables_present: false,
         }
     }
@@ -254,6 +258,9 @@ pub struct Proxier<I, A, N, C> {
     synced_once: bool,
     /// The node's addresses as last read from the kernel (with `node_addresses_from_kernel`).
     kernel_addresses: Option<Vec<IpAddr>>,
+    /// Whether the node's addresses were re-read since the full sync's read began: then
+    /// they are newer than the ones that read holds.
+    node_addresses_refreshed_during_read: bool,
     /// kube-proxy's netfilter part, still to be removed.
     takeover: Option<KubeProxyTakeover>,
 }
@@ -292,6 +299,7 @@ where
             trigger_times: Vec::new(),
             synced_once: false,
             kernel_addresses: None,
+            node_addresses_refreshed_during_read: false,
             takeover: None,
             config,
         })
@@ -361,6 +369,7 @@ where
         if !self.config.node_addresses_from_kernel {
             return false;
         }
+        self.node_addresses_refreshed_during_read = true;
         let addresses: Vec<IpAddr> = match self.reconciler.node_addresses().await {
             Ok(addresses) => addresses.into_iter().collect(),
             Err(error) => {
@@ -368,6 +377,15 @@ where
                 return false;
             }
         };
+        self.apply_node_addresses(addresses)
+    }
+
+    /// Takes the node's addresses as read from the kernel; returns whether the node's facts
+    /// changed (then the next sync re-plans every port).
+    fn apply_node_addresses(&mut self, addresses: Vec<IpAddr>) -> bool {
+        if !self.config.node_addresses_from_kernel {
+            return false;
+        }
         if self.kernel_addresses.as_ref() == Some(&addresses) {
             return false;
         }
@@ -412,12 +430,13 @@ where
     /// hand its answer to [`Proxier::finish_full_sync`]: what those syncs wrote is not
     /// mistaken for drift (see [`Reconciler::begin_full_sync`]).
     pub fn begin_full_sync(&mut self) -> FullSyncRead {
-        let ipvs = self.reconciler.begin_full_sync();
+        self.node_addresses_refreshed_during_read = false;
+        let kernel = self.reconciler.begin_full_sync();
         let tables = self.netfilter.check_tables();
         FullSyncRead(Box::pin(async move {
-            let (ipvs, netfilter_tables_present) = futures::join!(ipvs, tables);
+            let (kernel, netfilter_tables_present) = futures::join!(kernel, tables);
             KernelRead {
-                ipvs,
+                kernel,
                 netfilter_tables_present,
             }
         }))
@@ -442,17 +461,28 @@ where
             kind,
             ..SyncReport::default()
         };
-        let (ipvs_read, tables_present) = match read {
-            Some(read) => (Some(read.ipvs), read.netfilter_tables_present),
+        let (kernel_read, tables_present) = match read {
+            Some(read) => (Some(read.kernel), read.netfilter_tables_present),
             None => (None, true),
         };
         // The table read ran before (beside incremental syncs); it is part of this sync.
-        let read_took = ipvs_read
+        let read_took = kernel_read
             .as_ref()
-            .and_then(|read| read.as_ref().ok())
+            .and_then(|read| read.table.as_ref().ok())
             .map_or(Duration::ZERO, |read| read.took);
-        if kind == SyncKind::Full {
-            self.refresh_node_addresses().await;
+        if let Some(read) = &kernel_read {
+            // The node's addresses as read beside the table, unless a refresh since (on an
+            // address event) is newer; read now when the backend did not read them.
+            match &read.link {
+                Some(Ok(link)) => {
+                    if !self.node_addresses_refreshed_during_read {
+                        self.apply_node_addresses(link.node_addresses.iter().copied().collect());
+                    }
+                }
+                _ => {
+                    self.refresh_node_addresses().await;
+                }
+            }
         }
 
         let (changed, before) = self.replan(&mut report);
@@ -477,7 +507,7 @@ where
         let (ipvs, (netfilter_result, netfilter_time)) = tokio::join!(
             async {
                 let started = Instant::now();
-                let report = match ipvs_read {
+                let report = match kernel_read {
                     Some(read) => reconciler.finish_full_sync(desired, read).await,
                     None => incremental_reconcile(reconciler, desired, &changed).await,
                 };

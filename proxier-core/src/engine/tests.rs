@@ -611,6 +611,31 @@ fn node_ports_follow_the_kernels_addresses() {
         report.ipvs.deletes, 1,
         "the NodePort on the removed address goes"
     );
+
+    // A full sync reads the node's addresses beside the table and takes them at its end ...
+    addresses.set_node_addresses([node_a]);
+    let read = proxier.begin_full_sync();
+    let read = rt.block_on(read);
+    addresses.set_node_addresses([node_a, second]);
+    rt.block_on(proxier.finish_full_sync(read)).unwrap();
+    assert_eq!(
+        node_ports(&proxier),
+        BTreeSet::from([node_a]),
+        "the addresses as read"
+    );
+    // ... unless an address event's refresh during the read saw newer ones.
+    addresses.set_node_addresses([node_a]);
+    let read = proxier.begin_full_sync();
+    addresses.set_node_addresses([node_a, second]);
+    assert!(rt.block_on(proxier.refresh_node_addresses()));
+    rt.block_on(proxier.sync(SyncKind::Incremental)).unwrap();
+    let read = rt.block_on(read);
+    rt.block_on(proxier.finish_full_sync(read)).unwrap();
+    assert_eq!(
+        node_ports(&proxier),
+        BTreeSet::from([node_a, second]),
+        "the refresh is newer than the read"
+    );
 }
 
 /// Counts what the driver loop does.

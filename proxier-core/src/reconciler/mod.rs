@@ -41,16 +41,17 @@
 //! ```
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::future::Future;
 use std::net::IpAddr;
 use std::ops::RangeInclusive;
+use std::pin::Pin;
 use std::time::Duration;
 
 use ipnet::IpNet;
 use tokio::time::Instant;
 
 use crate::backend::{
-    AddressBackend, BackendError, IpvsBackend, IpvsOp, OpKind, PendingTableRead, TableRead,
-    TableReads,
+    AddressBackend, BackendError, IpvsBackend, IpvsOp, LinkRead, OpKind, TableRead, TableReads,
 };
 use crate::desired::{
     Desired, ServicePortName, ServicePortPlan, SortedMap, VirtualServer, VirtualServerKey,
@@ -356,8 +357,23 @@ pub struct Reconciler<I, A> {
     /// While a full sync's table read is in flight: the virtual servers incremental syncs
     /// looked at or wrote since it started, whose cached state is newer than the read.
     touched_since_read: Option<HashSet<VirtualServerKey>>,
+    /// The same for addresses on the dummy link.
+    addresses_touched_since_read: Option<HashSet<IpAddr>>,
     stats: ReconcilerStats,
 }
+
+/// A full sync's reads ([`Reconciler::begin_full_sync`]): the IPVS table and, when the
+/// address backend reads them beside it, the links.
+#[derive(Debug)]
+pub struct FullRead {
+    /// The IPVS table.
+    pub table: Result<TableRead, BackendError>,
+    /// The links ([`AddressBackend::read_link`]); `None`: read at the finish.
+    pub link: Option<Result<LinkRead, BackendError>>,
+}
+
+/// The reads of a full sync in flight, borrowing nothing of the reconciler.
+pub type PendingFullRead = Pin<Box<dyn Future<Output = FullRead> + Send + 'static>>;
 
 impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
     /// A reconciler over the given backends. It reads the kernel on its first sync.
@@ -383,6 +399,7 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
             retired: HashMap::new(),
             ops_sent: 0,
             touched_since_read: None,
+            addresses_touched_since_read: None,
             stats: ReconcilerStats::default(),
         }
     }
@@ -452,37 +469,55 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
     }
 
     /// Starts a full sync by reading the IPVS table, the slow part (seconds at 10,000
-    /// Services), as a future that borrows nothing: run it (spawn it) while incremental
-    /// syncs ([`Reconciler::sync_services`], [`Reconciler::tick`]) go on, then hand its
-    /// result to [`Reconciler::finish_full_sync`]. Virtual servers those syncs look at in
-    /// the meantime are remembered: for them the cache, which holds their writes, is newer
-    /// than the read, so they are never mistaken for drift and no write is undone.
-    pub fn begin_full_sync(&mut self) -> PendingTableRead {
+    /// Services), and the links ([`AddressBackend::read_link`]) as a future that borrows
+    /// nothing: run it (spawn it) while incremental syncs ([`Reconciler::sync_services`],
+    /// [`Reconciler::tick`]) go on, then hand its result to
+    /// [`Reconciler::finish_full_sync`]. Virtual servers and addresses those syncs look at
+    /// in the meantime are remembered: for them the cache, which holds their writes, is
+    /// newer than the read, so they are never mistaken for drift and no write is undone.
+    pub fn begin_full_sync(&mut self) -> PendingFullRead {
         self.touched_since_read = Some(HashSet::new());
-        let read = self.ipvs.read_table();
+        self.addresses_touched_since_read = Some(HashSet::new());
+        let table = self.ipvs.read_table();
+        let link = self.addresses.read_link();
         Box::pin(async move {
             let started = std::time::Instant::now();
-            let mut read = read.await?;
-            read.took = read.took.max(started.elapsed());
-            Ok(read)
+            let table = async move {
+                let mut read = table.await?;
+                read.took = read.took.max(started.elapsed());
+                Ok(read)
+            };
+            let link = async move {
+                match link {
+                    Some(link) => Some(link.await),
+                    None => None,
+                }
+            };
+            let (table, link) = futures::join!(table, link);
+            FullRead { table, link }
         })
     }
 
     /// Ends a full sync begun with [`Reconciler::begin_full_sync`], given its read: the
-    /// read, with the virtual servers touched since it started taken from the cache, is
-    /// the kernel; the link, its addresses and routes are read now; then drift is repaired
-    /// as in [`Reconciler::full_sync`].
+    /// read, with the virtual servers and addresses touched since it started taken from
+    /// the cache, is the kernel (the link's addresses and routes are read now when the
+    /// backend did not read them beside the table); then drift is repaired as in
+    /// [`Reconciler::full_sync`]. A link deleted while the read ran is re-created here and
+    /// its addresses re-bound by the next full sync.
     pub async fn finish_full_sync(
         &mut self,
         desired: &Desired,
-        read: Result<TableRead, BackendError>,
+        read: FullRead,
     ) -> Result<ReconcileReport, ReconcileError> {
         let touched = self.touched_since_read.take().unwrap_or_default();
+        let touched_addresses = self.addresses_touched_since_read.take().unwrap_or_default();
         let now = Instant::now();
         self.drains_checked_at = now;
         let link = self.addresses.link_name().to_owned();
-        let read = read.map_err(|source| ReconcileError::ListVirtualServers { source })?;
-        self.ipvs.record_read(&read);
+        let table = read
+            .table
+            .map_err(|source| ReconcileError::ListVirtualServers { source })?;
+        self.ipvs.record_read(&table);
         self.stats.table_reads = self.ipvs.table_reads();
         let read_started = std::time::Instant::now();
         self.addresses
@@ -492,19 +527,36 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
                 link: link.clone(),
                 source,
             })?;
-        let bound_addresses = self.addresses.list_addresses().await.map_err(|source| {
-            ReconcileError::ListAddresses {
-                link: link.clone(),
-                source,
+        let (bound_addresses, routes) = match read.link {
+            Some(Ok(read)) => {
+                // Bound or unbound after the read started: the cache is newer.
+                let mut bound = read.addresses;
+                for address in touched_addresses {
+                    if self.kernel.bound_addresses.contains(&address) {
+                        bound.insert(address);
+                    } else {
+                        bound.remove(&address);
+                    }
+                }
+                (bound, read.routes)
             }
-        })?;
-        let routes = self.addresses.list_local_routes().await.map_err(|source| {
-            ReconcileError::ListRoutes {
-                link: link.clone(),
-                source,
+            _ => {
+                let bound = self.addresses.list_addresses().await.map_err(|source| {
+                    ReconcileError::ListAddresses {
+                        link: link.clone(),
+                        source,
+                    }
+                })?;
+                let routes = self.addresses.list_local_routes().await.map_err(|source| {
+                    ReconcileError::ListRoutes {
+                        link: link.clone(),
+                        source,
+                    }
+                })?;
+                (bound, routes)
             }
-        })?;
-        let mut virtual_servers = read.virtual_servers;
+        };
+        let mut virtual_servers = table.virtual_servers;
         // Written (or re-read) after the read started: the cache is newer. One whose last
         // write failed is read again, alone.
         let mut still_suspect = Vec::new();
@@ -529,7 +581,7 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
             virtual_servers,
             bound_addresses,
         };
-        let read = read.took + read_started.elapsed();
+        let read = table.took + read_started.elapsed();
         let route_report = self.sync_routes(&link, &routes).await;
         let diff_started = std::time::Instant::now();
 
@@ -1052,6 +1104,9 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
             );
         }
         changes.order();
+        if let Some(touched) = &mut self.addresses_touched_since_read {
+            touched.extend(addresses.iter().copied());
+        }
         let mut bind = Vec::new();
         let mut unbind = Vec::new();
         for address in addresses {
