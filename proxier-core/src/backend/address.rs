@@ -338,10 +338,10 @@ impl AddressBackend for KernelAddressBackend {
     }
 
     /// Reads on a socket of its own, opened here (in this thread's network namespace, as
-    /// [`KernelAddressBackend::connect`]) and driven by the read itself: dumps sharing the
-    /// backend's socket with the incremental syncs' writes crawl (seen: 100 s instead of
-    /// 0.3 s at 10,000 addresses). `None` when the socket cannot be opened: the full sync
-    /// then reads at its end, on the backend's socket.
+    /// [`KernelAddressBackend::connect`]) and driven by the read itself, so its dumps do not
+    /// interleave with the incremental syncs' writes on the backend's socket. `None` when
+    /// the socket cannot be opened: the full sync then reads at its end, on the backend's
+    /// socket.
     fn read_link(&self) -> Option<PendingLinkRead> {
         let (connection, handle, _) = match rtnetlink::new_connection() {
             Ok(opened) => opened,
