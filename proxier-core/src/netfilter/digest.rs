@@ -15,13 +15,11 @@
 use std::fmt::Write as _;
 
 use super::plan::{FamilyPlan, NetfilterPlan};
-use super::render::{RenderError, RenderOptions, nft_family, render_replace, set_contents};
+use super::render::{
+    DIGEST_SET, RenderError, RenderOptions, nft_family, render_replace, set_contents,
+};
 use super::tracker::PlanChanges;
 use crate::model::AddressFamily;
-
-/// The set, in each of the proxier's tables, holding the digest of the tables' contents:
-/// one element `0xHIGH . 0xLOW` (type `mark . mark`).
-pub const DIGEST_SET: &str = "plan-digest";
 
 /// The digest of the tables that `plan` renders to with `options`.
 pub fn plan_digest(plan: &NetfilterPlan, options: &RenderOptions) -> Result<u64, RenderError> {

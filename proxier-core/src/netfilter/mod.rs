@@ -109,14 +109,14 @@ pub use apply::{
     MemoryNetfilterBackend, NetfilterBackend, NetfilterError, NftBackend, PendingSetList,
     PendingTableList, parse_table_list,
 };
-pub use digest::{DIGEST_SET, changed_digest, parse_digest, plan_digest, render_digest};
+pub use digest::{changed_digest, parse_digest, plan_digest, render_digest};
 pub use plan::{
     AddrPort, ClusterIpMasquerade, FamilyPlan, NetfilterPlan, ProtoPort, SourceRange, empty_plan,
     plan, plan_of_service,
 };
 pub use render::{
-    DEFAULT_MASQUERADE_MARK, DEFAULT_TABLE_NAME, RenderError, RenderOptions, render_cleanup,
-    render_replace, render_update,
+    DEFAULT_MASQUERADE_MARK, DEFAULT_TABLE_NAME, DIGEST_SET, RenderError, RenderOptions,
+    render_cleanup, render_replace, render_update,
 };
 pub use tracker::{NetfilterTracker, PlanChanges};
 

@@ -13,13 +13,16 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 
-use super::digest::DIGEST_SET;
 use super::plan::{AddrPort, ClusterIpMasquerade, FamilyPlan, NetfilterPlan, ProtoPort};
 use crate::desired::Protocol;
 use crate::model::AddressFamily;
 
 /// Default name of the proxier's tables (one in family `ip`, one in `ip6`).
 pub const DEFAULT_TABLE_NAME: &str = "ipvs-proxier";
+
+/// The set, in each of the proxier's tables, holding the digest of the tables' contents
+/// ([`super::digest`]): one element `0xHIGH . 0xLOW` (type `mark . mark`).
+pub const DIGEST_SET: &str = "plan-digest";
 
 /// Default masquerade mark bit: kube-proxy's `--iptables-masquerade-bit` 14.
 pub const DEFAULT_MASQUERADE_MARK: u32 = 0x4000;
