@@ -145,59 +145,44 @@ impl NetfilterBackend for NftBackend {
     }
 
     fn list_tables(&self) -> Option<PendingTableList> {
-        let nft = self.nft.clone();
-        Some(Box::pin(async move {
-            let output = tokio::process::Command::new(&nft)
-                .args(["list", "tables"])
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .kill_on_drop(true)
-                .output()
-                .await
-                .map_err(|source| NetfilterError::Spawn {
-                    nft: nft.clone(),
-                    source,
-                })?;
-            if !output.status.success() {
-                return Err(NetfilterError::Rejected {
-                    nft,
-                    status: output.status,
-                    stderr: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
-                });
-            }
-            Ok(parse_table_list(&String::from_utf8_lossy(&output.stdout)))
-        }))
+        let listing = nft_list(self.nft.clone(), vec!["tables".to_owned()]);
+        Some(Box::pin(
+            async move { Ok(parse_table_list(&listing.await?)) },
+        ))
     }
 
     fn list_set(&self, table: &str, set: &str) -> Option<PendingSetList> {
-        let nft = self.nft.clone();
-        let mut args = vec!["list".to_owned(), "set".to_owned()];
-        args.extend(table.split_whitespace().map(str::to_owned));
-        args.push(set.to_owned());
-        Some(Box::pin(async move {
-            let output = tokio::process::Command::new(&nft)
-                .args(&args)
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .kill_on_drop(true)
-                .output()
-                .await
-                .map_err(|source| NetfilterError::Spawn {
-                    nft: nft.clone(),
-                    source,
-                })?;
-            if !output.status.success() {
-                return Err(NetfilterError::Rejected {
-                    nft,
-                    status: output.status,
-                    stderr: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
-                });
-            }
-            Ok(String::from_utf8_lossy(&output.stdout).into_owned())
-        }))
+        let mut what = vec!["set".to_owned()];
+        what.extend(table.split_whitespace().map(str::to_owned));
+        what.push(set.to_owned());
+        Some(Box::pin(nft_list(self.nft.clone(), what)))
     }
+}
+
+/// `nft list WHAT...`: its standard output, or why it failed. The process is killed when the
+/// future is dropped (a listing abandoned after a timeout).
+async fn nft_list(nft: PathBuf, what: Vec<String>) -> Result<String, NetfilterError> {
+    let output = tokio::process::Command::new(&nft)
+        .arg("list")
+        .args(&what)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .output()
+        .await
+        .map_err(|source| NetfilterError::Spawn {
+            nft: nft.clone(),
+            source,
+        })?;
+    if !output.status.success() {
+        return Err(NetfilterError::Rejected {
+            nft,
+            status: output.status,
+            stderr: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
+        });
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
 /// Records every script instead of applying it (tests, `--dry-run`).
