@@ -310,18 +310,8 @@ pub async fn run<I, A, N, C, O>(
             );
         }
         if full_read.as_ref().is_some_and(SpawnedRead::is_finished) {
-            let (read, started) = SpawnedRead::answer(&mut full_read).await;
-            tracing::info!(waited = ?started.elapsed(), "full sync: kernel read, repairing");
-            let result = proxier.finish_full_sync(read).await;
-            report(
-                proxier,
-                &mut scheduler,
-                observer,
-                &commands,
-                SyncKind::Full,
-                started,
-                result,
-            );
+            let answer = SpawnedRead::answer(&mut full_read).await;
+            finish_full_sync(proxier, answer, &mut scheduler, observer, &commands).await;
             continue;
         }
         // A burst of address events is one re-read.
@@ -373,18 +363,8 @@ pub async fn run<I, A, N, C, O>(
                 }
                 tokio::select! {
                     _ = tokio::time::sleep_until(at) => {}
-                    (read, started) = SpawnedRead::answer(&mut full_read) => {
-                        tracing::info!(waited = ?started.elapsed(), "full sync: kernel read, repairing");
-                        let result = proxier.finish_full_sync(read).await;
-                        report(
-                            proxier,
-                            &mut scheduler,
-                            observer,
-                            &commands,
-                            SyncKind::Full,
-                            started,
-                            result,
-                        );
+                    answer = SpawnedRead::answer(&mut full_read) => {
+                        finish_full_sync(proxier, answer, &mut scheduler, observer, &commands).await;
                     }
                     command = commands.rx.recv() => match command {
                         Some(command) => handle(
@@ -449,6 +429,33 @@ impl Drop for SpawnedRead {
 }
 
 /// Records a finished sync with the scheduler and tells the observer.
+/// Repairs with a full sync's kernel read (its answer and when it started) and reports it.
+async fn finish_full_sync<I, A, N, C, O>(
+    proxier: &mut Proxier<I, A, N, C>,
+    (read, started): (KernelRead, Instant),
+    scheduler: &mut SyncScheduler,
+    observer: &mut O,
+    commands: &Commands,
+) where
+    I: IpvsBackend,
+    A: AddressBackend,
+    N: NetfilterBackend,
+    C: ConntrackBackend + Send + 'static,
+    O: SyncObserver<Proxier<I, A, N, C>>,
+{
+    tracing::info!(waited = ?started.elapsed(), "full sync: kernel read, repairing");
+    let result = proxier.finish_full_sync(read).await;
+    report(
+        proxier,
+        scheduler,
+        observer,
+        commands,
+        SyncKind::Full,
+        started,
+        result,
+    );
+}
+
 fn report<I, A, N, C, O>(
     proxier: &Proxier<I, A, N, C>,
     scheduler: &mut SyncScheduler,
