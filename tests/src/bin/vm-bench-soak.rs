@@ -40,7 +40,7 @@ const TRAFFIC_SERVICES: usize = 10;
 /// Pod namespaces answering on 8080.
 const PODS: usize = 5;
 const GOAL_RSS_GROWTH: f64 = 0.05;
-/// Change to kernel during the soak, full resyncs included (issue #28's goals).
+/// Change to kernel during the soak, full resyncs included (the daemon's latency goals).
 const GOAL_CHANGE_P99: Duration = Duration::from_millis(50);
 const GOAL_CHANGE_MAX: Duration = Duration::from_millis(250);
 /// Changes slower than this are listed with their time, to place them among the syncs.
