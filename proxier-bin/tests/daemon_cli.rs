@@ -218,7 +218,7 @@ fn dry_run_watch_serves_follows_the_file_and_stops_on_sigterm() {
         1,
     );
     assert_ne!(smaller, CLUSTER);
-    std::fs::write(&path, smaller).expect("rewrite source");
+    std::fs::write(&path, &smaller).expect("rewrite source");
     let second = wait_line(&daemon.stdout_lines, "sync after change", |l| {
         l.contains("8 services")
     });
@@ -236,6 +236,31 @@ fn dry_run_watch_serves_follows_the_file_and_stops_on_sigterm() {
         removed.starts_with("- shop/cart") && removed.contains("10.96.12.51:7070"),
         "{removed}"
     );
+
+    // The Node object is being deleted: load balancers are told to stop sending traffic
+    // (`/healthz` 503, nodeEligible false) while the proxier itself stays alive.
+    let leaving = smaller.replacen(
+        "  name: node-a\n  resourceVersion: \"30012\"\n",
+        "  name: node-a\n  resourceVersion: \"30013\"\n  deletionTimestamp: \"2030-01-01T00:00:00Z\"\n",
+        1,
+    );
+    assert_ne!(leaving, smaller);
+    std::fs::write(&path, leaving).expect("rewrite source");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let body = loop {
+        let (status, body) = http_get(health, "/healthz");
+        if status == 503 {
+            break body;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still {status} after the Node's deletion: {body}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let v: serde_json::Value = serde_json::from_str(&body).expect("healthz JSON");
+    assert_eq!(v["nodeEligible"], false, "{body}");
+    assert_eq!(http_get(health, "/livez").0, 200);
 
     let (status, text) = http_get(metrics, "/metrics");
     assert_eq!(status, 200);

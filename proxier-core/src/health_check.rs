@@ -176,6 +176,7 @@ mod tests {
             }],
             endpoints,
             warnings: Vec::new(),
+            trigger_time: None,
         }
     }
 

@@ -597,6 +597,7 @@ pub fn convert_endpoint_slice(
         ports,
         endpoints,
         warnings,
+        trigger_time: trigger_time(slice),
     }))
 }
 
@@ -615,12 +616,12 @@ pub fn node_eligible(node: &core::Node) -> bool {
     !being_deleted && !tainted
 }
 
-/// Reads what the planner needs from this node's Node object: name, labels, zone, primary
+/// Reads what the engine needs from this node's Node object: name, labels, zone, primary
 /// IPs (the first InternalIP of each family, else the first ExternalIP), as
-/// `local_addresses` every InternalIP and ExternalIP it lists, and its pod CIDRs
-/// (`spec.podCIDRs`, else `spec.podCIDR`; a malformed one rejects the Node). A proxier that reads the
-/// node's interfaces ([`crate::ProxierConfig::node_addresses_from_kernel`]) uses those
-/// instead.
+/// `local_addresses` every InternalIP and ExternalIP it lists, its pod CIDRs
+/// (`spec.podCIDRs`, else `spec.podCIDR`; a malformed one rejects the Node) and whether it
+/// may take traffic ([`node_eligible`]). A proxier that reads the node's interfaces
+/// ([`crate::ProxierConfig::node_addresses_from_kernel`]) uses those instead.
 pub fn node_context(node: &core::Node) -> Result<NodeContext, ConversionError> {
     let name = node.metadata.name.clone().unwrap_or_default();
     let object = ObjectRef::new(ObjectKind::Node, "", &name);
@@ -672,6 +673,7 @@ pub fn node_context(node: &core::Node) -> Result<NodeContext, ConversionError> {
         local_addresses,
         labels,
         pod_cidrs,
+        eligible: node_eligible(node),
     })
 }
 

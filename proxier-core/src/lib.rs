@@ -36,6 +36,7 @@
 //!     ports: vec![EndpointPort { name: "http".into(), port: 8080, protocol: Protocol::Tcp }],
 //!     endpoints: vec![Endpoint::ready("10.244.1.2".parse()?), Endpoint::ready("10.244.2.3".parse()?)],
 //!     warnings: Vec::new(),
+//!     trigger_time: None,
 //! };
 //! proxier.apply(Change::UpsertSlice(slice.clone()));
 //! let first = proxier.sync(SyncKind::Full).await?; // reads the kernel, adopts, programs

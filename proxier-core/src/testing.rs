@@ -72,6 +72,7 @@ pub fn slice(i: usize, n: usize, round: u64) -> EndpointSlice {
         }],
         endpoints,
         warnings: Vec::new(),
+        trigger_time: None,
     }
 }
 

@@ -46,6 +46,7 @@ fn slice(service: &str, name: &str, addresses: &[&str]) -> EndpointSlice {
             })
             .collect(),
         warnings: Vec::new(),
+        trigger_time: None,
     }
 }
 

@@ -111,6 +111,7 @@ fn slice(
             .collect(),
         endpoints,
         warnings: Vec::new(),
+        trigger_time: None,
     }
 }
 

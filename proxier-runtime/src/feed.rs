@@ -1,7 +1,7 @@
 //! Where a source's batches enter the engine: each change is counted for the
 //! `*_changes_*` metrics until the next sync ([`crate::observer::RuntimeObserver`] resets the
-//! count), the node's eligibility reaches the health state, and the changes go to the
-//! proxier (the first batch, before the first sync) or to its driver ([`forward`]).
+//! count), and the changes go to the proxier (the first batch, before the first sync) or to
+//! its driver ([`forward`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -13,7 +13,6 @@ use proxier_core::netfilter::NetfilterBackend;
 use proxier_core::{Change, Proxier};
 use tokio::sync::mpsc;
 
-use crate::health::ProxyHealth;
 use crate::metrics;
 use crate::source::{SourceBatch, describe};
 
@@ -26,17 +25,15 @@ pub(crate) struct PendingChanges {
 
 /// Where a source's batches enter the engine (from
 /// [`RuntimeObserver::feed`](crate::observer::RuntimeObserver::feed)): changes are
-/// counted for the `*_changes_*` metrics and the node's eligibility reaches the health state
-/// before the engine gets them. Cheap to clone.
+/// counted for the `*_changes_*` metrics before the engine gets them. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Feed {
-    health: ProxyHealth,
     pending: Arc<PendingChanges>,
 }
 
 impl Feed {
-    pub(crate) fn new(health: ProxyHealth, pending: Arc<PendingChanges>) -> Feed {
-        Feed { health, pending }
+    pub(crate) fn new(pending: Arc<PendingChanges>) -> Feed {
+        Feed { pending }
     }
 
     /// Applies a source's first batch (its complete picture) to a proxier before its first
@@ -52,9 +49,6 @@ impl Feed {
         N: NetfilterBackend,
         C: ConntrackBackend + Send + 'static,
     {
-        if let Some(eligible) = batch.node_eligible {
-            self.health.set_node_eligible(eligible);
-        }
         let count = batch.changes.len();
         for change in batch.changes {
             proxier.apply(change);
@@ -64,9 +58,6 @@ impl Feed {
 
     /// Hands a later batch to a running driver.
     pub fn send(&self, engine: &ProxierHandle, batch: SourceBatch) {
-        if let Some(eligible) = batch.node_eligible {
-            self.health.set_node_eligible(eligible);
-        }
         for change in &batch.changes {
             tracing::debug!(change = %describe(change), "source change");
             match change {
@@ -80,9 +71,6 @@ impl Feed {
                 }
                 Change::UpsertNode(_) | Change::DeleteNode => {}
             }
-        }
-        for at in batch.trigger_times {
-            engine.record_trigger_time(at);
         }
         engine.apply(batch.changes);
     }

@@ -6,8 +6,8 @@
 //! - [`source`]: the Kubernetes API server (feature `kube`: kube-runtime watchers with
 //!   kube-proxy's selectors and readiness rule) and a YAML file of manifests (feature `file`).
 //!   Each is a value the caller spawns, yielding the engine's [`Change`](proxier_core::Change)s.
-//! - [`feed`]: hands a source's batches to the engine (counted for the metrics, the node's
-//!   eligibility to the health state): the first before the first sync, the rest to the driver.
+//! - [`feed`]: hands a source's batches to the engine (counted for the metrics): the first
+//!   before the first sync, the rest to the driver.
 //! - [`go_duration`]: durations as Kubernetes components' flags and config files write them
 //!   (Go's `time.ParseDuration`), parsed and printed.
 //! - [`health`]: kube-proxy's `/healthz` and `/livez` state and, with the `http` feature, its

@@ -43,10 +43,9 @@ impl RuntimeObserver {
         }
     }
 
-    /// Where a source's batches go in: counted as pending changes until the next sync, the
-    /// node's eligibility given to the health state.
+    /// Where a source's batches go in: counted as pending changes until the next sync.
     pub fn feed(&self) -> Feed {
-        Feed::new(self.health.clone(), Arc::clone(&self.pending))
+        Feed::new(Arc::clone(&self.pending))
     }
 
     /// Serves the health checks through `servers` (a tokio task; call it inside the runtime):
@@ -92,6 +91,7 @@ where
             SyncKind::Incremental => SyncScope::Partial,
         };
         metrics::record_sync(scope, outcome.took, outcome.succeeded, SystemTime::now());
+        self.health.set_node_eligible(proxier.node_eligible());
         if !outcome.changes_pending {
             self.pending.services.store(0, Ordering::Relaxed);
             self.pending.endpoints.store(0, Ordering::Relaxed);

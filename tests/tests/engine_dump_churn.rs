@@ -41,6 +41,7 @@ fn service(i: u32) -> (Service, EndpointSlice) {
         }],
         endpoints: vec![ready],
         warnings: Vec::new(),
+        trigger_time: None,
     };
     (Service::new(name, vec![vip], vec![port]), slice)
 }

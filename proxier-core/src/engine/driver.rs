@@ -8,7 +8,7 @@
 //! changes sent through a [`ProxierHandle`] between syncs, wakes for drains and retries
 //! ([`Proxier::next_deadline`]) and tells a [`SyncObserver`] about every sync.
 
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
@@ -193,7 +193,6 @@ impl SyncScheduler {
 #[derive(Debug)]
 enum Command {
     Apply(Vec<Change>),
-    TriggerTime(SystemTime),
     NodeAddresses,
     Full,
 }
@@ -227,11 +226,6 @@ impl ProxierHandle {
         if !changes.is_empty() {
             let _ = self.tx.send(Command::Apply(changes));
         }
-    }
-
-    /// See [`Proxier::record_trigger_time`].
-    pub fn record_trigger_time(&self, at: SystemTime) {
-        let _ = self.tx.send(Command::TriggerTime(at));
     }
 
     /// The node's addresses may have changed (an rtnetlink address event): the driver
@@ -513,7 +507,6 @@ fn handle<P, O: SyncObserver<P>, I, A, N, C>(
                 observer.queued();
             }
         }
-        Command::TriggerTime(at) => proxier.record_trigger_time(at),
         Command::NodeAddresses => *addresses_changed = true,
         Command::Full => scheduler.request_full(Instant::now()),
     }

@@ -255,6 +255,8 @@ pub struct Proxier<I, A, N, C> {
     /// Whether every port must be re-planned at the next sync (the node's facts changed).
     replan_all: bool,
     trigger_times: Vec<SystemTime>,
+    /// See [`Proxier::node_eligible`].
+    node_eligible: bool,
     synced_once: bool,
     /// The node's addresses as last read from the kernel (with `node_addresses_from_kernel`).
     kernel_addresses: Option<Vec<IpAddr>>,
@@ -297,6 +299,7 @@ where
             dirty: DirtyPorts::new(),
             replan_all: true,
             trigger_times: Vec::new(),
+            node_eligible: true,
             synced_once: false,
             kernel_addresses: None,
             node_addresses_refreshed_during_read: false,
@@ -307,17 +310,40 @@ where
 
     /// Applies one change to the cluster state; returns whether it changed anything. The
     /// kernel follows at the next [`Proxier::sync`].
-    pub fn apply(&mut self, change: Change) -> bool {
-        let node_change = matches!(change, Change::UpsertNode(_) | Change::DeleteNode);
-        let dirty = self.state.apply(change);
-        if node_change {
-            let node = self.node_facts();
-            if node != self.node {
-                self.node = node;
-                self.replan_all = true;
-                return true;
+    ///
+    /// An EndpointSlice's trigger time is taken out of it and recorded when the slice changed
+    /// something ([`Proxier::record_trigger_time`]); the node's eligibility is kept for
+    /// [`Proxier::node_eligible`] (a deleted Node object makes the node ineligible).
+    pub fn apply(&mut self, mut change: Change) -> bool {
+        let mut trigger_time = None;
+        let eligible = match &mut change {
+            Change::UpsertSlice(slice) => {
+                trigger_time = slice.trigger_time.take();
+                None
             }
-            return false;
+            Change::UpsertNode(node) => Some(node.eligible),
+            Change::DeleteNode => Some(false),
+            _ => None,
+        };
+        let dirty = self.state.apply(change);
+        // As kube-proxy: only a slice that changes something is measured (a resent,
+        // unchanged one would wait for an unrelated sync and inflate the latency).
+        if let Some(at) = trigger_time
+            && !dirty.is_empty()
+        {
+            self.record_trigger_time(at);
+        }
+        if let Some(eligible) = eligible {
+            self.node_eligible = eligible;
+            let node = self.node_facts();
+            if !node.plans_like(&self.node) {
+                self.replan_all = true;
+            }
+            // A change of eligibility alone needs no re-plan, but still asks for a (cheap)
+            // sync, so that observers see it.
+            let changed = node != self.node;
+            self.node = node;
+            return changed;
         }
         let changed = !dirty.is_empty();
         self.dirty.extend(dirty);
@@ -327,11 +353,18 @@ where
     /// Notes when a change that is being applied was made (an EndpointSlice's
     /// `endpoints.kubernetes.io/last-change-trigger-time`): the next sync reports the
     /// time from it to the kernel being programmed. Times before this proxier was built are
-    /// ignored (they would measure the downtime, not the programming).
+    /// ignored (they would measure the downtime, not the programming). [`Proxier::apply`]
+    /// records the trigger time a slice carries; this is for changes made another way.
     pub fn record_trigger_time(&mut self, at: SystemTime) {
         if at >= self.started {
             self.trigger_times.push(at);
         }
+    }
+
+    /// Whether the node may take traffic, as its Node object last said (`true` until one
+    /// is known, `false` once it is deleted): what `/healthz` reports to load balancers.
+    pub fn node_eligible(&self) -> bool {
+        self.node_eligible
     }
 
     /// Takes the node over from kube-proxy's IPVS mode: after the next full sync that left
@@ -354,6 +387,7 @@ where
         let mut node = self.state.node().cloned().unwrap_or_else(|| {
             NodeContext::new(self.config.hostname.clone(), Vec::new(), Vec::new())
         });
+        node.eligible = self.node_eligible;
         if let Some(addresses) = &self.kernel_addresses {
             node.local_addresses = addresses.clone();
         } else if node.local_addresses.is_empty() {

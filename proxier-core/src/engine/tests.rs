@@ -120,6 +120,7 @@ impl SliceSpec {
                 })
                 .collect(),
             warnings: Vec::new(),
+            trigger_time: None,
         }
     }
 }
@@ -534,6 +535,73 @@ fn trigger_times_after_start_are_reported_once() {
     assert_eq!(report.programming_latencies.len(), 1);
     let report = rt.block_on(proxier.sync(SyncKind::Incremental)).unwrap();
     assert!(report.programming_latencies.is_empty());
+}
+
+#[test]
+fn a_slice_brings_its_trigger_time_and_only_a_change_is_measured() {
+    let rt = runtime();
+    let (mut proxier, _, _) = memory_proxier();
+    proxier.apply(Change::UpsertService(web(1)));
+    rt.block_on(proxier.sync(SyncKind::Full)).unwrap();
+
+    let mut slice = SliceSpec {
+        service: 0,
+        slice: 0,
+        endpoints: vec![(2, true, true), (3, true, false)],
+    }
+    .model(false);
+    slice.trigger_time = Some(SystemTime::now());
+    assert!(proxier.apply(Change::UpsertSlice(slice.clone())));
+    let report = rt.block_on(proxier.sync(SyncKind::Incremental)).unwrap();
+    assert_eq!(report.programming_latencies.len(), 1);
+
+    // The same endpoints, stamped again: the trigger time is not part of the state.
+    slice.trigger_time = Some(SystemTime::now());
+    assert!(!proxier.apply(Change::UpsertSlice(slice.clone())));
+    let report = rt.block_on(proxier.sync(SyncKind::Incremental)).unwrap();
+    assert!(report.programming_latencies.is_empty());
+
+    // A change stamped before the proxier was built measures downtime, not programming.
+    slice.endpoints.pop();
+    slice.trigger_time = Some(SystemTime::UNIX_EPOCH);
+    assert!(proxier.apply(Change::UpsertSlice(slice)));
+    let report = rt.block_on(proxier.sync(SyncKind::Incremental)).unwrap();
+    assert_eq!(report.ipvs.deletes, 1, "the endpoint went");
+    assert!(report.programming_latencies.is_empty());
+}
+
+#[test]
+fn the_nodes_eligibility_is_a_fact_of_the_engine_that_needs_no_replan() {
+    let rt = runtime();
+    let (mut proxier, _, _) = memory_proxier();
+    assert!(
+        proxier.node_eligible(),
+        "eligible until a Node object says otherwise"
+    );
+    proxier.apply(Change::UpsertService(web(1)));
+    let node = NodeContext::new(NODE, vec![ip(200)], Vec::new());
+    proxier.apply(Change::UpsertNode(node.clone()));
+    rt.block_on(proxier.sync(SyncKind::Full)).unwrap();
+
+    let mut leaving = node.clone();
+    leaving.eligible = false;
+    assert!(
+        proxier.apply(Change::UpsertNode(leaving.clone())),
+        "observers must hear of it"
+    );
+    assert!(!proxier.node_eligible());
+    let report = rt.block_on(proxier.sync(SyncKind::Incremental)).unwrap();
+    assert!(
+        !report.replanned_all,
+        "the plan does not depend on eligibility"
+    );
+    assert_eq!(report.ipvs.writes, 0);
+    assert!(!proxier.apply(Change::UpsertNode(leaving)), "nothing new");
+
+    assert!(proxier.apply(Change::UpsertNode(node)));
+    assert!(proxier.node_eligible());
+    assert!(proxier.apply(Change::DeleteNode));
+    assert!(!proxier.node_eligible(), "a deleted node takes no traffic");
 }
 
 #[test]

@@ -3,6 +3,7 @@
 use std::fmt;
 use std::net::IpAddr;
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use super::error::ModelWarning;
 use super::service::ServiceName;
@@ -102,6 +103,10 @@ pub struct EndpointSlice {
     pub endpoints: Vec<Endpoint>,
     /// Things ignored while reading the object (it is still used).
     pub warnings: Vec<ModelWarning>,
+    /// When the change this slice reflects was made (the EndpointSlice controller's
+    /// `endpoints.kubernetes.io/last-change-trigger-time`): the engine measures the network
+    /// programming latency from it, and does not keep it once the slice is applied.
+    pub trigger_time: Option<SystemTime>,
 }
 
 impl EndpointSlice {

@@ -9,7 +9,7 @@ use ipnet::IpNet;
 pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 
 /// The node the proxier runs on.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeContext {
     /// Node name (matches endpoints' `nodeName` for local endpoints).
     pub name: String,
@@ -25,6 +25,17 @@ pub struct NodeContext {
     /// The pod CIDRs allocated to the node (the Node's `spec.podCIDRs`): what
     /// `--detect-local-mode=NodeCIDR` treats as local pod traffic.
     pub pod_cidrs: Vec<IpNet>,
+    /// Whether the node may take traffic: `false` while it is being deleted or is about to
+    /// be (kube-proxy's `nodeEligible`, see `k8s::node_eligible`). Load balancers read it
+    /// through `/healthz`; the plan does not depend on it.
+    pub eligible: bool,
+}
+
+impl Default for NodeContext {
+    /// A node with no name, no address and eligible for traffic.
+    fn default() -> Self {
+        NodeContext::new(String::new(), Vec::new(), Vec::new())
+    }
 }
 
 impl NodeContext {
@@ -41,7 +52,20 @@ impl NodeContext {
             zone: None,
             labels: BTreeMap::new(),
             pod_cidrs: Vec::new(),
+            eligible: true,
         }
+    }
+
+    /// Whether planning for `other` gives the same plan as for this node: every fact but
+    /// [`NodeContext::eligible`] is the same.
+    pub fn plans_like(&self, other: &NodeContext) -> bool {
+        // Compared whole but for eligibility, so that a fact added later counts by default.
+        if self.eligible == other.eligible {
+            return self == other;
+        }
+        let mut other = other.clone();
+        other.eligible = self.eligible;
+        *self == other
     }
 
     /// Whether `ip` is one of the node's own addresses.

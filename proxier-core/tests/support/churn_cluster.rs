@@ -53,6 +53,7 @@ pub fn slice(name: &str, first_pod: u32) -> EndpointSlice {
             .map(|e| Endpoint::ready(pod_ip(first_pod + e)))
             .collect(),
         warnings: Vec::new(),
+        trigger_time: None,
     }
 }
 

@@ -12,12 +12,11 @@ pub mod kube;
 pub mod manifests;
 
 use std::fmt;
-use std::time::SystemTime;
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use proxier_core::model::{ServiceName, SliceKey};
+use proxier_core::model::{NodeContext, ServiceName, SliceKey};
 use proxier_core::{Change, k8s};
 
 use tokio::sync::{mpsc, watch};
@@ -57,26 +56,20 @@ impl fmt::Display for ObjectKey {
 /// complete first picture.
 #[derive(Debug, Default)]
 pub struct SourceBatch {
-    /// Changes, in order.
+    /// Changes, in order. The facts the engine measures and reports come inside them: an
+    /// EndpointSlice's trigger time, the node's eligibility for traffic.
     pub changes: Vec<Change>,
-    /// `endpoints.kubernetes.io/last-change-trigger-time` of the EndpointSlices in it.
-    pub trigger_times: Vec<SystemTime>,
-    /// When this node's Node object changed: whether the node may take traffic (see
-    /// [`k8s::node_eligible`]).
-    pub node_eligible: Option<bool>,
 }
 
 impl SourceBatch {
     /// Whether it holds nothing.
     pub fn is_empty(&self) -> bool {
-        self.changes.is_empty() && self.node_eligible.is_none()
+        self.changes.is_empty()
     }
 
     /// Adds what `later` holds after what this one holds.
     pub fn append(&mut self, later: SourceBatch) {
         self.changes.extend(later.changes);
-        self.trigger_times.extend(later.trigger_times);
-        self.node_eligible = later.node_eligible.or(self.node_eligible);
     }
 
     /// A Service was added or changed. One the conversion rejects is logged and left out:
@@ -101,10 +94,7 @@ impl SourceBatch {
     /// An EndpointSlice was added or changed (rejected ones as [`SourceBatch::upsert_service`]).
     pub fn upsert_slice(&mut self, slice: &EndpointSlice) {
         match k8s::slice_change(slice) {
-            Ok(Some(change)) => {
-                self.changes.push(change);
-                self.trigger_times.extend(k8s::trigger_time(slice));
-            }
+            Ok(Some(change)) => self.changes.push(change),
             // An FQDN slice: never proxied.
             Ok(None) => self.delete_slice(ObjectKey::of(&slice.metadata)),
             Err(error) => tracing::error!(
@@ -122,13 +112,22 @@ impl SourceBatch {
 
     /// This node's Node object changed (`None`: deleted).
     pub fn node(&mut self, node: Option<&Node>) {
-        self.node_eligible = Some(node.is_some_and(k8s::node_eligible));
-        self.changes.push(match node.map(k8s::node_context) {
-            Some(Ok(node)) => Change::UpsertNode(node),
-            Some(Err(error)) => {
-                tracing::error!(%error, "node object rejected; planning without its addresses");
-                Change::DeleteNode
-            }
+        self.changes.push(match node {
+            Some(node) => match k8s::node_context(node) {
+                Ok(context) => Change::UpsertNode(context),
+                Err(error) => {
+                    tracing::error!(%error, "node object rejected; planning without its addresses");
+                    // Its name and eligibility still hold: planning as with no Node object,
+                    // while `/healthz` keeps telling load balancers whether to send traffic.
+                    let mut context = NodeContext::new(
+                        node.metadata.name.clone().unwrap_or_default(),
+                        Vec::new(),
+                        Vec::new(),
+                    );
+                    context.eligible = k8s::node_eligible(node);
+                    Change::UpsertNode(context)
+                }
+            },
             None => Change::DeleteNode,
         });
     }

@@ -2,6 +2,7 @@
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use proxier_core::Change;
 use proxier_runtime::source::{ObjectKey, SourceBatch, describe};
 use std::time::{Duration, SystemTime};
 
@@ -52,8 +53,10 @@ fn objects_become_the_engine_s_changes() {
             "service delete shop/db"
         ]
     );
-    assert!(batch.trigger_times.is_empty(), "no annotation, no time");
-    assert_eq!(batch.node_eligible, None);
+    let Change::UpsertSlice(slice) = &batch.changes[1] else {
+        panic!("a slice upsert: {:?}", described(&batch));
+    };
+    assert_eq!(slice.trigger_time, None, "no annotation, no time");
 }
 
 #[test]
@@ -82,9 +85,19 @@ fn trigger_times_come_with_their_slices() {
         "IPv4",
         serde_json::json!({proxier_core::k8s::LAST_CHANGE_TRIGGER_TIME_ANNOTATION: "2030-01-01T00:00:00Z"}),
     ));
-    assert_eq!(batch.changes.len(), 1);
+    let [Change::UpsertSlice(slice)] = &batch.changes[..] else {
+        panic!("one slice upsert: {:?}", described(&batch));
+    };
     let expected = SystemTime::UNIX_EPOCH + Duration::from_secs(1_893_456_000);
-    assert_eq!(batch.trigger_times, vec![expected]);
+    assert_eq!(slice.trigger_time, Some(expected));
+}
+
+fn eligibility(change: &Change) -> Option<bool> {
+    match change {
+        Change::UpsertNode(node) => Some(node.eligible),
+        Change::DeleteNode => Some(false),
+        _ => None,
+    }
 }
 
 #[test]
@@ -94,10 +107,31 @@ fn the_node_comes_with_its_eligibility() {
     node.metadata.name = Some("node-a".into());
     batch.node(Some(&node));
     assert_eq!(described(&batch), ["node update node-a"]);
-    assert_eq!(batch.node_eligible, Some(true));
+    assert_eq!(eligibility(&batch.changes[0]), Some(true));
     let mut later = SourceBatch::default();
     later.node(None);
     batch.append(later);
     assert_eq!(described(&batch), ["node update node-a", "node deleted"]);
-    assert_eq!(batch.node_eligible, Some(false), "the later state wins");
+    assert_eq!(eligibility(&batch.changes[1]), Some(false));
+}
+
+#[test]
+fn a_rejected_node_still_says_whether_it_takes_traffic() {
+    let node: Node = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "node-a", "deletionTimestamp": "2030-01-01T00:00:00Z"},
+        "spec": {"podCIDRs": ["not-a-cidr"]},
+        "status": {"addresses": [{"type": "InternalIP", "address": "192.168.0.10"}]},
+    }))
+    .expect("a Node");
+    let mut batch = SourceBatch::default();
+    batch.node(Some(&node));
+    let [Change::UpsertNode(context)] = &batch.changes[..] else {
+        panic!("one node change: {:?}", described(&batch));
+    };
+    assert_eq!(context.name, "node-a");
+    assert!(
+        context.primary_ips.is_empty(),
+        "planned without its addresses"
+    );
+    assert!(!context.eligible, "being deleted");
 }

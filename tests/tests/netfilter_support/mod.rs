@@ -291,6 +291,7 @@ pub fn slice(name: &str, pods: &[usize], target: u16, protocol: Protocol) -> End
             })
             .collect(),
         warnings: Vec::new(),
+        trigger_time: None,
     }
 }
 

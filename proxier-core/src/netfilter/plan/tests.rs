@@ -68,6 +68,7 @@ fn slice(
         }],
         endpoints,
         warnings: Vec::new(),
+        trigger_time: None,
     }
 }
 
