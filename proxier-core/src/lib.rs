@@ -9,7 +9,8 @@
 //! 2. [`Proxier::sync`] re-plans only the Service ports the changes touched ([`planner`],
 //!    pure), converges IPVS and the dummy link ([`Reconciler`], with drains and retries),
 //!    updates only the changed nftables set elements ([`netfilter`]), forgets stale UDP
-//!    flows ([`conntrack`]) and decides the health checks ([`health_check`]).
+//!    flows ([`flows`] decides which, [`conntrack`] deletes them) and decides the health
+//!    checks ([`health_check`]).
 //! 3. Or hand it to the [`engine::driver`], which syncs as kube-proxy does (min/max sync
 //!    period, burst, full resyncs, drains and retries when due).
 //!
@@ -64,6 +65,7 @@ pub mod desired;
 pub mod diff;
 pub mod drain;
 pub mod engine;
+pub mod flows;
 pub mod health_check;
 #[cfg(feature = "k8s")]
 pub mod k8s;

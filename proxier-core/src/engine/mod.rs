@@ -47,10 +47,9 @@ pub use report::{PlanSize, SyncKind, SyncReport, SyncTimings};
 use crate::backend::memory::{MemoryAddressBackend, MemoryIpvsBackend};
 use crate::backend::{AddressBackend, BackendError, IpvsBackend};
 use crate::backend::{KernelAddressBackend, KernelIpvsBackend};
-use crate::conntrack::{
-    ConntrackBackend, FlowFilter, KernelConntrack, MemoryConntrack, stale_udp_flows_of_port,
-};
+use crate::conntrack::{ConntrackBackend, KernelConntrack, MemoryConntrack};
 use crate::desired::{Desired, ServicePortPlan};
+use crate::flows::{FlowFilter, stale_udp_flows_of_port};
 use crate::health_check::{HealthCheck, NoLocalEndpoints, health_check_of, no_local_endpoints_of};
 use crate::model::{Config, NodeContext, ServiceName, ServicePortName};
 use crate::netfilter::{
