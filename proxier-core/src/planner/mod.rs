@@ -635,3 +635,6 @@ fn usable_node_port_address(ip: IpAddr) -> bool {
         IpAddr::V6(v6) => !v6.is_unicast_link_local(),
     }
 }
+
+#[cfg(test)]
+mod tests;
