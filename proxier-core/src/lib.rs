@@ -93,7 +93,7 @@ pub use engine::{
 pub use health_check::{
     HealthCheck, NoLocalEndpoints, health_checks, services_without_local_endpoints,
 };
-pub use planner::{Planner, plan, plan_service_port};
+pub use planner::{Planner, ServicePlan, plan, plan_service_port};
 pub use reconciler::{
     CleanupReport, ReconcileError, ReconcileReport, ReconcileTimings, Reconciler, ReconcilerConfig,
     ReconcilerStats, ServiceSyncError,
