@@ -9,7 +9,7 @@
 pub use crate::desired::netfilter::{
     AddrPort, ClusterIpMasquerade, FamilyPlan, NetfilterPlan, ProtoPort, SourceRange,
 };
-pub use crate::planner::empty_plan;
+pub use crate::planner::netfilter::empty_plan;
 
 use crate::model::{Config, NodeContext, Service};
 use crate::planner::Planner;

@@ -17,12 +17,10 @@
 //!
 //! Beyond kube-proxy it applies the per-Service scheduler annotation and per-endpoint weights.
 
-mod netfilter;
+pub mod netfilter;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
-
-pub use netfilter::empty_plan;
 
 use crate::desired::netfilter::NetfilterPlan;
 use crate::desired::{
@@ -35,7 +33,7 @@ use crate::model::{
     NodePortAddresses, Service, ServicePortSpec, SessionAffinity, TrafficPolicy,
 };
 use crate::state::ClusterState;
-use netfilter::FamilyElements;
+use netfilter::{FamilyElements, empty_plan};
 
 /// Plans the whole node.
 pub fn plan(state: &ClusterState, node: &NodeContext, config: &Config) -> Desired {
@@ -59,7 +57,8 @@ pub struct ServicePlan {
     /// The IPVS plan of each of its ports that owns something (ports that own nothing are
     /// left out, as in [`Desired`]).
     pub ports: BTreeMap<ServicePortName, ServicePortPlan>,
-    /// The nftables set elements it contributes: an [`empty_plan`] holding only them.
+    /// The nftables set elements it contributes: an [`empty_plan`](netfilter::empty_plan)
+    /// holding only them.
     pub netfilter: NetfilterPlan,
     /// Its health check, when it needs one ([`crate::health_check::health_check_of`]).
     pub health_check: Option<HealthCheck>,
