@@ -3,7 +3,7 @@
 //! This is the contract between [`crate::planner`] (pure, produces it) and the
 //! reconciler (diffs it against what the kernel holds and applies the difference). The
 //! nftables set elements the planner decides beside it are typed in [`netfilter`] (and
-//! re-exported from [`crate::netfilter::plan`], next to the code that renders and applies
+//! re-exported from [`crate::netfilter::plan`](mod@crate::netfilter::plan), next to the code that renders and applies
 //! them).
 //! Everything is keyed and ordered so that two plans of the same input compare equal.
 

@@ -3,8 +3,8 @@
 //! Every set here stands where kube-proxy's IPVS mode keeps an ipset; the rules that use
 //! them are fixed and live with the rendering ([`crate::netfilter::render`]). The planner
 //! fills them in the same pass as the IPVS plan ([`crate::planner::Planner::plan_service`]);
-//! the netfilter module, which renders and applies them, names them
-//! ([`crate::netfilter::plan`]).
+//! the netfilter module, which renders and applies them, re-exports them
+//! ([`crate::netfilter::plan`](mod@crate::netfilter::plan)).
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;

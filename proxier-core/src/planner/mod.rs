@@ -57,8 +57,7 @@ pub struct ServicePlan {
     /// The IPVS plan of each of its ports that owns something (ports that own nothing are
     /// left out, as in [`Desired`]).
     pub ports: BTreeMap<ServicePortName, ServicePortPlan>,
-    /// The nftables set elements it contributes: an [`empty_plan`](netfilter::empty_plan)
-    /// holding only them.
+    /// The nftables set elements it contributes: an [`empty_plan`] holding only them.
     pub netfilter: NetfilterPlan,
     /// Its health check, when it needs one ([`crate::health_check::health_check_of`]).
     pub health_check: Option<HealthCheck>,
