@@ -16,6 +16,11 @@
 //!   see [`crate::diff::Scope::owns`]).
 //!
 //! Beyond kube-proxy it applies the per-Service scheduler annotation and per-endpoint weights.
+//!
+//! [`Planner::plan_service`] plans one Service whole, in one pass: with its ports' IPVS
+//! plans come its nftables set elements ([`netfilter`]), from the same families, node-owned
+//! addresses and endpoints, and its health check. Which UDP flows a change of plan makes
+//! stale is decided from the plans ([`crate::flows`]).
 
 pub mod netfilter;
 
