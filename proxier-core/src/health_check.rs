@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
-use crate::model::{NodeContext, Service, ServiceName, TrafficPolicy};
+use crate::model::{EndpointSlice, NodeContext, Service, ServiceName, TrafficPolicy};
 use crate::state::ClusterState;
 
 /// The health check of one Service on this node.
@@ -48,20 +48,52 @@ pub fn health_check_of(
     service: &Service,
     node: &NodeContext,
 ) -> Option<HealthCheck> {
-    if service.external_traffic_policy != TrafficPolicy::Local {
-        return None;
+    local_endpoints_of(service, state.slices_of(&service.name), &node.name).0
+}
+
+/// What a Service's ready endpoints say about this node, from one walk over its slices: its
+/// health check ([`health_check_of`]) and what it adds to the no-local-endpoint counts
+/// ([`no_local_endpoints_of`]).
+pub(crate) fn local_endpoints_of<'s>(
+    service: &Service,
+    slices: impl IntoIterator<Item = &'s EndpointSlice>,
+    node_name: &str,
+) -> (Option<HealthCheck>, NoLocalEndpoints) {
+    let internal = service.internal_traffic_policy == TrafficPolicy::Local;
+    let external = service.external_traffic_policy == TrafficPolicy::Local;
+    if !internal && !external {
+        return (None, NoLocalEndpoints::default());
     }
-    let node_port = service.health_check_node_port?;
-    let local: BTreeSet<IpAddr> = state
-        .slices_of(&service.name)
+    let mut has_ready = false;
+    let mut local: BTreeSet<IpAddr> = BTreeSet::new();
+    let ready = slices
+        .into_iter()
         .flat_map(|slice| slice.endpoints.iter())
-        .filter(|endpoint| endpoint.ready && endpoint.is_local(&node.name))
-        .map(|endpoint| endpoint.address)
-        .collect();
-    Some(HealthCheck {
-        node_port,
-        local_endpoints: local.len(),
-    })
+        .filter(|endpoint| endpoint.ready);
+    for endpoint in ready {
+        has_ready = true;
+        if endpoint.is_local(node_name) {
+            local.insert(endpoint.address);
+        }
+    }
+    // As kube-proxy counts them: ready, on this node, each address once; terminating
+    // endpoints are not ready.
+    let check = service
+        .health_check_node_port
+        .filter(|_| external)
+        .map(|node_port| HealthCheck {
+            node_port,
+            local_endpoints: local.len(),
+        });
+    let gaps = if has_ready && local.is_empty() {
+        NoLocalEndpoints {
+            internal: usize::from(internal),
+            external: usize::from(external),
+        }
+    } else {
+        NoLocalEndpoints::default()
+    };
+    (check, gaps)
 }
 
 /// Counts of Services whose Local traffic policy leaves this node with nothing to send to.
@@ -106,27 +138,7 @@ pub fn no_local_endpoints_of(
     service: &Service,
     node: &NodeContext,
 ) -> NoLocalEndpoints {
-    let internal = service.internal_traffic_policy == TrafficPolicy::Local;
-    let external = service.external_traffic_policy == TrafficPolicy::Local;
-    if !internal && !external {
-        return NoLocalEndpoints::default();
-    }
-    let ready = || {
-        state
-            .slices_of(&service.name)
-            .flat_map(|slice| slice.endpoints.iter())
-            .filter(|endpoint| endpoint.ready)
-    };
-    let has_ready = ready().next().is_some();
-    let has_local = ready().any(|endpoint| endpoint.is_local(&node.name));
-    if has_ready && !has_local {
-        NoLocalEndpoints {
-            internal: usize::from(internal),
-            external: usize::from(external),
-        }
-    } else {
-        NoLocalEndpoints::default()
-    }
+    local_endpoints_of(service, state.slices_of(&service.name), &node.name).1
 }
 
 #[cfg(test)]

@@ -9,7 +9,8 @@
 //! 2. [`Proxier::sync`] re-plans only the Service ports the changes touched ([`planner`],
 //!    pure), converges IPVS and the dummy link ([`Reconciler`], with drains and retries),
 //!    updates only the changed nftables set elements ([`netfilter`]), forgets stale UDP
-//!    flows ([`conntrack`]) and decides the health checks ([`health_check`]).
+//!    flows ([`flows`] decides which, [`conntrack`] deletes them) and decides the health
+//!    checks ([`health_check`]).
 //! 3. Or hand it to the [`engine::driver`], which syncs as kube-proxy does (min/max sync
 //!    period, burst, full resyncs, drains and retries when due).
 //!
@@ -65,6 +66,7 @@ pub mod desired;
 pub mod diff;
 pub mod drain;
 pub mod engine;
+pub mod flows;
 pub mod health_check;
 #[cfg(feature = "k8s")]
 pub mod k8s;
@@ -92,7 +94,7 @@ pub use engine::{
 pub use health_check::{
     HealthCheck, NoLocalEndpoints, health_checks, services_without_local_endpoints,
 };
-pub use planner::{Planner, plan, plan_service_port};
+pub use planner::{Planner, ServicePlan, plan, plan_service_port};
 pub use reconciler::{
     CleanupReport, ReconcileError, ReconcileReport, ReconcileTimings, Reconciler, ReconcilerConfig,
     ReconcilerStats, ServiceSyncError,

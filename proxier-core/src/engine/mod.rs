@@ -47,17 +47,16 @@ pub use report::{PlanSize, SyncKind, SyncReport, SyncTimings};
 use crate::backend::memory::{MemoryAddressBackend, MemoryIpvsBackend};
 use crate::backend::{AddressBackend, BackendError, IpvsBackend};
 use crate::backend::{KernelAddressBackend, KernelIpvsBackend};
-use crate::conntrack::{
-    ConntrackBackend, FlowFilter, KernelConntrack, MemoryConntrack, stale_udp_flows_of_port,
-};
+use crate::conntrack::{ConntrackBackend, KernelConntrack, MemoryConntrack};
 use crate::desired::{Desired, ServicePortPlan};
-use crate::health_check::{HealthCheck, NoLocalEndpoints, health_check_of, no_local_endpoints_of};
+use crate::flows::{FlowFilter, stale_udp_flows_of_port};
+use crate::health_check::{HealthCheck, NoLocalEndpoints};
 use crate::model::{Config, NodeContext, ServiceName, ServicePortName};
 use crate::netfilter::{
     MemoryNetfilterBackend, Netfilter, NetfilterBackend, NetfilterPlan, NetfilterTracker,
-    NftBackend, RenderError, RenderOptions, empty_plan, plan_of_service,
+    NftBackend, RenderError, RenderOptions, empty_plan,
 };
-use crate::planner::Planner;
+use crate::planner::{Planner, ServicePlan};
 use crate::reconciler::{
     CleanupReport, FullRead, ReconcileError, ReconcileReport, Reconciler, ReconcilerConfig,
     ReconcilerStats,
@@ -614,7 +613,8 @@ where
         Ok(report)
     }
 
-    /// Re-plans what changed: returns the ports whose plan differs and the plans they had.
+    /// Re-plans what changed, one Service at a time: returns the ports whose plan differs
+    /// and the plans they had.
     fn replan(
         &mut self,
         report: &mut SyncReport,
@@ -634,60 +634,84 @@ where
         } else {
             std::mem::take(&mut self.dirty)
         };
-        let plans = Planner::new(&self.node, &self.config.planner).plan_ports(&self.state, &names);
+        let mut by_service: BTreeMap<ServiceName, Vec<ServicePortName>> = BTreeMap::new();
+        for name in names {
+            by_service
+                .entry(ServiceName::new(&name.namespace, &name.name))
+                .or_default()
+                .push(name);
+        }
+        // The planner reads its own copy of the node and the settings, so that each
+        // Service's plan is applied as soon as it is made.
+        let (node, config) = (self.node.clone(), self.config.planner.clone());
+        let planner = Planner::new(&node, &config);
         let mut changed = DirtyPorts::new();
         let mut before = BTreeMap::new();
-        for (name, plan) in plans {
-            if self.desired.services.get(&name) == plan.as_ref() {
+        let mut health_changed = false;
+        for (name, ports) in by_service {
+            let plan = self
+                .state
+                .service(&name)
+                .map(|service| planner.plan_service(&self.state, service));
+            health_changed |=
+                self.apply_service_plan(&name, ports, plan, &mut changed, &mut before);
+        }
+        report.health_checks_changed = health_changed;
+        (changed, before)
+    }
+
+    /// Applies the plan of Service `name` (`None`: it is gone): each of `ports`, its ports
+    /// to re-plan, takes the plan the Service's plan holds for it (none: the port is gone or
+    /// owns nothing), recorded in `changed` and `before` (with its old plan) when it
+    /// differs; its nftables elements, health check and no-local counts are replaced.
+    /// Returns whether its health check changed.
+    fn apply_service_plan(
+        &mut self,
+        name: &ServiceName,
+        ports: Vec<ServicePortName>,
+        plan: Option<ServicePlan>,
+        changed: &mut DirtyPorts,
+        before: &mut BTreeMap<ServicePortName, Option<ServicePortPlan>>,
+    ) -> bool {
+        let (mut port_plans, netfilter, health_check, no_local_endpoints) = match plan {
+            Some(plan) => (
+                plan.ports,
+                Some(plan.netfilter),
+                plan.health_check,
+                plan.no_local_endpoints,
+            ),
+            None => (BTreeMap::new(), None, None, NoLocalEndpoints::default()),
+        };
+        for port in ports {
+            let plan = port_plans.remove(&port);
+            if self.desired.services.get(&port) == plan.as_ref() {
                 continue;
             }
             if let Some(plan) = &plan {
                 self.account(plan, true);
             }
-            let old = self.desired.set_plan(&name, plan);
+            let old = self.desired.set_plan(&port, plan);
             if let Some(old) = &old {
                 self.account(old, false);
             }
-            changed.insert(name.clone());
-            before.insert(name, old);
+            changed.insert(port.clone());
+            before.insert(port, old);
         }
-        let services: BTreeSet<ServiceName> = names
-            .iter()
-            .map(|port| ServiceName::new(&port.namespace, &port.name))
-            .collect();
-        report.health_checks_changed = self.refresh_services(&services);
-        (changed, before)
-    }
+        self.netfilter_plan.set_service(name, netfilter);
 
-    /// Re-derives the netfilter elements, health check and local-endpoint counts of
-    /// `services`; returns whether a health check changed.
-    fn refresh_services(&mut self, services: &BTreeSet<ServiceName>) -> bool {
-        let mut health_changed = false;
-        for name in services {
-            let service = self.state.service(name);
-            let fragment =
-                service.map(|s| plan_of_service(&self.state, s, &self.node, &self.config.planner));
-            self.netfilter_plan.set_service(name, fragment);
+        let old = match health_check {
+            Some(check) => self.health_checks.insert(name.clone(), check),
+            None => self.health_checks.remove(name),
+        };
 
-            let check = service.and_then(|s| health_check_of(&self.state, s, &self.node));
-            let old = match check {
-                Some(check) => self.health_checks.insert(name.clone(), check),
-                None => self.health_checks.remove(name),
-            };
-            health_changed |= old != check;
-
-            let gaps = service
-                .map(|s| no_local_endpoints_of(&self.state, s, &self.node))
-                .unwrap_or_default();
-            if let Some(old) = self.no_local.remove(name) {
-                self.no_local_total.adjust(old, false);
-            }
-            if gaps != NoLocalEndpoints::default() {
-                self.no_local_total.adjust(gaps, true);
-                self.no_local.insert(name.clone(), gaps);
-            }
+        if let Some(old) = self.no_local.remove(name) {
+            self.no_local_total.adjust(old, false);
         }
-        health_changed
+        if no_local_endpoints != NoLocalEndpoints::default() {
+            self.no_local_total.adjust(no_local_endpoints, true);
+            self.no_local.insert(name.clone(), no_local_endpoints);
+        }
+        old != health_check
     }
 
     /// Keeps the plan's sizes current as one port's plan comes (`up`) or goes.

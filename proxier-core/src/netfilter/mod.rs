@@ -94,8 +94,8 @@
 //!    kube-proxy's nftables mode), call [`Netfilter::invalidate`] first, so drift is
 //!    repaired.
 //! 4. After the reconciler removed real servers: the filters of
-//!    [`crate::conntrack::stale_udp_flows_of_port`] (incremental, old and new plan of each
-//!    dirty port) or [`crate::conntrack::stale_udp_flows`] (full sync) go to
+//!    [`crate::flows::stale_udp_flows_of_port`] (incremental, old and new plan of each
+//!    dirty port) or [`crate::flows::stale_udp_flows`] (full sync) go to
 //!    `delete_flows` (blocking: `spawn_blocking`).
 //! 5. `--cleanup`: [`Netfilter::cleanup`].
 

@@ -4,10 +4,12 @@ use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::sync::Arc;
 
+use ipnet::IpNet;
+
 use super::*;
 use crate::model::{
-    Endpoint, EndpointPort, EndpointSlice, IpMode, LoadBalancerIngress, ServiceName,
-    ServicePortSpec, SliceKey,
+    AddressFamily, Endpoint, EndpointPort, EndpointSlice, IpMode, LoadBalancerIngress, Protocol,
+    ServiceName, ServicePortSpec, SliceKey, TrafficPolicy,
 };
 use crate::state::Change;
 

@@ -16,19 +16,29 @@
 //!   see [`crate::diff::Scope::owns`]).
 //!
 //! Beyond kube-proxy it applies the per-Service scheduler annotation and per-endpoint weights.
+//!
+//! [`Planner::plan_service`] plans one Service whole, in one pass: with its ports' IPVS
+//! plans come its nftables set elements ([`netfilter`]), from the same families, node-owned
+//! addresses and endpoints, and its health check. Which UDP flows a change of plan makes
+//! stale is decided from the plans ([`crate::flows`]).
+
+pub mod netfilter;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
+use crate::desired::netfilter::NetfilterPlan;
 use crate::desired::{
     Desired, RealServer, RealServerKey, Scheduler, ServicePortName, ServicePortPlan, SortedMap,
     VirtualServer, VirtualServerKey, VirtualServerRole,
 };
+use crate::health_check::{HealthCheck, NoLocalEndpoints, local_endpoints_of};
 use crate::model::{
     AddressFamily, Config, Endpoint, EndpointSlice, FamilyAddresses, NodeContext,
     NodePortAddresses, Service, ServicePortSpec, SessionAffinity, TrafficPolicy,
 };
 use crate::state::ClusterState;
+use netfilter::{FamilyElements, empty_plan};
 
 /// Plans the whole node.
 pub fn plan(state: &ClusterState, node: &NodeContext, config: &Config) -> Desired {
@@ -45,12 +55,46 @@ pub fn plan_service_port(
     Planner::new(node, config).plan_port(state, name)
 }
 
+/// Everything one Service asks of the node, planned in one pass ([`Planner::plan_service`]):
+/// what the engine applies when the Service or its EndpointSlices change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServicePlan {
+    /// The IPVS plan of each of its ports that owns something (ports that own nothing are
+    /// left out, as in [`Desired`]).
+    pub ports: BTreeMap<ServicePortName, ServicePortPlan>,
+    /// The nftables set elements it contributes: an [`empty_plan`] holding only them.
+    pub netfilter: NetfilterPlan,
+    /// Its health check, when it needs one ([`crate::health_check::health_check_of`]).
+    pub health_check: Option<HealthCheck>,
+    /// What it adds to the count of Services with no local endpoint
+    /// ([`crate::health_check::no_local_endpoints_of`]).
+    pub no_local_endpoints: NoLocalEndpoints,
+}
+
 /// A planner for one node and configuration, with the node-wide facts computed once.
 #[derive(Debug, Clone)]
 pub struct Planner<'a> {
     node: &'a NodeContext,
     config: &'a Config,
     node_port_addresses: [Vec<IpAddr>; 2],
+}
+
+/// A Service in one family it is planned in: what its IPVS and netfilter intents of that
+/// family both start from, decided once for all its ports.
+struct ServiceFamily {
+    family: AddressFamily,
+    addresses: FamilyAddresses,
+    /// Its ExternalIPs and load-balancer IPs that the node holds on an interface of its
+    /// own: never bound on the dummy link.
+    node_owned: BTreeSet<IpAddr>,
+}
+
+/// One Service as each of its ports is planned: what is decided once per Service.
+struct ServiceContext<'s> {
+    service: &'s Service,
+    template: VsTemplate,
+    /// The families it is planned in: proxied ones where it has a ClusterIP.
+    families: Vec<ServiceFamily>,
 }
 
 impl<'a> Planner<'a> {
@@ -68,8 +112,10 @@ impl<'a> Planner<'a> {
     pub fn plan(&self, state: &ClusterState) -> Desired {
         let mut plans = Vec::with_capacity(state.service_count());
         for service in state.services() {
+            let context = self.context(service);
             for port in &service.ports {
-                let plan = self.plan_service_port(service, port, state.slices_of(&service.name));
+                let endpoints = endpoints_for_port(port, state.slices_of(&service.name));
+                let plan = self.plan_port_endpoints(&context, port, &endpoints, |_, _| {});
                 if !plan.virtual_servers.is_empty() {
                     plans.push((service.name.port(&port.name, port.protocol), plan));
                 }
@@ -119,6 +165,76 @@ impl<'a> Planner<'a> {
         self.plan_ports(state, &dirty)
     }
 
+    /// Plans one Service of the state whole, in one pass: the IPVS plan of each port, the
+    /// nftables set elements, the health check and the no-local-endpoint counts. Each
+    /// port's endpoints are gathered once and feed both its real servers and its hairpin
+    /// elements.
+    pub fn plan_service(&self, state: &ClusterState, service: &Service) -> ServicePlan {
+        let mut netfilter = empty_plan(self.config);
+        let ports = self.plan_service_into(state, service, &mut netfilter);
+        let (health_check, no_local_endpoints) =
+            local_endpoints_of(service, state.slices_of(&service.name), &self.node.name);
+        ServicePlan {
+            ports,
+            netfilter,
+            health_check,
+            no_local_endpoints,
+        }
+    }
+
+    /// The nftables set elements of every Service in the state, in `config`'s tables.
+    pub(crate) fn plan_netfilter(&self, state: &ClusterState) -> NetfilterPlan {
+        let mut out = empty_plan(self.config);
+        for service in state.services() {
+            self.plan_service_into(state, service, &mut out);
+        }
+        out
+    }
+
+    /// Plans the ports of `service` and adds its set elements to `netfilter`.
+    fn plan_service_into(
+        &self,
+        state: &ClusterState,
+        service: &Service,
+        netfilter: &mut NetfilterPlan,
+    ) -> BTreeMap<ServicePortName, ServicePortPlan> {
+        let context = self.context(service);
+        let elements: Vec<FamilyElements> = context
+            .families
+            .iter()
+            .map(|family| {
+                FamilyElements::new(
+                    service,
+                    family.family,
+                    &family.addresses,
+                    &family.node_owned,
+                    self.node,
+                )
+            })
+            .collect();
+        for (family, elements) in context.families.iter().zip(&elements) {
+            if let Some(out) = netfilter.family_mut(family.family) {
+                elements.add_service(out);
+            }
+        }
+        let mut ports = BTreeMap::new();
+        for port in &service.ports {
+            let endpoints = endpoints_for_port(port, state.slices_of(&service.name));
+            let plan = self.plan_port_endpoints(&context, port, &endpoints, |index, endpoints| {
+                if let Some(out) = netfilter.family_mut(context.families[index].family) {
+                    elements[index].add_port(out, port, endpoints);
+                }
+            });
+            if !plan.virtual_servers.is_empty() {
+                // As `Service::port`: of two ports with one name and protocol, the first.
+                ports
+                    .entry(service.name.port(&port.name, port.protocol))
+                    .or_insert(plan);
+            }
+        }
+        ports
+    }
+
     /// Plans one port of a Service from its EndpointSlices: the pure core of the planner.
     pub fn plan_service_port<'s>(
         &self,
@@ -127,7 +243,11 @@ impl<'a> Planner<'a> {
         slices: impl IntoIterator<Item = &'s EndpointSlice>,
     ) -> ServicePortPlan {
         let endpoints = endpoints_for_port(port, slices);
-        let mut plan = ServicePortPlan::default();
+        self.plan_port_endpoints(&self.context(service), port, &endpoints, |_, _| {})
+    }
+
+    /// What is decided once per Service, whichever port is planned.
+    fn context<'s>(&self, service: &'s Service) -> ServiceContext<'s> {
         let scheduler = service
             .scheduler
             .clone()
@@ -142,40 +262,71 @@ impl<'a> Planner<'a> {
                 SessionAffinity::ClientIp { timeout_seconds } => Some(timeout_seconds),
             },
         };
-        // Whether every planned ClusterIP lies in a routed Service CIDR (`None`: none planned).
-        let mut routed = None;
-        for family in AddressFamily::ALL {
-            if !self.config.families.contains(&family) {
-                continue;
-            }
-            let Some(addresses) = service.addresses_of(family) else {
-                continue;
-            };
-            routed = Some(routed.unwrap_or(true) && self.config.is_routed(addresses.cluster_ip));
-            self.plan_family(
-                service, port, family, addresses, &endpoints, &template, &mut plan,
-            );
+        let families = AddressFamily::ALL
+            .into_iter()
+            .filter(|family| self.config.families.contains(family))
+            .filter_map(|family| {
+                let addresses = service.addresses_of(family)?;
+                let node_owned = addresses
+                    .external_ips
+                    .iter()
+                    .chain(&addresses.load_balancer_ips)
+                    .copied()
+                    .filter(|ip| self.node.owns(*ip))
+                    .collect();
+                Some(ServiceFamily {
+                    family,
+                    addresses,
+                    node_owned,
+                })
+            })
+            .collect();
+        ServiceContext {
+            service,
+            template,
+            families,
         }
-        plan.cluster_ips_routed = routed.unwrap_or(false);
+    }
+
+    /// Plans one port from its endpoints (all families); `each_family` is handed each of
+    /// the Service's families (by index) with the endpoints of that family, as the IPVS
+    /// plan used them.
+    fn plan_port_endpoints(
+        &self,
+        context: &ServiceContext,
+        port: &ServicePortSpec,
+        endpoints: &[(RealServerKey, &Endpoint)],
+        mut each_family: impl FnMut(usize, &[(RealServerKey, &Endpoint)]),
+    ) -> ServicePortPlan {
+        let mut plan = ServicePortPlan::default();
+        for (index, family) in context.families.iter().enumerate() {
+            let family_endpoints: Vec<(RealServerKey, &Endpoint)> = endpoints
+                .iter()
+                .filter(|(key, _)| AddressFamily::of(key.address) == family.family)
+                .copied()
+                .collect();
+            self.plan_family(context, port, family, &family_endpoints, &mut plan);
+            each_family(index, &family_endpoints);
+        }
+        // Whether every planned ClusterIP lies in a routed Service CIDR (none planned: no).
+        plan.cluster_ips_routed = !context.families.is_empty()
+            && context
+                .families
+                .iter()
+                .all(|family| self.config.is_routed(family.addresses.cluster_ip));
         plan
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn plan_family(
         &self,
-        service: &Service,
+        context: &ServiceContext,
         port: &ServicePortSpec,
-        family: AddressFamily,
-        addresses: FamilyAddresses,
+        family: &ServiceFamily,
         endpoints: &[(RealServerKey, &Endpoint)],
-        template: &VsTemplate,
         plan: &mut ServicePortPlan,
     ) {
-        let family_endpoints: Vec<(RealServerKey, &Endpoint)> = endpoints
-            .iter()
-            .filter(|(key, _)| AddressFamily::of(key.address) == family)
-            .copied()
-            .collect();
+        let service = context.service;
+        let addresses = &family.addresses;
         let externally_accessible = addresses.externally_accessible(port.node_port);
         let internal_local = service.internal_traffic_policy == TrafficPolicy::Local;
         let external_local = service.external_traffic_policy == TrafficPolicy::Local;
@@ -184,7 +335,7 @@ impl<'a> Planner<'a> {
             uses_local: internal_local || (external_local && externally_accessible),
         };
         let categorized = categorize_endpoints(
-            &family_endpoints,
+            endpoints,
             policy,
             &self.node.name,
             self.node.zone.as_deref(),
@@ -200,14 +351,7 @@ impl<'a> Planner<'a> {
                 protocol: port.protocol,
             };
             plan.virtual_servers
-                .insert(key, template.build(role, rs.clone()));
-            if matches!(
-                role,
-                VirtualServerRole::ExternalIp | VirtualServerRole::LoadBalancer
-            ) && self.node.owns(address)
-            {
-                plan.node_owned_addresses.insert(address);
-            }
+                .insert(key, context.template.build(role, rs.clone()));
         };
         vs(
             addresses.cluster_ip,
@@ -219,18 +363,20 @@ impl<'a> Planner<'a> {
             return;
         }
         let external = real_servers(categorized.for_policy(external_local));
-        for ip in addresses.external_ips {
-            vs(ip, port.port, VirtualServerRole::ExternalIp, &external);
+        for ip in &addresses.external_ips {
+            vs(*ip, port.port, VirtualServerRole::ExternalIp, &external);
         }
-        for ip in addresses.load_balancer_ips {
-            vs(ip, port.port, VirtualServerRole::LoadBalancer, &external);
+        for ip in &addresses.load_balancer_ips {
+            vs(*ip, port.port, VirtualServerRole::LoadBalancer, &external);
         }
         if let Some(node_port) = port.node_port {
-            let index = family as usize;
+            let index = family.family as usize;
             for ip in &self.node_port_addresses[index] {
                 vs(*ip, node_port, VirtualServerRole::NodePort, &external);
             }
         }
+        plan.node_owned_addresses
+            .extend(family.node_owned.iter().copied());
     }
 }
 
@@ -492,3 +638,6 @@ fn usable_node_port_address(ip: IpAddr) -> bool {
         IpAddr::V6(v6) => !v6.is_unicast_link_local(),
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,8 +1,13 @@
 //! The planner's output: what the kernel should hold, per Service port.
 //!
 //! This is the contract between [`crate::planner`] (pure, produces it) and the
-//! reconciler (diffs it against what the kernel holds and applies the difference).
+//! reconciler (diffs it against what the kernel holds and applies the difference). The
+//! nftables set elements the planner decides beside it are typed in [`netfilter`] (and
+//! re-exported from [`crate::netfilter::plan`](mod@crate::netfilter::plan), next to the code that renders and applies
+//! them).
 //! Everything is keyed and ordered so that two plans of the same input compare equal.
+
+pub mod netfilter;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
