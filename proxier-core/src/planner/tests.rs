@@ -61,6 +61,7 @@ fn slice(name: &str, endpoints: Vec<Endpoint>) -> EndpointSlice {
         ],
         endpoints,
         warnings: Vec::new(),
+        trigger_time: None,
     }
 }
 
