@@ -555,6 +555,7 @@ where
             }
         );
         let (ipvs, ipvs_time) = ipvs?;
+        report.changed = changed.into_iter().collect();
         report.ipvs = ipvs;
         report.timings.ipvs = ipvs_time;
         report.timings.reconcile = report.ipvs.timings;

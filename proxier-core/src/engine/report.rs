@@ -3,6 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use crate::model::ServicePortName;
 use crate::reconciler::{ReconcileReport, ReconcileTimings};
 use crate::takeover::TakeoverReport;
 
@@ -65,6 +66,8 @@ pub struct SyncReport {
     pub ipvs: ReconcileReport,
     /// Service ports whose plan changed.
     pub changed_ports: usize,
+    /// Which ones (so that an observer keeping something per port updates only those).
+    pub changed: Vec<ServicePortName>,
     /// Whether every port was re-planned (the node's facts changed, or the first sync).
     pub replanned_all: bool,
     /// Whether the nftables tables were written.
