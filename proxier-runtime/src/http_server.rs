@@ -1,5 +1,6 @@
 //! A tiny HTTP/1 server (hyper) for the metrics, health and service health-check endpoints.
-//! Handlers are plain functions of method and path; the server stops when dropped.
+//! Handlers are plain functions of method and path ([`Handler`]), or return a future when the
+//! answer needs I/O ([`AsyncHandler`]); the server stops when dropped.
 //!
 //! The servers listen where anyone on the network may talk to them (the health port is
 //! `0.0.0.0:10256`, as kube-proxy's), so no client can hold them up or take them down:
@@ -16,7 +17,9 @@
 //! Each server runs on its own tasks: nothing here waits on the sync loop or blocks it.
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -54,6 +57,13 @@ pub type Body = Full<Bytes>;
 /// Answers one request from its method and path.
 pub type Handler = Arc<dyn Fn(&Method, &str) -> Response<Body> + Send + Sync>;
 
+/// The answer to one request, still to come.
+pub type ResponseFuture = Pin<Box<dyn Future<Output = Response<Body>> + Send>>;
+
+/// Answers one request from its method and path with a future: for answers that need I/O
+/// (a kernel read at scrape time). Each answer runs as its own task.
+pub type AsyncHandler = Arc<dyn Fn(&Method, &str) -> ResponseFuture + Send + Sync>;
+
 /// A server could not listen.
 #[derive(Debug, thiserror::Error)]
 #[error("listening for {what} on {addr}: {source}")]
@@ -79,6 +89,19 @@ impl HttpServer {
         what: &str,
         addr: SocketAddr,
         handler: Handler,
+    ) -> Result<HttpServer, BindError> {
+        let handler: AsyncHandler = Arc::new(move |method: &Method, path: &str| {
+            let answer = handler(method, path);
+            Box::pin(std::future::ready(answer)) as ResponseFuture
+        });
+        HttpServer::bind_async(what, addr, handler).await
+    }
+
+    /// [`HttpServer::bind`] with an [`AsyncHandler`].
+    pub async fn bind_async(
+        what: &str,
+        addr: SocketAddr,
+        handler: AsyncHandler,
     ) -> Result<HttpServer, BindError> {
         let listener = TcpListener::bind(addr).await.map_err(|source| BindError {
             what: what.to_owned(),
@@ -107,7 +130,7 @@ impl HttpServer {
     }
 }
 
-async fn accept_loop(what: String, listener: TcpListener, handler: Handler) {
+async fn accept_loop(what: String, listener: TcpListener, handler: AsyncHandler) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let mut connections = JoinSet::new();
     let mut refused: u64 = 0;
@@ -157,25 +180,36 @@ async fn serve_connection(
     what: &str,
     peer: SocketAddr,
     stream: tokio::net::TcpStream,
-    handler: Handler,
+    handler: AsyncHandler,
 ) {
     let server = what.to_owned();
     let service = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-        // A handler bug answers 500 for its request instead of taking the connection down.
+        let path = req.uri().path().to_owned();
+        // A handler bug answers 500 for its request instead of taking the connection down:
+        // a panic while making the future is caught here, one while running it by its task.
         let answer = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            handler(req.method(), req.uri().path())
+            handler(req.method(), &path)
         }));
-        let resp = answer.unwrap_or_else(|_| {
-            tracing::error!(server = %server, path = req.uri().path(), "handler panicked");
-            response(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "text/plain; charset=utf-8",
-                "internal error\n",
-            )
-        });
-        async move { Ok::<_, Infallible>(resp) }
+        let server = server.clone();
+        async move {
+            let answer = match answer {
+                Ok(future) => tokio::spawn(future).await.ok(),
+                Err(_) => None,
+            };
+            Ok::<_, Infallible>(answer.unwrap_or_else(|| {
+                tracing::error!(server = %server, path = %path, "handler panicked");
+                response(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "text/plain; charset=utf-8",
+                    "internal error\n",
+                )
+            }))
+        }
     });
     let connection = http1::Builder::new()
+        // A client may shut its side down once its request is sent (socat, HTTP/1.0 tools):
+        // an answer still being made (an async handler) must still reach it.
+        .half_close(true)
         .timer(TokioTimer::new())
         .header_read_timeout(HEADER_READ_TIMEOUT)
         .max_header_size(MAX_HEAD_BYTES)

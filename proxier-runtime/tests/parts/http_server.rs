@@ -114,3 +114,48 @@ async fn a_panicking_handler_answers_500_and_the_server_goes_on() {
     assert_eq!((status, body.as_str()), (200, "ok"));
     server.shutdown();
 }
+
+#[tokio::test]
+async fn an_async_answer_reaches_a_client_that_shut_its_side_after_the_request() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let handler: AsyncHandler = Arc::new(|_method, path| {
+        let path = path.to_owned();
+        Box::pin(async move {
+            if path == "/panic" {
+                panic!("a handler bug");
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            response(StatusCode::OK, "text/plain", "late")
+        })
+    });
+    let server = HttpServer::bind_async("test", "127.0.0.1:0".parse().expect("addr"), handler)
+        .await
+        .expect("bind");
+    let addr = server.local_addr();
+    // As `printf 'GET ...' | socat - TCP:...` does: the request, then the write side shut.
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    stream
+        .write_all(b"GET /late HTTP/1.0\r\nHost: x\r\n\r\n")
+        .await
+        .expect("send");
+    stream.shutdown().await.expect("shut the write side");
+    let mut answer = String::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_string(&mut answer))
+        .await
+        .expect("an answer within 5 s")
+        .expect("read");
+    assert!(
+        answer.starts_with("HTTP/1.0 200") || answer.starts_with("HTTP/1.1 200"),
+        "{answer}"
+    );
+    assert!(answer.ends_with("late"), "{answer}");
+
+    let (status, _, _) = ipvs_proxier_tests::http_client::get(addr, "/panic").await;
+    assert_eq!(
+        status, 500,
+        "a panicking answer is a 500, not a dead server"
+    );
+    let (status, _, body) = ipvs_proxier_tests::http_client::get(addr, "/again").await;
+    assert_eq!((status, body.as_str()), (200, "late"));
+    server.shutdown();
+}
