@@ -14,9 +14,14 @@ use ipnet::IpNet;
 use ipvs_netlink::Scheduler;
 use proxier_runtime::go_duration::parse_go_duration;
 use proxier_runtime::plan_printer::PlanFormat;
+use proxier_runtime::traffic::TrafficLevel;
 use serde::Deserialize;
 
 use crate::file_value as file;
+
+fn parse_traffic_level(value: &str) -> Result<TrafficLevel, String> {
+    value.parse()
+}
 
 /// How log lines are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Default)]
@@ -240,6 +245,12 @@ pub struct Cli {
     #[arg(long, value_name = "N")]
     #[serde(skip)]
     pub ipvs_sync_burst: Option<u32>,
+
+    /// Per-Service IPVS traffic on the metrics server (off, service or endpoint): the
+    /// kernel's counters read at each scrape, labelled with the Service (docs/metrics.md).
+    #[arg(long, value_name = "LEVEL", value_parser = parse_traffic_level)]
+    #[serde(skip)]
+    pub ipvs_traffic_metrics: Option<TrafficLevel>,
 
     /// Address (ip:port, or ip for the default port 10249) of the metrics server; empty disables it.
     #[arg(long, value_name = "IP:PORT")]

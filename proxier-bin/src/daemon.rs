@@ -18,6 +18,7 @@ use proxier_runtime::node_setup::NodeSetup;
 use proxier_runtime::observer::RuntimeObserver;
 use proxier_runtime::plan_printer::{PlanFormat, PlanPrinter};
 use proxier_runtime::source::{self, SourceHandle};
+use proxier_runtime::traffic::{TrafficLevel, TrafficMetrics};
 use tokio::sync::watch;
 
 use crate::settings::{RunMode, Settings, SourceSettings};
@@ -144,13 +145,15 @@ pub async fn run(settings: Settings) -> Result<(), DaemonError> {
     });
 
     let health = ProxyHealth::new(settings.health_timeout());
+    let mut observer = RuntimeObserver::new(health.clone());
     let mut servers: Vec<HttpServer> = Vec::new();
     let once = settings.run_mode == RunMode::Once;
     if !once {
         match crate::exporter::install() {
             Ok(handle) => {
                 if let Some(addr) = settings.metrics_bind_address {
-                    let server = crate::exporter::serve(addr, handle).await?;
+                    let traffic = traffic_metrics(&settings, &mut observer).await;
+                    let server = crate::exporter::serve(addr, handle, traffic).await?;
                     tracing::info!(address = %server.local_addr(), "metrics server listening");
                     servers.push(server);
                 }
@@ -163,7 +166,6 @@ pub async fn run(settings: Settings) -> Result<(), DaemonError> {
             servers.push(server);
         }
     }
-    let observer = RuntimeObserver::new(health.clone());
     let feed = observer.feed();
 
     let result = if settings.dry_run {
@@ -195,7 +197,6 @@ pub async fn run(settings: Settings) -> Result<(), DaemonError> {
         if settings.take_over_kube_proxy {
             proxier.take_over_kube_proxy(KubeProxyTakeover::default());
         }
-        let mut observer = observer;
         if !once {
             // Health checks of `externalTrafficPolicy: Local` Services, on every address (as
             // kube-proxy does without --nodeport-addresses).
@@ -208,6 +209,25 @@ pub async fn run(settings: Settings) -> Result<(), DaemonError> {
     };
     drop(servers);
     result
+}
+
+/// With `--ipvs-traffic-metrics`, a collector whose directory `observer` keeps (none in a dry
+/// run: there is no kernel table to read).
+async fn traffic_metrics(
+    settings: &Settings,
+    observer: &mut RuntimeObserver,
+) -> Option<TrafficMetrics> {
+    if settings.traffic_metrics == TrafficLevel::Off || settings.dry_run {
+        return None;
+    }
+    let directory = observer.track_traffic();
+    match TrafficMetrics::connect(settings.traffic_metrics, directory).await {
+        Ok(traffic) => Some(traffic),
+        Err(error) => {
+            tracing::warn!(%error, "no traffic metrics: cannot open an IPVS netlink socket");
+            None
+        }
+    }
 }
 
 /// `--take-over-kube-proxy --dry-run`: lists what the takeover would remove from this node

@@ -1,6 +1,7 @@
 //! The Prometheus exporter: a `metrics-exporter-prometheus` recorder with the buckets of the
 //! runtime's catalogue (`proxier_runtime::metrics::prometheus_builder`), the process metrics
-//! (`process_*`), and `/metrics` served on `--metrics-bind-address`.
+//! (`process_*`), the per-Service traffic with `--ipvs-traffic-metrics`, and `/metrics` served
+//! on `--metrics-bind-address`.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
@@ -8,8 +9,11 @@ use std::time::Duration;
 
 use http::{Method, StatusCode};
 use metrics_exporter_prometheus::{PrometheusHandle, PrometheusRecorder};
-use proxier_runtime::http_server::{BindError, Handler, HttpServer, not_found, response};
+use proxier_runtime::http_server::{
+    AsyncHandler, BindError, HttpServer, ResponseFuture, not_found, response,
+};
 use proxier_runtime::metrics;
+use proxier_runtime::traffic::TrafficMetrics;
 
 /// Installs the global recorder, with the catalogue's histogram buckets, and [`register`]s
 /// every metric.
@@ -35,9 +39,14 @@ fn process_collector() -> &'static metrics_process::Collector {
     COLLECTOR.get_or_init(metrics_process::Collector::default)
 }
 
-/// Serves `/metrics` from `handle` on `addr`, refreshing the process metrics on each scrape.
-/// Also runs the recorder's upkeep periodically.
-pub async fn serve(addr: SocketAddr, handle: PrometheusHandle) -> Result<HttpServer, BindError> {
+/// Serves `/metrics` from `handle` on `addr`, refreshing the process metrics on each scrape
+/// and, with `traffic`, reading the IPVS traffic then. Also runs the recorder's upkeep
+/// periodically.
+pub async fn serve(
+    addr: SocketAddr,
+    handle: PrometheusHandle,
+    traffic: Option<TrafficMetrics>,
+) -> Result<HttpServer, BindError> {
     let upkeep = handle.clone();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(5));
@@ -46,23 +55,36 @@ pub async fn serve(addr: SocketAddr, handle: PrometheusHandle) -> Result<HttpSer
             upkeep.run_upkeep();
         }
     });
-    let handler: Handler = Arc::new(move |method, path| {
+    let handler: AsyncHandler = Arc::new(move |method, path| {
         if path != "/metrics" {
-            return not_found();
+            return ready(not_found());
         }
         if method != Method::GET && method != Method::HEAD {
-            return response(
+            return ready(response(
                 StatusCode::METHOD_NOT_ALLOWED,
                 "text/plain",
                 "method not allowed\n",
-            );
+            ));
         }
-        process_collector().collect();
-        response(
-            StatusCode::OK,
-            "text/plain; version=0.0.4; charset=utf-8",
-            handle.render(),
-        )
+        let (handle, traffic) = (handle.clone(), traffic.clone());
+        Box::pin(async move {
+            let traffic = match &traffic {
+                Some(traffic) => traffic.collect().await,
+                None => String::new(),
+            };
+            process_collector().collect();
+            let mut text = handle.render();
+            text.push_str(&traffic);
+            response(
+                StatusCode::OK,
+                "text/plain; version=0.0.4; charset=utf-8",
+                text,
+            )
+        })
     });
-    HttpServer::bind("metrics", addr, handler).await
+    HttpServer::bind_async("metrics", addr, handler).await
+}
+
+fn ready(answer: http::Response<proxier_runtime::http_server::Body>) -> ResponseFuture {
+    Box::pin(std::future::ready(answer))
 }

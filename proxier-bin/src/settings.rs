@@ -13,6 +13,7 @@ use proxier_core::model::config::{DetectLocal, InterfaceName};
 use proxier_core::model::{AddressFamily, Config, ConfigError, IpvsTimeouts};
 use proxier_core::sysctl::ConntrackSettings;
 use proxier_runtime::go_duration::format_go_duration;
+use proxier_runtime::traffic::TrafficLevel;
 
 use crate::cli::{Cli, LogFormat, OutputFormat};
 use crate::config::{KubeProxyConfiguration, kube_proxy_path};
@@ -114,6 +115,8 @@ pub struct Settings {
     pub driver: DriverConfig,
     /// Metrics server address; none disables it.
     pub metrics_bind_address: Option<SocketAddr>,
+    /// `--ipvs-traffic-metrics`.
+    pub traffic_metrics: TrafficLevel,
     /// Health server address; none disables it.
     pub healthz_bind_address: Option<SocketAddr>,
     /// Daemon, once or cleanup.
@@ -554,6 +557,7 @@ pub fn resolve(
         planner,
         driver: DriverConfig::new(sync_period, min_sync_period, sync_burst),
         metrics_bind_address,
+        traffic_metrics: cli.ipvs_traffic_metrics.unwrap_or_default(),
         healthz_bind_address,
         run_mode,
         dry_run,

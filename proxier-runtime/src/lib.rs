@@ -19,6 +19,8 @@
 //! - [`observer`]: a [`SyncObserver`](proxier_core::engine::driver::SyncObserver) that records
 //!   every sync in the metrics and the health state and opens or closes the health-check
 //!   servers.
+//! - [`traffic`]: per-Service IPVS traffic metrics (beyond kube-proxy), read from the
+//!   kernel's counters at scrape time and labelled with the Service port and role.
 //! - [`plan_printer`] (feature `printer`): a `SyncObserver` around another that prints the
 //!   plan of an engine on in-memory backends after every sync, as a table, JSON or YAML (a
 //!   dry run).
@@ -65,6 +67,7 @@ pub mod observer;
 #[cfg(feature = "printer")]
 pub mod plan_printer;
 pub mod source;
+pub mod traffic;
 
 /// The README's examples, compiled as doc tests.
 #[cfg(doctest)]

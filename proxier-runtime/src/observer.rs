@@ -21,6 +21,7 @@ use crate::health::ProxyHealth;
 #[cfg(feature = "http")]
 use crate::health::servers::ServiceHealthServers;
 use crate::metrics::{self, OpResult, SyncScope, TrafficPolicy};
+use crate::traffic::SharedDirectory;
 
 /// Records each sync in the metrics and the health state, and hands the health checks to
 /// their servers.
@@ -30,6 +31,8 @@ pub struct RuntimeObserver {
     pending: Arc<PendingChanges>,
     exported_ops: BTreeMap<OpKind, OpCounts>,
     health_checks: Option<watch::Sender<BTreeMap<ServiceName, HealthCheck>>>,
+    /// The traffic metrics' directory, and whether it was filled from a whole plan yet.
+    traffic: Option<(SharedDirectory, bool)>,
 }
 
 impl RuntimeObserver {
@@ -40,7 +43,17 @@ impl RuntimeObserver {
             pending: Arc::default(),
             exported_ops: BTreeMap::new(),
             health_checks: None,
+            traffic: None,
         }
+    }
+
+    /// Keeps a [`TrafficDirectory`](crate::traffic::TrafficDirectory) current for
+    /// [`TrafficMetrics`](crate::traffic::TrafficMetrics): after each sync, only the ports
+    /// whose plan changed are looked at.
+    pub fn track_traffic(&mut self) -> SharedDirectory {
+        let directory = SharedDirectory::default();
+        self.traffic = Some((Arc::clone(&directory), false));
+        directory
     }
 
     /// Where a source's batches go in: counted as pending changes until the next sync.
@@ -121,6 +134,19 @@ where
         let Ok(report) = outcome.result else {
             return;
         };
+        if let Some((directory, filled)) = &mut self.traffic {
+            let mut directory = directory
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if *filled {
+                for name in &report.changed {
+                    directory.update_port(name, proxier.desired().services.get(name));
+                }
+            } else {
+                directory.rebuild(proxier.desired());
+                *filled = true;
+            }
+        }
         if let Some(drift) = report.ipvs.drift {
             metrics::set_full_resync_drift_repaired(drift);
         }

@@ -20,7 +20,7 @@ async fn metrics_endpoint_serves_prometheus_text() {
             ..Default::default()
         });
     });
-    let server = serve("127.0.0.1:0".parse().expect("addr"), handle)
+    let server = serve("127.0.0.1:0".parse().expect("addr"), handle, None)
         .await
         .expect("bind");
     let (status, headers, body) = http_get(server.local_addr(), "/metrics").await;

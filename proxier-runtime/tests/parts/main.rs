@@ -13,3 +13,4 @@ mod source;
 mod source_file;
 mod source_kube;
 mod source_manifests;
+mod traffic;
