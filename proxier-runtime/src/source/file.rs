@@ -526,10 +526,12 @@ async fn run(config: FileSourceConfig, tx: mpsc::Sender<SourceBatch>, synced: wa
             tracing::info!(path = %config.path.display(), "source file readable and well-formed again");
         }
         tracing::info!(path = %config.path.display(), changes = batch.changes.len(), took = ?read_started.elapsed(), "source file loaded");
-        // The first batch goes even when empty: it is the first picture.
-        if (!batch.is_empty() || !*synced.borrow()) && tx.send(batch).await.is_err() {
+        // The first batch goes even when empty: it is the first picture. The flag is up
+        // before it goes, so that whoever receives it sees the source synced.
+        let first = !*synced.borrow();
+        synced.send_replace(true);
+        if (!batch.is_empty() || first) && tx.send(batch).await.is_err() {
             return; // the daemon is gone
         }
-        synced.send_replace(true);
     }
 }

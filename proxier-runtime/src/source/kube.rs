@@ -567,9 +567,8 @@ async fn run(
         for change in &batch.changes {
             tracing::debug!(change = %super::describe(change), "kube source");
         }
-        if tx.send(batch).await.is_err() {
-            return; // the daemon is gone
-        }
+        // Raised before the batch that completes the picture goes: whoever receives that
+        // batch sees the flag up.
         if became_synced {
             tracing::info!(
                 services = state.services.len(),
@@ -578,6 +577,9 @@ async fn run(
                 "Services and EndpointSlices synced"
             );
             synced.send_replace(true);
+        }
+        if tx.send(batch).await.is_err() {
+            return; // the daemon is gone
         }
     }
 }

@@ -150,8 +150,9 @@ pub fn describe(change: &Change) -> String {
 pub struct SourceHandle {
     /// Batches of changes, in order; the first is the complete first picture.
     pub events: mpsc::Receiver<SourceBatch>,
-    /// Becomes `true` once the source has delivered a complete first picture (Services and
-    /// EndpointSlices both listed). Nothing should be programmed before.
+    /// Becomes `true` when the source holds a complete first picture (Services and
+    /// EndpointSlices both listed), before it sends the batch that completes it: whoever
+    /// receives that batch sees it `true`. Nothing should be programmed before.
     pub synced: watch::Receiver<bool>,
     /// The source's task; aborting it stops the source.
     pub task: JoinHandle<()>,

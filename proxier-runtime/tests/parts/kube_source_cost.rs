@@ -170,16 +170,22 @@ async fn first_picture_bytes(mode: ListMode) -> ([u64; 3], usize, Duration, Vec<
     );
     let mut changes = 0;
     let mut node_seen = false;
+    // The source sends its first picture, then says it is synced: wait for both (checking
+    // the flag only when a batch arrives would miss it when it comes after the last one).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(300);
     while !node_seen || !*source.synced.borrow() {
-        let batch = tokio::time::timeout(Duration::from_secs(300), source.events.recv())
-            .await
-            .expect("synced within 5 minutes")
-            .expect("source running");
-        node_seen |= batch
-            .changes
-            .iter()
-            .any(|c| matches!(c, Change::UpsertNode(_)));
-        changes += batch.changes.len();
+        tokio::select! {
+            batch = source.events.recv() => {
+                let batch = batch.expect("source running");
+                node_seen |= batch
+                    .changes
+                    .iter()
+                    .any(|c| matches!(c, Change::UpsertNode(_)));
+                changes += batch.changes.len();
+            }
+            changed = source.synced.changed() => changed.expect("source running"),
+            () = tokio::time::sleep_until(deadline) => panic!("not synced within 5 minutes"),
+        }
     }
     let took = started.elapsed();
     let bytes = [Kind::Service, Kind::EndpointSlice, Kind::Node].map(|k| api.bytes_served(k));
