@@ -191,6 +191,21 @@ const COUNTERS: [Metric<Stats, u64>; 5] = [
     ("bytes_out_total", "Bytes sent", |s| s.out_bytes),
 ];
 
+/// The name of every metric [`render`] writes at [`TrafficLevel::Endpoint`] (the service
+/// level writes the first half).
+pub fn metric_names() -> Vec<String> {
+    let names = || {
+        COUNTERS
+            .iter()
+            .map(|(name, ..)| *name)
+            .chain(CONNECTION_GAUGES.iter().map(|(name, ..)| *name))
+    };
+    ["service", "endpoint"]
+        .iter()
+        .flat_map(|level| names().map(move |name| format!("ipvs_proxier_{level}_{name}")))
+        .collect()
+}
+
 /// Renders the traffic of the virtual servers of `table` that `directory` knows, in
 /// Prometheus' text exposition format (nothing at [`TrafficLevel::Off`]).
 pub fn render(table: &Table, directory: &TrafficDirectory, level: TrafficLevel) -> String {

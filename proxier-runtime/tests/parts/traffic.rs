@@ -151,6 +151,13 @@ fn the_endpoint_level_adds_one_series_per_real_server() {
     let expected = r#"ipvs_proxier_endpoint_bytes_in_total{namespace="shop",service="web",port="http",protocol="TCP",role="NodePort",family="IPv4",address="192.168.0.10",endpoint="10.244.1.5:8080"} 400"#;
     assert!(samples(&text).contains(&expected), "{text}");
     assert_eq!(samples(&text).len(), 28, "{text}");
+    let written: std::collections::BTreeSet<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split(' ').next())
+        .collect();
+    let named = proxier_runtime::traffic::metric_names();
+    assert_eq!(written, named.iter().map(String::as_str).collect());
 }
 
 #[test]
