@@ -164,6 +164,25 @@ impl BenchDaemon {
         Ok(parts.join(", "))
     }
 
+    /// CPU time used so far (user and system, from `/proc/PID/stat`), in seconds.
+    pub fn cpu_seconds(&self) -> anyhow::Result<f64> {
+        let stat = self.proc_file("stat")?;
+        // After the command name (in parentheses, which may hold spaces): fields 3 on;
+        // utime and stime are fields 14 and 15, in clock ticks (100 per second on Linux).
+        let rest = stat
+            .rsplit_once(')')
+            .map(|(_, rest)| rest)
+            .context("malformed /proc/PID/stat")?;
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let ticks = |i: usize| -> anyhow::Result<f64> {
+            Ok(fields
+                .get(i)
+                .context("short /proc/PID/stat")?
+                .parse::<f64>()?)
+        };
+        Ok((ticks(11)? + ticks(12)?) / 100.0)
+    }
+
     fn proc_file(&self, name: &str) -> std::io::Result<String> {
         std::fs::read_to_string(format!("/proc/{}/{name}", self.child.id()))
     }
