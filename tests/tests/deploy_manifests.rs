@@ -164,9 +164,12 @@ fn container_flags_and_config_file_are_accepted_by_the_daemon() {
 #[test]
 fn alerts_and_dashboard_use_metrics_the_daemon_exports() {
     // Every metric name the alerts and the dashboard list must be one the daemon registers.
+    // The catalogue, and the per-Service traffic read at scrape time.
+    let traffic = proxier_runtime::traffic::metric_names();
     let exported: Vec<&str> = proxier_runtime::metrics::METRICS
         .iter()
         .map(|m| m.name)
+        .chain(traffic.iter().map(String::as_str))
         .collect();
     let mut checked = 0;
     for text in [ALERTS, METRICS_DOC] {

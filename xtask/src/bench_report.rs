@@ -1,5 +1,6 @@
-//! `cargo xtask bench-report`: runs the VM benchmarks (`vm-bench ipvs`, then `vm-bench
-//! proxier`, one boot each), reads the machine-readable report each prints on its last line
+//! `cargo xtask bench-report`: runs the VM benchmarks (`vm-bench ipvs`, `vm-bench proxier`,
+//! then `vm-bench traffic`, one boot each; with `--traffic-only` the last alone, rewriting
+//! only its section), reads the machine-readable report each prints on its last line
 //! (`VM-BENCH-REPORT: {json}`, see `tests/src/bench/report.rs`) from the VM's console, and
 //! writes `docs/benchmarks.md`: the command, date, sizes, kernel and host, the figures with
 //! their same-run ratios, and a fixed text on what each row measures. No number on that page
@@ -32,6 +33,8 @@ pub struct Options {
     pub small: usize,
     /// Where the page goes (relative paths: from the workspace root).
     pub output: PathBuf,
+    /// Run `vm-bench traffic` alone and rewrite only its section of the page.
+    pub traffic_only: bool,
 }
 
 /// Facts about the run that go into the page's header.
@@ -95,8 +98,18 @@ pub fn run(options: &Options, config: &VmConfig) -> Result<ExitCode> {
         &small,
     ]
     .map(str::to_owned);
+    let traffic_args = ["--services", &s, "--endpoints", &d].map(str::to_owned);
+    let runs: Vec<(&str, &[String])> = if options.traffic_only {
+        vec![("traffic", &traffic_args[..])]
+    } else {
+        vec![
+            ("ipvs", &ipvs_args[..]),
+            ("proxier", &proxier_args[..]),
+            ("traffic", &traffic_args[..]),
+        ]
+    };
     let mut reports = Vec::new();
-    for (name, args) in [("ipvs", &ipvs_args[..]), ("proxier", &proxier_args[..])] {
+    for (name, args) in runs {
         println!("xtask: bench-report: vm-bench {name} {}", args.join(" "));
         let started = Instant::now();
         let code = vm::vm_bench(name, args, config)?;
@@ -115,7 +128,17 @@ pub fn run(options: &Options, config: &VmConfig) -> Result<ExitCode> {
         }
         reports.push(extract_report(&console, name)?);
     }
-    let page = render(&facts, &reports[0], &reports[1])?;
+    let page = if options.traffic_only {
+        let page = std::fs::read_to_string(&output).with_context(|| {
+            format!(
+                "reading {} to rewrite its traffic section",
+                output.display()
+            )
+        })?;
+        splice_traffic(&page, &traffic_section(Some(&facts), &reports[0])?)
+    } else {
+        render(&facts, &reports[0], &reports[1], &reports[2])?
+    };
     if let Some(dir) = output.parent() {
         std::fs::create_dir_all(dir)?;
     }
@@ -138,6 +161,9 @@ fn command_line(options: &Options, config: &VmConfig) -> String {
     }
     if config.memory_mib != DEFAULT_MEMORY_MIB {
         let _ = write!(command, " --memory-mib {}", config.memory_mib);
+    }
+    if options.traffic_only {
+        command.push_str(" --traffic-only");
     }
     command
 }
@@ -271,13 +297,122 @@ const PHASES: [&str; 11] = [
 ];
 
 /// The page.
-pub fn render(facts: &Facts, ipvs: &Value, proxier: &Value) -> Result<String> {
+pub fn render(facts: &Facts, ipvs: &Value, proxier: &Value, traffic: &Value) -> Result<String> {
     let mut out = String::new();
     header(&mut out, facts, ipvs, proxier)?;
     out.push_str(HOW_TO_READ);
     ipvs_section(&mut out, ipvs)?;
     proxier_section(&mut out, proxier)?;
+    out.push_str(&traffic_section(None, traffic)?);
     Ok(out)
+}
+
+/// Where the traffic section starts and ends on the page (so that `--traffic-only` can
+/// rewrite it alone).
+const TRAFFIC_BEGIN: &str = "<!-- vm-bench traffic -->";
+const TRAFFIC_END: &str = "<!-- /vm-bench traffic -->";
+
+/// Goal of the traffic metrics: the change-to-kernel latency with a scrape every 15 s within
+/// 10 % of the latency without.
+const GOAL_TRAFFIC_LATENCY_RATIO: f64 = 1.10;
+
+/// The section of `vm-bench traffic`; `facts` when it comes from its own run
+/// (`--traffic-only`), not the page header's.
+fn traffic_section(facts: Option<&Facts>, t: &Value) -> Result<String> {
+    let mut out = String::new();
+    let _ = writeln!(out, "{TRAFFIC_BEGIN}");
+    let _ = writeln!(out, "## Per-Service traffic metrics (`vm-bench traffic`)\n");
+    if let Some(facts) = facts {
+        let _ = writeln!(
+            out,
+            "This section alone was written by `{}`, run started {}, commit {}, guest kernel {}; the rest of the page comes from the run its header names.\n",
+            facts.command, facts.date, facts.commit, facts.guest_kernel
+        );
+    }
+    let ms = |path: &str| -> Result<String> { Ok(format!("{:.1} ms", num(t, path)?)) };
+    let latency = |key: &str| -> Result<String> {
+        Ok(format!(
+            "p50 {}, p99 {}, max {} ({} changes)",
+            ms(&format!("{key}.p50_ms"))?,
+            ms(&format!("{key}.p99_ms"))?,
+            ms(&format!("{key}.max_ms"))?,
+            num(t, &format!("{key}.count"))?
+        ))
+    };
+    let (p50_ratio, p99_ratio) = (num(t, "p50_ratio")?, num(t, "p99_ratio")?);
+    let _ = writeln!(
+        out,
+        "{} ClusterIP Services × {} endpoints, kube source, `--ipvs-traffic-metrics=endpoint`.\n",
+        thousands(num(t, "services")?),
+        num(t, "endpoints")?
+    );
+    let _ = writeln!(
+        out,
+        "| figure | measured | goal | status |\n|---|---|---|---|"
+    );
+    let _ = writeln!(
+        out,
+        "| scrape of `/metrics`, idle daemon ({} scrapes) | p50 {}, max {} | | |",
+        num(t, "scrape.count")?,
+        secs(num(t, "scrape.p50_s")?),
+        secs(num(t, "scrape.max_s")?)
+    );
+    let _ = writeln!(
+        out,
+        "| page | {} bytes: traffic at `service` level {} bytes ({} series), `endpoint` level adds {} bytes ({} series) | | |",
+        thousands(num(t, "scrape.page_bytes")?),
+        thousands(num(t, "scrape.service_bytes")?),
+        thousands(num(t, "scrape.service_series")?),
+        thousands(num(t, "scrape.endpoint_bytes")?),
+        thousands(num(t, "scrape.endpoint_series")?)
+    );
+    let _ = writeln!(
+        out,
+        "| daemon CPU per scrape | {} | | |",
+        secs(num(t, "scrape.cpu_s")?)
+    );
+    if t["scrapes_during_churn"].is_object() {
+        let _ = writeln!(
+            out,
+            "| scrapes during the changes (every 15 s) | p50 {}, max {} | | |",
+            ms("scrapes_during_churn.p50_ms")?,
+            ms("scrapes_during_churn.max_ms")?
+        );
+    }
+    let _ = writeln!(
+        out,
+        "| endpoint change → kernel, no scraping | {} | | |",
+        latency("without")?
+    );
+    let _ = writeln!(
+        out,
+        "| endpoint change → kernel, a scrape every 15 s | {} (p50 {p50_ratio:.2} ×, p99 {p99_ratio:.2} ×) | p50 and p99 within 10 % | {} |",
+        latency("with")?,
+        met(p50_ratio <= GOAL_TRAFFIC_LATENCY_RATIO && p99_ratio <= GOAL_TRAFFIC_LATENCY_RATIO)
+    );
+    out.push_str(TRAFFIC_TEXT);
+    let _ = writeln!(out, "{TRAFFIC_END}");
+    Ok(out)
+}
+
+const TRAFFIC_TEXT: &str = "
+The idle scrapes read the whole IPVS table (a verified read, on the scrape's own netlink
+socket) and render every virtual and real server's counters; the daemon's CPU is its user and
+system time across each scrape. The changes are one endpoint replaced every 100 ms through the
+API double, timed until the kernel holds it, first for the given time without scraping, then
+for as long with a scraper asking every 15 s.
+";
+
+/// `page` with its traffic section replaced by `section` (appended when it has none).
+fn splice_traffic(page: &str, section: &str) -> String {
+    match (page.find(TRAFFIC_BEGIN), page.find(TRAFFIC_END)) {
+        (Some(begin), Some(end)) if begin < end => {
+            let end = end + TRAFFIC_END.len();
+            let rest = page[end..].strip_prefix('\n').unwrap_or(&page[end..]);
+            format!("{}{section}{rest}", &page[..begin])
+        }
+        _ => format!("{}\n\n{section}", page.trim_end()),
+    }
 }
 
 fn header(out: &mut String, facts: &Facts, ipvs: &Value, proxier: &Value) -> Result<()> {
@@ -636,6 +771,7 @@ What the rows measure:
 The soak benchmark (`cargo xtask vm-bench --memory-mib 6144 soak --services 10000 --minutes
 5`: churn under traffic, RSS growth, change latency during full resyncs) is not part of this
 page.
+
 ";
 
 #[cfg(test)]
@@ -657,6 +793,8 @@ mod tests {
     /// --changes 20 --small 50`.
     const IPVS: &str = include_str!("testdata/ipvs-report-300x3.json");
     const PROXIER: &str = include_str!("testdata/proxier-report-300x3.json");
+    /// `cargo xtask vm-bench traffic --services 200 --seconds 15 --scrapes 2`.
+    const TRAFFIC: &str = include_str!("testdata/traffic-report-200x5.json");
 
     fn facts() -> Facts {
         Facts {
@@ -680,7 +818,8 @@ mod tests {
     fn the_page_shows_every_figure_with_its_same_run_ratio() {
         let ipvs: Value = serde_json::from_str(IPVS).unwrap();
         let proxier: Value = serde_json::from_str(PROXIER).unwrap();
-        let page = render(&facts(), &ipvs, &proxier).unwrap();
+        let traffic: Value = serde_json::from_str(TRAFFIC).unwrap();
+        let page = render(&facts(), &ipvs, &proxier, &traffic).unwrap();
         assert!(page.starts_with("# Benchmarks\n"));
         assert!(page.contains("`cargo xtask bench-report --services 300 --dests 3`"));
         assert!(page.contains("300 TCP services × 3 masquerading destinations (1,200 rules)"));
@@ -702,6 +841,47 @@ mod tests {
         assert!(page.contains("| nftables | 0.79 s |"), "{page}");
         assert!(page.contains("`vm-bench ipvs` 0.7 min (10.0 min with build and boot)"));
         assert!(page.contains("Only ratios between figures of the same run compare"));
+    }
+
+    #[test]
+    fn the_traffic_section_has_its_figures_and_can_be_rewritten_alone() {
+        let traffic: Value = serde_json::from_str(TRAFFIC).unwrap();
+        let section = traffic_section(None, &traffic).unwrap();
+        assert!(
+            section.contains("200 ClusterIP Services × 5 endpoints"),
+            "{section}"
+        );
+        // 0.76683888 s, 1531559 bytes, 0.545 s of CPU; 24.32 -> 24.37 ms at p50.
+        assert!(section.contains("| p50 0.77 s, max 0.95 s |"), "{section}");
+        assert!(
+            section.contains(
+                "| 1,531,559 bytes: traffic at `service` level 217,699 bytes (1,400 series)"
+            ),
+            "{section}"
+        );
+        assert!(
+            section.contains("| daemon CPU per scrape | 0.55 s |"),
+            "{section}"
+        );
+        assert!(section.contains("p50 24.4 ms, p99 44.0 ms, max 66.2 ms (151 changes) (p50 1.00 ×, p99 1.05 ×) | p50 and p99 within 10 % | met |"), "{section}");
+
+        let page = format!("# Benchmarks\n\nbefore\n{section}\nafter\n");
+        let mut again = facts();
+        again.command = "cargo xtask bench-report --traffic-only".into();
+        let newer = traffic_section(Some(&again), &traffic).unwrap();
+        let spliced = splice_traffic(&page, &newer);
+        assert!(spliced.starts_with("# Benchmarks\n\nbefore\n"), "{spliced}");
+        assert!(spliced.ends_with("\nafter\n"), "{spliced}");
+        assert!(spliced.contains(
+            "This section alone was written by `cargo xtask bench-report --traffic-only`"
+        ));
+        assert_eq!(spliced.matches(TRAFFIC_BEGIN).count(), 1);
+        // A page from before the section: it is appended.
+        let appended = splice_traffic("# Benchmarks\n\nold\n", &newer);
+        assert!(
+            appended.starts_with("# Benchmarks\n\nold\n\n<!-- vm-bench traffic -->"),
+            "{appended}"
+        );
     }
 
     #[test]

@@ -101,8 +101,8 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
-    /// Run the VM benchmarks (`vm-bench ipvs`, then `vm-bench proxier`, one boot each) and
-    /// write `docs/benchmarks.md` from the reports they print.
+    /// Run the VM benchmarks (`vm-bench ipvs`, `vm-bench proxier`, `vm-bench traffic`, one
+    /// boot each) and write `docs/benchmarks.md` from the reports they print.
     BenchReport {
         /// Virtual services (ClusterIP Services for the daemon).
         #[arg(long, default_value_t = 10_000)]
@@ -125,6 +125,9 @@ enum Command {
         /// Give up on a benchmark whose VM has not finished after this many minutes.
         #[arg(long, default_value_t = 60)]
         timeout_minutes: u64,
+        /// Run `vm-bench traffic` alone and rewrite only its section of the page.
+        #[arg(long)]
+        traffic_only: bool,
     },
     /// Compare the public API of ipvs-netlink and proxier-core (read from their sources)
     /// with the snapshots in `xtask/public-api/`; print the differences.
@@ -174,6 +177,7 @@ fn main() -> ExitCode {
             output,
             memory_mib,
             timeout_minutes,
+            traffic_only,
         } => {
             let options = bench_report::Options {
                 services,
@@ -181,6 +185,7 @@ fn main() -> ExitCode {
                 changes,
                 small,
                 output,
+                traffic_only,
             };
             let config = vm::VmConfig {
                 timeout: Duration::from_secs(timeout_minutes.saturating_mul(60)),
