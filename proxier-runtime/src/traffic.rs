@@ -210,16 +210,33 @@ pub fn metric_names() -> Vec<String> {
 /// Renders the traffic of the virtual servers of `table` that `directory` knows, in
 /// Prometheus' text exposition format (nothing at [`TrafficLevel::Off`]).
 pub fn render(table: &Table, directory: &TrafficDirectory, level: TrafficLevel) -> String {
+    render_resolved(table, &resolve(table, directory), level)
+}
+
+/// What each entry of `table` serves (`None`: not the proxier's): the only part of a scrape
+/// that needs the directory, so that its lock is held for lookups only, never while
+/// formatting (the observer takes it after every sync).
+fn resolve(table: &Table, directory: &TrafficDirectory) -> Vec<Option<Served>> {
+    table
+        .iter()
+        .map(|(service, _)| directory.by_key.get(&key_of(service)?).cloned())
+        .collect()
+}
+
+fn render_resolved(table: &Table, served: &[Option<Served>], level: TrafficLevel) -> String {
     if level == TrafficLevel::Off {
         return String::new();
     }
     let rows: Vec<Row<'_>> = table
         .iter()
-        .filter_map(|(service, destinations)| {
-            let key = key_of(service)?;
-            let served = directory.by_key.get(&key)?;
+        .zip(served)
+        .filter_map(|((service, destinations), served)| {
+            let served = served.as_ref()?;
+            let ServiceKey::Tuple { addr, .. } = service.service.key else {
+                return None;
+            };
             Some(Row {
-                labels: labels(served, key.address),
+                labels: labels(served, addr),
                 service,
                 destinations,
             })
@@ -394,12 +411,22 @@ impl TrafficMetrics {
         if self.level == TrafficLevel::Off {
             return String::new();
         }
-        match self.handle.table_verified().await {
-            Ok(read) => render(&read.table, &lock(&self.directory), self.level),
+        let table = match self.handle.table_verified().await {
+            Ok(read) => read.table,
             Err(error) => {
                 tracing::warn!(%error, "cannot read the IPVS table for traffic metrics");
-                String::new()
+                return String::new();
             }
-        }
+        };
+        let served = resolve(&table, &lock(&self.directory));
+        // Formatting a page of tens of megabytes takes long: off the async workers, which
+        // also run the sync loop.
+        let level = self.level;
+        tokio::task::spawn_blocking(move || render_resolved(&table, &served, level))
+            .await
+            .unwrap_or_else(|error| {
+                tracing::error!(%error, "rendering the traffic metrics failed");
+                String::new()
+            })
     }
 }
