@@ -153,7 +153,7 @@ pub async fn run(settings: Settings) -> Result<(), DaemonError> {
             Ok(handle) => {
                 if let Some(addr) = settings.metrics_bind_address {
                     let traffic = traffic_metrics(&settings, &mut observer).await;
-                    let server = crate::exporter::serve(addr, handle, traffic).await?;
+                    let server = crate::exporter::serve_with_traffic(addr, handle, traffic).await?;
                     tracing::info!(address = %server.local_addr(), "metrics server listening");
                     servers.push(server);
                 }

@@ -39,10 +39,14 @@ fn process_collector() -> &'static metrics_process::Collector {
     COLLECTOR.get_or_init(metrics_process::Collector::default)
 }
 
-/// Serves `/metrics` from `handle` on `addr`, refreshing the process metrics on each scrape
-/// and, with `traffic`, reading the IPVS traffic then. Also runs the recorder's upkeep
-/// periodically.
-pub async fn serve(
+/// Serves `/metrics` from `handle` on `addr`, refreshing the process metrics on each scrape.
+/// Also runs the recorder's upkeep periodically.
+pub async fn serve(addr: SocketAddr, handle: PrometheusHandle) -> Result<HttpServer, BindError> {
+    serve_with_traffic(addr, handle, None).await
+}
+
+/// [`serve`], reading the per-Service IPVS traffic at each scrape with `traffic`.
+pub async fn serve_with_traffic(
     addr: SocketAddr,
     handle: PrometheusHandle,
     traffic: Option<TrafficMetrics>,

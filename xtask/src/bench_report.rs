@@ -375,8 +375,8 @@ fn traffic_section(facts: Option<&Facts>, t: &Value) -> Result<String> {
         let _ = writeln!(
             out,
             "| scrapes during the changes (every 15 s) | p50 {}, max {} | | |",
-            ms("scrapes_during_churn.p50_ms")?,
-            ms("scrapes_during_churn.max_ms")?
+            secs(num(t, "scrapes_during_churn.p50_ms")? / 1e3),
+            secs(num(t, "scrapes_during_churn.max_ms")? / 1e3)
         );
     }
     let _ = writeln!(

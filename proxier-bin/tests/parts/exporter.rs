@@ -20,7 +20,7 @@ async fn metrics_endpoint_serves_prometheus_text() {
             ..Default::default()
         });
     });
-    let server = serve("127.0.0.1:0".parse().expect("addr"), handle, None)
+    let server = serve("127.0.0.1:0".parse().expect("addr"), handle)
         .await
         .expect("bind");
     let (status, headers, body) = http_get(server.local_addr(), "/metrics").await;
