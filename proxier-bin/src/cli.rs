@@ -345,3 +345,22 @@ impl Cli {
         Cli::try_parse_from(args)
     }
 }
+
+/// `ipvs-proxier explain NAMESPACE/SERVICE`: why a Service does or does not answer on this
+/// node. Takes the daemon's flags (or its --config file) to plan as it does; reads the
+/// kernel, writes nothing (needs CAP_NET_ADMIN only).
+#[derive(Debug, Clone, Parser)]
+#[command(name = "ipvs-proxier explain", version, long_about = None)]
+pub struct ExplainCli {
+    /// The Service to explain.
+    #[arg(value_name = "NAMESPACE/SERVICE")]
+    pub service: String,
+
+    /// A client address: say whether the load-balancer source ranges let it in.
+    #[arg(long, value_name = "IP")]
+    pub client: Option<IpAddr>,
+
+    /// The daemon's flags (--output picks text, json or yaml).
+    #[command(flatten)]
+    pub daemon: Cli,
+}

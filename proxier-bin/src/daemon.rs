@@ -75,7 +75,7 @@ async fn termination_signal() {
     }
 }
 
-async fn start_source(settings: &Settings) -> Result<SourceHandle, DaemonError> {
+pub(crate) async fn start_source(settings: &Settings) -> Result<SourceHandle, DaemonError> {
     Ok(match &settings.source {
         SourceSettings::File { path } => source::file::spawn(source::file::FileSourceConfig {
             path: path.clone(),
@@ -99,7 +99,7 @@ async fn start_source(settings: &Settings) -> Result<SourceHandle, DaemonError> 
     })
 }
 
-fn source_name(settings: &Settings) -> &'static str {
+pub(crate) fn source_name(settings: &Settings) -> &'static str {
     match settings.source {
         SourceSettings::File { .. } => "file",
         SourceSettings::Kube { .. } => "Kubernetes",

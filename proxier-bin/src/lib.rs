@@ -6,6 +6,7 @@
 pub mod cli;
 pub mod config;
 pub mod daemon;
+pub mod explain;
 pub mod exporter;
 pub mod file_value;
 pub mod logging;

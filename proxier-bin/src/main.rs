@@ -4,9 +4,12 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use proxier_bin::cli::Cli;
+use std::ffi::OsString;
+
+use proxier_bin::cli::{Cli, ExplainCli};
 use proxier_bin::config::{ConfigError, load_config_file};
-use proxier_bin::settings::{resolve, system_hostname};
+use proxier_bin::explain::parse_target;
+use proxier_bin::settings::{Settings, resolve, system_hostname};
 
 /// mimalloc instead of glibc's malloc: glibc kept the transient memory of the first sync and
 /// of every full resync in per-thread arenas (RSS at the peak, and creeping up under churn);
@@ -22,27 +25,57 @@ fn main() -> ExitCode {
     if let Err(error) = nix::sys::prctl::set_thp_disable(true) {
         eprintln!("ipvs-proxier: cannot disable transparent huge pages: {error}");
     }
+    let mut args: Vec<OsString> = std::env::args_os().collect();
+    if args.get(1).is_some_and(|arg| arg == "explain") {
+        args.remove(1);
+        let cli = ExplainCli::parse_from(args); // usage errors exit with code 2
+        return explain_main(cli);
+    }
     let cli = Cli::parse(); // usage errors exit with code 2
+    let settings = match settings_of(&cli) {
+        Ok(settings) => settings,
+        Err(code) => return code,
+    };
+    tracing::info!(hostname = %settings.hostname, source = ?settings.source,
+        dry_run = settings.dry_run, mode = ?settings.run_mode, "starting ipvs-proxier");
+
+    let runtime = match async_runtime() {
+        Ok(runtime) => runtime,
+        Err(code) => return code,
+    };
+    match runtime.block_on(proxier_bin::daemon::run(settings)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            tracing::error!(%error, "ipvs-proxier stopped");
+            eprintln!("ipvs-proxier: {error}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// The daemon's settings from `cli` and its --config file, with logging set up; the exit
+/// code when they cannot be had (1: unreadable file or no logging; 2: invalid settings).
+fn settings_of(cli: &Cli) -> Result<Settings, ExitCode> {
     let file = match cli.config.as_deref().map(load_config_file).transpose() {
         Ok(file) => file,
         Err(error) => {
             eprintln!("ipvs-proxier: {error}");
-            return match error {
+            return Err(match error {
                 ConfigError::Read { .. } => ExitCode::from(1),
                 _ => ExitCode::from(2),
-            };
+            });
         }
     };
-    let settings = match resolve(&cli, file.as_ref(), &system_hostname()) {
+    let settings = match resolve(cli, file.as_ref(), &system_hostname()) {
         Ok(settings) => settings,
         Err(error) => {
             eprintln!("ipvs-proxier: {error}");
-            return ExitCode::from(2);
+            return Err(ExitCode::from(2));
         }
     };
     if let Err(error) = proxier_bin::logging::init(settings.log) {
         eprintln!("ipvs-proxier: cannot set up logging: {error}");
-        return ExitCode::from(1);
+        return Err(ExitCode::from(1));
     }
     if let Some(file) = &file {
         for field in &file.ignored_fields {
@@ -56,25 +89,50 @@ fn main() -> ExitCode {
             }
         }
     }
-    tracing::info!(hostname = %settings.hostname, source = ?settings.source,
-        dry_run = settings.dry_run, mode = ?settings.run_mode, "starting ipvs-proxier");
+    Ok(settings)
+}
 
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
+/// The daemon's tokio runtime (two workers).
+fn async_runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+    tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
-    {
-        Ok(rt) => rt,
-        Err(error) => {
+        .map_err(|error| {
             eprintln!("ipvs-proxier: cannot start the async runtime: {error}");
-            return ExitCode::from(1);
+            ExitCode::from(1)
+        })
+}
+
+/// `ipvs-proxier explain`: prints the explanation; exit 0 when explained (whatever it
+/// says), 1 when it could not be, 2 on bad usage.
+fn explain_main(mut cli: ExplainCli) -> ExitCode {
+    let service = match parse_target(&cli.service) {
+        Ok(service) => service,
+        Err(error) => {
+            eprintln!("ipvs-proxier explain: {error}");
+            return ExitCode::from(2);
         }
     };
-    match runtime.block_on(proxier_bin::daemon::run(settings)) {
-        Ok(()) => ExitCode::SUCCESS,
+    // --output picks explain's format here, not the dry run's.
+    let format = cli.daemon.output.take().unwrap_or_default();
+    let settings = match settings_of(&cli.daemon) {
+        Ok(settings) => settings,
+        Err(code) => return code,
+    };
+    let runtime = match async_runtime() {
+        Ok(runtime) => runtime,
+        Err(code) => return code,
+    };
+    match runtime.block_on(proxier_bin::explain::run(
+        &settings, format, service, cli.client,
+    )) {
+        Ok((_, printed)) => {
+            print!("{printed}");
+            ExitCode::SUCCESS
+        }
         Err(error) => {
-            tracing::error!(%error, "ipvs-proxier stopped");
-            eprintln!("ipvs-proxier: {error}");
+            eprintln!("ipvs-proxier explain: {error}");
             ExitCode::from(1)
         }
     }

@@ -66,6 +66,7 @@ pub mod desired;
 pub mod diff;
 pub mod drain;
 pub mod engine;
+pub mod explain;
 pub mod flows;
 pub mod health_check;
 #[cfg(feature = "k8s")]

@@ -6,6 +6,8 @@
 //! - [`source`]: the Kubernetes API server (feature `kube`: kube-runtime watchers with
 //!   kube-proxy's selectors and readiness rule) and a YAML file of manifests (feature `file`).
 //!   Each is a value the caller spawns, yielding the engine's [`Change`](proxier_core::Change)s.
+//! - [`explain`]: why one Service does or does not answer on this node: the engine's plan
+//!   of a source's first picture next to what the kernel holds (`ipvs-proxier explain`).
 //! - [`feed`]: hands a source's batches to the engine (counted for the metrics): the first
 //!   before the first sync, the rest to the driver.
 //! - [`go_duration`]: durations as Kubernetes components' flags and config files write them
@@ -56,6 +58,7 @@
 
 #[cfg(feature = "kube")]
 pub mod api_metrics;
+pub mod explain;
 pub mod feed;
 pub mod go_duration;
 pub mod health;

@@ -431,6 +431,40 @@ pub(super) fn set_contents(plan: &FamilyPlan) -> Vec<SetContent> {
     sets
 }
 
+/// Every element `plan` puts in a set that holds single values (the interval sets are left
+/// out), as `(family, set, element)` with the element written as `nft list set` prints it:
+/// what a reader of the kernel's sets checks membership against.
+pub fn set_elements(plan: &NetfilterPlan) -> Vec<(AddressFamily, &'static str, String)> {
+    AddressFamily::ALL
+        .into_iter()
+        .filter_map(|family| plan.family(family))
+        .flat_map(|family_plan| {
+            set_contents(family_plan)
+                .into_iter()
+                .filter(|set| !set.interval)
+                .flat_map(move |set| {
+                    set.elements
+                        .into_iter()
+                        .map(move |element| (family_plan.family, set.name, element))
+                })
+        })
+        .collect()
+}
+
+/// The elements of one set in an `nft list set` listing (`elements = { a, b }`), each with
+/// its whitespace made single spaces: the inverse of this module's rendering of them.
+pub fn parse_set_elements(listing: &str) -> BTreeSet<String> {
+    let Some(start) = listing.find("elements = {") else {
+        return BTreeSet::new();
+    };
+    let body = &listing[start + "elements = {".len()..];
+    let body = body.split('}').next().unwrap_or_default();
+    body.split(',')
+        .map(|element| element.split_whitespace().collect::<Vec<_>>().join(" "))
+        .filter(|element| !element.is_empty())
+        .collect()
+}
+
 /// Renders the script that turns the tables of `old` (as applied) into those of `new` by
 /// adding and deleting set elements only, in one transaction: the cost follows the size of
 /// the change, not of the cluster. Falls back to [`render_replace`] when the rules

@@ -26,7 +26,7 @@ use crate::netfilter::NetfilterBackend;
 /// The `apiVersion` of every dry-run document.
 pub const DOCUMENT_API_VERSION: &str = "ipvs-proxier.dry-run/v1";
 
-fn role_name(role: VirtualServerRole) -> &'static str {
+pub(crate) fn role_name(role: VirtualServerRole) -> &'static str {
     match role {
         VirtualServerRole::ClusterIp => "ClusterIP",
         VirtualServerRole::NodePort => "NodePort",
