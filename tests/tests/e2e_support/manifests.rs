@@ -73,6 +73,8 @@ pub struct Svc {
     pub lb_source_ranges: Vec<String>,
     /// `spec.healthCheckNodePort` (LoadBalancer Services with `externalTrafficPolicy: Local`).
     pub health_check_node_port: Option<u16>,
+    /// `metadata.annotations`.
+    pub annotations: Vec<(String, String)>,
 }
 
 impl Svc {
@@ -90,6 +92,7 @@ impl Svc {
             lb_ips: Vec::new(),
             lb_source_ranges: Vec::new(),
             health_check_node_port: None,
+            annotations: Vec::new(),
         }
     }
 
@@ -103,8 +106,19 @@ impl Svc {
             .collect();
         let _ = write!(
             y,
-            "apiVersion: v1\nkind: Service\nmetadata:\n  name: {}\n  namespace: default\nspec:\n  type: {}\n  clusterIP: {}\n  clusterIPs:\n",
-            self.name, self.kind, self.cluster_ips[0]
+            "apiVersion: v1\nkind: Service\nmetadata:\n  name: {}\n  namespace: default\n",
+            self.name
+        );
+        if !self.annotations.is_empty() {
+            y.push_str("  annotations:\n");
+            for (key, value) in &self.annotations {
+                let _ = writeln!(y, "    {key}: \"{value}\"");
+            }
+        }
+        let _ = write!(
+            y,
+            "spec:\n  type: {}\n  clusterIP: {}\n  clusterIPs:\n",
+            self.kind, self.cluster_ips[0]
         );
         for ip in &self.cluster_ips {
             let _ = writeln!(y, "  - \"{ip}\"");

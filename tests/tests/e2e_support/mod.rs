@@ -409,6 +409,38 @@ impl Topology {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// `ipvs-proxier explain SERVICE` in the node, on the daemon's source file and with its
+    /// planner flags plus `extra`. `prefix` runs first in the same shell, in a mount
+    /// namespace of its own (`ip netns exec` makes one): a test may hide files there.
+    pub fn explain(&self, prefix: &str, service: &str, extra: &[&str]) -> std::process::Output {
+        let script = format!(
+            "{prefix}\nexec {} explain {service} --source-file {} --hostname-override {NODE_NAME} \
+             --cluster-cidr {CLUSTER_CIDRS} {}",
+            ipvs_proxier_tests::proxier_bin().display(),
+            self.source.display(),
+            extra.join(" ")
+        );
+        self.node.sh(&script)
+    }
+
+    /// [`Topology::explain`] with `--output json`: the document, or a panic with stderr.
+    pub fn explain_json(&self, prefix: &str, service: &str, extra: &[&str]) -> serde_json::Value {
+        let extra = [extra, &["--output", "json"]].concat();
+        let out = self.explain(prefix, service, &extra);
+        assert!(
+            out.status.success(),
+            "explain {service} failed ({}):\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "explain {service}: not JSON ({e}):\n{}",
+                String::from_utf8_lossy(&out.stdout)
+            )
+        })
+    }
+
     /// The node's metrics text.
     pub fn metrics(&self) -> String {
         self.node.sh_ok(
