@@ -93,6 +93,7 @@ async fn start_source(settings: &Settings) -> Result<SourceHandle, DaemonError> 
                     } else {
                         source::kube::ListMode::Paginated
                     },
+                    service_cidrs: settings.follow_service_cidrs,
                 },
             )
         }
