@@ -319,10 +319,14 @@ pub struct Cli {
 
     /// Comma-separated Service CIDRs to take whole with one local route each on the dummy
     /// link instead of binding every ClusterIP in them (opt-in; needs --ipvs-strict-arp).
-    /// Addresses in them that no Service has are rejected.
-    #[arg(long, value_name = "CIDR,...", value_delimiter = ',')]
+    /// Addresses in them that no Service has are rejected. `auto` follows the cluster's
+    /// networking.k8s.io/v1 ServiceCIDR objects at run time (API server source only; may be
+    /// listed with CIDRs). A range holding a node address or overlapping --cluster-cidr is
+    /// never routed.
+    #[arg(long, value_name = "auto|CIDR,...", value_delimiter = ',',
+          value_parser = ServiceCidrsEntry::parse)]
     #[serde(skip)]
-    pub bind_service_cidrs: Option<Vec<IpNet>>,
+    pub bind_service_cidrs: Option<Vec<ServiceCidrsEntry>>,
 
     /// Log line format.
     #[arg(long, value_enum, value_name = "FORMAT")]
@@ -363,4 +367,25 @@ pub struct ExplainCli {
     /// The daemon's flags (--output picks text, json or yaml).
     #[command(flatten)]
     pub daemon: Cli,
+}
+
+/// One entry of `--bind-service-cidrs`: a CIDR, or `auto`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServiceCidrsEntry {
+    /// Follow the cluster's ServiceCIDR objects.
+    Auto,
+    /// This range.
+    Cidr(IpNet),
+}
+
+impl ServiceCidrsEntry {
+    fn parse(value: &str) -> Result<ServiceCidrsEntry, String> {
+        if value == "auto" {
+            return Ok(ServiceCidrsEntry::Auto);
+        }
+        value
+            .parse()
+            .map(ServiceCidrsEntry::Cidr)
+            .map_err(|error| format!("{value:?} is neither `auto` nor a CIDR: {error}"))
+    }
 }

@@ -93,6 +93,7 @@ pub(crate) async fn start_source(settings: &Settings) -> Result<SourceHandle, Da
                     } else {
                         source::kube::ListMode::Paginated
                     },
+                    service_cidrs: settings.follow_service_cidrs,
                 },
             )
         }

@@ -15,7 +15,7 @@ use proxier_core::sysctl::ConntrackSettings;
 use proxier_runtime::go_duration::format_go_duration;
 use proxier_runtime::traffic::TrafficLevel;
 
-use crate::cli::{Cli, LogFormat, OutputFormat};
+use crate::cli::{Cli, LogFormat, OutputFormat, ServiceCidrsEntry};
 use crate::config::{KubeProxyConfiguration, kube_proxy_path};
 
 /// kube-proxy's health server port.
@@ -106,6 +106,9 @@ pub struct Settings {
     pub source: SourceSettings,
     /// With the API server source: streaming lists instead of paginated ones.
     pub api_streaming_lists: bool,
+    /// With the API server source: watch ServiceCIDR objects and route their ranges
+    /// (`--bind-service-cidrs=auto`).
+    pub follow_service_cidrs: bool,
     /// This node's name (lower-cased, as kube-proxy does).
     pub hostname: String,
     /// What the planner needs: scheduler, excluded CIDRs, NodePort addresses, strict ARP,
@@ -481,12 +484,14 @@ pub fn resolve(
         return Err(invalid("--ipvs-sync-burst", "must be at least 1"));
     }
     let non_zero = |d: Option<Duration>| d.filter(|d| !d.is_zero());
-    let service_cidr_routes: Vec<IpNet> = cli
-        .bind_service_cidrs
-        .iter()
-        .flatten()
-        .map(IpNet::trunc)
-        .collect();
+    let mut follow_service_cidrs = false;
+    let mut service_cidr_routes: Vec<IpNet> = Vec::new();
+    for entry in cli.bind_service_cidrs.iter().flatten() {
+        match entry {
+            ServiceCidrsEntry::Auto => follow_service_cidrs = true,
+            ServiceCidrsEntry::Cidr(net) => service_cidr_routes.push(net.trunc()),
+        }
+    }
     let scheduler = match origin(
         ("--ipvs-scheduler", &cli.ipvs_scheduler),
         ("ipvs.scheduler", &file.ipvs_scheduler),
@@ -541,6 +546,17 @@ pub fn resolve(
         }
         ConfigError::RoutesWithoutStrictArp => conflict(&error.to_string()),
     })?;
+    if follow_service_cidrs {
+        if !planner.strict_arp {
+            return Err(conflict(&ConfigError::RoutesWithoutStrictArp.to_string()));
+        }
+        if !matches!(source, SourceSettings::Kube { .. }) {
+            return Err(conflict(
+                "--bind-service-cidrs=auto follows the API server's ServiceCIDR objects: \
+                 it cannot be used with --source-file (list the CIDRs instead)",
+            ));
+        }
+    }
 
     let dummy_interface = cli
         .dummy_interface
@@ -553,6 +569,7 @@ pub fn resolve(
     Ok(Settings {
         source,
         api_streaming_lists: cli.api_streaming_lists.unwrap_or(false),
+        follow_service_cidrs,
         hostname,
         planner,
         driver: DriverConfig::new(sync_period, min_sync_period, sync_burst),

@@ -17,14 +17,15 @@ use std::time::SystemTime;
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::discovery::v1 as discovery;
+use k8s_openapi::api::networking::v1 as networking;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::desired::{Protocol, Scheduler};
 use crate::model::{
     ConversionError, DEFAULT_CLIENT_IP_TIMEOUT_SECONDS, Endpoint, EndpointPort, EndpointSlice,
     IpMode, LoadBalancerIngress, MAX_WEIGHT, ModelWarning, NodeContext, ObjectKind, ObjectRef,
-    SCHEDULER_ANNOTATION, Service, ServiceName, ServicePortSpec, SessionAffinity, SliceKey,
-    TrafficPolicy, WEIGHTS_ANNOTATION, node::ZONE_LABEL,
+    SCHEDULER_ANNOTATION, Service, ServiceCidr, ServiceName, ServicePortSpec, SessionAffinity,
+    SliceKey, TrafficPolicy, WEIGHTS_ANNOTATION, node::ZONE_LABEL,
 };
 use crate::state::Change;
 
@@ -601,6 +602,46 @@ pub fn convert_endpoint_slice(
     }))
 }
 
+/// Reads a ServiceCIDR: its name and its ranges (`spec.cidrs`, host bits cleared). A
+/// malformed range rejects the object; one being deleted (`metadata.deletionTimestamp`)
+/// converts as any other, since its ranges keep live Services until the object is gone.
+pub fn convert_service_cidr(
+    object: &networking::ServiceCIDR,
+) -> Result<ServiceCidr, ConversionError> {
+    let name = object.metadata.name.clone().unwrap_or_default();
+    let reference = ObjectRef::new(ObjectKind::ServiceCidr, "", &name);
+    let listed = object
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.cidrs.as_ref())
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    let mut cidrs: Vec<IpNet> = Vec::with_capacity(listed.len());
+    for raw in listed {
+        let net = sloppy_cidr(raw.trim())
+            .ok_or_else(|| ConversionError::InvalidCidr {
+                object: reference.clone(),
+                field: "spec.cidrs",
+                value: raw.clone(),
+            })?
+            .trunc();
+        if !cidrs.contains(&net) {
+            cidrs.push(net);
+        }
+    }
+    Ok(ServiceCidr { name, cidrs })
+}
+
+/// The state change for an added or updated ServiceCIDR.
+pub fn service_cidr_change(object: &networking::ServiceCIDR) -> Result<Change, ConversionError> {
+    convert_service_cidr(object).map(Change::UpsertServiceCidr)
+}
+
+/// The state change for a deleted ServiceCIDR.
+pub fn service_cidr_deleted(object: &networking::ServiceCIDR) -> Change {
+    Change::DeleteServiceCidr(object.metadata.name.clone().unwrap_or_default())
+}
+
 /// Taint the cluster autoscaler puts on a node it is about to delete.
 pub const TO_BE_DELETED_TAINT: &str = "ToBeDeletedByClusterAutoscaler";
 
@@ -675,6 +716,55 @@ pub fn node_context(node: &core::Node) -> Result<NodeContext, ConversionError> {
         pod_cidrs,
         eligible: node_eligible(node),
     })
+}
+
+#[cfg(test)]
+mod service_cidr_tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn object(value: serde_json::Value) -> networking::ServiceCIDR {
+        serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn a_service_cidr_converts_to_its_name_and_ranges_even_while_being_deleted() {
+        let dual = object(serde_json::json!({
+            "metadata": {"name": "kubernetes", "deletionTimestamp": "2026-12-01T10:00:00Z",
+                         "finalizers": ["networking.k8s.io/service-cidr-finalizer"]},
+            "spec": {"cidrs": ["10.96.0.0/12", "fd00:96::/108"]}
+        }));
+        assert_eq!(
+            service_cidr_change(&dual).unwrap(),
+            Change::UpsertServiceCidr(ServiceCidr {
+                name: "kubernetes".into(),
+                cidrs: vec![
+                    "10.96.0.0/12".parse().unwrap(),
+                    "fd00:96::/108".parse().unwrap()
+                ],
+            })
+        );
+        assert_eq!(
+            service_cidr_deleted(&dual),
+            Change::DeleteServiceCidr("kubernetes".into())
+        );
+        let empty = object(serde_json::json!({"metadata": {"name": "e"}}));
+        assert!(convert_service_cidr(&empty).unwrap().cidrs.is_empty());
+    }
+
+    #[test]
+    fn a_malformed_range_rejects_the_service_cidr_naming_it() {
+        let bad = object(serde_json::json!({
+            "metadata": {"name": "extra"},
+            "spec": {"cidrs": ["10.100.0.0/16", "10.300.0.0/16"]}
+        }));
+        let error = service_cidr_change(&bad).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "ServiceCIDR extra: spec.cidrs \"10.300.0.0/16\" is not a valid CIDR"
+        );
+    }
 }
 
 #[cfg(test)]

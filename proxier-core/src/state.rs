@@ -6,11 +6,13 @@
 //! re-planned; planning only those (see [`crate::planner::Planner::plan_ports`]) is the
 //! incremental path of the reconciler.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use crate::model::ServicePortName;
-use crate::model::{EndpointSlice, ModelWarning, NodeContext, Service, ServiceName, SliceKey};
+use crate::model::{
+    EndpointSlice, ModelWarning, NodeContext, Service, ServiceCidr, ServiceName, SliceKey,
+};
 
 /// One change to the cluster state.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,6 +29,11 @@ pub enum Change {
     UpsertNode(NodeContext),
     /// The node's Node object is gone: plan with its name only.
     DeleteNode,
+    /// A ServiceCIDR object was added or updated (one being deleted still counts: its
+    /// ranges hold live Services until it is gone).
+    UpsertServiceCidr(ServiceCidr),
+    /// The ServiceCIDR object of this name is gone.
+    DeleteServiceCidr(String),
 }
 
 /// Service ports whose plan may have changed.
@@ -36,6 +43,8 @@ pub type DirtyPorts = BTreeSet<ServicePortName>;
 #[derive(Debug, Default)]
 pub struct ClusterState {
     node: Option<NodeContext>,
+    /// ServiceCIDR objects by name.
+    service_cidrs: BTreeMap<String, ServiceCidr>,
     /// Boxed: a hash table keeps spare slots, each as large as its value.
     services: HashMap<ServiceName, Box<Service>>,
     /// Slices of each Service, sorted by slice name (a Service has few slices: a sorted
@@ -55,7 +64,9 @@ impl ClusterState {
 
     /// Applies one change and returns the Service ports whose plan may have changed
     /// (including ports that no longer exist: their plan is now empty). A change that leaves
-    /// the state as it was returns an empty set.
+    /// the state as it was returns an empty set. A ServiceCIDR change dirties no port by
+    /// itself: which ranges are routed also depends on the node and the settings, so the
+    /// engine decides that ([`crate::model::decide_routes`]) and re-plans when they change.
     pub fn apply(&mut self, change: Change) -> DirtyPorts {
         match change {
             Change::UpsertService(service) => self.upsert_service(service),
@@ -64,7 +75,20 @@ impl ClusterState {
             Change::DeleteSlice(key) => self.delete_slice(&key),
             Change::UpsertNode(node) => self.set_node(Some(node)),
             Change::DeleteNode => self.set_node(None),
+            Change::UpsertServiceCidr(object) => {
+                self.service_cidrs.insert(object.name.clone(), object);
+                DirtyPorts::new()
+            }
+            Change::DeleteServiceCidr(name) => {
+                self.service_cidrs.remove(&name);
+                DirtyPorts::new()
+            }
         }
+    }
+
+    /// The ServiceCIDR objects, by name.
+    pub fn service_cidrs(&self) -> impl Iterator<Item = &ServiceCidr> {
+        self.service_cidrs.values()
     }
 
     /// The node's facts as last set (`None`: no Node object known).

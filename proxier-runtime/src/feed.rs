@@ -69,7 +69,10 @@ impl Feed {
                     let n = self.pending.endpoints.fetch_add(1, Ordering::Relaxed) + 1;
                     metrics::record_endpoint_change(n);
                 }
-                Change::UpsertNode(_) | Change::DeleteNode => {}
+                Change::UpsertNode(_)
+                | Change::DeleteNode
+                | Change::UpsertServiceCidr(_)
+                | Change::DeleteServiceCidr(_) => {}
             }
         }
         engine.apply(batch.changes);

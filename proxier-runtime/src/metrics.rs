@@ -30,6 +30,8 @@ const LIVEZ_TOTAL: &str = "kubeproxy_proxy_livez_total";
 const VIRTUAL_SERVERS: &str = "ipvs_proxier_virtual_servers";
 const REAL_SERVERS: &str = "ipvs_proxier_real_servers";
 const BOUND_ADDRESSES: &str = "ipvs_proxier_bound_addresses";
+const SERVICE_CIDR_ROUTES: &str = "ipvs_proxier_service_cidr_routes";
+const SERVICE_CIDRS_REFUSED: &str = "ipvs_proxier_service_cidrs_refused";
 const NETLINK_OPERATIONS_TOTAL: &str = "ipvs_proxier_netlink_operations_total";
 const GRACEFUL_DRAIN_QUEUE_LENGTH: &str = "ipvs_proxier_graceful_drain_queue_length";
 const FULL_RESYNC_DRIFT_REPAIRED: &str = "ipvs_proxier_full_resync_drift_repaired";
@@ -133,6 +135,9 @@ pub const METRICS: &[Metric] = &[
     metric(VIRTUAL_SERVERS, Gauge, None, "IPVS virtual servers programmed by this proxier"),
     metric(REAL_SERVERS, Gauge, None, "IPVS real servers programmed by this proxier"),
     metric(BOUND_ADDRESSES, Gauge, None, "Addresses bound on the proxier's dummy link"),
+    metric(SERVICE_CIDR_ROUTES, Gauge, None, "Service CIDRs taken whole with a local route through the proxier's dummy link"),
+    // Which ones and why: the warning logged when each was refused.
+    metric(SERVICE_CIDRS_REFUSED, Gauge, None, "Service CIDRs (configured or from ServiceCIDR objects) not routed because routing them would be unsafe"),
     labeled(NETLINK_OPERATIONS_TOTAL, Counter, None, "Netlink operations by operation and result"),
     metric(GRACEFUL_DRAIN_QUEUE_LENGTH, Gauge, None, "Real servers at weight 0 waiting for their connections to drain"),
     metric(FULL_RESYNC_DRIFT_REPAIRED, Gauge, None, "Differences from the desired state repaired by the last full resync"),
@@ -376,6 +381,12 @@ pub fn set_data_plane_size(size: proxier_core::engine::PlanSize) {
     gauge!(REAL_SERVERS).set(size.real_servers as f64);
     gauge!(BOUND_ADDRESSES).set(size.bound_addresses as f64);
     gauge!(GRACEFUL_DRAIN_QUEUE_LENGTH).set(size.draining as f64);
+}
+
+/// Sets how many Service CIDRs are routed through the dummy link and how many are refused.
+pub fn set_service_cidr_routes(routed: usize, refused: usize) {
+    gauge!(SERVICE_CIDR_ROUTES).set(routed as f64);
+    gauge!(SERVICE_CIDRS_REFUSED).set(refused as f64);
 }
 
 /// Outcome of a netlink operation, as a label.

@@ -128,6 +128,10 @@ where
         self.exported_ops = stats.ops.clone();
         metrics::set_table_reads(stats.table_reads);
         metrics::set_data_plane_size(proxier.plan_size());
+        metrics::set_service_cidr_routes(
+            proxier.routed_service_cidrs().len(),
+            proxier.refused_service_cidrs().len(),
+        );
         let no_local = proxier.no_local_endpoints();
         metrics::set_no_local_endpoints(TrafficPolicy::Internal, no_local.internal);
         metrics::set_no_local_endpoints(TrafficPolicy::External, no_local.external);

@@ -34,6 +34,8 @@ pub enum Kind {
     EndpointSlice,
     /// v1 Node.
     Node,
+    /// networking.k8s.io/v1 ServiceCIDR (cluster-scoped).
+    ServiceCidr,
 }
 
 impl Kind {
@@ -42,6 +44,7 @@ impl Kind {
             "/api/v1/services" => Some(Kind::Service),
             "/apis/discovery.k8s.io/v1/endpointslices" => Some(Kind::EndpointSlice),
             "/api/v1/nodes" => Some(Kind::Node),
+            "/apis/networking.k8s.io/v1/servicecidrs" => Some(Kind::ServiceCidr),
             _ => None,
         }
     }
@@ -51,6 +54,7 @@ impl Kind {
             Kind::Service => ("v1", "ServiceList"),
             Kind::EndpointSlice => ("discovery.k8s.io/v1", "EndpointSliceList"),
             Kind::Node => ("v1", "NodeList"),
+            Kind::ServiceCidr => ("networking.k8s.io/v1", "ServiceCIDRList"),
         }
     }
 }

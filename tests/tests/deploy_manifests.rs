@@ -76,6 +76,8 @@ fn rbac_lets_the_service_account_watch_what_the_daemon_watches() {
         ("", "services"),
         ("", "nodes"),
         ("discovery.k8s.io", "endpointslices"),
+        // --bind-service-cidrs=auto
+        ("networking.k8s.io", "servicecidrs"),
     ] {
         for verb in ["list", "watch"] {
             assert!(

@@ -460,4 +460,51 @@ fn bind_service_cidrs_needs_strict_arp_and_reaches_the_engine() {
     // Off by default.
     let s = resolve(&cli(&[]), None, "n").expect("valid");
     assert!(s.planner.service_cidr_routes.is_empty());
+    assert!(!s.follow_service_cidrs);
+}
+
+#[test]
+fn bind_service_cidrs_auto_follows_service_cidr_objects_with_strict_arp_and_the_api_server() {
+    let s = resolve(
+        &cli(&["--bind-service-cidrs=auto", "--ipvs-strict-arp"]),
+        None,
+        "n",
+    )
+    .expect("valid");
+    assert!(s.follow_service_cidrs);
+    assert!(s.planner.service_cidr_routes.is_empty());
+    // With listed ranges beside it: both.
+    let s = resolve(
+        &cli(&[
+            "--bind-service-cidrs=auto,10.96.0.0/12",
+            "--ipvs-strict-arp",
+        ]),
+        None,
+        "n",
+    )
+    .expect("valid");
+    assert!(s.follow_service_cidrs);
+    let nets: Vec<IpNet> = vec!["10.96.0.0/12".parse().expect("net")];
+    assert_eq!(s.planner.service_cidr_routes, nets);
+
+    let error = resolve(&cli(&["--bind-service-cidrs=auto"]), None, "n")
+        .expect_err("refused without strict ARP");
+    assert!(error.to_string().contains("--ipvs-strict-arp"), "{error}");
+    let error = resolve(
+        &cli(&[
+            "--bind-service-cidrs=auto",
+            "--ipvs-strict-arp",
+            "--source-file=/tmp/cluster.yaml",
+        ]),
+        None,
+        "n",
+    )
+    .expect_err("the file has no ServiceCIDRs to follow");
+    assert!(error.to_string().contains("--source-file"), "{error}");
+    let error = Cli::try_parse_args(["ipvs-proxier", "--bind-service-cidrs=automatic"])
+        .expect_err("neither auto nor a CIDR");
+    assert!(
+        error.to_string().contains("neither `auto` nor a CIDR"),
+        "{error}"
+    );
 }

@@ -39,6 +39,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
+use ipnet::IpNet;
 use tokio::time::Instant;
 
 pub use driver::{DriverConfig, ProxierHandle, SyncScheduler};
@@ -51,7 +52,9 @@ use crate::conntrack::{ConntrackBackend, KernelConntrack, MemoryConntrack};
 use crate::desired::{Desired, ServicePortPlan};
 use crate::flows::{FlowFilter, stale_udp_flows_of_port};
 use crate::health_check::{HealthCheck, NoLocalEndpoints};
-use crate::model::{Config, NodeContext, ServiceName, ServicePortName};
+use crate::model::{
+    Config, NodeContext, RefusedRoute, ServiceName, ServicePortName, decide_routes,
+};
 use crate::netfilter::{
     MemoryNetfilterBackend, Netfilter, NetfilterBackend, NetfilterPlan, NetfilterTracker,
     NftBackend, RenderError, RenderOptions, empty_plan,
@@ -264,6 +267,11 @@ pub struct Proxier<I, A, N, C> {
     node_addresses_refreshed_during_read: bool,
     /// kube-proxy's netfilter part, still to be removed.
     takeover: Option<KubeProxyTakeover>,
+    /// The Service CIDR routes of the settings as given (`config.planner` holds the ones
+    /// routed now: these and the ServiceCIDR objects' ranges that pass the rules).
+    configured_routes: Vec<IpNet>,
+    /// Ranges not routed, and why.
+    refused_routes: Vec<RefusedRoute>,
 }
 
 impl<I, A, N, C> Proxier<I, A, N, C>
@@ -274,10 +282,25 @@ where
     C: ConntrackBackend + Send + 'static,
 {
     /// A proxier with an empty state over `backends`. It reads the kernel on its first sync.
-    pub fn new(config: ProxierConfig, backends: Backends<I, A, N, C>) -> Result<Self, EngineError> {
+    pub fn new(
+        mut config: ProxierConfig,
+        backends: Backends<I, A, N, C>,
+    ) -> Result<Self, EngineError> {
         let netfilter = Netfilter::new(backends.netfilter, config.netfilter.clone())?;
         let node = NodeContext::new(config.hostname.clone(), Vec::new(), Vec::new());
+        let configured_routes = config.planner.service_cidr_routes.clone();
+        let routes = decide_routes(&configured_routes, [], &config.planner, &node);
+        for refused in &routes.refused {
+            tracing::warn!(cidr = %refused.cidr, origin = %refused.origin, reason = %refused.reason, "Service CIDR not routed");
+        }
+        config
+            .planner
+            .service_cidr_routes
+            .clone_from(&routes.routed);
+        config.reconciler.service_cidr_routes = routes.routed;
         Ok(Proxier {
+            configured_routes,
+            refused_routes: routes.refused,
             reconciler: Reconciler::new(
                 backends.ipvs,
                 backends.addresses,
@@ -324,7 +347,14 @@ where
             Change::DeleteNode => Some(false),
             _ => None,
         };
+        let service_cidr_changed = matches!(
+            change,
+            Change::UpsertServiceCidr(_) | Change::DeleteServiceCidr(_)
+        );
         let dirty = self.state.apply(change);
+        if service_cidr_changed {
+            return self.refresh_routes();
+        }
         // As kube-proxy: only a slice that changes something is measured (a resent,
         // unchanged one would wait for an unrelated sync and inflate the latency).
         if let Some(at) = trigger_time
@@ -342,7 +372,7 @@ where
             // sync, so that observers see it.
             let changed = node != self.node;
             self.node = node;
-            return changed;
+            return self.refresh_routes() || changed;
         }
         let changed = !dirty.is_empty();
         self.dirty.extend(dirty);
@@ -428,9 +458,63 @@ where
         if node != self.node {
             self.node = node;
             self.replan_all = true;
+            self.refresh_routes();
             return true;
         }
         false
+    }
+
+    /// Decides again which Service CIDRs are routed ([`decide_routes`]: the configured ones
+    /// and the ServiceCIDR objects' ranges, on this node's addresses); returns whether the
+    /// routed or the refused ones changed. A change of the routed ones re-plans every port
+    /// at the next sync (which ClusterIPs are bound one by one), rewrites the nftables
+    /// tables (their rule over the routed ranges) and has the reconciler add the new routes
+    /// before it unbinds the addresses under them and remove the old ones after it binds
+    /// the addresses they covered.
+    fn refresh_routes(&mut self) -> bool {
+        let decision = decide_routes(
+            &self.configured_routes,
+            self.state.service_cidrs(),
+            &self.config.planner,
+            &self.node,
+        );
+        let refused_changed = decision.refused != self.refused_routes;
+        for refused in decision
+            .refused
+            .iter()
+            .filter(|refused| !self.refused_routes.contains(refused))
+        {
+            tracing::warn!(cidr = %refused.cidr, origin = %refused.origin, reason = %refused.reason, "Service CIDR not routed");
+        }
+        self.refused_routes = decision.refused;
+        if decision.routed == self.config.planner.service_cidr_routes {
+            return refused_changed;
+        }
+        tracing::info!(routes = ?decision.routed, "Service CIDRs routed through the dummy link");
+        self.netfilter_plan
+            .set_routed_service_cidrs(&decision.routed);
+        self.netfilter.invalidate();
+        self.reconciler
+            .set_service_cidr_routes(decision.routed.clone());
+        self.config
+            .reconciler
+            .service_cidr_routes
+            .clone_from(&decision.routed);
+        self.config.planner.service_cidr_routes = decision.routed;
+        self.replan_all = true;
+        true
+    }
+
+    /// The Service CIDRs routed through the dummy link now (also in
+    /// [`Proxier::config`]'s planner settings).
+    pub fn routed_service_cidrs(&self) -> &[IpNet] {
+        &self.config.planner.service_cidr_routes
+    }
+
+    /// The Service CIDRs not routed (configured or from ServiceCIDR objects), and why: their
+    /// ClusterIPs are bound one by one.
+    pub fn refused_service_cidrs(&self) -> &[RefusedRoute] {
+        &self.refused_routes
     }
 
     /// Converges the kernel. `Incremental` applies the Service ports changed since the last
@@ -803,7 +887,8 @@ where
         &self.node
     }
 
-    /// The settings.
+    /// The settings, with the Service CIDRs routed now as the planner's and the
+    /// reconciler's routes ([`Proxier::routed_service_cidrs`]).
     pub fn config(&self) -> &ProxierConfig {
         &self.config
     }
@@ -904,8 +989,9 @@ async fn incremental_reconcile<I: IpvsBackend, A: AddressBackend>(
     desired: &Desired,
     changed: &DirtyPorts,
 ) -> Result<ReconcileReport, ReconcileError> {
+    // Service CIDR routes that changed go in around the changed ports' writes, or alone.
     let mut ipvs = if changed.is_empty() {
-        ReconcileReport::default()
+        reconciler.sync_routes().await
     } else {
         reconciler.sync_services(desired, changed).await?
     };
@@ -914,20 +1000,9 @@ async fn incremental_reconcile<I: IpvsBackend, A: AddressBackend>(
         .is_some_and(|at| at <= Instant::now())
         || !reconciler.drain_queue().is_empty()
     {
-        merge(&mut ipvs, reconciler.tick(desired).await?);
+        ipvs += reconciler.tick(desired).await?;
     }
     Ok(ipvs)
-}
-
-fn merge(into: &mut ReconcileReport, more: ReconcileReport) {
-    into.writes += more.writes;
-    into.deletes += more.deletes;
-    into.failed += more.failed;
-    into.errors.extend(more.errors);
-    into.timings.read += more.timings.read;
-    into.timings.diff += more.timings.diff;
-    into.timings.addresses += more.timings.addresses;
-    into.timings.ipvs += more.timings.ipvs;
 }
 
 #[cfg(test)]

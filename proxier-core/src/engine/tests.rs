@@ -10,8 +10,8 @@ use crate::backend::memory::AddressOp;
 use crate::desired::VirtualServerKey;
 use crate::health_check::{health_checks, services_without_local_endpoints};
 use crate::model::{
-    Endpoint, EndpointPort, EndpointSlice, Protocol, Service, ServicePortSpec, SliceKey,
-    TrafficPolicy,
+    Endpoint, EndpointPort, EndpointSlice, Protocol, RouteOrigin, RouteRefusal, Service,
+    ServiceCidr, ServicePortSpec, SliceKey, TrafficPolicy,
 };
 use crate::netfilter;
 use crate::observed::ObservedVirtualServer;
@@ -26,7 +26,12 @@ fn memory_proxier() -> (MemoryProxier, MemoryIpvsBackend, MemoryAddressBackend) 
     let backends = Backends::in_memory();
     let ipvs = backends.ipvs.clone();
     let addresses = backends.addresses.clone();
-    let config = ProxierConfig::new(NODE, Config::default());
+    // Strict ARP: the generated ServiceCIDRs may be routed.
+    let planner = Config {
+        strict_arp: true,
+        ..Config::default()
+    };
+    let config = ProxierConfig::new(NODE, planner);
     (Proxier::new(config, backends).unwrap(), ipvs, addresses)
 }
 
@@ -57,6 +62,8 @@ enum Step {
     UpsertSlice(SliceSpec),
     DeleteSlice(u8, u8),
     Node(Option<u8>),
+    /// ServiceCIDR object `a` or `b` takes one of [`SERVICE_CIDR_RANGES`] (`None`: deleted).
+    ServiceCidr(u8, Option<u8>),
     Sync,
     /// A full resync's kernel read starts (the memory backend answers with the table as
     /// it is now: the stalest a kernel read can be).
@@ -135,6 +142,26 @@ fn node_change(address: Option<u8>) -> Change {
     }
 }
 
+/// Ranges the generated ServiceCIDRs take: one with some of the ClusterIPs, one with the
+/// others, one with all, and one holding the node's address (refused while the node has it).
+const SERVICE_CIDR_RANGES: [&str; 4] = [
+    "10.96.0.0/30",
+    "10.96.0.4/30",
+    "10.96.0.0/24",
+    "192.168.0.0/24",
+];
+
+fn service_cidr_change(object: u8, range: Option<u8>) -> Change {
+    let name = if object == 0 { "a" } else { "b" };
+    match range {
+        Some(range) => Change::UpsertServiceCidr(ServiceCidr {
+            name: name.to_owned(),
+            cidrs: vec![SERVICE_CIDR_RANGES[usize::from(range)].parse().unwrap()],
+        }),
+        None => Change::DeleteServiceCidr(name.to_owned()),
+    }
+}
+
 fn step() -> impl Strategy<Value = Step> {
     let service = (
         0u8..4,
@@ -172,6 +199,7 @@ fn step() -> impl Strategy<Value = Step> {
         5 => slice,
         1 => (0u8..4, 0u8..2).prop_map(|(s, n)| Step::DeleteSlice(s, n)),
         1 => prop::option::of(10u8..12).prop_map(Step::Node),
+        1 => (0u8..2, prop::option::of(0u8..4)).prop_map(|(o, r)| Step::ServiceCidr(o, r)),
         3 => Just(Step::Sync),
         1 => Just(Step::BeginFullSync),
         1 => Just(Step::FinishFullSync),
@@ -191,6 +219,7 @@ fn apply_step(proxier: &mut MemoryProxier, udp: &mut [bool; 4], step: &Step) -> 
             Change::DeleteSlice(SliceKey::new("prop", format!("svc-{service}-{slice}")))
         }
         Step::Node(address) => node_change(*address),
+        Step::ServiceCidr(object, range) => service_cidr_change(*object, *range),
         Step::Sync | Step::BeginFullSync | Step::FinishFullSync => {
             let _ = proxier;
             return None;
@@ -274,6 +303,7 @@ proptest! {
                         let (_, fresh_ipvs, fresh_addresses) = fresh_kernel(&rt, &changes);
                         prop_assert_eq!(ipvs.table(), fresh_ipvs.table());
                         prop_assert_eq!(addresses.addresses(), fresh_addresses.addresses());
+                        prop_assert_eq!(addresses.local_routes(), fresh_addresses.local_routes());
                     }
                 }
                 _ => match apply_step(&mut incremental, &mut udp, step) {
@@ -300,6 +330,9 @@ proptest! {
         let table = ipvs.table();
         prop_assert_eq!(table.get(&foreign_key), Some(&foreign_vs));
         prop_assert_eq!(addresses.addresses(), fresh_addresses.addresses());
+        prop_assert_eq!(addresses.local_routes(), fresh_addresses.local_routes());
+        prop_assert_eq!(incremental.routed_service_cidrs(), fresh.routed_service_cidrs());
+        prop_assert_eq!(incremental.refused_service_cidrs(), fresh.refused_service_cidrs());
         prop_assert_eq!(incremental.desired(), fresh.desired());
         prop_assert_eq!(incremental.plan_size(), fresh.plan_size());
         // The per-Service bookkeeping equals the whole-state functions.
@@ -760,4 +793,158 @@ async fn the_driver_keeps_its_full_resync_period_under_constant_changes() {
         protocol: Protocol::Tcp,
     };
     assert_eq!(ipvs.table()[&key].real_servers.len(), 1);
+}
+
+/// A ServiceCIDR of 10.96.0.0/24 named `name`.
+fn service_cidr(name: &str, cidr: &str) -> Change {
+    Change::UpsertServiceCidr(ServiceCidr {
+        name: name.to_owned(),
+        cidrs: vec![cidr.parse().unwrap()],
+    })
+}
+
+#[test]
+fn a_service_cidr_routes_its_range_and_unbinds_the_cluster_ips_in_it_then_binds_them_again_before_the_route_goes()
+ {
+    let rt = runtime();
+    let (mut proxier, _, addresses) = memory_proxier();
+    proxier.apply(Change::UpsertService(web(1)));
+    rt.block_on(proxier.sync(SyncKind::Full)).unwrap();
+    assert_eq!(addresses.addresses(), [ip(1)].into_iter().collect());
+    addresses.take_applied_ops();
+
+    assert!(proxier.apply(service_cidr("kubernetes", "10.96.0.0/24")));
+    let report = rt.block_on(proxier.sync(SyncKind::Incremental)).unwrap();
+    assert!(report.is_complete(), "{:?}", report.ipvs.errors);
+    let net: IpNet = "10.96.0.0/24".parse().unwrap();
+    assert_eq!(proxier.routed_service_cidrs(), [net]);
+    assert_eq!(addresses.local_routes(), [net].into_iter().collect());
+    assert!(addresses.addresses().is_empty());
+    // The route first, then the address under it goes.
+    assert_eq!(
+        addresses.take_applied_ops(),
+        vec![AddressOp::AddRoute(net), AddressOp::Remove(ip(1))]
+    );
+    let v4 = proxier.netfilter_plan().v4.as_ref().unwrap();
+    assert_eq!(v4.routed_service_cidrs, vec![net]);
+
+    // Being deleted is still an upsert: the range stays routed until the object is gone.
+    assert!(!proxier.apply(service_cidr("kubernetes", "10.96.0.0/24")));
+    assert!(proxier.apply(Change::DeleteServiceCidr("kubernetes".into())));
+    let report = rt.block_on(proxier.sync(SyncKind::Incremental)).unwrap();
+    assert!(report.is_complete(), "{:?}", report.ipvs.errors);
+    assert!(addresses.local_routes().is_empty());
+    assert_eq!(addresses.addresses(), [ip(1)].into_iter().collect());
+    // The address first, then the route that covered it goes.
+    assert_eq!(
+        addresses.take_applied_ops(),
+        vec![AddressOp::Add(ip(1)), AddressOp::RemoveRoute(net)]
+    );
+    assert!(
+        proxier
+            .netfilter_plan()
+            .v4
+            .as_ref()
+            .unwrap()
+            .routed_service_cidrs
+            .is_empty()
+    );
+
+    // A route change with no Service in it still reaches the link.
+    assert!(proxier.apply(service_cidr("extra", "10.100.0.0/16")));
+    rt.block_on(proxier.sync(SyncKind::Incremental)).unwrap();
+    let extra: IpNet = "10.100.0.0/16".parse().unwrap();
+    assert_eq!(addresses.local_routes(), [extra].into_iter().collect());
+    assert_eq!(
+        addresses.take_applied_ops(),
+        vec![AddressOp::AddRoute(extra)]
+    );
+}
+
+#[test]
+fn a_service_cidr_holding_a_node_address_is_refused_until_the_node_lets_go_of_it() {
+    let rt = runtime();
+    let (mut proxier, _, addresses) = memory_proxier();
+    proxier.apply(Change::UpsertService(web(1)));
+    proxier.apply(node_change(Some(10)));
+    rt.block_on(proxier.sync(SyncKind::Full)).unwrap();
+
+    // 10.96.0.0/16 is fine; 192.168.0.0/16 holds the node's 192.168.0.10.
+    proxier.apply(Change::UpsertServiceCidr(ServiceCidr {
+        name: "mixed".into(),
+        cidrs: vec!["192.168.0.0/16".parse().unwrap()],
+    }));
+    rt.block_on(proxier.sync(SyncKind::Incremental)).unwrap();
+    let wide: IpNet = "192.168.0.0/16".parse().unwrap();
+    assert!(proxier.routed_service_cidrs().is_empty());
+    assert_eq!(
+        proxier.refused_service_cidrs(),
+        [RefusedRoute {
+            cidr: wide,
+            origin: RouteOrigin::ServiceCidr("mixed".into()),
+            reason: RouteRefusal::HoldsNodeAddress("192.168.0.10".parse().unwrap()),
+        }]
+    );
+    assert!(addresses.local_routes().is_empty());
+    assert_eq!(addresses.addresses(), [ip(1)].into_iter().collect());
+
+    // The node's address moves out of the range: it is routed now.
+    proxier.apply(Change::UpsertNode(NodeContext::new(
+        NODE,
+        vec!["172.16.0.10".parse().unwrap()],
+        vec!["172.16.0.10".parse().unwrap()],
+    )));
+    rt.block_on(proxier.sync(SyncKind::Incremental)).unwrap();
+    assert_eq!(proxier.routed_service_cidrs(), [wide]);
+    assert!(proxier.refused_service_cidrs().is_empty());
+    assert_eq!(addresses.local_routes(), [wide].into_iter().collect());
+}
+
+#[test]
+fn configured_routes_and_service_cidrs_are_both_routed_and_unsafe_ones_refused_alike() {
+    let rt = runtime();
+    let backends = Backends::in_memory();
+    let addresses = backends.addresses.clone();
+    let planner = Config {
+        strict_arp: true,
+        cluster_cidrs: vec!["10.244.0.0/16".parse().unwrap()],
+        service_cidr_routes: vec!["10.96.0.0/24".parse().unwrap()],
+        ..Config::default()
+    };
+    let mut proxier = Proxier::new(ProxierConfig::new(NODE, planner), backends).unwrap();
+    proxier.apply(service_cidr("pods", "10.244.0.0/24"));
+    proxier.apply(service_cidr("kubernetes", "10.96.0.0/24"));
+    proxier.apply(service_cidr("more", "10.97.0.0/24"));
+    rt.block_on(proxier.sync(SyncKind::Full)).unwrap();
+    let routed: Vec<IpNet> = vec![
+        "10.96.0.0/24".parse().unwrap(),
+        "10.97.0.0/24".parse().unwrap(),
+    ];
+    assert_eq!(proxier.routed_service_cidrs(), routed.as_slice());
+    assert_eq!(addresses.local_routes(), routed.iter().copied().collect());
+    assert_eq!(proxier.refused_service_cidrs().len(), 1);
+    assert_eq!(
+        proxier.refused_service_cidrs()[0].reason,
+        RouteRefusal::OverlapsClusterCidr("10.244.0.0/16".parse().unwrap())
+    );
+    // The object going away leaves the configured range routed.
+    proxier.apply(Change::DeleteServiceCidr("kubernetes".into()));
+    proxier.apply(Change::DeleteServiceCidr("more".into()));
+    rt.block_on(proxier.sync(SyncKind::Incremental)).unwrap();
+    assert_eq!(
+        addresses.local_routes(),
+        ["10.96.0.0/24".parse().unwrap()].into_iter().collect()
+    );
+}
+
+#[test]
+fn without_strict_arp_no_range_is_routed() {
+    let backends = Backends::in_memory();
+    let mut proxier = Proxier::new(ProxierConfig::new(NODE, Config::default()), backends).unwrap();
+    assert!(proxier.apply(service_cidr("kubernetes", "10.96.0.0/24")));
+    assert!(proxier.routed_service_cidrs().is_empty());
+    assert_eq!(
+        proxier.refused_service_cidrs()[0].reason,
+        RouteRefusal::StrictArpOff
+    );
 }

@@ -137,6 +137,11 @@ pub struct Config {
     /// (`--bind-service-cidrs`, opt-in; empty by default). A Service whose ClusterIPs all lie
     /// in these is not bound one by one; addresses in them that no Service has are rejected
     /// by the netfilter companion, and strict ARP keeps the node from answering ARP for them.
+    ///
+    /// A [`crate::Proxier`] routes these plus the ranges of the ServiceCIDR objects it is fed
+    /// ([`crate::Change::UpsertServiceCidr`]), each only if it passes
+    /// [`crate::model::check_route`]; the planner's copy in
+    /// [`crate::Proxier::config`] holds the ranges routed now.
     pub service_cidr_routes: Vec<IpNet>,
 }
 
@@ -182,7 +187,7 @@ impl Config {
     /// and strict ARP on when there are routes. The daemon refuses a configuration that
     /// fails it; an embedder should too.
     pub fn check(&self) -> Result<(), ConfigError> {
-        let overlaps = |a: &IpNet, b: &IpNet| a.contains(&b.network()) || b.contains(&a.network());
+        use super::service_cidr::overlaps;
         for routed in &self.service_cidr_routes {
             if let Some(pods) = self
                 .cluster_cidrs

@@ -11,6 +11,8 @@ pub enum ObjectKind {
     EndpointSlice,
     /// A core/v1 Node.
     Node,
+    /// A networking.k8s.io/v1 ServiceCIDR.
+    ServiceCidr,
 }
 
 impl fmt::Display for ObjectKind {
@@ -19,6 +21,7 @@ impl fmt::Display for ObjectKind {
             ObjectKind::Service => "Service",
             ObjectKind::EndpointSlice => "EndpointSlice",
             ObjectKind::Node => "Node",
+            ObjectKind::ServiceCidr => "ServiceCIDR",
         })
     }
 }

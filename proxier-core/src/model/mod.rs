@@ -21,6 +21,7 @@ pub mod error;
 pub mod family;
 pub mod node;
 pub mod service;
+pub mod service_cidr;
 
 pub use config::{Config, ConfigError, IpvsTimeouts, NodePortAddresses};
 pub use endpoint::{Endpoint, EndpointPort, EndpointSlice, SliceKey};
@@ -31,6 +32,9 @@ pub use node::NodeContext;
 pub use service::{
     DEFAULT_CLIENT_IP_TIMEOUT_SECONDS, FamilyAddresses, IpMode, LoadBalancerIngress, Service,
     ServiceName, ServicePortName, ServicePortSpec, SessionAffinity, TrafficPolicy,
+};
+pub use service_cidr::{
+    RefusedRoute, RouteDecision, RouteOrigin, RouteRefusal, ServiceCidr, check_route, decide_routes,
 };
 
 /// Service annotation choosing the IPVS scheduler of that Service (see the module docs).

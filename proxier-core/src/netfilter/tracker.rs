@@ -180,6 +180,29 @@ impl NetfilterTracker {
         }
     }
 
+    /// Sets the Service CIDRs routed to the node ([`FamilyPlan::routed_service_cidrs`]) of
+    /// each family the tables have. That changes a rule, not set elements: the tables must
+    /// then be rewritten whole ([`super::Netfilter::invalidate`]).
+    pub fn set_routed_service_cidrs(&mut self, routed: &[IpNet]) {
+        for family in AddressFamily::ALL {
+            let of_family: Vec<IpNet> = routed
+                .iter()
+                .filter(|net| AddressFamily::of(net.addr()) == family)
+                .copied()
+                .collect();
+            for plan in [
+                &mut self.empty,
+                &mut self.combined,
+                &mut self.changes.added,
+                &mut self.changes.removed,
+            ] {
+                if let Some(family_plan) = plan.family_mut(family) {
+                    family_plan.routed_service_cidrs.clone_from(&of_family);
+                }
+            }
+        }
+    }
+
     /// Returns and forgets the elements added and removed since the last call.
     pub fn take_changes(&mut self) -> PlanChanges {
         let fresh = PlanChanges {

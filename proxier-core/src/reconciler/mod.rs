@@ -269,6 +269,22 @@ pub struct ReconcileReport {
     pub timings: ReconcileTimings,
 }
 
+impl std::ops::AddAssign for ReconcileReport {
+    /// Adds the counts, errors and timings of a later step of the same sync (the drift
+    /// stays the first one's, if it has one).
+    fn add_assign(&mut self, more: ReconcileReport) {
+        self.writes += more.writes;
+        self.deletes += more.deletes;
+        self.failed += more.failed;
+        self.drift = self.drift.or(more.drift);
+        self.errors.extend(more.errors);
+        self.timings.read += more.timings.read;
+        self.timings.diff += more.timings.diff;
+        self.timings.addresses += more.timings.addresses;
+        self.timings.ipvs += more.timings.ipvs;
+    }
+}
+
 /// How long each step of a reconciler sync took.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ReconcileTimings {
@@ -340,6 +356,9 @@ pub struct Reconciler<I, A> {
     /// Networks routed to the dummy link (as last read, and the configured ones): virtual
     /// servers in them are the proxier's, like those on the link's addresses.
     routed: Vec<IpNet>,
+    /// Whether [`ReconcilerConfig::service_cidr_routes`] changed since routes were last
+    /// synced.
+    routes_changed: bool,
     drains: DrainQueue,
     /// When draining real servers were last looked at (a sync or a tick): the next drain
     /// check is due one [`ReconcilerConfig::drain_check_interval`] after it.
@@ -359,6 +378,8 @@ pub struct Reconciler<I, A> {
     touched_since_read: Option<HashSet<VirtualServerKey>>,
     /// The same for addresses on the dummy link.
     addresses_touched_since_read: Option<HashSet<IpAddr>>,
+    /// The same for Service CIDR routes through the dummy link.
+    routes_touched_since_read: Option<BTreeSet<IpNet>>,
     stats: ReconcilerStats,
 }
 
@@ -391,6 +412,7 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
             binders: HashMap::new(),
             node_port_addresses,
             routed,
+            routes_changed: false,
             drains: DrainQueue::new(),
             drains_checked_at: Instant::now(),
             failures: BTreeMap::new(),
@@ -400,6 +422,7 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
             ops_sent: 0,
             touched_since_read: None,
             addresses_touched_since_read: None,
+            routes_touched_since_read: None,
             stats: ReconcilerStats::default(),
         }
     }
@@ -478,6 +501,7 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
     pub fn begin_full_sync(&mut self) -> PendingFullRead {
         self.touched_since_read = Some(HashSet::new());
         self.addresses_touched_since_read = Some(HashSet::new());
+        self.routes_touched_since_read = Some(BTreeSet::new());
         let table = self.ipvs.read_table();
         let link = self.addresses.read_link();
         Box::pin(async move {
@@ -511,6 +535,7 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
     ) -> Result<ReconcileReport, ReconcileError> {
         let touched = self.touched_since_read.take().unwrap_or_default();
         let touched_addresses = self.addresses_touched_since_read.take().unwrap_or_default();
+        let touched_routes = self.routes_touched_since_read.take().unwrap_or_default();
         let now = Instant::now();
         self.drains_checked_at = now;
         let link = self.addresses.link_name().to_owned();
@@ -582,7 +607,17 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
             bound_addresses,
         };
         let read = table.took + read_started.elapsed();
-        let route_report = self.sync_routes(&link, &routes).await;
+        // Routes added or removed after the read started: the cache is newer.
+        let mut routes = routes;
+        for net in touched_routes {
+            if self.routed.contains(&net) {
+                routes.insert(net);
+            } else {
+                routes.remove(&net);
+            }
+        }
+        let mut route_report = ReconcileReport::default();
+        let wanted_routes = self.add_routes(&link, &routes, &mut route_report).await;
         let diff_started = std::time::Instant::now();
 
         for (_, key, vs) in desired.virtual_servers() {
@@ -676,6 +711,10 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
                 Vec::new(),
             )
             .await;
+        // Routes that go only now: the addresses under them were bound by the writes above.
+        self.remove_unwanted_routes(&link, &wanted_routes, &mut route_report)
+            .await;
+        self.routes_changed = false;
         report.drift = drift;
         report.timings.read = read;
         report.timings.diff = diff;
@@ -741,7 +780,11 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
             }
         }
         self.add_due_retries(now, &mut keys, &mut attempted);
-        let report = self.sync_keys(desired, keys, &attempted, now).await;
+        // New Service CIDR routes before the addresses under them are unbound, old ones
+        // after the addresses under them are bound.
+        let mut report = self.sync_changed_routes(true).await;
+        report += self.sync_keys(desired, keys, &attempted, now).await;
+        report += self.sync_changed_routes(false).await;
         self.stats.incremental_syncs += 1;
         self.refresh_stats();
         Ok(report)
@@ -871,18 +914,26 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
         }
     }
 
-    /// Adds the configured Service CIDR routes missing from `routes` (as just read) and
-    /// removes the others; remembers what is routed to the link for the ownership rule.
-    async fn sync_routes(&mut self, link: &str, routes: &BTreeSet<IpNet>) -> ReconcileReport {
-        let mut report = ReconcileReport::default();
+    /// Adds the configured Service CIDR routes missing from `present` (the link's routes as
+    /// read, or as last known) and remembers every route through the link for the
+    /// ownership rule. Returns the routes wanted: the configured ones but those over a node
+    /// address, which are reported. Routes no longer wanted are removed by
+    /// [`Reconciler::remove_unwanted_routes`], once the addresses they covered are bound.
+    async fn add_routes(
+        &mut self,
+        link: &str,
+        present: &BTreeSet<IpNet>,
+        report: &mut ReconcileReport,
+    ) -> BTreeSet<IpNet> {
         let configured = &self.config.service_cidr_routes;
         let node = if configured.is_empty() {
             BTreeSet::new()
         } else {
             self.addresses.node_addresses().await.unwrap_or_default()
         };
-        // A configured network over a node address is refused, reported at every full sync,
-        // and its route removed.
+        // A configured network over a node address is refused, reported, and its route
+        // removed (the engine refuses such ranges before they get here; this is the rule
+        // on the addresses as read, e.g. for a reconciler used on its own).
         let (wanted, refused) = routable(configured.iter().copied(), &node);
         for (net, address) in refused {
             report.failed += 1;
@@ -895,34 +946,20 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
                 },
             ));
         }
-        let mut routed: BTreeSet<IpNet> = routes.union(&wanted).copied().collect();
-        for (net, adding) in wanted
-            .difference(routes)
-            .map(|net| (*net, true))
-            .chain(routes.difference(&wanted).map(|net| (*net, false)))
-        {
+        for net in wanted.difference(present) {
+            if let Some(touched) = &mut self.routes_touched_since_read {
+                touched.insert(*net);
+            }
             report.writes += 1;
-            let result = if adding {
-                self.addresses.add_local_route(net).await
-            } else {
-                report.deletes += 1;
-                match self.addresses.remove_local_route(net).await {
-                    Ok(()) | Err(BackendError::NotFound) => {
-                        routed.remove(&net);
-                        Ok(())
-                    }
-                    Err(other) => Err(other),
-                }
-            };
-            match result {
+            match self.addresses.add_local_route(*net).await {
                 Ok(()) | Err(BackendError::Exists) => {}
                 Err(source) => {
                     report.failed += 1;
                     report.errors.push((
                         None,
                         ServiceSyncError::Route {
-                            net,
-                            adding,
+                            net: *net,
+                            adding: true,
                             link: link.to_owned(),
                             source,
                         },
@@ -930,7 +967,85 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
                 }
             }
         }
-        self.routed = routed.into_iter().collect();
+        self.routed = present.union(&wanted).copied().collect();
+        wanted
+    }
+
+    /// Removes the routes through the link that are not `wanted` (see
+    /// [`Reconciler::add_routes`]); one that cannot be removed stays in the ownership rule.
+    async fn remove_unwanted_routes(
+        &mut self,
+        link: &str,
+        wanted: &BTreeSet<IpNet>,
+        report: &mut ReconcileReport,
+    ) {
+        let unwanted: Vec<IpNet> = self
+            .routed
+            .iter()
+            .filter(|net| !wanted.contains(*net))
+            .copied()
+            .collect();
+        for net in unwanted {
+            if let Some(touched) = &mut self.routes_touched_since_read {
+                touched.insert(net);
+            }
+            report.writes += 1;
+            report.deletes += 1;
+            match self.addresses.remove_local_route(net).await {
+                Ok(()) | Err(BackendError::NotFound) => self.routed.retain(|n| *n != net),
+                Err(source) => {
+                    report.failed += 1;
+                    report.errors.push((
+                        None,
+                        ServiceSyncError::Route {
+                            net,
+                            adding: false,
+                            link: link.to_owned(),
+                            source,
+                        },
+                    ));
+                }
+            }
+        }
+    }
+
+    /// Follows a change of [`ReconcilerConfig::service_cidr_routes`] between full syncs:
+    /// call with `adding` before the changed service ports are synced (new routes go in
+    /// before the addresses under them are unbound), then without it after (old routes go
+    /// once the addresses under them are bound). Does nothing unless the routes changed
+    /// since the last full sync or incremental route sync.
+    async fn sync_changed_routes(&mut self, adding: bool) -> ReconcileReport {
+        let mut report = ReconcileReport::default();
+        if !self.synced || !self.routes_changed {
+            return report;
+        }
+        let link = self.addresses.link_name().to_owned();
+        let present: BTreeSet<IpNet> = self.routed.iter().copied().collect();
+        let wanted = self.add_routes(&link, &present, &mut report).await;
+        if !adding {
+            self.remove_unwanted_routes(&link, &wanted, &mut report)
+                .await;
+            self.routes_changed = false;
+        }
+        report
+    }
+
+    /// Routes these Service CIDRs through the dummy link from now on (the ones of
+    /// [`ReconcilerConfig::service_cidr_routes`] until now): a full sync, or
+    /// [`Reconciler::sync_services`] / [`Reconciler::sync_routes`], follows.
+    pub fn set_service_cidr_routes(&mut self, routes: Vec<IpNet>) {
+        if self.config.service_cidr_routes != routes {
+            self.config.service_cidr_routes = routes;
+            self.routes_changed = true;
+        }
+    }
+
+    /// Applies a change of [`Reconciler::set_service_cidr_routes`] that no service port
+    /// change carries: adds the new routes and removes the old ones. (With changed service
+    /// ports, [`Reconciler::sync_services`] does it around their writes.)
+    pub async fn sync_routes(&mut self) -> ReconcileReport {
+        let mut report = self.sync_changed_routes(true).await;
+        report += self.sync_changed_routes(false).await;
         report
     }
 

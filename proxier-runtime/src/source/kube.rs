@@ -1,10 +1,12 @@
 //! The Kubernetes source: kube-runtime watchers of v1 Services and discovery.k8s.io/v1
-//! EndpointSlices (both with kube-proxy's label selector) and of this node's Node.
+//! EndpointSlices (both with kube-proxy's label selector), of this node's Node and, when
+//! asked ([`KubeSourceConfig::service_cidrs`]), of networking.k8s.io/v1 ServiceCIDRs.
 //!
 //! Each kind has an [`ObjectStore`]: a relist (initial list, restart after 410 Gone, after an
 //! outage) is buffered and swapped in whole when it completes, so the daemon never forgets
 //! objects halfway; the swap is reported as the upserts and deletes it amounts to. Until
-//! Services and EndpointSlices have both listed once, nothing is sent; then the first
+//! Services and EndpointSlices (and ServiceCIDRs, when followed) have all listed once,
+//! nothing is sent; then the first
 //! [`SourceBatch`] with everything and the `synced` signal, then a batch per change.
 //!
 //! Objects are trimmed to what the conversions read ([`trim_service`], [`trim_slice`],
@@ -21,6 +23,7 @@ use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{Node, NodeSpec, NodeStatus, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
 use kube::api::Api;
@@ -216,9 +219,9 @@ impl<K: Resource> ObjectStore<K> {
     }
 }
 
-/// The state of the Kubernetes source, independent of any API connection: what the three
-/// stores hold, and which batches they produce. Until Services and EndpointSlices have both
-/// listed, changes are collected into the first batch.
+/// The state of the Kubernetes source, independent of any API connection: what the stores
+/// hold, and which batches they produce. Until Services and EndpointSlices (and
+/// ServiceCIDRs, when followed) have all listed, changes are collected into the first batch.
 #[derive(Debug, Default)]
 pub struct KubeSourceState {
     /// Services.
@@ -227,11 +230,25 @@ pub struct KubeSourceState {
     pub slices: ObjectStore<EndpointSlice>,
     /// This node (at most one object, by field selector).
     pub nodes: ObjectStore<Node>,
+    /// ServiceCIDRs (empty unless followed).
+    pub service_cidrs: ObjectStore<ServiceCIDR>,
+    /// Whether ServiceCIDRs are followed: then the first batch waits for their list too, so
+    /// that the first sync already routes their ranges.
+    follows_service_cidrs: bool,
     first: SourceBatch,
     synced: bool,
 }
 
 impl KubeSourceState {
+    /// An empty state; `service_cidrs`: whether ServiceCIDRs are followed (the default
+    /// state follows none).
+    pub fn new(service_cidrs: bool) -> Self {
+        KubeSourceState {
+            follows_service_cidrs: service_cidrs,
+            ..KubeSourceState::default()
+        }
+    }
+
     /// Whether the first batch has been produced.
     pub fn is_synced(&self) -> bool {
         self.synced
@@ -242,7 +259,10 @@ impl KubeSourceState {
             return (!batch.is_empty()).then_some(batch);
         }
         self.first.append(batch);
-        if self.services.is_listed() && self.slices.is_listed() {
+        if self.services.is_listed()
+            && self.slices.is_listed()
+            && (!self.follows_service_cidrs || self.service_cidrs.is_listed())
+        {
             self.synced = true;
             return Some(std::mem::take(&mut self.first));
         }
@@ -268,6 +288,18 @@ impl KubeSourceState {
             match change {
                 StoreChange::Upsert(slice) => batch.upsert_slice(&slice),
                 StoreChange::Delete(key) => batch.delete_slice(key),
+            }
+        }
+        self.deliver(batch)
+    }
+
+    /// Applies a ServiceCIDR watcher event.
+    pub fn on_service_cidr(&mut self, event: Event<ServiceCIDR>) -> Option<SourceBatch> {
+        let mut batch = SourceBatch::default();
+        for change in self.service_cidrs.apply(event) {
+            match change {
+                StoreChange::Upsert(object) => batch.upsert_service_cidr(&object),
+                StoreChange::Delete(key) => batch.delete_service_cidr(key),
             }
         }
         self.deliver(batch)
@@ -382,6 +414,13 @@ pub fn trim_node(node: &mut Node) {
     });
 }
 
+/// Drops from a ServiceCIDR what [`proxier_core::k8s::convert_service_cidr`] never reads:
+/// see `trim_meta` (every annotation and label goes), and the status (its conditions).
+pub fn trim_service_cidr(object: &mut ServiceCIDR) {
+    trim_meta(&mut object.metadata, Some(&[]));
+    object.status = None;
+}
+
 /// How a watcher fetches its first picture of a kind (and the picture after a relist).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ListMode {
@@ -404,14 +443,19 @@ pub struct KubeSourceConfig {
     pub hostname: String,
     /// How lists and relists are made.
     pub list_mode: ListMode,
+    /// Also watch networking.k8s.io/v1 ServiceCIDRs (cluster-scoped; needs list and watch
+    /// on `servicecidrs`) and send their changes, for a proxier that routes the Service
+    /// CIDRs the cluster has (`--bind-service-cidrs=auto`).
+    pub service_cidrs: bool,
 }
 
 impl KubeSourceConfig {
-    /// Settings for the node `hostname`, with paginated lists.
+    /// Settings for the node `hostname`, with paginated lists and no ServiceCIDRs.
     pub fn new(hostname: impl Into<String>) -> KubeSourceConfig {
         KubeSourceConfig {
             hostname: hostname.into(),
             list_mode: ListMode::default(),
+            service_cidrs: false,
         }
     }
 }
@@ -513,13 +557,36 @@ pub fn spawn(client: kube::Client, config: KubeSourceConfig) -> SourceHandle {
         trim_slice,
     );
     let nodes = watch_stream(
-        Api::<Node>::all(client),
+        Api::<Node>::all(client.clone()),
         watcher::Config::default().fields(&format!("metadata.name={}", config.hostname)),
         mode,
         "Node",
         trim_node,
     );
-    let task = tokio::spawn(run(services, slices, nodes, tx, synced_tx));
+    let service_cidrs = if config.service_cidrs {
+        watch_stream(
+            Api::<ServiceCIDR>::all(client),
+            watcher::Config::default(),
+            mode,
+            "ServiceCIDR",
+            trim_service_cidr,
+        )
+        .boxed()
+    } else {
+        futures::stream::pending().boxed()
+    };
+    let state = KubeSourceState::new(config.service_cidrs);
+    let task = tokio::spawn(run(
+        Watches {
+            services,
+            slices,
+            nodes,
+            service_cidrs,
+        },
+        state,
+        tx,
+        synced_tx,
+    ));
     SourceHandle {
         events: rx,
         synced: synced_rx,
@@ -532,17 +599,29 @@ fn log_watch_error(kind: &'static str, error: &watcher::Error) {
     crate::metrics::record_watch_error(kind);
 }
 
+/// The watch streams the source follows.
+struct Watches<S, E, N, C> {
+    services: S,
+    slices: E,
+    nodes: N,
+    service_cidrs: C,
+}
+
 async fn run(
-    services: impl Stream<Item = watcher::Result<Event<Service>>> + Send,
-    slices: impl Stream<Item = watcher::Result<Event<EndpointSlice>>> + Send,
-    nodes: impl Stream<Item = watcher::Result<Event<Node>>> + Send,
+    watches: Watches<
+        impl Stream<Item = watcher::Result<Event<Service>>> + Send,
+        impl Stream<Item = watcher::Result<Event<EndpointSlice>>> + Send,
+        impl Stream<Item = watcher::Result<Event<Node>>> + Send,
+        impl Stream<Item = watcher::Result<Event<ServiceCIDR>>> + Send,
+    >,
+    mut state: KubeSourceState,
     tx: mpsc::Sender<SourceBatch>,
     synced: watch::Sender<bool>,
 ) {
-    let mut services = std::pin::pin!(services);
-    let mut slices = std::pin::pin!(slices);
-    let mut nodes = std::pin::pin!(nodes);
-    let mut state = KubeSourceState::default();
+    let mut services = std::pin::pin!(watches.services);
+    let mut slices = std::pin::pin!(watches.slices);
+    let mut nodes = std::pin::pin!(watches.nodes);
+    let mut service_cidrs = std::pin::pin!(watches.service_cidrs);
     let started = std::time::Instant::now();
     loop {
         let batch = tokio::select! {
@@ -557,6 +636,10 @@ async fn run(
             Some(ev) = nodes.next() => match ev {
                 Ok(ev) => state.on_node(ev),
                 Err(e) => { log_watch_error("Node", &e); continue; }
+            },
+            Some(ev) = service_cidrs.next() => match ev {
+                Ok(ev) => state.on_service_cidr(ev),
+                Err(e) => { log_watch_error("ServiceCIDR", &e); continue; }
             },
             else => return,
         };

@@ -15,6 +15,7 @@ use std::fmt;
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use proxier_core::model::{NodeContext, ServiceName, SliceKey};
 use proxier_core::{Change, k8s};
@@ -110,6 +111,23 @@ impl SourceBatch {
         self.changes.push(Change::DeleteSlice(key));
     }
 
+    /// A ServiceCIDR was added or changed (rejected ones as [`SourceBatch::upsert_service`]:
+    /// the ranges it last had stay routed).
+    pub fn upsert_service_cidr(&mut self, object: &ServiceCIDR) {
+        match k8s::service_cidr_change(object) {
+            Ok(change) => self.changes.push(change),
+            Err(error) => tracing::error!(
+                service_cidr = %ObjectKey::of(&object.metadata), %error,
+                "ServiceCIDR rejected; its last accepted version stays"
+            ),
+        }
+    }
+
+    /// A ServiceCIDR was deleted.
+    pub fn delete_service_cidr(&mut self, key: ObjectKey) {
+        self.changes.push(Change::DeleteServiceCidr(key.name));
+    }
+
     /// This node's Node object changed (`None`: deleted).
     pub fn node(&mut self, node: Option<&Node>) {
         self.changes.push(match node {
@@ -142,6 +160,8 @@ pub fn describe(change: &Change) -> String {
         Change::DeleteSlice(key) => format!("slice delete {key}"),
         Change::UpsertNode(node) => format!("node update {}", node.name),
         Change::DeleteNode => "node deleted".to_owned(),
+        Change::UpsertServiceCidr(object) => format!("ServiceCIDR upsert {}", object.name),
+        Change::DeleteServiceCidr(name) => format!("ServiceCIDR delete {name}"),
     }
 }
 
@@ -151,7 +171,7 @@ pub struct SourceHandle {
     /// Batches of changes, in order; the first is the complete first picture.
     pub events: mpsc::Receiver<SourceBatch>,
     /// Becomes `true` when the source holds a complete first picture (Services and
-    /// EndpointSlices both listed), before it sends the batch that completes it: whoever
+    /// EndpointSlices both listed, and ServiceCIDRs when followed), before it sends the batch that completes it: whoever
     /// receives that batch sees it `true`. Nothing should be programmed before.
     pub synced: watch::Receiver<bool>,
     /// The source's task; aborting it stops the source.

@@ -66,8 +66,105 @@ async fn start_with(api: &FakeApiServer, list_mode: ListMode) -> SourceHandle {
         KubeSourceConfig {
             hostname: "node-a".into(),
             list_mode,
+            service_cidrs: false,
         },
     )
+}
+
+async fn start_following_service_cidrs(api: &FakeApiServer) -> SourceHandle {
+    let client = client(None, Some(&api.url()))
+        .await
+        .expect("client for the double");
+    spawn(
+        client,
+        KubeSourceConfig {
+            service_cidrs: true,
+            ..KubeSourceConfig::new("node-a")
+        },
+    )
+}
+
+fn service_cidr(name: &str, cidrs: &[&str]) -> Value {
+    json!({"apiVersion": "networking.k8s.io/v1", "kind": "ServiceCIDR",
+           "metadata": {"name": name, "finalizers": ["networking.k8s.io/service-cidr-finalizer"]},
+           "spec": {"cidrs": cidrs},
+           "status": {"conditions": [{"type": "Ready", "status": "True", "reason": "",
+                                      "message": "", "lastTransitionTime": "2026-12-01T10:00:00Z"}]}})
+}
+
+#[tokio::test]
+async fn service_cidrs_are_watched_only_when_asked_and_their_changes_sent() {
+    let api = FakeApiServer::start().await;
+    api.apply(
+        Kind::Service,
+        service("shop", "web", "10.96.0.20", json!({})),
+    );
+    api.apply(
+        Kind::ServiceCidr,
+        service_cidr("kubernetes", &["10.96.0.0/12", "fd00:96::/108"]),
+    );
+
+    // Not asked: never listed.
+    let mut plain = start(&api).await;
+    let first = described(&next_batch(&mut plain).await);
+    assert!(
+        !first.iter().any(|c| c.starts_with("ServiceCIDR")),
+        "{first:?}"
+    );
+    assert!(
+        !api.requests().iter().any(|r| r.contains("servicecidrs")),
+        "{:?}",
+        api.requests()
+    );
+    plain.task.abort();
+
+    // Asked: the first picture holds the ServiceCIDRs already.
+    let mut source = start_following_service_cidrs(&api).await;
+    let first = next_batch(&mut source).await;
+    let upsert = first
+        .changes
+        .iter()
+        .find(|c| matches!(c, Change::UpsertServiceCidr(_)))
+        .expect("the ServiceCIDR in the first batch");
+    let Change::UpsertServiceCidr(object) = upsert else {
+        unreachable!()
+    };
+    assert_eq!(object.name, "kubernetes");
+    let cidrs: Vec<String> = object.cidrs.iter().map(ToString::to_string).collect();
+    assert_eq!(cidrs, ["10.96.0.0/12", "fd00:96::/108"]);
+    assert!(
+        api.requests()
+            .iter()
+            .any(|r| r.starts_with("/apis/networking.k8s.io/v1/servicecidrs?")),
+        "{:?}",
+        api.requests()
+    );
+
+    // Added at run time, being deleted (still an upsert), deleted.
+    api.apply(Kind::ServiceCidr, service_cidr("extra", &["10.100.0.0/16"]));
+    assert_eq!(
+        described(&next_batch(&mut source).await),
+        ["ServiceCIDR upsert extra"]
+    );
+    let mut deleting = service_cidr("extra", &["10.100.0.0/16"]);
+    deleting["metadata"]["deletionTimestamp"] = json!("2026-12-01T11:00:00Z");
+    api.apply(Kind::ServiceCidr, deleting);
+    assert_eq!(
+        described(&next_batch(&mut source).await),
+        ["ServiceCIDR upsert extra"]
+    );
+    api.delete(Kind::ServiceCidr, "", "extra");
+    assert_eq!(
+        described(&next_batch(&mut source).await),
+        ["ServiceCIDR delete extra"]
+    );
+
+    // A malformed one is left out (its last accepted version stays with the engine).
+    api.apply(
+        Kind::ServiceCidr,
+        service_cidr("kubernetes", &["10.96.0.0/33"]),
+    );
+    no_batch_for(&mut source, Duration::from_millis(500)).await;
 }
 
 #[tokio::test]

@@ -166,6 +166,7 @@ async fn first_picture_bytes(mode: ListMode) -> ([u64; 3], usize, Duration, Vec<
         KubeSourceConfig {
             hostname: "node-a".into(),
             list_mode: mode,
+            service_cidrs: false,
         },
     );
     let mut changes = 0;

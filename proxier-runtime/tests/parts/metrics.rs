@@ -36,6 +36,8 @@ fn registered_metrics_appear_with_kube_proxy_names() {
         "ipvs_proxier_virtual_servers",
         "ipvs_proxier_real_servers",
         "ipvs_proxier_bound_addresses",
+        "ipvs_proxier_service_cidr_routes",
+        "ipvs_proxier_service_cidrs_refused",
         "ipvs_proxier_graceful_drain_queue_length",
         "ipvs_proxier_full_resync_drift_repaired",
     ] {

@@ -276,6 +276,7 @@ async fn watch_prints_the_plan_then_only_what_changed() {
 async fn bound_service_cidrs_show_as_local_routes_instead_of_cluster_ip_addresses() {
     let planner = Config {
         service_cidr_routes: vec!["10.96.0.0/16".parse().expect("cidr")],
+        strict_arp: true,
         ..Config::default()
     };
     let mut routed = Proxier::new(ProxierConfig::new("node-a", planner), Backends::in_memory())
