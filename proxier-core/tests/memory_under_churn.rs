@@ -1,6 +1,6 @@
 //! The engine's heap does not grow under endpoint and Service churn: what it holds after
 //! thousands of changes is what a cluster of the same size needs, not a history of them, and
-//! that stays under a bound per Service (issue #13's memory goal).
+//! that stays under a bound per Service (the daemon's memory goal).
 //!
 //! A counting global allocator (this test binary's own) measures the live heap; the churn is
 //! the soak benchmark's (`vm-bench soak`) in miniature: one endpoint replaced per change, a
@@ -29,7 +29,7 @@ fn live_kib() -> isize {
 const SERVICES: u32 = 1_000;
 /// Heap per Service (5 endpoints) the engine may hold, with its in-memory backends and this
 /// test's own copy of the slices: 5.0 KiB when this bound was set (10.6 KiB before the
-/// compaction of #13).
+/// compaction that bounds it).
 const KIB_PER_SERVICE: isize = 6;
 
 #[test]

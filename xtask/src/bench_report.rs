@@ -273,7 +273,7 @@ fn met(ok: bool) -> &'static str {
     if ok { "met" } else { "not met" }
 }
 
-/// Goals of issue #13 (as `vm-bench-proxier` checks them).
+/// The daemon's goals (as `vm-bench-proxier` checks them).
 const GOAL_START_VS_FLOOR: f64 = 1.3;
 const GOAL_START_VS_REFERENCE: f64 = 0.35;
 const GOAL_RSS_MIB: f64 = 64.0;
@@ -766,7 +766,7 @@ What the rows measure:
   (planning, kernel read, diff, address and IPVS writes, nftables, conntrack) as the daemon
   logs them. Address and IPVS writes run in parallel with nftables, so the steps add up to
   more than the sync's total.
-- **goals and status**: the goals of issue #13, judged on this run's same-run ratios.
+- **goals and status**: the daemon's goals, judged on this run's same-run ratios.
 
 The soak benchmark (`cargo xtask vm-bench --memory-mib 6144 soak --services 10000 --minutes
 5`: churn under traffic, RSS growth, change latency during full resyncs) is not part of this

@@ -50,6 +50,50 @@ impl Step {
     }
 }
 
+/// The step that packages the libraries (see [`forget_extracted_packages`]).
+const PACKAGE_STEP: &str = "package libraries";
+
+/// Removes the workspace libraries' sources that an earlier `cargo package` extracted under
+/// `$CARGO_HOME/registry/src/` (and their `.crate` copies under `registry/cache/`). Packaging
+/// verifies each library against the others' packages through a temporary local registry,
+/// whose sources cargo extracts once and then trusts while the version stays the same: a
+/// second run on the same machine would build against the first run's code.
+fn forget_extracted_packages(libraries: &[String]) -> Result<()> {
+    let cargo_home = std::env::var_os("CARGO_HOME")
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|home| std::path::Path::new(&home).join(".cargo")))
+        .context("neither CARGO_HOME nor HOME is set")?;
+    for kind in ["src", "cache"] {
+        let Ok(registries) = std::fs::read_dir(cargo_home.join("registry").join(kind)) else {
+            continue;
+        };
+        for registry in registries.flatten() {
+            let Ok(entries) = std::fs::read_dir(registry.path()) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                let ours = libraries.iter().any(|library| {
+                    name.strip_prefix(library.as_str())
+                        .and_then(|rest| rest.strip_prefix('-'))
+                        .is_some_and(|version| version.starts_with(|c: char| c.is_ascii_digit()))
+                });
+                if !ours {
+                    continue;
+                }
+                let path = entry.path();
+                let removed = if path.is_dir() {
+                    std::fs::remove_dir_all(&path)
+                } else {
+                    std::fs::remove_file(&path)
+                };
+                removed.with_context(|| format!("removing {}", path.display()))?;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Between clippy and the library docs: `cargo xtask public-api` (reads sources only, so it
 /// runs in-process and compiles nothing).
 const PUBLIC_API_AFTER: &str = "clippy";
@@ -85,11 +129,7 @@ fn host_steps(workspace: &Workspace) -> Result<Vec<Step>> {
         // crates.io. Verifying builds each package as crates.io would (after the host
         // tests, most dependencies are already built); --allow-dirty so that a local run
         // with uncommitted changes packages them rather than failing.
-        Step::new(
-            "package libraries",
-            &["package", "--locked", "--allow-dirty"],
-        )
-        .packages(&libraries),
+        Step::new(PACKAGE_STEP, &["package", "--locked", "--allow-dirty"]).packages(&libraries),
         Step::new(
             "licenses, bans and sources",
             &["deny", "check", "licenses", "bans", "sources"],
@@ -185,6 +225,9 @@ pub fn full_test(config: &VmConfig) -> Result<ExitCode> {
     for step in host_steps(&workspace)? {
         if step.uses_cargo_deny() {
             ensure_cargo_deny(&workspace)?;
+        }
+        if step.name == PACKAGE_STEP {
+            forget_extracted_packages(&workspace.published_packages()?)?;
         }
         let shown = shown(&step);
         println!("xtask: == {}: {shown}", step.name);

@@ -51,7 +51,7 @@ const STARTUP_EVENTS: [&str; 5] = [
     SYNC_DONE,
 ];
 
-/// Goals of issue #13.
+/// The daemon's goals at scale.
 const GOAL_START_VS_FLOOR: f64 = 1.3;
 const GOAL_START_VS_REFERENCE: f64 = 0.35;
 const GOAL_RSS_MIB: f64 = 64.0;
