@@ -108,6 +108,24 @@ fn cluster() -> (Vec<Svc>, Vec<Slice>) {
     (services, slices)
 }
 
+/// Loads a kernel module again when dropped.
+struct ReloadModule(&'static str);
+
+impl Drop for ReloadModule {
+    fn drop(&mut self) {
+        let loaded = std::process::Command::new("modprobe")
+            .arg(self.0)
+            .status()
+            .is_ok_and(|status| status.success());
+        if !loaded {
+            eprintln!(
+                "cannot load {} again: later tests that need it will fail",
+                self.0
+            );
+        }
+    }
+}
+
 /// The reasons of a document as `(kind, severity)`.
 fn reasons(doc: &Value) -> BTreeSet<(String, String)> {
     doc["reasons"]
@@ -284,6 +302,9 @@ fn every_reason_class_is_reproduced_and_reported() {
     // The kernel changed behind the daemon's back: stop it first, so that no resync repairs
     // the drift while it is being explained (the data plane stays programmed).
     t.daemon().stop();
+    // The VM loads every module up front and cannot autoload one: whatever happens here,
+    // the scheduler's module is back for the tests that run after this one.
+    let _reload = ReloadModule("ip_vs_ovf");
     let pod0 = hostport(&pod_ip(0), 8080);
     t.node.sh_ok(&format!(
         "set -e
