@@ -142,6 +142,8 @@ impl Drop for DumpSlot {
 #[derive(Clone)]
 pub struct IpvsHandle {
     inner: Arc<Inner>,
+    /// Sockets a whole-table read may use; `None`: one per CPU, 2 to [`MAX_DUMP_WORKERS`].
+    read_sockets: Option<usize>,
 }
 
 struct Inner {
@@ -219,8 +221,21 @@ impl IpvsHandle {
                 netns,
                 pool: Mutex::new(vec![socket]),
             }),
+            read_sockets: None,
         };
         Ok((connection, handle))
+    }
+
+    /// A handle on the same connection whose whole-table reads ([`IpvsHandle::table`] and
+    /// the like) use at most `sockets` sockets (1 to 4): with one, the destination dumps
+    /// follow the service dumps on a single socket and thread, for a read in the background
+    /// that leaves the other CPUs, and the kernel's IPVS lock, to other work. By default a
+    /// read uses one socket per CPU, 2 to 4.
+    pub fn with_read_sockets(&self, sockets: usize) -> IpvsHandle {
+        IpvsHandle {
+            inner: self.inner.clone(),
+            read_sockets: Some(sockets.clamp(1, MAX_DUMP_WORKERS)),
+        }
     }
 
     /// The generic-netlink family id the kernel gave IPVS.
@@ -739,10 +754,12 @@ impl IpvsHandle {
     }
 
     async fn read_table(&self, max_attempts: u32) -> Result<VerifiedTable, Error> {
-        let workers = std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(2)
-            .clamp(2, MAX_DUMP_WORKERS);
+        let workers = self.read_sockets.unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(2)
+                .clamp(2, MAX_DUMP_WORKERS)
+        });
         let sockets = self
             .take_sockets(workers)
             .await

@@ -91,6 +91,28 @@ impl ObservedVirtualServer {
                     ka == kb && a.weight == b.weight && a.forward == b.forward
                 })
     }
+    /// Counts the objects whose configuration differs between two snapshots of one virtual
+    /// server (`None`: absent), as [`Observed::count_differences`] does: one for a virtual
+    /// server in only one snapshot or with other settings, one per real server in only one
+    /// or with another weight or forwarding method.
+    pub fn differences(
+        a: Option<&ObservedVirtualServer>,
+        b: Option<&ObservedVirtualServer>,
+    ) -> usize {
+        let (Some(a), Some(b)) = (a, b) else {
+            return usize::from(a.is_some() || b.is_some());
+        };
+        let mut differences = usize::from(a.settings != b.settings);
+        let rs_keys: BTreeSet<&RealServerKey> =
+            a.real_servers.keys().chain(b.real_servers.keys()).collect();
+        for rs in rs_keys {
+            match (a.real_servers.get(rs), b.real_servers.get(rs)) {
+                (Some(x), Some(y)) if x.weight == y.weight && x.forward == y.forward => {}
+                _ => differences += 1,
+            }
+        }
+        differences
+    }
 }
 
 /// A snapshot of the kernel state the reconciler works on.
@@ -124,26 +146,10 @@ impl Observed {
             .filter(|key| considered(key))
             .collect();
         for key in keys {
-            match (
+            differences += ObservedVirtualServer::differences(
                 self.virtual_servers.get(key),
                 other.virtual_servers.get(key),
-            ) {
-                (Some(a), Some(b)) => {
-                    if a.settings != b.settings {
-                        differences += 1;
-                    }
-                    let rs_keys: BTreeSet<&RealServerKey> =
-                        a.real_servers.keys().chain(b.real_servers.keys()).collect();
-                    for rs in rs_keys {
-                        match (a.real_servers.get(rs), b.real_servers.get(rs)) {
-                            (Some(x), Some(y))
-                                if x.weight == y.weight && x.forward == y.forward => {}
-                            _ => differences += 1,
-                        }
-                    }
-                }
-                _ => differences += 1,
-            }
+            );
         }
         differences
     }

@@ -431,8 +431,10 @@ impl TrafficMetrics {
                     }
                 };
                 runtime.block_on(async move {
+                    // One socket: the scrape's read stays on this low-priority thread
+                    // instead of spreading its dumps over the other CPUs.
                     let handle = match IpvsHandle::new().await {
-                        Ok(handle) => handle,
+                        Ok(handle) => handle.with_read_sockets(1),
                         Err(error) => {
                             let _ = ready.send(Err(error.into()));
                             return;

@@ -59,6 +59,50 @@ fn ipvs_dump_of_10000_services() {
 }
 
 #[test]
+fn ipvs_a_table_read_on_one_socket_is_the_same_table_as_on_several() {
+    require_kernel!();
+    let _alone = ALONE.lock().unwrap_or_else(|p| p.into_inner());
+    let ns = netns_with_routes();
+    with_handle(&ns, |h| async move {
+        let mut ops = Vec::new();
+        for i in 0..300u32 {
+            let [_, _, hi, lo] = i.to_be_bytes();
+            let key = ServiceKey::tcp(IpAddr::V4(Ipv4Addr::new(10, 61, hi, lo)), 80);
+            ops.push(Op::AddService(Service::new(key, Scheduler::RoundRobin)));
+            for d in 1..=3u8 {
+                ops.push(Op::AddDestination(
+                    key,
+                    Destination::new(IpAddr::V4(Ipv4Addr::new(10, 62, lo, d)), 8080),
+                ));
+            }
+        }
+        assert!(h.batch(ops).await.iter().all(|r| r.is_ok()));
+        let several = h.table().await.unwrap();
+        let one = h.with_read_sockets(1).table().await.unwrap();
+        assert_eq!(several.len(), 300);
+        let destinations: usize = one.iter().map(|(_, d)| d.len()).sum();
+        assert_eq!(destinations, 900);
+        let shape = |table: &ipvs_netlink::Table| -> BTreeSet<(ServiceKey, Vec<(IpAddr, u16)>)> {
+            table
+                .iter()
+                .map(|(entry, dests)| {
+                    let mut d: Vec<(IpAddr, u16)> = dests
+                        .iter()
+                        .map(|d| (d.destination.addr, d.destination.port))
+                        .collect();
+                    d.sort();
+                    (entry.service.key, d)
+                })
+                .collect()
+        };
+        assert_eq!(shape(&one), shape(&several));
+    });
+    // And the kernel agrees: 300 services and 900 destinations.
+    assert_eq!(ns.sh_ok("ipvsadm -Sn | grep -c '^-A'").trim(), "300");
+    assert_eq!(ns.sh_ok("ipvsadm -Sn | grep -c '^-a'").trim(), "900");
+}
+
+#[test]
 fn ipvs_dumps_of_one_handle_nest_and_an_abandoned_dump_does_not_hold_up_the_next() {
     require_kernel!();
     let _alone = ALONE.lock().unwrap_or_else(|p| p.into_inner());

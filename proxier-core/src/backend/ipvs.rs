@@ -153,8 +153,15 @@ impl KernelIpvsBackend {
 }
 
 impl IpvsBackend for KernelIpvsBackend {
+    /// The first read (start, adoption after a restart) uses the library's parallel dump
+    /// sockets; later ones run beside incremental syncs (full resyncs) and read on one
+    /// socket, leaving the other CPUs and the kernel's IPVS lock to the syncs.
     fn read_table(&self) -> PendingTableRead {
-        let handle = self.handle.clone();
+        let handle = if self.reads.reads == 0 {
+            self.handle.clone()
+        } else {
+            self.handle.with_read_sockets(1)
+        };
         Box::pin(async move {
             let started = std::time::Instant::now();
             // Verified, but an unverified merged read is still used (and counted): every

@@ -293,6 +293,9 @@ pub async fn run<I, A, N, C, O>(
     // A full sync's kernel read, running beside incremental syncs (decision 8: no change
     // waits for a full resync's read).
     let mut full_read: Option<SpawnedRead> = None;
+    // When the full sync whose repair goes on in slices started (between slices,
+    // incremental syncs run: no change waits for the whole table to be compared).
+    let mut repair_started: Option<Instant> = None;
     loop {
         while let Ok(command) = commands.rx.try_recv() {
             handle(
@@ -305,7 +308,8 @@ pub async fn run<I, A, N, C, O>(
         }
         if full_read.as_ref().is_some_and(SpawnedRead::is_finished) {
             let answer = SpawnedRead::answer(&mut full_read).await;
-            finish_full_sync(proxier, answer, &mut scheduler, observer, &commands).await;
+            repair_started =
+                start_repair(proxier, answer, &mut scheduler, observer, &commands).await;
             continue;
         }
         // A burst of address events is one re-read.
@@ -347,6 +351,18 @@ pub async fn run<I, A, N, C, O>(
                 );
             }
             Decision::Busy => tokio::task::yield_now().await,
+            Decision::WaitUntil(_) if repair_started.is_some() => {
+                // Nothing else to do now: the next slice of the full sync's repair.
+                repair_step(
+                    proxier,
+                    &mut repair_started,
+                    &mut scheduler,
+                    observer,
+                    &commands,
+                )
+                .await;
+                tokio::task::yield_now().await;
+            }
             Decision::WaitUntil(at) => {
                 let at = proxier
                     .next_deadline()
@@ -358,7 +374,8 @@ pub async fn run<I, A, N, C, O>(
                 tokio::select! {
                     _ = tokio::time::sleep_until(at) => {}
                     answer = SpawnedRead::answer(&mut full_read) => {
-                        finish_full_sync(proxier, answer, &mut scheduler, observer, &commands).await;
+                        repair_started =
+                            start_repair(proxier, answer, &mut scheduler, observer, &commands).await;
                     }
                     command = commands.rx.recv() => match command {
                         Some(command) => handle(
@@ -422,11 +439,46 @@ impl Drop for SpawnedRead {
     }
 }
 
-/// Records a finished sync with the scheduler and tells the observer.
-/// Repairs with a full sync's kernel read (its answer and when it started) and reports it.
-async fn finish_full_sync<I, A, N, C, O>(
+/// Starts the repair of a full sync with its kernel read (its answer and when it
+/// started); reports the full sync when nothing is left to repair, else returns when it
+/// started, for [`repair_step`].
+async fn start_repair<I, A, N, C, O>(
     proxier: &mut Proxier<I, A, N, C>,
     (read, started): (KernelRead, Instant),
+    scheduler: &mut SyncScheduler,
+    observer: &mut O,
+    commands: &Commands,
+) -> Option<Instant>
+where
+    I: IpvsBackend,
+    A: AddressBackend,
+    N: NetfilterBackend,
+    C: ConntrackBackend + Send + 'static,
+    O: SyncObserver<Proxier<I, A, N, C>>,
+{
+    tracing::info!(waited = ?started.elapsed(), "full sync: kernel read, repairing");
+    let result = match proxier.start_repair(read).await {
+        Ok(None) => return Some(started),
+        Ok(Some(report)) => Ok(report),
+        Err(error) => Err(error),
+    };
+    report(
+        proxier,
+        scheduler,
+        observer,
+        commands,
+        SyncKind::Full,
+        started,
+        result,
+    );
+    None
+}
+
+/// Repairs the next slice of the full sync that started at `started`; reports the full
+/// sync after its last slice and empties `started`.
+async fn repair_step<I, A, N, C, O>(
+    proxier: &mut Proxier<I, A, N, C>,
+    started: &mut Option<Instant>,
     scheduler: &mut SyncScheduler,
     observer: &mut O,
     commands: &Commands,
@@ -437,19 +489,33 @@ async fn finish_full_sync<I, A, N, C, O>(
     C: ConntrackBackend + Send + 'static,
     O: SyncObserver<Proxier<I, A, N, C>>,
 {
-    tracing::info!(waited = ?started.elapsed(), "full sync: kernel read, repairing");
-    let result = proxier.finish_full_sync(read).await;
-    report(
-        proxier,
-        scheduler,
-        observer,
-        commands,
-        SyncKind::Full,
-        started,
-        result,
-    );
+    let Some(at) = *started else {
+        return;
+    };
+    match proxier.repair_step().await {
+        Some(result) => {
+            *started = None;
+            report(
+                proxier,
+                scheduler,
+                observer,
+                commands,
+                SyncKind::Full,
+                at,
+                result,
+            );
+        }
+        None if !proxier.repairing() => {
+            // Not expected: the repair ended without its report. Retry the full sync.
+            tracing::warn!("full sync's repair ended without a report; retrying it");
+            *started = None;
+            scheduler.finished(Instant::now(), SyncKind::Full, false);
+        }
+        None => {}
+    }
 }
 
+/// Records a finished sync with the scheduler and tells the observer.
 fn report<I, A, N, C, O>(
     proxier: &Proxier<I, A, N, C>,
     scheduler: &mut SyncScheduler,

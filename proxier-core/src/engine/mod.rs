@@ -272,6 +272,9 @@ pub struct Proxier<I, A, N, C> {
     configured_routes: Vec<IpNet>,
     /// Ranges not routed, and why.
     refused_routes: Vec<RefusedRoute>,
+    /// The report of a full sync whose repair goes on in slices ([`Proxier::repair_step`]),
+    /// when it started, and how long its read took.
+    repairing: Option<(SyncReport, Instant, Duration)>,
 }
 
 impl<I, A, N, C> Proxier<I, A, N, C>
@@ -326,6 +329,7 @@ where
             kernel_addresses: None,
             node_addresses_refreshed_during_read: false,
             takeover: None,
+            repairing: None,
             config,
         })
     }
@@ -532,7 +536,7 @@ where
             let read = self.begin_full_sync().await;
             return self.finish_full_sync(read).await;
         }
-        self.run_sync(None).await
+        self.run_sync(None, false).await
     }
 
     /// Whether a full sync may read while incremental syncs go on: only after the first
@@ -547,6 +551,8 @@ where
     /// hand its answer to [`Proxier::finish_full_sync`]: what those syncs wrote is not
     /// mistaken for drift (see [`Reconciler::begin_full_sync`]).
     pub fn begin_full_sync(&mut self) -> FullSyncRead {
+        // A new read supersedes a repair left unfinished.
+        self.repairing = None;
         self.node_addresses_refreshed_during_read = false;
         let kernel = self.reconciler.begin_full_sync();
         let tables = self.netfilter.check_tables();
@@ -563,11 +569,65 @@ where
     /// repairs drift between the plan and what was read, rewrites the nftables tables when
     /// due, runs the takeover's next step.
     pub async fn finish_full_sync(&mut self, read: KernelRead) -> Result<SyncReport, EngineError> {
-        self.run_sync(Some(read)).await
+        self.run_sync(Some(read), false).await
     }
 
-    /// One sync: full with the kernel's read, incremental without.
-    async fn run_sync(&mut self, read: Option<KernelRead>) -> Result<SyncReport, EngineError> {
+    /// Ends a full sync begun with [`Proxier::begin_full_sync`] as the [`driver`] does: as
+    /// [`Proxier::finish_full_sync`], but after the first sync the comparison of the plan
+    /// with the IPVS table is left in slices to [`Proxier::repair_step`], between which
+    /// incremental syncs run (see [`Reconciler::repair_slice`]). Returns the full sync's
+    /// report when nothing is left to repair, `None` when slices remain.
+    pub async fn start_repair(
+        &mut self,
+        read: KernelRead,
+    ) -> Result<Option<SyncReport>, EngineError> {
+        let started = Instant::now();
+        let report = self.run_sync(Some(read), true).await?;
+        if !self.reconciler.repairing() {
+            return Ok(Some(report));
+        }
+        let read_took = report.timings.total.saturating_sub(started.elapsed());
+        self.repairing = Some((report, started, read_took));
+        Ok(None)
+    }
+
+    /// Whether a full sync's repair is left for [`Proxier::repair_step`].
+    pub fn repairing(&self) -> bool {
+        self.repairing.is_some() && self.reconciler.repairing()
+    }
+
+    /// Repairs the next slice of a full sync started with [`Proxier::start_repair`] (at
+    /// most [`ReconcilerConfig::repair_slice`] virtual servers); returns the full sync's
+    /// report with its last slice, `None` before (or with no repair in progress).
+    pub async fn repair_step(&mut self) -> Option<Result<SyncReport, EngineError>> {
+        if !self.repairing() {
+            self.repairing = None;
+            return None;
+        }
+        let slice = self.config.reconciler.repair_slice;
+        let started = Instant::now();
+        let done = self.reconciler.repair_slice(&self.desired, slice).await;
+        let took = started.elapsed();
+        let (report, _, _) = self.repairing.as_mut()?;
+        report.timings.ipvs += took;
+        let ipvs = done?;
+        let (mut report, started, read_took) = self.repairing.take()?;
+        log_errors(&ipvs);
+        report.ipvs += ipvs;
+        report.timings.reconcile = report.ipvs.timings;
+        report.size = self.plan_size();
+        report.timings.total = started.elapsed() + read_took;
+        tracing::debug!(kind = ?report.kind, %report, "sync done");
+        Some(Ok(report))
+    }
+
+    /// One sync: full with the kernel's read, incremental without. A full one with
+    /// `sliced` leaves the IPVS repair to [`Proxier::repair_step`] (after the first).
+    async fn run_sync(
+        &mut self,
+        read: Option<KernelRead>,
+        sliced: bool,
+    ) -> Result<SyncReport, EngineError> {
         let started = Instant::now();
         let kind = if read.is_some() {
             SyncKind::Full
@@ -625,7 +685,7 @@ where
             async {
                 let started = Instant::now();
                 let report = match kernel_read {
-                    Some(read) => reconciler.finish_full_sync(desired, read).await,
+                    Some(read) => full_reconcile(reconciler, desired, read, &changed, sliced).await,
                     None => incremental_reconcile(reconciler, desired, &changed).await,
                 };
                 report.map(|report| (report, started.elapsed()))
@@ -643,14 +703,7 @@ where
         report.ipvs = ipvs;
         report.timings.ipvs = ipvs_time;
         report.timings.reconcile = report.ipvs.timings;
-        for (service, error) in &report.ipvs.errors {
-            match service {
-                Some(service) => {
-                    tracing::error!(service = %service, %error, "service port not programmed")
-                }
-                None => tracing::error!(%error, "cleanup of unplanned kernel objects failed"),
-            }
-        }
+        log_errors(&report.ipvs);
         match netfilter_result {
             Ok(written) => report.netfilter_written = written,
             Err(error) => {
@@ -981,6 +1034,42 @@ async fn set_ipvs_timeouts(ipvs: &KernelIpvsBackend, config: &Config) {
         ),
         Err(error) => tracing::warn!(%error, "cannot set IPVS connection timeouts; continuing"),
     }
+}
+
+/// Logs the errors of a sync's IPVS part.
+fn log_errors(report: &ReconcileReport) {
+    for (service, error) in &report.errors {
+        match service {
+            Some(service) => {
+                tracing::error!(service = %service, %error, "service port not programmed")
+            }
+            None => tracing::error!(%error, "cleanup of unplanned kernel objects failed"),
+        }
+    }
+}
+
+/// A full sync's IPVS part: the repair with the kernel's read, whole or (`sliced`, after
+/// the first) started only, then the changed service ports, which a sliced repair compares
+/// with their claims as they were before.
+async fn full_reconcile<I: IpvsBackend, A: AddressBackend>(
+    reconciler: &mut Reconciler<I, A>,
+    desired: &Desired,
+    read: FullRead,
+    changed: &DirtyPorts,
+    sliced: bool,
+) -> Result<ReconcileReport, ReconcileError> {
+    if !sliced {
+        return reconciler.finish_full_sync(desired, read).await;
+    }
+    if let Some(report) = reconciler.start_repair(desired, read).await? {
+        return Ok(report);
+    }
+    // As an incremental sync: Service CIDR routes that changed go in around the changed
+    // ports' writes, or alone.
+    if changed.is_empty() {
+        return Ok(reconciler.sync_routes().await);
+    }
+    reconciler.sync_services(desired, changed).await
 }
 
 /// An incremental sync's IPVS part: the changed service ports, then due drains and retries.

@@ -68,8 +68,12 @@ enum Step {
     /// A full resync's kernel read starts (the memory backend answers with the table as
     /// it is now: the stalest a kernel read can be).
     BeginFullSync,
-    /// The read in flight, if any, ends and the full resync finishes with it.
-    FinishFullSync,
+    /// The read in flight, if any, ends and the full resync finishes with it: at once
+    /// (`false`, [`Proxier::finish_full_sync`]) or in slices (`true`,
+    /// [`Proxier::start_repair`], as the driver does).
+    FinishFullSync(bool),
+    /// The next slice of a sliced repair, if one is in progress.
+    RepairSlice,
 }
 
 fn service_name(id: u8) -> ServiceName {
@@ -202,7 +206,8 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (0u8..2, prop::option::of(0u8..4)).prop_map(|(o, r)| Step::ServiceCidr(o, r)),
         3 => Just(Step::Sync),
         1 => Just(Step::BeginFullSync),
-        1 => Just(Step::FinishFullSync),
+        1 => any::<bool>().prop_map(Step::FinishFullSync),
+        3 => Just(Step::RepairSlice),
     ]
 }
 
@@ -220,7 +225,7 @@ fn apply_step(proxier: &mut MemoryProxier, udp: &mut [bool; 4], step: &Step) -> 
         }
         Step::Node(address) => node_change(*address),
         Step::ServiceCidr(object, range) => service_cidr_change(*object, *range),
-        Step::Sync | Step::BeginFullSync | Step::FinishFullSync => {
+        Step::Sync | Step::BeginFullSync | Step::FinishFullSync(_) | Step::RepairSlice => {
             let _ = proxier;
             return None;
         }
@@ -278,32 +283,59 @@ proptest! {
     /// change undone by a read older than it, no change lost), and the foreign virtual
     /// server stays as it was.
     #[test]
-    fn incremental_syncs_converge_like_a_fresh_full_sync(steps in prop::collection::vec(step(), 1..40)) {
+    fn incremental_syncs_converge_like_a_fresh_full_sync(
+        steps in prop::collection::vec(step(), 1..40),
+        slice in 1usize..4,
+    ) {
         let rt = runtime();
         let (mut incremental, ipvs, addresses) = memory_proxier();
+        incremental.config.reconciler.repair_slice = slice;
         let (foreign_key, foreign_vs) = foreign();
         ipvs.insert_virtual_server(foreign_key, foreign_vs.clone());
         let mut udp = [false; 4];
         let mut changes = Vec::new();
+        // How many of `changes` the last sync took (a repair's slice takes none).
+        let mut synced = 0;
         let mut reading = None;
         rt.block_on(incremental.sync(SyncKind::Full)).unwrap();
+        // A full resync that finished: complete, no drift, the kernel as a fresh full sync
+        // of the state now leaves it.
+        let check_full = |report: &SyncReport, changes: &[Change]| -> Result<(), TestCaseError> {
+            prop_assert!(report.is_complete(), "{:?}", report.ipvs.errors);
+            prop_assert_eq!(report.kind, SyncKind::Full);
+            prop_assert_eq!(report.ipvs.drift, Some(0), "nothing changed behind the proxier's back");
+            let (_, fresh_ipvs, fresh_addresses) = fresh_kernel(&rt, changes);
+            prop_assert_eq!(ipvs.table(), fresh_ipvs.table());
+            prop_assert_eq!(addresses.addresses(), fresh_addresses.addresses());
+            prop_assert_eq!(addresses.local_routes(), fresh_addresses.local_routes());
+            Ok(())
+        };
         for step in &steps {
             match step {
                 Step::BeginFullSync => {
-                    if reading.is_none() {
+                    // As the driver: no new read while one runs or its repair goes on.
+                    if reading.is_none() && !incremental.repairing() {
                         reading = Some(incremental.begin_full_sync());
                     }
                 }
-                Step::FinishFullSync => {
+                Step::FinishFullSync(sliced) => {
                     if let Some(read) = reading.take() {
                         let read = rt.block_on(read);
-                        let report = rt.block_on(incremental.finish_full_sync(read)).unwrap();
-                        prop_assert!(report.is_complete(), "{:?}", report.ipvs.errors);
-                        prop_assert_eq!(report.ipvs.drift, Some(0), "nothing changed behind the proxier's back");
-                        let (_, fresh_ipvs, fresh_addresses) = fresh_kernel(&rt, &changes);
-                        prop_assert_eq!(ipvs.table(), fresh_ipvs.table());
-                        prop_assert_eq!(addresses.addresses(), fresh_addresses.addresses());
-                        prop_assert_eq!(addresses.local_routes(), fresh_addresses.local_routes());
+                        synced = changes.len();
+                        if *sliced {
+                            let started = rt.block_on(incremental.start_repair(read)).unwrap();
+                            if let Some(report) = started {
+                                check_full(&report, &changes)?;
+                            }
+                        } else {
+                            let report = rt.block_on(incremental.finish_full_sync(read)).unwrap();
+                            check_full(&report, &changes)?;
+                        }
+                    }
+                }
+                Step::RepairSlice => {
+                    if let Some(report) = rt.block_on(incremental.repair_step()) {
+                        check_full(&report.unwrap(), &changes[..synced])?;
                     }
                 }
                 _ => match apply_step(&mut incremental, &mut udp, step) {
@@ -313,6 +345,7 @@ proptest! {
                     }
                     None => {
                         rt.block_on(incremental.sync(SyncKind::Incremental)).unwrap();
+                        synced = changes.len();
                     }
                 },
             }
@@ -320,6 +353,11 @@ proptest! {
         if let Some(read) = reading.take() {
             let read = rt.block_on(read);
             rt.block_on(incremental.finish_full_sync(read)).unwrap();
+        }
+        while incremental.repairing() {
+            if let Some(report) = rt.block_on(incremental.repair_step()) {
+                report.unwrap();
+            }
         }
         let last = rt.block_on(incremental.sync(SyncKind::Incremental)).unwrap();
         prop_assert!(last.is_complete(), "{:?}", last.ipvs.errors);
@@ -353,11 +391,10 @@ proptest! {
     }
 }
 
-#[test]
-fn a_change_synced_during_a_full_resyncs_read_is_kept_and_drift_before_it_repaired() {
-    let rt = runtime();
-    let (mut proxier, ipvs, _) = memory_proxier();
-    for id in 0..3u8 {
+/// Services 0 to `n - 1`, each a TCP ClusterIP 10.96.0.(id + 1):80 with one ready local
+/// endpoint (10.244.0.1:8080).
+fn add_cluster_ip_services(proxier: &mut MemoryProxier, n: u8) {
+    for id in 0..n {
         let service = ServiceSpec {
             id,
             vip: id + 1,
@@ -374,6 +411,13 @@ fn a_change_synced_during_a_full_resyncs_read_is_kept_and_drift_before_it_repair
         };
         proxier.apply(Change::UpsertSlice(slice.model(false)));
     }
+}
+
+#[test]
+fn a_change_synced_during_a_full_resyncs_read_is_kept_and_drift_before_it_repaired() {
+    let rt = runtime();
+    let (mut proxier, ipvs, _) = memory_proxier();
+    add_cluster_ip_services(&mut proxier, 3);
     rt.block_on(proxier.sync(SyncKind::Full)).unwrap();
     let key = |vip: u8| VirtualServerKey {
         address: ip(vip),
@@ -420,6 +464,98 @@ fn a_change_synced_during_a_full_resyncs_read_is_kept_and_drift_before_it_repair
         "the removed endpoint stays removed"
     );
     assert!(table.contains_key(&key(3)), "the drift is repaired");
+}
+
+#[test]
+fn a_sliced_repair_lets_changes_sync_between_slices_and_repairs_drift() {
+    let rt = runtime();
+    let (mut proxier, ipvs, _) = memory_proxier();
+    proxier.config.reconciler.repair_slice = 1;
+    let slice_of = |service: u8, endpoints: Vec<(u8, bool, bool)>| {
+        Change::UpsertSlice(
+            SliceSpec {
+                service,
+                slice: 0,
+                endpoints,
+            }
+            .model(false),
+        )
+    };
+    add_cluster_ip_services(&mut proxier, 4);
+    rt.block_on(proxier.sync(SyncKind::Full)).unwrap();
+    let key = |vip: u8| VirtualServerKey {
+        address: ip(vip),
+        port: 80,
+        protocol: Protocol::Tcp,
+    };
+    // Drift: Service 3's virtual server deleted; a virtual server nobody plans on the
+    // dummy link's address of Service 0 (the proxier's), and a foreign one.
+    ipvs.remove_virtual_server(&key(4)).unwrap();
+    let stray = VirtualServerKey { port: 81, ..key(1) };
+    let (foreign_key, foreign_vs) = foreign();
+    ipvs.insert_virtual_server(stray, foreign_vs.clone());
+    ipvs.insert_virtual_server(foreign_key, foreign_vs.clone());
+
+    let read = rt.block_on(proxier.begin_full_sync());
+    // A change while the read ran, synced before the repair starts.
+    proxier.apply(slice_of(1, vec![(1, true, true), (2, true, true)]));
+    rt.block_on(proxier.sync(SyncKind::Incremental)).unwrap();
+    assert_eq!(
+        rt.block_on(proxier.start_repair(read)).unwrap(),
+        None,
+        "slices remain"
+    );
+    assert!(proxier.repairing());
+    // One slice, then a change that syncs before the next slice.
+    assert!(rt.block_on(proxier.repair_step()).is_none());
+    proxier.apply(slice_of(2, vec![(3, true, true)]));
+    let between = rt.block_on(proxier.sync(SyncKind::Incremental)).unwrap();
+    assert_eq!(between.kind, SyncKind::Incremental);
+    assert!(between.ipvs.writes >= 2, "{between:?}");
+    assert!(proxier.repairing(), "the repair goes on after the change");
+    let mut slices = 1;
+    let report = loop {
+        slices += 1;
+        if let Some(report) = rt.block_on(proxier.repair_step()) {
+            break report.unwrap();
+        }
+        assert!(slices < 20, "the repair never ends");
+    };
+    assert!(slices >= 3, "one virtual server per slice: {slices} slices");
+    assert!(!proxier.repairing());
+    assert_eq!(report.kind, SyncKind::Full);
+    assert!(report.is_complete(), "{:?}", report.ipvs.errors);
+    assert_eq!(
+        report.ipvs.drift,
+        Some(2),
+        "the deleted virtual server and the stray one"
+    );
+    let table = ipvs.table();
+    assert!(table.contains_key(&key(4)), "the deleted one is back");
+    assert!(!table.contains_key(&stray), "the stray one is gone");
+    assert_eq!(
+        table.get(&foreign_key),
+        Some(&foreign_vs),
+        "the foreign one stays"
+    );
+    assert_eq!(
+        table[&key(2)].real_servers.len(),
+        2,
+        "the change synced during the read stays"
+    );
+    let endpoint = crate::desired::RealServerKey {
+        address: IpAddr::V4(Ipv4Addr::new(10, 244, 0, 3)),
+        port: 8080,
+    };
+    assert_eq!(
+        table[&key(3)].real_servers.keys().collect::<Vec<_>>(),
+        vec![&endpoint],
+        "the change synced between slices stays"
+    );
+    // Nothing left to do: a full sync now writes nothing.
+    ipvs.take_applied_ops();
+    let full = rt.block_on(proxier.sync(SyncKind::Full)).unwrap();
+    assert_eq!((full.ipvs.writes, full.ipvs.drift), (0, Some(0)));
 }
 
 #[test]

@@ -61,8 +61,10 @@ use crate::diff::{self, Changes, DrainPolicy, OwnedOp, Rejection, Scope};
 use crate::drain::{DEFAULT_DRAIN_TIMEOUT, DrainQueue};
 use crate::observed::{Forwarding, Observed, ObservedRealServer, ObservedVirtualServer};
 
+mod repair;
 mod sorted_set;
 
+use repair::Repair;
 use sorted_set::SortedVecSet;
 
 /// Settings of a [`Reconciler`].
@@ -93,7 +95,14 @@ pub struct ReconcilerConfig {
     /// ([`crate::model::Config::service_cidr_routes`]); other routes through the link (but
     /// the kernel's own for its addresses) are removed at full syncs.
     pub service_cidr_routes: Vec<IpNet>,
+    /// Virtual servers a full sync's repair compares with the plan per slice when it runs
+    /// in slices ([`Reconciler::repair_slice`], the driver's full resyncs): the longest a
+    /// change waits behind a full resync.
+    pub repair_slice: usize,
 }
+
+/// [`ReconcilerConfig::repair_slice`]'s default.
+pub const DEFAULT_REPAIR_SLICE: usize = 256;
 
 impl Default for ReconcilerConfig {
     fn default() -> Self {
@@ -107,6 +116,7 @@ impl Default for ReconcilerConfig {
             max_backoff: Duration::from_secs(300),
             pause_after_ops: None,
             service_cidr_routes: Vec::new(),
+            repair_slice: DEFAULT_REPAIR_SLICE,
         }
     }
 }
@@ -380,6 +390,9 @@ pub struct Reconciler<I, A> {
     addresses_touched_since_read: Option<HashSet<IpAddr>>,
     /// The same for Service CIDR routes through the dummy link.
     routes_touched_since_read: Option<BTreeSet<IpNet>>,
+    /// A full sync's repair still to finish, one slice at a time
+    /// ([`Reconciler::repair_slice`]).
+    repair: Option<Repair>,
     stats: ReconcilerStats,
 }
 
@@ -423,6 +436,7 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
             touched_since_read: None,
             addresses_touched_since_read: None,
             routes_touched_since_read: None,
+            repair: None,
             stats: ReconcilerStats::default(),
         }
     }
@@ -499,6 +513,8 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
     /// in the meantime are remembered: for them the cache, which holds their writes, is
     /// newer than the read, so they are never mistaken for drift and no write is undone.
     pub fn begin_full_sync(&mut self) -> PendingFullRead {
+        // A new read supersedes a repair left unfinished.
+        self.repair = None;
         self.touched_since_read = Some(HashSet::new());
         self.addresses_touched_since_read = Some(HashSet::new());
         self.routes_touched_since_read = Some(BTreeSet::new());
@@ -528,205 +544,16 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
     /// backend did not read them beside the table); then drift is repaired as in
     /// [`Reconciler::full_sync`]. A link deleted while the read ran is re-created here and
     /// its addresses re-bound by the next full sync.
+    ///
+    /// [`Reconciler::start_repair`] and [`Reconciler::repair_slice`] do the same in slices
+    /// (after the first full sync), for a caller that keeps syncing changes meanwhile.
     pub async fn finish_full_sync(
         &mut self,
         desired: &Desired,
         read: FullRead,
     ) -> Result<ReconcileReport, ReconcileError> {
-        let touched = self.touched_since_read.take().unwrap_or_default();
-        let touched_addresses = self.addresses_touched_since_read.take().unwrap_or_default();
-        let touched_routes = self.routes_touched_since_read.take().unwrap_or_default();
-        let now = Instant::now();
-        self.drains_checked_at = now;
-        let link = self.addresses.link_name().to_owned();
-        let table = read
-            .table
-            .map_err(|source| ReconcileError::ListVirtualServers { source })?;
-        self.ipvs.record_read(&table);
-        self.stats.table_reads = self.ipvs.table_reads();
-        let read_started = std::time::Instant::now();
-        self.addresses
-            .ensure_link()
-            .await
-            .map_err(|source| ReconcileError::Link {
-                link: link.clone(),
-                source,
-            })?;
-        let (bound_addresses, routes) = match read.link {
-            Some(Ok(read)) => {
-                // Bound or unbound after the read started: the cache is newer.
-                let mut bound = read.addresses;
-                for address in touched_addresses {
-                    if self.kernel.bound_addresses.contains(&address) {
-                        bound.insert(address);
-                    } else {
-                        bound.remove(&address);
-                    }
-                }
-                (bound, read.routes)
-            }
-            _ => {
-                let bound = self.addresses.list_addresses().await.map_err(|source| {
-                    ReconcileError::ListAddresses {
-                        link: link.clone(),
-                        source,
-                    }
-                })?;
-                let routes = self.addresses.list_local_routes().await.map_err(|source| {
-                    ReconcileError::ListRoutes {
-                        link: link.clone(),
-                        source,
-                    }
-                })?;
-                (bound, routes)
-            }
-        };
-        let mut virtual_servers = table.virtual_servers;
-        // Written (or re-read) after the read started: the cache is newer. One whose last
-        // write failed is read again, alone.
-        let mut still_suspect = Vec::new();
-        for key in touched {
-            let newer = if self.suspect.contains(&key) {
-                match self.ipvs.get_virtual_server(&key).await {
-                    Ok(fresh) => fresh,
-                    Err(_) => {
-                        still_suspect.push(key);
-                        self.kernel.virtual_servers.get(&key).cloned()
-                    }
-                }
-            } else {
-                self.kernel.virtual_servers.get(&key).cloned()
-            };
-            match newer {
-                Some(vs) => virtual_servers.insert(key, vs),
-                None => virtual_servers.remove(&key),
-            };
-        }
-        let fresh = Observed {
-            virtual_servers,
-            bound_addresses,
-        };
-        let read = table.took + read_started.elapsed();
-        // Routes added or removed after the read started: the cache is newer.
-        let mut routes = routes;
-        for net in touched_routes {
-            if self.routed.contains(&net) {
-                routes.insert(net);
-            } else {
-                routes.remove(&net);
-            }
-        }
-        let mut route_report = ReconcileReport::default();
-        let wanted_routes = self.add_routes(&link, &routes, &mut route_report).await;
-        let diff_started = std::time::Instant::now();
-
-        for (_, key, vs) in desired.virtual_servers() {
-            if vs.role == VirtualServerRole::NodePort {
-                self.node_port_addresses.insert(key.address);
-            }
-        }
-
-        // Planned before, or retired and not yet seen deleted: still the proxier's.
-        let previously_planned: HashSet<VirtualServerKey> = self
-            .claimants
-            .keys()
-            .chain(self.retired.keys())
-            .copied()
-            .collect();
-        // A retired virtual server missing from several listings in a row is gone for good
-        // (one missing listing may be a dump that skipped it).
-        self.retired.retain(|key, misses| {
-            if fresh.virtual_servers.contains_key(key) {
-                *misses = 0;
-            } else {
-                *misses += 1;
-            }
-            *misses < RETIRED_LISTINGS
-        });
-        let drift = if self.synced {
-            let link_addresses: BTreeSet<IpAddr> = self
-                .kernel
-                .bound_addresses
-                .union(&fresh.bound_addresses)
-                .copied()
-                .collect();
-            let scope = self.scope(&link_addresses, &previously_planned);
-            Some(self.kernel.count_differences(&fresh, |key| scope.owns(key)))
-        } else {
-            None
-        };
-        self.kernel = fresh;
-        self.suspect.clear();
-        self.suspect.extend(still_suspect);
-        let kernel = &self.kernel;
-        self.drains.retain(|vs, rs| {
-            kernel
-                .virtual_servers
-                .get(vs)
-                .is_some_and(|v| v.real_servers.contains_key(rs))
-        });
-
-        self.rebuild_claims(desired);
-        for key in &previously_planned {
-            if !self.claimants.contains_key(key) {
-                self.retired.entry(*key).or_insert(0);
-            }
-        }
-        self.failures
-            .retain(|service, _| desired.services.contains_key(service));
-        let held: HashSet<ServicePortName> = self
-            .failures
-            .iter()
-            .filter(|(_, failure)| failure.retry_at > now)
-            .map(|(service, _)| service.clone())
-            .collect();
-        let attempted: BTreeSet<ServicePortName> = desired
-            .services
-            .keys()
-            .filter(|service| !held.contains(*service))
-            .cloned()
-            .collect();
-
-        let policy = self.drain_policy(now);
-        let scope = self.scope(&self.kernel.bound_addresses, &previously_planned);
-        let plan = diff::diff(desired, &self.kernel, &scope, &self.drains, &policy, |s| {
-            held.contains(s)
-        });
-        self.rejections.clear();
-        for rejection in plan.rejected {
-            let key = match &rejection {
-                Rejection::Conflict { key, .. } => *key,
-            };
-            self.rejections.entry(key).or_default().push(rejection);
-        }
-        let diff = diff_started.elapsed();
-        let mut report = self
-            .apply(
-                desired,
-                plan.changes,
-                plan.bind,
-                plan.unbind,
-                &attempted,
-                now,
-                Vec::new(),
-            )
-            .await;
-        // Routes that go only now: the addresses under them were bound by the writes above.
-        self.remove_unwanted_routes(&link, &wanted_routes, &mut route_report)
-            .await;
-        self.routes_changed = false;
-        report.drift = drift;
-        report.timings.read = read;
-        report.timings.diff = diff;
-        report.writes += route_report.writes;
-        report.deletes += route_report.deletes;
-        report.failed += route_report.failed;
-        report.errors.extend(route_report.errors);
-        self.synced = true;
-        self.stats.full_syncs += 1;
-        self.stats.last_full_sync_drift = drift;
-        self.refresh_stats();
-        Ok(report)
+        let report = self.start_full_repair(desired, read, false).await?;
+        Ok(report.unwrap_or_default())
     }
 
     /// Applies the plans of the `dirty` service ports only (new, changed or removed),
@@ -888,6 +715,7 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
         }
         self.kernel = Observed::default();
         self.synced = false;
+        self.repair = None;
         self.claims.clear();
         self.claimants.clear();
         self.binders.clear();
