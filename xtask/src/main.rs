@@ -126,8 +126,14 @@ enum Command {
         #[arg(long, default_value_t = 60)]
         timeout_minutes: u64,
         /// Run `vm-bench traffic` alone and rewrite only its section of the page.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "soak_only")]
         traffic_only: bool,
+        /// Run `vm-bench soak` alone and rewrite only its section of the page.
+        #[arg(long)]
+        soak_only: bool,
+        /// How long the soak churns (with `--soak-only`), in minutes.
+        #[arg(long, default_value_t = 5.0)]
+        minutes: f64,
     },
     /// Compare the public API of ipvs-netlink and proxier-core (read from their sources)
     /// with the snapshots in `xtask/public-api/`; print the differences.
@@ -178,6 +184,8 @@ fn main() -> ExitCode {
             memory_mib,
             timeout_minutes,
             traffic_only,
+            soak_only,
+            minutes,
         } => {
             let options = bench_report::Options {
                 services,
@@ -186,6 +194,8 @@ fn main() -> ExitCode {
                 small,
                 output,
                 traffic_only,
+                soak_only,
+                minutes,
             };
             let config = vm::VmConfig {
                 timeout: Duration::from_secs(timeout_minutes.saturating_mul(60)),

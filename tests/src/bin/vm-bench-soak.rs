@@ -15,7 +15,8 @@
 //! Reports failed connections (goal 0), failed kernel ops from the daemon's metrics (goal 0),
 //! RSS after convergence and at the end, each 3 s after a full sync (goal: at most 5 %
 //! growth), and the p50/p99 of the
-//! change-to-kernel latencies.
+//! change-to-kernel latencies; the last line is a `VM-BENCH-REPORT` for
+//! `cargo xtask bench-report --soak-only`.
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
@@ -34,6 +35,8 @@ use ipvs_proxier_tests::bench::daemon::{BenchDaemon, METRICS, Source};
 use ipvs_proxier_tests::bench::latency::{Percentiles, wait_for_destination, wait_for_service};
 use ipvs_proxier_tests::bench::metrics;
 use ipvs_proxier_tests::bench::phases::{LogEvent, SYNC_WITH_ERRORS};
+use ipvs_proxier_tests::bench::report;
+use serde_json::json;
 
 /// Services whose endpoints are the pods (never churned).
 const TRAFFIC_SERVICES: usize = 10;
@@ -425,6 +428,29 @@ fn main() -> anyhow::Result<()> {
         .filter(|e| e.message().starts_with(SYNC_WITH_ERRORS))
         .count();
 
+    // Where an incremental sync's time goes: all of it, and its nftables update (`nft` run
+    // as a process when set elements change).
+    let incremental: Vec<LogEvent> = daemon
+        .syncs()
+        .into_iter()
+        .filter(|sync| sync.str("kind") == Some("Incremental"))
+        .collect();
+    let phase = |name: &str| -> Vec<Duration> {
+        incremental
+            .iter()
+            .filter_map(|sync| sync.duration(name))
+            .filter(|d| !d.is_zero())
+            .collect()
+    };
+    let (sync_total, sync_nft) = (
+        Percentiles::of(&phase("total_s")),
+        Percentiles::of(&phase("nftables_s")),
+    );
+    println!(
+        "incremental syncs: total {}; nftables update (those that ran one) {}",
+        sync_total.as_ref().map_or("none".into(), |p| p.to_string()),
+        sync_nft.as_ref().map_or("none".into(), |p| p.to_string())
+    );
     let ok = traffic.ok.load(Ordering::Relaxed);
     let failed = traffic.failed.load(Ordering::Relaxed);
     let endpoint = Percentiles::of(&endpoint_samples);
@@ -504,6 +530,31 @@ fn main() -> anyhow::Result<()> {
         service.as_ref().map_or("none".into(), |p| p.to_string()),
         met(no_wait(&service))
     );
+    let slow_count = |what: &str| slow.iter().filter(|(_, _, w)| *w == what).count();
+    report::emit(&json!({
+        "services": n,
+        "endpoints": m,
+        "minutes": a.minutes,
+        "connections": { "answered": ok, "failed": failed },
+        "kernel_ops": { "during_churn": churn_ops.values().sum::<u64>(), "failed": failed_ops },
+        "syncs": { "all": syncs, "full": full_syncs, "with_errors": error_syncs },
+        "rss_mib": { "start": rss_start, "end": rss_end, "growth": growth },
+        "endpoint_change": report::percentiles(endpoint),
+        "service_change": report::percentiles(service),
+        "incremental_sync": {
+            "total": report::percentiles(sync_total),
+            "nftables": report::percentiles(sync_nft),
+        },
+        "slow": {
+            "endpoint_change": slow_count("endpoint change"),
+            "service_change": slow_count("Service delete+add"),
+        },
+        "goals": {
+            "change_p99_ms": GOAL_CHANGE_P99.as_secs_f64() * 1e3,
+            "change_max_ms": GOAL_CHANGE_MAX.as_secs_f64() * 1e3,
+            "rss_growth": GOAL_RSS_GROWTH,
+        },
+    }));
     println!("vm-bench-soak: done");
     Ok(())
 }

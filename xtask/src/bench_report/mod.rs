@@ -1,6 +1,6 @@
 //! `cargo xtask bench-report`: runs the VM benchmarks (`vm-bench ipvs`, `vm-bench proxier`,
 //! then `vm-bench traffic`, one boot each; with `--traffic-only` the last alone, rewriting
-//! only its section), reads the machine-readable report each prints on its last line
+//! only its section; with `--soak-only` the soak alone, into its own section), reads the machine-readable report each prints on its last line
 //! (`VM-BENCH-REPORT: {json}`, see `tests/src/bench/report.rs`) from the VM's console, and
 //! writes `docs/benchmarks.md`: the command, date, sizes, kernel and host, the figures with
 //! their same-run ratios, and a fixed text on what each row measures. No number on that page
@@ -16,6 +16,8 @@ use serde_json::Value;
 
 use crate::vm::{self, VmConfig};
 use crate::workspace::Workspace;
+
+mod soak;
 
 /// What starts a benchmark's report line on the console (`tests/src/bench/report.rs`).
 pub const REPORT_MARKER: &str = "VM-BENCH-REPORT:";
@@ -35,6 +37,10 @@ pub struct Options {
     pub output: PathBuf,
     /// Run `vm-bench traffic` alone and rewrite only its section of the page.
     pub traffic_only: bool,
+    /// Run `vm-bench soak` alone and rewrite only its section of the page.
+    pub soak_only: bool,
+    /// How long the soak churns, in minutes.
+    pub minutes: f64,
 }
 
 /// Facts about the run that go into the page's header.
@@ -99,8 +105,12 @@ pub fn run(options: &Options, config: &VmConfig) -> Result<ExitCode> {
     ]
     .map(str::to_owned);
     let traffic_args = ["--services", &s, "--endpoints", &d].map(str::to_owned);
+    let minutes = options.minutes.to_string();
+    let soak_args = ["--services", &s, "--endpoints", &d, "--minutes", &minutes].map(str::to_owned);
     let runs: Vec<(&str, &[String])> = if options.traffic_only {
         vec![("traffic", &traffic_args[..])]
+    } else if options.soak_only {
+        vec![("soak", &soak_args[..])]
     } else {
         vec![
             ("ipvs", &ipvs_args[..]),
@@ -128,16 +138,35 @@ pub fn run(options: &Options, config: &VmConfig) -> Result<ExitCode> {
         }
         reports.push(extract_report(&console, name)?);
     }
-    let page = if options.traffic_only {
-        let page = std::fs::read_to_string(&output).with_context(|| {
-            format!(
-                "reading {} to rewrite its traffic section",
-                output.display()
+    let old_page = std::fs::read_to_string(&output);
+    let page = if options.traffic_only || options.soak_only {
+        let page = old_page
+            .with_context(|| format!("reading {} to rewrite one section", output.display()))?;
+        if options.traffic_only {
+            splice(
+                &page,
+                TRAFFIC_BEGIN,
+                TRAFFIC_END,
+                &traffic_section(Some(&facts), &reports[0])?,
             )
-        })?;
-        splice_traffic(&page, &traffic_section(Some(&facts), &reports[0])?)
+        } else {
+            splice(
+                &page,
+                soak::BEGIN,
+                soak::END,
+                &soak::section(&facts, &reports[0])?,
+            )
+        }
     } else {
-        render(&facts, &reports[0], &reports[1], &reports[2])?
+        let page = render(&facts, &reports[0], &reports[1], &reports[2])?;
+        // The soak's section, from its own run, stays.
+        match old_page
+            .ok()
+            .and_then(|old| section_of(&old, soak::BEGIN, soak::END).map(str::to_owned))
+        {
+            Some(soak) => splice(&page, soak::BEGIN, soak::END, &soak),
+            None => page,
+        }
     };
     if let Some(dir) = output.parent() {
         std::fs::create_dir_all(dir)?;
@@ -164,6 +193,9 @@ fn command_line(options: &Options, config: &VmConfig) -> String {
     }
     if options.traffic_only {
         command.push_str(" --traffic-only");
+    }
+    if options.soak_only {
+        let _ = write!(command, " --soak-only --minutes {}", options.minutes);
     }
     command
 }
@@ -403,16 +435,24 @@ API double, timed until the kernel holds it, first for the given time without sc
 for as long with a scraper asking every 15 s.
 ";
 
-/// `page` with its traffic section replaced by `section` (appended when it has none).
-fn splice_traffic(page: &str, section: &str) -> String {
-    match (page.find(TRAFFIC_BEGIN), page.find(TRAFFIC_END)) {
-        (Some(begin), Some(end)) if begin < end => {
-            let end = end + TRAFFIC_END.len();
-            let rest = page[end..].strip_prefix('\n').unwrap_or(&page[end..]);
-            format!("{}{section}{rest}", &page[..begin])
+/// `page` with its section between the markers `begin` and `end` replaced by `section`
+/// (which carries the markers; appended when the page has none).
+fn splice(page: &str, begin: &str, end: &str, section: &str) -> String {
+    match (page.find(begin), page.find(end)) {
+        (Some(from), Some(to)) if from < to => {
+            let to = to + end.len();
+            let rest = page[to..].strip_prefix('\n').unwrap_or(&page[to..]);
+            format!("{}{section}{rest}", &page[..from])
         }
         _ => format!("{}\n\n{section}", page.trim_end()),
     }
+}
+
+/// The section of `page` between the markers `begin` and `end`, markers included.
+fn section_of<'p>(page: &'p str, begin: &str, end: &str) -> Option<&'p str> {
+    let from = page.find(begin)?;
+    let to = page[from..].find(end)? + from + end.len();
+    Some(&page[from..to])
 }
 
 fn header(out: &mut String, facts: &Facts, ipvs: &Value, proxier: &Value) -> Result<()> {
@@ -768,9 +808,8 @@ What the rows measure:
   more than the sync's total.
 - **goals and status**: the daemon's goals, judged on this run's same-run ratios.
 
-The soak benchmark (`cargo xtask vm-bench --memory-mib 6144 soak --services 10000 --minutes
-5`: churn under traffic, RSS growth, change latency during full resyncs) is not part of this
-page.
+The soak benchmark (churn under traffic, RSS growth, change latency with full resyncs) has
+its own section below, written by its own run (`cargo xtask bench-report --soak-only`).
 
 ";
 
@@ -791,10 +830,10 @@ mod tests {
 
     /// The reports of a real run: `cargo xtask bench-report --services 300 --dests 3
     /// --changes 20 --small 50`.
-    const IPVS: &str = include_str!("testdata/ipvs-report-300x3.json");
-    const PROXIER: &str = include_str!("testdata/proxier-report-300x3.json");
+    const IPVS: &str = include_str!("../testdata/ipvs-report-300x3.json");
+    const PROXIER: &str = include_str!("../testdata/proxier-report-300x3.json");
     /// `cargo xtask vm-bench traffic --services 200 --seconds 15 --scrapes 2`.
-    const TRAFFIC: &str = include_str!("testdata/traffic-report-200x5.json");
+    const TRAFFIC: &str = include_str!("../testdata/traffic-report-200x5.json");
 
     fn facts() -> Facts {
         Facts {
@@ -869,7 +908,7 @@ mod tests {
         let mut again = facts();
         again.command = "cargo xtask bench-report --traffic-only".into();
         let newer = traffic_section(Some(&again), &traffic).unwrap();
-        let spliced = splice_traffic(&page, &newer);
+        let spliced = splice(&page, TRAFFIC_BEGIN, TRAFFIC_END, &newer);
         assert!(spliced.starts_with("# Benchmarks\n\nbefore\n"), "{spliced}");
         assert!(spliced.ends_with("\nafter\n"), "{spliced}");
         assert!(spliced.contains(
@@ -877,7 +916,7 @@ mod tests {
         ));
         assert_eq!(spliced.matches(TRAFFIC_BEGIN).count(), 1);
         // A page from before the section: it is appended.
-        let appended = splice_traffic("# Benchmarks\n\nold\n", &newer);
+        let appended = splice("# Benchmarks\n\nold\n", TRAFFIC_BEGIN, TRAFFIC_END, &newer);
         assert!(
             appended.starts_with("# Benchmarks\n\nold\n\n<!-- vm-bench traffic -->"),
             "{appended}"

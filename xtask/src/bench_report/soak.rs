@@ -1,0 +1,191 @@
+//! The soak's section of the benchmarks page: `vm-bench soak` (churn under traffic with
+//! kube-proxy's full resync every 30 s), run and written alone by
+//! `cargo xtask bench-report --soak-only`; a full `bench-report` keeps it as it is.
+
+use std::fmt::Write as _;
+
+use anyhow::Result;
+use serde_json::Value;
+
+use super::{Facts, met, num, thousands};
+
+/// Where the section starts on the page.
+pub const BEGIN: &str = "<!-- vm-bench soak -->";
+/// Where it ends.
+pub const END: &str = "<!-- /vm-bench soak -->";
+
+/// The section of one `vm-bench soak` report, `facts` being its own run's.
+pub fn section(facts: &Facts, s: &Value) -> Result<String> {
+    let mut out = String::new();
+    let _ = writeln!(out, "{BEGIN}");
+    let _ = writeln!(
+        out,
+        "## Churn under traffic, full resyncs included (`vm-bench soak`)\n"
+    );
+    let _ = writeln!(
+        out,
+        "This section alone was written by `{}`, run started {}, commit {}, guest kernel {}, {} MiB; the rest of the page comes from the runs its header and sections name.\n",
+        facts.command, facts.date, facts.commit, facts.guest_kernel, facts.memory_mib
+    );
+    let _ = writeln!(
+        out,
+        "{} ClusterIP Services × {} endpoints, kube source, a full resync every 30 s (kube-proxy's default), {} min of churn.\n",
+        thousands(num(s, "services")?),
+        num(s, "endpoints")?,
+        num(s, "minutes")?
+    );
+    let (p99_goal, max_goal) = (
+        num(s, "goals.change_p99_ms")?,
+        num(s, "goals.change_max_ms")?,
+    );
+    let latency = |key: &str, slow: &str| -> Result<(String, bool)> {
+        let (p50, p99, max) = (
+            num(s, &format!("{key}.p50_ms"))?,
+            num(s, &format!("{key}.p99_ms"))?,
+            num(s, &format!("{key}.max_ms"))?,
+        );
+        Ok((
+            format!(
+                "p50 {p50:.1} ms, p99 {p99:.1} ms, max {max:.1} ms ({} changes, {} of them 250 ms or more)",
+                num(s, &format!("{key}.count"))?,
+                num(s, &format!("slow.{slow}"))?
+            ),
+            p99 <= p99_goal && max <= max_goal,
+        ))
+    };
+    let goal = format!("p99 ≤ {p99_goal:.0} ms, max ≤ {max_goal:.0} ms");
+    let _ = writeln!(
+        out,
+        "| figure | measured | goal | status |\n|---|---|---|---|"
+    );
+    let failed = num(s, "connections.failed")?;
+    let _ = writeln!(
+        out,
+        "| connections to endpoints that stay | {} answered, {failed} failed | 0 failed | {} |",
+        thousands(num(s, "connections.answered")?),
+        met(failed == 0.0)
+    );
+    let (failed_ops, error_syncs) = (num(s, "kernel_ops.failed")?, num(s, "syncs.with_errors")?);
+    let _ = writeln!(
+        out,
+        "| failed kernel ops | {failed_ops} of {} during the churn; {error_syncs} syncs with errors | 0 | {} |",
+        thousands(num(s, "kernel_ops.during_churn")?),
+        met(failed_ops == 0.0 && error_syncs == 0.0)
+    );
+    let growth = num(s, "rss_mib.growth")?;
+    let _ = writeln!(
+        out,
+        "| RSS, converged → end (each 3 s after a full sync) | {:.1} → {:.1} MiB ({:+.1} %) | ≤ +{:.0} % | {} |",
+        num(s, "rss_mib.start")?,
+        num(s, "rss_mib.end")?,
+        growth * 100.0,
+        num(s, "goals.rss_growth")? * 100.0,
+        met(growth <= num(s, "goals.rss_growth")?)
+    );
+    let (endpoint, endpoint_met) = latency("endpoint_change", "endpoint_change")?;
+    let _ = writeln!(
+        out,
+        "| endpoint change → kernel | {endpoint} | {goal} | {} |",
+        met(endpoint_met)
+    );
+    let (service, service_met) = latency("service_change", "service_change")?;
+    let _ = writeln!(
+        out,
+        "| Service add + delete → kernel | {service} | {goal} | {} |",
+        met(service_met)
+    );
+    if s["incremental_sync"]["total"].is_object() && s["incremental_sync"]["nftables"].is_object() {
+        let p = |key: &str| -> Result<String> {
+            Ok(format!(
+                "p50 {:.1} ms, p99 {:.1} ms",
+                num(s, &format!("incremental_sync.{key}.p50_ms"))?,
+                num(s, &format!("incremental_sync.{key}.p99_ms"))?
+            ))
+        };
+        let _ = writeln!(
+            out,
+            "| an incremental sync, as the daemon times it | {}; its nftables update, when it has one: {} | | |",
+            p("total")?,
+            p("nftables")?
+        );
+    }
+    let _ = writeln!(
+        out,
+        "| syncs | {} ({} full) | | |",
+        thousands(num(s, "syncs.all")?),
+        num(s, "syncs.full")?
+    );
+    out.push_str(TEXT);
+    let _ = writeln!(out, "{END}");
+    Ok(out)
+}
+
+const TEXT: &str = "
+After the first sync, for the given minutes: one endpoint of a Service without traffic is
+replaced every 100 ms through the API double, timed until the kernel holds the new
+destination; every second a Service (with its slice) is added and the previous one deleted,
+timed until the kernel holds both changes; a client keeps connecting through the ClusterIPs of
+10 Services whose endpoints never change, and each connection must be answered by a pod. Full
+resyncs run every 30 s throughout: their kernel read runs beside the changes, and their repair
+is compared and written in slices between them. The console of the run lists every change that
+took 250 ms or more with its time, beside the daemon's full syncs.
+";
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    const SOAK: &str = include_str!("../testdata/soak-report-300x3.json");
+
+    #[test]
+    fn the_soak_section_shows_each_figure_against_its_goal() {
+        let soak: Value = serde_json::from_str(SOAK).unwrap();
+        let facts = Facts {
+            command: "cargo xtask bench-report --services 300 --dests 3 --soak-only --minutes 1"
+                .into(),
+            date: "2026-12-02 17:00 UTC".into(),
+            commit: "0123456789ab".into(),
+            guest_kernel: "6.1.0-57-cloud-amd64".into(),
+            memory_mib: 6144,
+            qemu: "QEMU".into(),
+            host: "host".into(),
+            load_at_start: "0.1".into(),
+            run_times: Vec::new(),
+        };
+        let section = section(&facts, &soak).unwrap();
+        assert!(section.starts_with(BEGIN) && section.trim_end().ends_with(END));
+        assert!(
+            section.contains("300 ClusterIP Services × 3 endpoints"),
+            "{section}"
+        );
+        assert!(
+            section.contains("| 1,234 answered, 0 failed | 0 failed | met |"),
+            "{section}"
+        );
+        // 40.0 -> 41.0 MiB is +2.5 %.
+        assert!(
+            section.contains("| 40.0 → 41.0 MiB (+2.5 %) | ≤ +5 % | met |"),
+            "{section}"
+        );
+        // The endpoint changes meet both goals; the Services' max does not.
+        assert!(
+            section.contains("p50 12.0 ms, p99 30.5 ms, max 120.0 ms (580 changes, 0 of them 250 ms or more) | p99 ≤ 50 ms, max ≤ 250 ms | met |"),
+            "{section}"
+        );
+        assert!(
+            section.contains("max 300.0 ms (58 changes, 1 of them 250 ms or more) | p99 ≤ 50 ms, max ≤ 250 ms | not met |"),
+            "{section}"
+        );
+        assert!(
+            section.contains(
+                "| failed kernel ops | 0 of 1,500 during the churn; 0 syncs with errors | 0 | met |"
+            ),
+            "{section}"
+        );
+        assert!(
+            section.contains("| p50 3.0 ms, p99 20.0 ms; its nftables update, when it has one: p50 60.0 ms, p99 90.0 ms |"),
+            "{section}"
+        );
+    }
+}
