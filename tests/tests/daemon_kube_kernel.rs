@@ -3,7 +3,8 @@
 //! programs the real kernel, and real TCP traffic from a client namespace reaches pod
 //! namespaces through a ClusterIP. Then, through the double: a second endpoint, a watch expiry
 //! (410 Gone) after a change only a relist shows, an API outage that must leave the kernel
-//! alone through a periodic full resync, a change after the outage, and a deleted Service.
+//! alone through a periodic full resync, a change after the outage, a deleted Service, and
+//! drift made with `ipvsadm` behind the daemon's back that its next full resync repairs.
 //!
 //! The oracles are `ipvsadm -Sn` and the pods' own answers. Expected `ipvsadm -Sn` lines are
 //! written from the objects in the test (kube-proxy's semantics: round robin, masquerade,
@@ -395,6 +396,43 @@ fn daemon_driven_by_the_api_double_programs_the_kernel_and_traffic_flows() {
             "{line} lost when web was deleted: {table:?}"
         );
     }
+
+    // 7. Drift behind the daemon's back, which only a periodic full resync (repaired in
+    // slices after the first) sees: a virtual server deleted, a real server's weight
+    // changed, a stray virtual server on an address of kube-ipvs0 (the daemon's), and a
+    // foreign one elsewhere (not the daemon's).
+    topo.node.sh_ok(
+        "ipvsadm -D -t 10.96.0.51:80 \
+         && ipvsadm -e -t 10.96.0.52:80 -r 10.244.1.2:8080 -m -w 5 \
+         && ipvsadm -A -t 10.96.0.52:81 -s rr \
+         && ipvsadm -A -t 192.0.2.10:80 -s rr",
+    );
+    let full_syncs_before = daemon.full_syncs();
+    topo.wait_for(
+        &daemon,
+        "the drift repaired by a full resync",
+        CONVERGE,
+        |t| {
+            let table = t.ipvs_set();
+            api_b
+                .iter()
+                .chain(&extra_a)
+                .all(|line| table.contains(line))
+                && !t.ipvsadm_save().contains("10.96.0.52:81")
+        },
+    );
+    assert!(
+        daemon.full_syncs() > full_syncs_before,
+        "repaired without a full resync?\nlog:\n{}",
+        daemon.log()
+    );
+    assert!(
+        topo.ipvsadm_save().contains("-A -t 192.0.2.10:80 -s rr"),
+        "the foreign virtual server stays:\n{}",
+        topo.ipvsadm_save()
+    );
+    topo.wait_answers(&daemon, "10.96.0.51", 80, &["pod-b"]);
+
     assert!(daemon.running(), "daemon still running at the end");
     note(&format!("whole scenario took {:?}", started.elapsed()));
 }
