@@ -177,6 +177,7 @@ where
                 address_writes_s = t.reconcile.addresses.as_secs_f64(),
                 ipvs_writes_s = t.reconcile.ipvs.as_secs_f64(),
                 nftables_s = t.netfilter.as_secs_f64(),
+                nftables_written = report.netfilter_written,
                 conntrack_s = t.conntrack.as_secs_f64(),
                 total_s = t.total.as_secs_f64(),
                 "sync done"

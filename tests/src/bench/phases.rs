@@ -53,6 +53,11 @@ impl LogEvent {
         self.fields.get(name)?.as_u64()
     }
 
+    /// A boolean field.
+    pub fn bool(&self, name: &str) -> Option<bool> {
+        self.fields.get(name)?.as_bool()
+    }
+
     /// A duration field: a number of seconds, or a `Debug`-formatted [`Duration`] (the
     /// daemon's `took = ?elapsed` fields).
     pub fn duration(&self, name: &str) -> Option<Duration> {

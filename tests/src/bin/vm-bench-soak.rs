@@ -435,16 +435,16 @@ fn main() -> anyhow::Result<()> {
         .into_iter()
         .filter(|sync| sync.str("kind") == Some("Incremental"))
         .collect();
-    let phase = |name: &str| -> Vec<Duration> {
+    let phase = |name: &str, only_nft: bool| -> Vec<Duration> {
         incremental
             .iter()
+            .filter(|sync| !only_nft || sync.bool("nftables_written") == Some(true))
             .filter_map(|sync| sync.duration(name))
-            .filter(|d| !d.is_zero())
             .collect()
     };
     let (sync_total, sync_nft) = (
-        Percentiles::of(&phase("total_s")),
-        Percentiles::of(&phase("nftables_s")),
+        Percentiles::of(&phase("total_s", false)),
+        Percentiles::of(&phase("nftables_s", true)),
     );
     println!(
         "incremental syncs: total {}; nftables update (those that ran one) {}",
