@@ -532,6 +532,7 @@ fn main() -> anyhow::Result<()> {
     );
     let slow_count = |what: &str| slow.iter().filter(|(_, _, w)| *w == what).count();
     report::emit(&json!({
+        "bench": "soak",
         "services": n,
         "endpoints": m,
         "minutes": a.minutes,

@@ -140,7 +140,12 @@ mod tests {
 
     #[test]
     fn the_soak_section_shows_each_figure_against_its_goal() {
-        let soak: Value = serde_json::from_str(SOAK).unwrap();
+        // As bench-report finds it: the last report line on the console, named `soak`.
+        let console = format!(
+            "boot\r\nVM-BENCH-REPORT: {}\r\nVM-RUN-EXIT: 0\r\n",
+            SOAK.trim()
+        );
+        let soak = super::super::extract_report(&console, "soak").unwrap();
         let facts = Facts {
             command: "cargo xtask bench-report --services 300 --dests 3 --soak-only --minutes 1"
                 .into(),
