@@ -5,7 +5,10 @@
 //! pod; an address of the range that no Service has is refused. Unsafe ranges (one holding the
 //! node's address, one over `--cluster-cidr`) → no route, the reason in the log and the
 //! refused gauge. The ServiceCIDR being deleted keeps its route; deleted → the route goes and
-//! the ClusterIP is bound again, traffic still flowing.
+//! the ClusterIP is bound again, traffic still flowing. Full resyncs are 5 minutes apart, so
+//! all of it happens through incremental syncs: when the ClusterIP was `kube-ipvs0`'s last
+//! IPv4 address, its unbinding makes the kernel drop every route through the link, and the
+//! route must be put back at once (before, it came back with the next full resync).
 //!
 //! Oracles: `ip route show table local dev kube-ipvs0`, `ip -4 addr show dev kube-ipvs0`, the
 //! pod's own answer through `socat`, the daemon's log and its metrics page.
@@ -49,13 +52,15 @@ struct Daemon {
 }
 
 impl Daemon {
+    /// Starts the daemon with its periodic full resync out of the way (5 minutes): every
+    /// change here must reach the kernel through the incremental path.
     fn start(node: &Netns, master: &str) -> Daemon {
         let log = std::env::temp_dir().join(format!("daemon-cidrs-{}.log", node.name()));
         let pid = node.sh_ok(&format!(
             "{bin} --master {master} --hostname-override node-a \
              --bind-service-cidrs=auto --ipvs-strict-arp --cluster-cidr 10.244.0.0/16 \
              --metrics-bind-address 127.0.0.1:10249 --healthz-bind-address 127.0.0.1:10256 \
-             --ipvs-sync-period 5s -v 2 >{log} 2>&1 </dev/null & echo $!",
+             --ipvs-sync-period 5m -v 2 >{log} 2>&1 </dev/null & echo $!",
             bin = proxier_bin().display(),
             log = log.display()
         ));

@@ -421,6 +421,11 @@ impl AddressBackend for MemoryAddressBackend {
         if !state.addresses.remove(&address) {
             return Err(BackendError::NotFound);
         }
+        // As the kernel: the link's last IPv4 address gone, IPv4 is disabled on it and every
+        // IPv4 route through it dropped.
+        if address.is_ipv4() && !state.addresses.iter().any(IpAddr::is_ipv4) {
+            state.routes.retain(|net| !matches!(net, IpNet::V4(_)));
+        }
         Ok(())
     }
 

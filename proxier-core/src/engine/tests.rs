@@ -956,10 +956,16 @@ fn a_service_cidr_routes_its_range_and_unbinds_the_cluster_ips_in_it_then_binds_
     assert_eq!(proxier.routed_service_cidrs(), [net]);
     assert_eq!(addresses.local_routes(), [net].into_iter().collect());
     assert!(addresses.addresses().is_empty());
-    // The route first, then the address under it goes.
+    // The route first, then the address under it goes; it was the link's last IPv4 address,
+    // whose removal drops every IPv4 route through the link (as the kernel does), so the
+    // route goes in again at once, not at the next full resync.
     assert_eq!(
         addresses.take_applied_ops(),
-        vec![AddressOp::AddRoute(net), AddressOp::Remove(ip(1))]
+        vec![
+            AddressOp::AddRoute(net),
+            AddressOp::Remove(ip(1)),
+            AddressOp::AddRoute(net)
+        ]
     );
     let v4 = proxier.netfilter_plan().v4.as_ref().unwrap();
     assert_eq!(v4.routed_service_cidrs, vec![net]);

@@ -799,6 +799,42 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
         wanted
     }
 
+    /// Adds the IPv4 Service CIDR routes through the link again after its last IPv4 address
+    /// went: the kernel then disables IPv4 on the link and drops every route through it, the
+    /// proxier's `local` routes included (traffic to the ranges would no longer be taken in
+    /// until the next full resync).
+    async fn restore_ipv4_routes(&mut self, link: &str, report: &mut ReconcileReport) {
+        let routes: Vec<IpNet> = self
+            .routed
+            .iter()
+            .filter(|net| matches!(net, IpNet::V4(_)))
+            .copied()
+            .collect();
+        for net in routes {
+            if let Some(touched) = &mut self.routes_touched_since_read {
+                touched.insert(net);
+            }
+            // Still there (a kernel that kept it, or another IPv4 address): no write.
+            match self.addresses.add_local_route(net).await {
+                Ok(()) => report.writes += 1,
+                Err(BackendError::Exists) => {}
+                Err(source) => {
+                    report.writes += 1;
+                    report.failed += 1;
+                    report.errors.push((
+                        None,
+                        ServiceSyncError::Route {
+                            net,
+                            adding: true,
+                            link: link.to_owned(),
+                            source,
+                        },
+                    ));
+                }
+            }
+        }
+    }
+
     /// Removes the routes through the link that are not `wanted` (see
     /// [`Reconciler::add_routes`]); one that cannot be removed stays in the ownership rule.
     async fn remove_unwanted_routes(
@@ -1222,6 +1258,7 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
         let mut cleanup_failed = false;
         let unbind_started = std::time::Instant::now();
         let unbound = self.addresses.remove_addresses(&unbind).await;
+        let unbinds_ipv4 = unbind.iter().any(IpAddr::is_ipv4);
         for (address, result) in unbind.into_iter().zip(unbound) {
             report.writes += 1;
             report.deletes += 1;
@@ -1246,6 +1283,9 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
                     report.errors.push((None, error));
                 }
             }
+        }
+        if unbinds_ipv4 && !self.kernel.bound_addresses.iter().any(IpAddr::is_ipv4) {
+            self.restore_ipv4_routes(&link, &mut report).await;
         }
         report.timings.addresses += unbind_started.elapsed();
 
