@@ -25,7 +25,8 @@ mod service;
 mod stats;
 
 use netlink_packet_core::{
-    DecodeError, DefaultNla, Emitable, Nla, NlaBuffer, Parseable, ParseableParametrized,
+    DecodeError, DefaultNla, Emitable, NLA_F_NET_BYTEORDER, Nla, NlaBuffer, Parseable,
+    ParseableParametrized,
 };
 use netlink_packet_generic::{GenlFamily, GenlHeader, GenlMessage};
 
@@ -254,11 +255,19 @@ fn nested_len<T: Nla>(nlas: &[T]) -> usize {
 }
 
 /// Emits a list of attributes into `buffer` (exactly [`nested_len`] bytes).
+///
+/// An attribute that carries both `NLA_F_NESTED` and `NLA_F_NET_BYTEORDER` keeps both:
+/// `netlink-packet-core` sets the nested flag from the masked type and so drops the byte
+/// order flag it set just before, which is put back here.
 fn emit_nested<T: Nla>(nlas: &[T], buffer: &mut [u8]) {
     let mut at = 0;
     for nla in nlas {
         let len = nla.buffer_len();
         nla.emit(&mut buffer[at..at + len]);
+        if nla.is_network_byteorder() {
+            let kind = u16::from_ne_bytes([buffer[at + 2], buffer[at + 3]]) | NLA_F_NET_BYTEORDER;
+            buffer[at + 2..at + 4].copy_from_slice(&kind.to_ne_bytes());
+        }
         at += len;
     }
 }

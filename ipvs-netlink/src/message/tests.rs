@@ -539,6 +539,15 @@ fn unknown_attributes_survive_a_round_trip() {
     );
     assert_eq!(m.nlas[1], IpvsAttr::TimeoutTcp(900));
     assert_eq!(m.to_bytes(), top);
+    // Unknown attributes keep their type flags, alone or together, top-level and nested.
+    for flags in ["40", "80", "c0"] {
+        let top = hex(&format!("08 00 2a {flags} 01 02 03 04"));
+        let m = IpvsMessage::parse(IPVS_CMD_NEW_SERVICE, &top).expect("parses");
+        assert_eq!(m.to_bytes(), top, "top-level type flags 0x{flags}00");
+        let nested = hex(&format!("0c 00 01 00 08 00 2a {flags} 01 02 03 04"));
+        let m = IpvsMessage::parse(IPVS_CMD_NEW_SERVICE, &nested).expect("parses");
+        assert_eq!(m.to_bytes(), nested, "nested type flags 0x{flags}00");
+    }
 }
 
 #[test]
