@@ -134,6 +134,10 @@ enum Command {
         /// How long the soak churns (with `--soak-only`), in minutes.
         #[arg(long, default_value_t = 5.0)]
         minutes: f64,
+        /// With `--soak-only`: inject faults (kill -9 and restart, API outage, 410 storm)
+        /// and write the section of the soak with faults.
+        #[arg(long, requires = "soak_only")]
+        faults: bool,
     },
     /// Compare the public API of ipvs-netlink and proxier-core (read from their sources)
     /// with the snapshots in `xtask/public-api/`; print the differences.
@@ -186,6 +190,7 @@ fn main() -> ExitCode {
             traffic_only,
             soak_only,
             minutes,
+            faults,
         } => {
             let options = bench_report::Options {
                 services,
@@ -196,6 +201,7 @@ fn main() -> ExitCode {
                 traffic_only,
                 soak_only,
                 minutes,
+                faults,
             };
             let config = vm::VmConfig {
                 timeout: Duration::from_secs(timeout_minutes.saturating_mul(60)),

@@ -2,6 +2,7 @@
 //! JSON log (`--log-format json`) in a file; waits for its syncs, reads its memory and the
 //! phase timings it logs (by event message and fields, not by target).
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -29,6 +30,8 @@ pub enum Source {
 #[derive(Debug)]
 pub struct BenchDaemon {
     child: Child,
+    /// `ip`'s arguments: `netns exec NS ipvs-proxier FLAGS...`.
+    argv: Vec<OsString>,
     log: PathBuf,
     /// When it was started.
     pub started: Instant,
@@ -45,19 +48,14 @@ impl BenchDaemon {
         sync_period: &str,
         extra: &[&str],
     ) -> anyhow::Result<BenchDaemon> {
-        let file = std::fs::File::create(log).context("daemon log")?;
-        let err = file.try_clone()?;
-        let mut command = Command::new("ip");
-        command
-            .args(["netns", "exec", ns.name()])
-            .arg(proxier_bin());
+        let mut argv: Vec<OsString> = vec!["netns".into(), "exec".into(), ns.name().into()];
+        argv.push(proxier_bin().into());
         match source {
-            Source::File(path) => command.arg("--source-file").arg(path),
-            Source::Kube(url) => command.arg("--master").arg(url),
-        };
-        let started = Instant::now();
-        let child = command
-            .args([
+            Source::File(path) => argv.extend(["--source-file".into(), path.into()]),
+            Source::Kube(url) => argv.extend(["--master".into(), url.into()]),
+        }
+        argv.extend(
+            [
                 "--hostname-override",
                 NODE,
                 "--cluster-cidr=10.244.0.0/16",
@@ -66,18 +64,37 @@ impl BenchDaemon {
                 &format!("--metrics-bind-address={METRICS}"),
                 "--healthz-bind-address=127.0.0.1:10256",
                 "--log-format=json",
-            ])
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(file)
-            .stderr(err)
-            .spawn()
-            .context("starting ipvs-proxier")?;
+            ]
+            .into_iter()
+            .chain(extra.iter().copied())
+            .map(OsString::from),
+        );
+        let file = std::fs::File::create(log).context("daemon log")?;
+        let started = Instant::now();
+        let child = spawn(&argv, file)?;
         Ok(BenchDaemon {
             child,
+            argv,
             log: log.to_owned(),
             started,
         })
+    }
+
+    /// Kills it with SIGKILL, as a crash or an OOM kill would, and starts it again with the
+    /// same arguments, its log appended to the same file (so sync counts go on).
+    pub fn restart(&mut self) -> anyhow::Result<()> {
+        self.stop();
+        let mut file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&self.log)
+            .context("daemon log")?;
+        // A line the killed daemon left half-written ends here, not in the new one's first.
+        if !self.log().is_empty() && !self.log().ends_with('\n') {
+            std::io::Write::write_all(&mut file, b"\n")?;
+        }
+        self.started = Instant::now();
+        self.child = spawn(&self.argv, file)?;
+        Ok(())
     }
 
     /// The log so far.
@@ -197,6 +214,18 @@ impl BenchDaemon {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Runs `ip argv...` (the daemon in its namespace), stdout and stderr to `log`.
+fn spawn(argv: &[OsString], log: std::fs::File) -> anyhow::Result<Child> {
+    let err = log.try_clone()?;
+    Command::new("ip")
+        .args(argv)
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(err)
+        .spawn()
+        .context("starting ipvs-proxier")
 }
 
 /// The value of a `Name:   value unit` line of a /proc file, with its spaces collapsed.

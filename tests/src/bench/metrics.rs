@@ -93,6 +93,16 @@ pub fn describe(ops: &BTreeMap<String, u64>) -> String {
     format!("{total} ({})", parts.join(", "))
 }
 
+/// Per-label `a + b`: counts of two daemon lives (before and after a restart, whose
+/// counters start again at zero).
+pub fn add(a: &BTreeMap<String, u64>, b: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
+    let mut sum = a.clone();
+    for (k, v) in b {
+        *sum.entry(k.clone()).or_default() += v;
+    }
+    sum
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -17,7 +17,19 @@
 //! growth), and the p50/p99 of the
 //! change-to-kernel latencies; the last line is a `VM-BENCH-REPORT` for
 //! `cargo xtask bench-report --soak-only`.
+//!
+//! With `--faults`, three faults land during the churn while the client goes on
+//! connecting: the daemon killed with SIGKILL mid-churn and started again (changes are
+//! made while it is down), the API server unreachable for 30 s (every request 503, watches
+//! cut) and a storm of 410 Gone (every watch expired, once a second for 15 s), changes
+//! going on through both. Each fault reports the changes made during it that never reached
+//! the kernel (goal 0), the failed connections (goal 0) and how long after its end a new
+//! change reached the kernel. Changes timed for the latency figures are the ones outside
+//! the faults. At the end, the kernel (IPVS, kube-ipvs0's addresses, the nftables ruleset)
+//! is compared with what a freshly started daemon's first full sync makes of it: any
+//! difference is a change lost or a leftover.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
@@ -48,6 +60,66 @@ const GOAL_CHANGE_P99: Duration = Duration::from_millis(50);
 const GOAL_CHANGE_MAX: Duration = Duration::from_millis(250);
 /// Changes slower than this are listed with their time, to place them among the syncs.
 const SLOW: Duration = Duration::from_millis(250);
+/// How long the API server is unreachable (`--faults`).
+const OUTAGE: Duration = Duration::from_secs(30);
+/// How long every watch is expired once a second (`--faults`).
+const GONE_STORM: Duration = Duration::from_secs(15);
+/// How long the daemon stays down after its SIGKILL, changes going on (`--faults`).
+const DOWN: Duration = Duration::from_secs(2);
+/// How long a change made during a fault may take to reach the kernel once the first
+/// change after the fault has (else it counts as lost).
+const LOST_AFTER: Duration = Duration::from_secs(60);
+
+/// A fault injected during the churn (`--faults`).
+#[derive(Debug, Clone, Copy)]
+enum Fault {
+    /// SIGKILL to the daemon, which is started again after [`DOWN`].
+    Kill,
+    /// The API server fails every request with 503 and cuts the watches for [`OUTAGE`].
+    ApiOutage,
+    /// Every watch ends with 410 Gone, the event history forgotten, once a second for
+    /// [`GONE_STORM`].
+    GoneStorm,
+}
+
+impl Fault {
+    /// When in the churn it lands, as a fraction of the churn's duration.
+    const SCHEDULE: [(f64, Fault); 3] = [
+        (0.2, Fault::Kill),
+        (0.45, Fault::ApiOutage),
+        (0.7, Fault::GoneStorm),
+    ];
+
+    fn describe(self) -> String {
+        match self {
+            Fault::Kill => format!(
+                "daemon killed (SIGKILL) mid-churn, started again {} s later",
+                DOWN.as_secs()
+            ),
+            Fault::ApiOutage => format!("API server unreachable for {} s", OUTAGE.as_secs()),
+            Fault::GoneStorm => format!(
+                "every watch ended with 410 Gone, once a second for {} s",
+                GONE_STORM.as_secs()
+            ),
+        }
+    }
+}
+
+/// What one fault did.
+#[derive(Debug)]
+struct FaultOutcome {
+    fault: Fault,
+    /// When it began, from the start of the churn.
+    at: Duration,
+    /// Endpoint changes made while it lasted.
+    changes: usize,
+    /// Of those, the ones not in the kernel [`LOST_AFTER`] after the recovery.
+    lost: usize,
+    /// From the fault's end to the first change made after it seen in the kernel.
+    recovery: Duration,
+    /// Connections that failed from its start to the end of the lost-change check.
+    failed_connections: u64,
+}
 
 /// The UTC time of day when `at` was, as `HH:MM:SS.mmm`.
 fn wall_clock(at: Instant) -> String {
@@ -70,6 +142,7 @@ struct Args {
     services: usize,
     endpoints: usize,
     minutes: f64,
+    faults: bool,
 }
 
 fn parse_args() -> anyhow::Result<Args> {
@@ -77,6 +150,7 @@ fn parse_args() -> anyhow::Result<Args> {
         services: 10_000,
         endpoints: 5,
         minutes: 5.0,
+        faults: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -85,7 +159,10 @@ fn parse_args() -> anyhow::Result<Args> {
             "--services" => a.services = value()?.parse()?,
             "--endpoints" => a.endpoints = value()?.parse()?,
             "--minutes" => a.minutes = value()?.parse()?,
-            other => bail!("unknown argument {other} (use --services N --endpoints M --minutes T)"),
+            "--faults" => a.faults = true,
+            other => bail!(
+                "unknown argument {other} (use --services N --endpoints M --minutes T [--faults])"
+            ),
         }
     }
     ensure!(
@@ -203,6 +280,217 @@ fn client_loop(
         std::thread::sleep(Duration::from_millis(20));
     }
     Ok(())
+}
+
+/// The endpoint churn: the first endpoint of one churned service replaced per step, the
+/// services in turn.
+struct EndpointChurn {
+    /// Each service's churn generation (see [`endpoints_at`]).
+    generation: Vec<usize>,
+    steps: usize,
+    m: usize,
+}
+
+impl EndpointChurn {
+    fn new(services: usize, m: usize) -> Self {
+        EndpointChurn {
+            generation: vec![0; services],
+            steps: 0,
+            m,
+        }
+    }
+
+    /// Replaces the next service's first endpoint in the API; returns the service and its
+    /// new endpoint.
+    fn step(&mut self, api: &ApiInNetns) -> (usize, Ipv4Addr) {
+        let i = TRAFFIC_SERVICES + self.steps % (self.generation.len() - TRAFFIC_SERVICES);
+        self.steps += 1;
+        self.generation[i] += 1;
+        let endpoints = endpoints_at(i, self.m, self.generation[i]);
+        api.set_endpoints(i, &endpoints);
+        (i, endpoints[0])
+    }
+}
+
+/// What a fault acts on and the recovery is checked against.
+struct Target<'a> {
+    node: &'a Netns,
+    api: &'a ApiInNetns,
+    handle: &'a IpvsHandle,
+    traffic: &'a Traffic,
+}
+
+/// Steps the churn every 100 ms for `period` without waiting for the kernel, noting each
+/// service's latest new endpoint in `pending`; returns the number of changes.
+async fn churn_unwaited(
+    period: Duration,
+    api: &ApiInNetns,
+    churn: &mut EndpointChurn,
+    pending: &mut BTreeMap<usize, Ipv4Addr>,
+) -> usize {
+    let end = Instant::now() + period;
+    let mut changes = 0;
+    while Instant::now() < end {
+        let (i, endpoint) = churn.step(api);
+        pending.insert(i, endpoint);
+        changes += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    changes
+}
+
+/// Injects `fault` while the churn goes on, then times the first change made after it to
+/// the kernel and checks that every change made during it got there. A kill adds the
+/// killed daemon's netlink op counts to `ended_lives`.
+async fn inject(
+    fault: Fault,
+    target: &Target<'_>,
+    daemon: &mut BenchDaemon,
+    ended_lives: &mut Option<BTreeMap<String, u64>>,
+    churn: &mut EndpointChurn,
+    recovery_timeout: Duration,
+) -> anyhow::Result<FaultOutcome> {
+    let failed_before = target.traffic.failed.load(Ordering::Relaxed);
+    let mut pending = BTreeMap::new();
+    let api = target.api;
+    let changes = match fault {
+        Fault::Kill => {
+            let ops = metrics::netlink_ops(&metrics::scrape(target.node, METRICS)?);
+            let so_far = ended_lives.take().unwrap_or_default();
+            *ended_lives = Some(metrics::add(&so_far, &ops));
+            daemon.stop();
+            let changes = churn_unwaited(DOWN, api, churn, &mut pending).await;
+            daemon.restart()?;
+            changes
+        }
+        Fault::ApiOutage => {
+            api.api().set_outage(true);
+            let changes = churn_unwaited(OUTAGE, api, churn, &mut pending).await;
+            api.api().set_outage(false);
+            changes
+        }
+        Fault::GoneStorm => {
+            let end = Instant::now() + GONE_STORM;
+            let mut changes = 0;
+            while Instant::now() < end {
+                api.api().expire_watches();
+                changes += churn_unwaited(Duration::from_secs(1), api, churn, &mut pending).await;
+            }
+            changes
+        }
+    };
+    let ended = Instant::now();
+    let (i, endpoint) = churn.step(api);
+    // Its service may have changed during the fault too: this change is its latest.
+    pending.remove(&i);
+    let seen = wait_for_destination(
+        target.handle,
+        &cluster::service_key(i),
+        IpAddr::V4(endpoint),
+        recovery_timeout,
+    )
+    .await
+    .with_context(|| format!("after the fault ({})", fault.describe()))?;
+    let deadline = seen + LOST_AFTER;
+    let mut lost = 0;
+    for (i, endpoint) in pending {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let key = cluster::service_key(i);
+        if wait_for_destination(target.handle, &key, IpAddr::V4(endpoint), left)
+            .await
+            .is_err()
+        {
+            println!("  lost: {endpoint} of service {i} (changed during the fault)");
+            lost += 1;
+        }
+    }
+    Ok(FaultOutcome {
+        fault,
+        at: Duration::ZERO,
+        changes,
+        lost,
+        recovery: seen - ended,
+        failed_connections: target.traffic.failed.load(Ordering::Relaxed) - failed_before,
+    })
+}
+
+/// The kernel as the daemon keeps it, one line per fact: IPVS (`ipvsadm -Sn`),
+/// kube-ipvs0's addresses and the nftables ruleset with each set element on its own line
+/// (so the order the kernel lists them in does not matter).
+fn kernel_picture(node: &Netns) -> BTreeSet<String> {
+    let mut picture: BTreeSet<String> = cluster::normalise(&node.sh_ok("ipvsadm -Sn"))
+        .into_iter()
+        .map(|line| format!("ipvs: {line}"))
+        .collect();
+    picture.extend(
+        node.sh_ok("ip -o addr show dev kube-ipvs0")
+            .lines()
+            .filter_map(|line| line.split_whitespace().nth(3))
+            .map(|address| format!("kube-ipvs0: {address}")),
+    );
+    picture.extend(nft_picture(&node.sh_ok("nft list ruleset")));
+    picture
+}
+
+/// `nft list ruleset` as lines prefixed with their table, and each set element as
+/// `TABLE set NAME: element E`.
+fn nft_picture(ruleset: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let (mut table, mut set) = (String::new(), String::new());
+    let mut elements: Option<String> = None;
+    for line in ruleset.lines().map(str::trim) {
+        let text = match elements.take() {
+            Some(mut so_far) => {
+                so_far.push(' ');
+                so_far.push_str(line);
+                so_far
+            }
+            None => match line.strip_prefix("elements = {") {
+                Some(rest) => rest.to_owned(),
+                None => {
+                    if let Some(name) = line.strip_prefix("table ") {
+                        table = name.trim_end_matches('{').trim().to_owned();
+                    } else if let Some(name) = line.strip_prefix("set ") {
+                        set = name.trim_end_matches('{').trim().to_owned();
+                    }
+                    out.insert(format!("{table}: {line}"));
+                    continue;
+                }
+            },
+        };
+        match text.strip_suffix('}') {
+            Some(all) => out.extend(
+                all.split(',')
+                    .map(str::trim)
+                    .filter(|e| !e.is_empty())
+                    .map(|e| format!("{table} set {set}: element {e}")),
+            ),
+            None => elements = Some(text),
+        }
+    }
+    out
+}
+
+/// Kills the converged daemon, starts it afresh and compares the kernel before with what
+/// its first full sync makes of it: facts only the fresh plan has (a change lost) and
+/// facts only the kernel had (a leftover). Returns the two, the fresh sync's time and the
+/// number of facts.
+fn fresh_start_check(
+    daemon: &mut BenchDaemon,
+    node: &Netns,
+    timeout: Duration,
+) -> anyhow::Result<(Vec<String>, Vec<String>, Duration, usize)> {
+    let before = kernel_picture(node);
+    let syncs = daemon.syncs().len();
+    daemon.restart()?;
+    daemon
+        .wait_sync(syncs + 1, timeout)
+        .context("the fresh daemon's first sync")?;
+    let took = daemon.started.elapsed();
+    let after = kernel_picture(node);
+    let missing = after.difference(&before).cloned().collect();
+    let leftover = before.difference(&after).cloned().collect();
+    Ok((missing, leftover, took, after.len()))
 }
 
 fn rss_mib(daemon: &BenchDaemon) -> anyhow::Result<f64> {
@@ -323,31 +611,58 @@ fn main() -> anyhow::Result<()> {
 
     // Churn.
     let duration = Duration::from_secs_f64(a.minutes * 60.0);
-    let churn_services = n - TRAFFIC_SERVICES;
-    let (endpoint_samples, service_samples, rss_samples, slow) = node.block_on(|| async {
+    let schedule: Vec<(Duration, Fault)> = if a.faults {
+        Fault::SCHEDULE
+            .iter()
+            .map(|&(at, fault)| (duration.mul_f64(at), fault))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    // The netlink op counts of the daemon lives a fault ended (a restart starts them at 0).
+    let mut ended_lives: Option<BTreeMap<String, u64>> = None;
+    let (endpoint_samples, service_samples, rss_samples, slow, outcomes) = node.block_on(|| async {
         let handle = IpvsHandle::new().await?;
         let mut endpoint_samples = Vec::new();
         let mut service_samples = Vec::new();
         let mut rss_samples = Vec::new();
         let mut slow = Vec::new();
-        let mut generation = vec![0usize; n];
+        let mut outcomes = Vec::new();
+        let mut churn = EndpointChurn::new(n, m);
         let mut ticker = tokio::time::interval(Duration::from_millis(100));
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let started = Instant::now();
         let mut tick = 0usize;
         let mut added: Option<usize> = None;
-        while started.elapsed() < duration {
+        // The churn lasts its duration, and at least until every fault has landed.
+        while started.elapsed() < duration || outcomes.len() < schedule.len() {
             ticker.tick().await;
+            if let Some(&(at, fault)) = schedule.get(outcomes.len())
+                && started.elapsed() >= at
+            {
+                println!("fault at {:.0} s: {}", started.elapsed().as_secs_f64(), fault.describe());
+                let at = started.elapsed();
+                let target = Target { node: &node, api: &api, handle: &handle, traffic: &traffic };
+                let outcome =
+                    inject(fault, &target, &mut daemon, &mut ended_lives, &mut churn, timeout)
+                        .await?;
+                println!(
+                    "  {} changes during it, {} lost; the next change reached the kernel {:.2} s after its end; {} failed connections",
+                    outcome.changes,
+                    outcome.lost,
+                    outcome.recovery.as_secs_f64(),
+                    outcome.failed_connections
+                );
+                outcomes.push(FaultOutcome { at, ..outcome });
+                continue;
+            }
             // One endpoint replaced.
-            let i = TRAFFIC_SERVICES + tick % churn_services;
-            generation[i] += 1;
-            let endpoints = endpoints_at(i, m, generation[i]);
             let t = Instant::now();
-            api.set_endpoints(i, &endpoints);
+            let (i, endpoint) = churn.step(&api);
             let seen = wait_for_destination(
                 &handle,
                 &cluster::service_key(i),
-                IpAddr::V4(endpoints[0]),
+                IpAddr::V4(endpoint),
                 Duration::from_secs(60),
             )
             .await?;
@@ -391,7 +706,7 @@ fn main() -> anyhow::Result<()> {
             }
             tick += 1;
         }
-        anyhow::Ok((endpoint_samples, service_samples, rss_samples, slow))
+        anyhow::Ok((endpoint_samples, service_samples, rss_samples, slow, outcomes))
     })?;
     stop.store(true, Ordering::Relaxed);
     match client_thread.join() {
@@ -418,8 +733,18 @@ fn main() -> anyhow::Result<()> {
         !ops_end.is_empty(),
         "the metrics at the end have no ipvs_proxier_netlink_operations_total samples"
     );
-    let churn_ops = metrics::delta(&ops_start, &ops_end);
-    let failed_ops = metrics::failed(&ops_end);
+    // Over a restart, the killed lives' counts (from the start of the churn) plus the
+    // last life's (its adoption included).
+    let (churn_ops, failed_ops) = match &ended_lives {
+        None => (
+            metrics::delta(&ops_start, &ops_end),
+            metrics::failed(&ops_end),
+        ),
+        Some(ended) => (
+            metrics::add(&metrics::delta(&ops_start, ended), &ops_end),
+            metrics::failed(ended) + metrics::failed(&ops_end),
+        ),
+    };
     let syncs = daemon.syncs().len();
     let full_syncs = daemon.syncs().iter().filter(|sync| is_full(sync)).count();
     let error_syncs = daemon
@@ -427,6 +752,30 @@ fn main() -> anyhow::Result<()> {
         .iter()
         .filter(|e| e.message().starts_with(SYNC_WITH_ERRORS))
         .count();
+    // After the faults: the kernel against a fresh daemon's first full sync.
+    let fresh = if a.faults {
+        let (missing, leftover, took, facts) = fresh_start_check(&mut daemon, &node, timeout)?;
+        println!(
+            "fresh start: first sync after {:.2} s; of its {facts} kernel facts, {} were missing before it and {} were leftovers",
+            took.as_secs_f64(),
+            missing.len(),
+            leftover.len()
+        );
+        for fact in missing.iter().take(10) {
+            println!("  missing: {fact}");
+        }
+        for fact in leftover.iter().take(10) {
+            println!("  leftover: {fact}");
+        }
+        Some(json!({
+            "facts": facts,
+            "missing": missing.len(),
+            "leftover": leftover.len(),
+            "first_sync_s": took.as_secs_f64(),
+        }))
+    } else {
+        None
+    };
 
     // Where an incremental sync's time goes: all of it, and its nftables update (`nft` run
     // as a process when set elements change).
@@ -530,8 +879,24 @@ fn main() -> anyhow::Result<()> {
         service.as_ref().map_or("none".into(), |p| p.to_string()),
         met(no_wait(&service))
     );
+    if a.faults {
+        let lost: usize = outcomes.iter().map(|o| o.lost).sum();
+        println!(
+            "| changes made during the faults that never reached the kernel | {lost} of {} | 0 | {} |",
+            outcomes.iter().map(|o| o.changes).sum::<usize>(),
+            met(lost == 0)
+        );
+        if let Some(fresh) = &fresh {
+            let differences = fresh["missing"].as_u64().unwrap_or(u64::MAX)
+                + fresh["leftover"].as_u64().unwrap_or(u64::MAX);
+            println!(
+                "| kernel at the end vs a fresh daemon's full sync | {differences} differences | 0 | {} |",
+                met(differences == 0)
+            );
+        }
+    }
     let slow_count = |what: &str| slow.iter().filter(|(_, _, w)| *w == what).count();
-    report::emit(&json!({
+    let mut report = json!({
         "bench": "soak",
         "services": n,
         "endpoints": m,
@@ -555,7 +920,69 @@ fn main() -> anyhow::Result<()> {
             "change_max_ms": GOAL_CHANGE_MAX.as_secs_f64() * 1e3,
             "rss_growth": GOAL_RSS_GROWTH,
         },
-    }));
+    });
+    if a.faults {
+        report["faults"] = json!(
+            outcomes
+                .iter()
+                .map(|o| json!({
+                    "fault": o.fault.describe(),
+                    "at_s": o.at.as_secs_f64(),
+                    "changes": o.changes,
+                    "lost": o.lost,
+                    "recovery_s": o.recovery.as_secs_f64(),
+                    "failed_connections": o.failed_connections,
+                }))
+                .collect::<Vec<_>>()
+        );
+        report["fresh_start"] = fresh.unwrap_or_default();
+    }
+    report::emit(&report);
     println!("vm-bench-soak: done");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::nft_picture;
+
+    const RULESET: &str = "table ip kube-proxy-ipvs {
+	set cluster-ips {
+		type ipv4_addr . inet_proto . inet_service
+		elements = { 10.96.0.1 . tcp . 80, 10.96.0.2 . tcp . 80,
+			     10.96.0.3 . udp . 53 }
+	}
+	set empty {
+		type ipv4_addr
+	}
+	chain prerouting {
+		ip daddr . meta l4proto . th dport @cluster-ips accept
+	}
+}
+";
+
+    #[test]
+    fn set_elements_are_facts_of_their_own_whatever_their_order() {
+        let picture = nft_picture(RULESET);
+        assert!(
+            picture.contains("ip kube-proxy-ipvs set cluster-ips: element 10.96.0.3 . udp . 53")
+        );
+        assert!(picture.contains(
+            "ip kube-proxy-ipvs: ip daddr . meta l4proto . th dport @cluster-ips accept"
+        ));
+        assert_eq!(picture.iter().filter(|f| f.contains("element")).count(), 3);
+        let reordered = RULESET.replace(
+            "{ 10.96.0.1 . tcp . 80, 10.96.0.2 . tcp . 80,\n\t\t\t     10.96.0.3 . udp . 53 }",
+            "{ 10.96.0.3 . udp . 53,\n\t\t\t     10.96.0.2 . tcp . 80, 10.96.0.1 . tcp . 80 }",
+        );
+        assert_ne!(reordered, RULESET);
+        assert_eq!(nft_picture(&reordered), picture);
+        let one_less = RULESET.replace("10.96.0.2 . tcp . 80,", "");
+        let fewer = nft_picture(&one_less);
+        let missing: Vec<_> = picture.difference(&fewer).collect();
+        assert_eq!(
+            missing,
+            ["ip kube-proxy-ipvs set cluster-ips: element 10.96.0.2 . tcp . 80"]
+        );
+    }
 }

@@ -41,6 +41,8 @@ pub struct Options {
     pub soak_only: bool,
     /// How long the soak churns, in minutes.
     pub minutes: f64,
+    /// Inject faults into the soak (`vm-bench soak --faults`); its section is its own.
+    pub faults: bool,
 }
 
 /// Facts about the run that go into the page's header.
@@ -106,7 +108,12 @@ pub fn run(options: &Options, config: &VmConfig) -> Result<ExitCode> {
     .map(str::to_owned);
     let traffic_args = ["--services", &s, "--endpoints", &d].map(str::to_owned);
     let minutes = options.minutes.to_string();
-    let soak_args = ["--services", &s, "--endpoints", &d, "--minutes", &minutes].map(str::to_owned);
+    let mut soak_args: Vec<String> = ["--services", &s, "--endpoints", &d, "--minutes", &minutes]
+        .map(str::to_owned)
+        .into();
+    if options.faults {
+        soak_args.push("--faults".to_owned());
+    }
     let runs: Vec<(&str, &[String])> = if options.traffic_only {
         vec![("traffic", &traffic_args[..])]
     } else if options.soak_only {
@@ -150,23 +157,24 @@ pub fn run(options: &Options, config: &VmConfig) -> Result<ExitCode> {
                 &traffic_section(Some(&facts), &reports[0])?,
             )
         } else {
-            splice(
-                &page,
-                soak::BEGIN,
-                soak::END,
-                &soak::section(&facts, &reports[0])?,
-            )
+            let (begin, end) = soak::markers(&reports[0]);
+            splice(&page, begin, end, &soak::section(&facts, &reports[0])?)
         }
     } else {
         let page = render(&facts, &reports[0], &reports[1], &reports[2])?;
-        // The soak's section, from its own run, stays.
-        match old_page
-            .ok()
-            .and_then(|old| section_of(&old, soak::BEGIN, soak::END).map(str::to_owned))
-        {
-            Some(soak) => splice(&page, soak::BEGIN, soak::END, &soak),
-            None => page,
-        }
+        // The soak's sections, each from its own run, stay.
+        let old_page = old_page.unwrap_or_default();
+        [
+            (soak::BEGIN, soak::END),
+            (soak::FAULTS_BEGIN, soak::FAULTS_END),
+        ]
+        .into_iter()
+        .fold(page, |page, (begin, end)| {
+            match section_of(&old_page, begin, end) {
+                Some(kept) => splice(&page, begin, end, kept),
+                None => page,
+            }
+        })
     };
     if let Some(dir) = output.parent() {
         std::fs::create_dir_all(dir)?;
@@ -196,6 +204,9 @@ fn command_line(options: &Options, config: &VmConfig) -> String {
     }
     if options.soak_only {
         let _ = write!(command, " --soak-only --minutes {}", options.minutes);
+    }
+    if options.faults {
+        command.push_str(" --faults");
     }
     command
 }
@@ -809,7 +820,9 @@ What the rows measure:
 - **goals and status**: the daemon's goals, judged on this run's same-run ratios.
 
 The soak benchmark (churn under traffic, RSS growth, change latency with full resyncs) has
-its own section below, written by its own run (`cargo xtask bench-report --soak-only`).
+its own section below, written by its own run (`cargo xtask bench-report --soak-only`), and
+so has the soak with faults (kill -9 and restart, API outage, 410 storm:
+`cargo xtask bench-report --soak-only --faults`).
 
 ";
 

@@ -1,6 +1,8 @@
-//! The soak's section of the benchmarks page: `vm-bench soak` (churn under traffic with
+//! The soak's sections of the benchmarks page: `vm-bench soak` (churn under traffic with
 //! kube-proxy's full resync every 30 s), run and written alone by
-//! `cargo xtask bench-report --soak-only`; a full `bench-report` keeps it as it is.
+//! `cargo xtask bench-report --soak-only`, and the same soak with faults (`--faults`: a
+//! kill -9 and restart, an API outage, a 410 storm) in a section of its own; a full
+//! `bench-report` keeps both as they are.
 
 use std::fmt::Write as _;
 
@@ -13,14 +15,34 @@ use super::{Facts, met, num, thousands};
 pub const BEGIN: &str = "<!-- vm-bench soak -->";
 /// Where it ends.
 pub const END: &str = "<!-- /vm-bench soak -->";
+/// Where the section of the soak with faults starts.
+pub const FAULTS_BEGIN: &str = "<!-- vm-bench soak --faults -->";
+/// Where it ends.
+pub const FAULTS_END: &str = "<!-- /vm-bench soak --faults -->";
+
+/// The markers of the section `s` belongs in: the soak's, or the soak with faults'.
+pub fn markers(s: &Value) -> (&'static str, &'static str) {
+    if s.get("faults").is_some() {
+        (FAULTS_BEGIN, FAULTS_END)
+    } else {
+        (BEGIN, END)
+    }
+}
 
 /// The section of one `vm-bench soak` report, `facts` being its own run's.
 pub fn section(facts: &Facts, s: &Value) -> Result<String> {
     let mut out = String::new();
-    let _ = writeln!(out, "{BEGIN}");
+    let (begin, end) = markers(s);
+    let faults = s.get("faults").and_then(Value::as_array);
+    let _ = writeln!(out, "{begin}");
     let _ = writeln!(
         out,
-        "## Churn under traffic, full resyncs included (`vm-bench soak`)\n"
+        "{}\n",
+        if faults.is_some() {
+            "## Restart under load: faults during the churn (`vm-bench soak --faults`)"
+        } else {
+            "## Churn under traffic, full resyncs included (`vm-bench soak`)"
+        }
     );
     let _ = writeln!(
         out,
@@ -116,8 +138,49 @@ pub fn section(facts: &Facts, s: &Value) -> Result<String> {
         num(s, "syncs.full")?
     );
     out.push_str(TEXT);
-    let _ = writeln!(out, "{END}");
+    if let Some(faults) = faults {
+        fault_table(&mut out, faults, s)?;
+    }
+    let _ = writeln!(out, "{end}");
     Ok(out)
+}
+
+/// The faults, one row each, and the fresh start's comparison.
+fn fault_table(out: &mut String, faults: &[Value], s: &Value) -> Result<()> {
+    out.push_str(FAULTS_TEXT);
+    let _ = writeln!(
+        out,
+        "\n| fault | at | endpoint changes during it | of them never in the kernel (goal 0) | next change in the kernel, after the fault's end | failed connections (goal 0) |\n|---|---|---|---|---|---|"
+    );
+    for fault in faults {
+        let lost = num(fault, "lost")?;
+        let failed = num(fault, "failed_connections")?;
+        let _ = writeln!(
+            out,
+            "| {} | {:.0} s | {} | {lost} ({}) | {:.2} s | {failed} ({}) |",
+            fault["fault"].as_str().unwrap_or("?"),
+            num(fault, "at_s")?,
+            num(fault, "changes")?,
+            met(lost == 0.0),
+            num(fault, "recovery_s")?,
+            met(failed == 0.0)
+        );
+    }
+    let differences = num(s, "fresh_start.missing")? + num(s, "fresh_start.leftover")?;
+    let _ = writeln!(
+        out,
+        "\nAt the end, the kernel against a freshly started daemon's first full sync ({:.1} s): of its {} facts (IPVS rules, kube-ipvs0 addresses, nftables rules and set elements), {} were missing and {} were leftovers — {}.",
+        num(s, "fresh_start.first_sync_s")?,
+        thousands(num(s, "fresh_start.facts")?),
+        num(s, "fresh_start.missing")?,
+        num(s, "fresh_start.leftover")?,
+        if differences == 0.0 {
+            "no change was lost (goal met)"
+        } else {
+            "goal (0) not met"
+        }
+    );
+    Ok(())
 }
 
 const TEXT: &str = "
@@ -131,12 +194,38 @@ is compared and written in slices between them. The console of the run lists eve
 took 250 ms or more with its time, beside the daemon's full syncs.
 ";
 
+const FAULTS_TEXT: &str = "
+The faults land at fixed points of the churn while the client goes on connecting: the daemon
+is killed with SIGKILL and started again 2 s later (changes go on while it is down); the API
+double fails every request with 503 and cuts the watches for 30 s; every watch is ended with
+410 Gone and the event history forgotten, once a second for 15 s. Endpoint changes go on,
+one every 100 ms, through each fault without being waited for; after it, one more change is
+timed to the kernel from the fault's end, and each change made during the fault must then
+reach the kernel within 60 s. The latency figures above are those of the changes made outside
+the faults; the connection and kernel-op figures cover the whole run, both daemon lives.
+";
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
     const SOAK: &str = include_str!("../testdata/soak-report-300x3.json");
+
+    /// The facts of a run made by `command`.
+    fn facts(command: &str) -> Facts {
+        Facts {
+            command: command.into(),
+            date: "2026-12-02 17:00 UTC".into(),
+            commit: "0123456789ab".into(),
+            guest_kernel: "6.1.0-57-cloud-amd64".into(),
+            memory_mib: 6144,
+            qemu: "QEMU".into(),
+            host: "host".into(),
+            load_at_start: "0.1".into(),
+            run_times: Vec::new(),
+        }
+    }
 
     #[test]
     fn the_soak_section_shows_each_figure_against_its_goal() {
@@ -146,18 +235,8 @@ mod tests {
             SOAK.trim()
         );
         let soak = super::super::extract_report(&console, "soak").unwrap();
-        let facts = Facts {
-            command: "cargo xtask bench-report --services 300 --dests 3 --soak-only --minutes 1"
-                .into(),
-            date: "2026-12-02 17:00 UTC".into(),
-            commit: "0123456789ab".into(),
-            guest_kernel: "6.1.0-57-cloud-amd64".into(),
-            memory_mib: 6144,
-            qemu: "QEMU".into(),
-            host: "host".into(),
-            load_at_start: "0.1".into(),
-            run_times: Vec::new(),
-        };
+        let facts =
+            facts("cargo xtask bench-report --services 300 --dests 3 --soak-only --minutes 1");
         let section = section(&facts, &soak).unwrap();
         assert!(section.starts_with(BEGIN) && section.trim_end().ends_with(END));
         assert!(
@@ -190,6 +269,39 @@ mod tests {
         );
         assert!(
             section.contains("| p50 3.0 ms, p99 20.0 ms; its nftables update, when it has one: p50 60.0 ms, p99 90.0 ms |"),
+            "{section}"
+        );
+    }
+
+    #[test]
+    fn the_soak_with_faults_has_its_own_section_with_a_row_per_fault() {
+        let report: Value =
+            serde_json::from_str(include_str!("../testdata/soak-faults-report-300x3.json"))
+                .unwrap();
+        let plain: Value = serde_json::from_str(SOAK).unwrap();
+        assert_eq!(markers(&report), (FAULTS_BEGIN, FAULTS_END));
+        assert_eq!(markers(&plain), (BEGIN, END));
+        let facts = facts("cargo xtask bench-report --soak-only --faults");
+        let section = section(&facts, &report).unwrap();
+        assert!(section.starts_with(FAULTS_BEGIN) && section.trim_end().ends_with(FAULTS_END));
+        assert!(section.contains("`vm-bench soak --faults`"), "{section}");
+        // Each fault against its goals: the outage lost 2 changes, the storm 1 connection.
+        assert!(
+            section.contains("| daemon killed (SIGKILL) mid-churn, started again 2 s later | 12 s | 20 | 0 (met) | 4.56 s | 0 (met) |"),
+            "{section}"
+        );
+        assert!(
+            section.contains(
+                "| API server unreachable for 30 s | 27 s | 300 | 2 (not met) | 15.20 s | 0 (met) |"
+            ),
+            "{section}"
+        );
+        assert!(
+            section.contains("| 150 | 0 (met) | 0.80 s | 1 (not met) |"),
+            "{section}"
+        );
+        assert!(
+            section.contains("(3.2 s): of its 2,345 facts (IPVS rules, kube-ipvs0 addresses, nftables rules and set elements), 0 were missing and 0 were leftovers — no change was lost (goal met)."),
             "{section}"
         );
     }
