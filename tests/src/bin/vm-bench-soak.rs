@@ -820,9 +820,13 @@ fn main() -> anyhow::Result<()> {
     for f in failures.lock().map(|f| f.clone()).unwrap_or_default() {
         println!("failed connection: {f}");
     }
-    // Where the slow changes fell: beside the full resyncs and the source's relists (UTC
-    // times of day, as the daemon's log writes them).
-    for (at, took, what) in slow.iter().take(20) {
+    // Where the slowest changes fell: beside the full resyncs and the source's relists
+    // (UTC times of day, as the daemon's log writes them; in time order).
+    let mut slowest: Vec<_> = slow.iter().collect();
+    slowest.sort_by_key(|(_, took, _)| std::cmp::Reverse(*took));
+    slowest.truncate(20);
+    slowest.sort_by(|a, b| a.0.cmp(&b.0));
+    for (at, took, what) in slowest {
         println!(
             "slow: {what} at {at} took {:.1} ms",
             took.as_secs_f64() * 1e3
