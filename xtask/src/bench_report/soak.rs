@@ -190,8 +190,8 @@ destination; every second a Service (with its slice) is added and the previous o
 timed until the kernel holds both changes; a client keeps connecting through the ClusterIPs of
 10 Services whose endpoints never change, and each connection must be answered by a pod. Full
 resyncs run every 30 s throughout: their kernel read runs beside the changes, and their repair
-is compared and written in slices between them. The console of the run lists every change that
-took 250 ms or more with its time, beside the daemon's full syncs.
+is compared and written in slices between them. The console of the run lists the 20 slowest
+changes of 250 ms or more with their times, beside the daemon's full syncs.
 ";
 
 const FAULTS_TEXT: &str = "
@@ -202,7 +202,11 @@ double fails every request with 503 and cuts the watches for 30 s; every watch i
 one every 100 ms, through each fault without being waited for; after it, one more change is
 timed to the kernel from the fault's end, and each change made during the fault must then
 reach the kernel within 60 s. The latency figures above are those of the changes made outside
-the faults; the connection and kernel-op figures cover the whole run, both daemon lives.
+the faults (the first ones after the restart included); the connection and kernel-op figures
+cover the whole run, both daemon lives; the RSS at the end is the restarted daemon's. After an
+outage the watches come back on kube-runtime's backoff, which is client-go's (0.8 s doubling
+to at most 30 s, jittered), so the first change after it may wait up to 30 s, as with
+kube-proxy.
 ";
 
 #[cfg(test)]
