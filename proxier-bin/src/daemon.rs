@@ -262,6 +262,8 @@ where
     O: SyncObserver<Proxier<I, A, N, C>> + OncePrinter<Proxier<I, A, N, C>>,
 {
     let once = settings.run_mode == RunMode::Once;
+    // The kernel is read while the source fetches its first picture.
+    proxier.read_ahead();
     let mut rest = None;
     let first = if once && let SourceSettings::File { path } = &settings.source {
         // One read; an unreadable file is an error rather than something to wait for.

@@ -100,6 +100,8 @@ async fn main() -> anyhow::Result<()> {
     let mut config = ProxierConfig::new(&args.node, Config::default());
     config.node_addresses_from_kernel = true;
     let mut proxier = KernelProxier::open(config, &args.link).await?;
+    // The first sync's kernel read runs while the source lists.
+    proxier.read_ahead();
 
     // Health: /healthz and /livez, and the health-check node ports of Local Services.
     let health = ProxyHealth::new(2 * SYNC_PERIOD);

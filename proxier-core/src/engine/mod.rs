@@ -275,7 +275,15 @@ pub struct Proxier<I, A, N, C> {
     /// The report of a full sync whose repair goes on in slices ([`Proxier::repair_step`]),
     /// when it started, and how long its read took.
     repairing: Option<(SyncReport, Instant, Duration)>,
+    /// The first sync's kernel read, begun ahead of it ([`Proxier::read_ahead`]); its
+    /// answer comes with the time it ended.
+    read_ahead: Option<tokio::task::JoinHandle<(KernelRead, Instant)>>,
 }
+
+/// How long before the first sync a read begun by [`Proxier::read_ahead`] may have ended:
+/// an older one is dropped and the kernel read again, so that what others changed meanwhile
+/// (kube-proxy stopping during a takeover, an operator) is not missed for long.
+pub const READ_AHEAD_MAX_AGE: Duration = Duration::from_secs(10);
 
 impl<I, A, N, C> Proxier<I, A, N, C>
 where
@@ -330,6 +338,7 @@ where
             node_addresses_refreshed_during_read: false,
             takeover: None,
             repairing: None,
+            read_ahead: None,
             config,
         })
     }
@@ -533,10 +542,52 @@ where
     /// changes while the read runs.
     pub async fn sync(&mut self, kind: SyncKind) -> Result<SyncReport, EngineError> {
         if kind == SyncKind::Full || !self.synced_once {
-            let read = self.begin_full_sync().await;
+            let read = match self.take_read_ahead().await {
+                Some(read) => read,
+                None => self.begin_full_sync().await,
+            };
             return self.finish_full_sync(read).await;
         }
         self.run_sync(None, false).await
+    }
+
+    /// Begins the first sync's kernel read now, in a task of its own (so within a Tokio
+    /// runtime), for it to run while the source fetches its first picture: at 10,000
+    /// Services both take seconds, the read mostly in the kernel and the picture mostly in
+    /// the API server. Nothing writes to the kernel before the first sync, so that sync
+    /// uses the read as its own (waiting for it if it is still going), unless it ended more
+    /// than [`READ_AHEAD_MAX_AGE`] before. Does nothing after the first sync or when a read
+    /// is already ahead.
+    pub fn read_ahead(&mut self) {
+        if self.synced_once || self.read_ahead.is_some() {
+            return;
+        }
+        let read = self.begin_full_sync();
+        self.read_ahead = Some(tokio::spawn(async move { (read.await, Instant::now()) }));
+    }
+
+    /// The read begun by [`Proxier::read_ahead`], when there is one young enough for the
+    /// first sync.
+    async fn take_read_ahead(&mut self) -> Option<KernelRead> {
+        let task = self.read_ahead.take()?;
+        if self.synced_once {
+            task.abort();
+            return None;
+        }
+        match task.await {
+            Ok((_, ended)) if ended.elapsed() > READ_AHEAD_MAX_AGE => {
+                tracing::info!(
+                    ended_ago = ?ended.elapsed(),
+                    "the kernel read begun ahead is too old; reading again"
+                );
+                None
+            }
+            Ok((read, _)) => Some(read),
+            Err(error) => {
+                tracing::warn!(%error, "the kernel read begun ahead failed; reading again");
+                None
+            }
+        }
     }
 
     /// Whether a full sync may read while incremental syncs go on: only after the first

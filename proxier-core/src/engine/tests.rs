@@ -23,7 +23,18 @@ fn ip(last: u8) -> IpAddr {
 }
 
 fn memory_proxier() -> (MemoryProxier, MemoryIpvsBackend, MemoryAddressBackend) {
-    let backends = Backends::in_memory();
+    memory_proxier_on(&MemoryIpvsBackend::new())
+}
+
+/// A proxier on `ipvs` (shared: a restart finds what the last one programmed) and fresh
+/// address and nftables backends.
+fn memory_proxier_on(
+    ipvs: &MemoryIpvsBackend,
+) -> (MemoryProxier, MemoryIpvsBackend, MemoryAddressBackend) {
+    let backends = Backends {
+        ipvs: ipvs.clone(),
+        ..Backends::in_memory()
+    };
     let ipvs = backends.ipvs.clone();
     let addresses = backends.addresses.clone();
     // Strict ARP: the generated ServiceCIDRs may be routed.
@@ -464,6 +475,48 @@ fn a_change_synced_during_a_full_resyncs_read_is_kept_and_drift_before_it_repair
         "the removed endpoint stays removed"
     );
     assert!(table.contains_key(&key(3)), "the drift is repaired");
+}
+
+/// The first sync takes the read begun ahead of it while the picture came, when that read
+/// ended at most [`READ_AHEAD_MAX_AGE`] before; an older one is dropped and the kernel read
+/// again. Which read a sync used shows in what it repairs: a virtual server deleted behind
+/// the proxier's back after the read is repaired only by a read made after the deletion.
+#[tokio::test(start_paused = true)]
+async fn the_first_sync_uses_the_read_begun_ahead_unless_it_is_too_old() {
+    let key = VirtualServerKey {
+        address: ip(1),
+        port: 80,
+        protocol: Protocol::Tcp,
+    };
+    for (wait, reads_again) in [
+        (Duration::from_secs(1), false),
+        (READ_AHEAD_MAX_AGE + Duration::from_secs(1), true),
+    ] {
+        // A kernel already holding the plan (a restart), adopted by a first sync.
+        let (mut proxier, ipvs, _) = memory_proxier();
+        add_cluster_ip_services(&mut proxier, 1);
+        proxier.sync(SyncKind::Full).await.unwrap();
+        let (mut restarted, _, _) = memory_proxier_on(&ipvs);
+        restarted.read_ahead();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let listings = ipvs.read_calls().0;
+        // After the read: the virtual server deleted behind the proxier's back; then the
+        // first picture arrives.
+        ipvs.remove_virtual_server(&key).unwrap();
+        tokio::time::sleep(wait).await;
+        add_cluster_ip_services(&mut restarted, 1);
+        restarted.sync(SyncKind::Full).await.unwrap();
+        assert_eq!(
+            ipvs.read_calls().0 - listings,
+            usize::from(reads_again),
+            "after {wait:?}: the kernel listed again only for a read too old"
+        );
+        assert_eq!(
+            ipvs.table().contains_key(&key),
+            reads_again,
+            "after {wait:?}: the deletion is seen (and repaired) only by a new read"
+        );
+    }
 }
 
 #[test]
