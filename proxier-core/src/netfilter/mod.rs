@@ -242,7 +242,9 @@ impl<B: NetfilterBackend> Netfilter<B> {
         }
         self.tracked_in_sync = false;
         self.digest = None;
+        let started = std::time::Instant::now();
         let digest = plan_digest(plan, &self.options)?;
+        let digested = started.elapsed();
         if self.replaced.is_none() && self.tables_hold(plan, digest).await {
             // A restart: the tables a previous run left already hold this plan.
             self.tracked_in_sync = true;
@@ -250,6 +252,8 @@ impl<B: NetfilterBackend> Netfilter<B> {
             self.note_replaced(plan);
             tracing::info!(
                 table = %self.options.table_name,
+                digest_took = ?digested,
+                listing_took = ?started.elapsed().saturating_sub(digested),
                 "nftables tables already hold the plan: adopted without a rewrite"
             );
             return Ok(false);

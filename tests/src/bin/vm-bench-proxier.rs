@@ -51,6 +51,9 @@ const STARTUP_EVENTS: [&str; 5] = [
     SYNC_DONE,
 ];
 
+/// The daemon's message when a restart finds its nftables tables holding its plan.
+const NFTABLES_ADOPTED: &str = "nftables tables already hold the plan: adopted without a rewrite";
+
 /// The daemon's goals at scale.
 const GOAL_START_VS_FLOOR: f64 = 1.3;
 const GOAL_START_VS_REFERENCE: f64 = 0.35;
@@ -534,6 +537,13 @@ fn run_source(
         "adopted in {:.2} s, kernel ops {adoption_ops}: {adoption_phases}",
         secs(adoption)
     );
+    for line in daemon.log().lines().filter(|line| {
+        LogEvent::parse(line).is_some_and(|e| {
+            STARTUP_EVENTS.contains(&e.message()) || e.message() == NFTABLES_ADOPTED
+        })
+    }) {
+        println!("  daemon log: {line}");
+    }
     ensure!(
         adopt_sync.u64("writes") == Some(0) && adoption_writes == 0,
         "restart adoption wrote to the kernel ({adoption_ops}): {adopt_sync}"
