@@ -57,7 +57,7 @@ use crate::model::{
 };
 use crate::netfilter::{
     MemoryNetfilterBackend, Netfilter, NetfilterBackend, NetfilterPlan, NetfilterTracker,
-    NftBackend, RenderError, RenderOptions, empty_plan,
+    NftBackend, RenderError, RenderOptions, StoredTables, empty_plan,
 };
 use crate::planner::{Planner, ServicePlan};
 use crate::reconciler::{
@@ -119,6 +119,8 @@ pub const DEFAULT_NETFILTER_FULL_SYNC_PERIOD: Duration = Duration::from_secs(360
 pub struct KernelRead {
     kernel: FullRead,
     netfilter_tables_present: bool,
+    /// At start: the nftables tables a previous run left and their digests.
+    netfilter_stored: Option<StoredTables>,
 }
 
 impl KernelRead {
@@ -131,6 +133,7 @@ impl KernelRead {
                 link: None,
             },
             netfilter_tables_present: false,
+            netfilter_stored: None,
         }
     }
 }
@@ -607,11 +610,16 @@ where
         self.node_addresses_refreshed_during_read = false;
         let kernel = self.reconciler.begin_full_sync();
         let tables = self.netfilter.check_tables();
+        // At start, what a previous run left (read beside the IPVS table, so that adopting
+        // the tables needs no listing of its own).
+        let stored = self.netfilter.read_stored();
         FullSyncRead(Box::pin(async move {
-            let (kernel, netfilter_tables_present) = futures::join!(kernel, tables);
+            let (kernel, netfilter_tables_present, netfilter_stored) =
+                futures::join!(kernel, tables, stored);
             KernelRead {
                 kernel,
                 netfilter_tables_present,
+                netfilter_stored,
             }
         }))
     }
@@ -690,7 +698,12 @@ where
             ..SyncReport::default()
         };
         let (kernel_read, tables_present) = match read {
-            Some(read) => (Some(read.kernel), read.netfilter_tables_present),
+            Some(read) => {
+                if let Some(stored) = read.netfilter_stored {
+                    self.netfilter.use_stored(stored);
+                }
+                (Some(read.kernel), read.netfilter_tables_present)
+            }
             None => (None, true),
         };
         // The table read ran before (beside incremental syncs); it is part of this sync.

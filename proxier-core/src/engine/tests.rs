@@ -23,16 +23,18 @@ fn ip(last: u8) -> IpAddr {
 }
 
 fn memory_proxier() -> (MemoryProxier, MemoryIpvsBackend, MemoryAddressBackend) {
-    memory_proxier_on(&MemoryIpvsBackend::new())
+    memory_proxier_on(&MemoryIpvsBackend::new(), MemoryNetfilterBackend::default())
 }
 
-/// A proxier on `ipvs` (shared: a restart finds what the last one programmed) and fresh
-/// address and nftables backends.
+/// A proxier on `ipvs` (shared: a restart finds what the last one programmed), the tables
+/// `netfilter` holds, and a fresh address backend.
 fn memory_proxier_on(
     ipvs: &MemoryIpvsBackend,
+    netfilter: MemoryNetfilterBackend,
 ) -> (MemoryProxier, MemoryIpvsBackend, MemoryAddressBackend) {
     let backends = Backends {
         ipvs: ipvs.clone(),
+        netfilter,
         ..Backends::in_memory()
     };
     let ipvs = backends.ipvs.clone();
@@ -496,7 +498,7 @@ async fn the_first_sync_uses_the_read_begun_ahead_unless_it_is_too_old() {
         let (mut proxier, ipvs, _) = memory_proxier();
         add_cluster_ip_services(&mut proxier, 1);
         proxier.sync(SyncKind::Full).await.unwrap();
-        let (mut restarted, _, _) = memory_proxier_on(&ipvs);
+        let (mut restarted, _, _) = memory_proxier_on(&ipvs, MemoryNetfilterBackend::default());
         restarted.read_ahead();
         tokio::time::sleep(Duration::from_millis(10)).await;
         let listings = ipvs.read_calls().0;
@@ -515,6 +517,39 @@ async fn the_first_sync_uses_the_read_begun_ahead_unless_it_is_too_old() {
             ipvs.table().contains_key(&key),
             reads_again,
             "after {wait:?}: the deletion is seen (and repaired) only by a new read"
+        );
+    }
+}
+
+/// A start judges the nftables tables a previous run left by what its full sync's read
+/// listed beside the IPVS table (so adopting them costs no listing of its own): a table
+/// deleted after that read goes unseen by the first sync (and is found by the next full
+/// resync), while a read made after the deletion finds it and rewrites the tables.
+#[tokio::test]
+async fn a_start_adopts_the_nftables_tables_as_its_read_listed_them() {
+    let (mut first, ipvs, _) = memory_proxier();
+    add_cluster_ip_services(&mut first, 2);
+    first.sync(SyncKind::Full).await.unwrap();
+    let tables = first.netfilter.backend().clone();
+    let table = "ip ipvs-proxier";
+    assert!(tables.tables.contains(table), "{:?}", tables.tables);
+    for read_before_the_deletion in [true, false] {
+        let (mut restarted, _, _) = memory_proxier_on(&ipvs, tables.clone());
+        add_cluster_ip_services(&mut restarted, 2);
+        let read = read_before_the_deletion.then(|| restarted.begin_full_sync());
+        let read = match read {
+            Some(read) => Some(read.await),
+            None => None,
+        };
+        restarted.netfilter.backend_mut().tables.remove(table);
+        let read = match read {
+            Some(read) => read,
+            None => restarted.begin_full_sync().await,
+        };
+        let report = restarted.finish_full_sync(read).await.unwrap();
+        assert_eq!(
+            report.netfilter_written, !read_before_the_deletion,
+            "read before the deletion: {read_before_the_deletion}"
         );
     }
 }

@@ -120,7 +120,7 @@ pub use render::{
 };
 pub use tracker::{NetfilterTracker, PlanChanges};
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::time::{Duration, Instant};
 
@@ -144,6 +144,18 @@ pub struct Netfilter<B> {
     /// The digest the tables hold ([`digest`]), while they hold what
     /// [`Netfilter::sync_changes`] was last given.
     digest: Option<u64>,
+    /// What a previous run left, as the first full sync's read saw it
+    /// ([`Netfilter::use_stored`]); taken by the first sync.
+    stored: Option<StoredTables>,
+}
+
+/// The proxier's tables a previous run left and the digest each holds, as
+/// [`Netfilter::read_stored`] lists them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StoredTables {
+    /// The digest in each of the proxier's tables present (`family name`); `None` when it
+    /// could not be read.
+    digests: BTreeMap<String, Option<u64>>,
 }
 
 impl<B: NetfilterBackend> Netfilter<B> {
@@ -157,7 +169,60 @@ impl<B: NetfilterBackend> Netfilter<B> {
             tracked_in_sync: false,
             replaced: None,
             digest: None,
+            stored: None,
         })
+    }
+
+    /// Lists what a previous run left (the proxier's tables and the digest each holds),
+    /// as a future that borrows nothing, so that the first full sync's read can take it
+    /// beside the IPVS table; `None` when the backend cannot look or the listing fails,
+    /// and at once after the tables were written or adopted (only a start needs it).
+    pub fn read_stored(&self) -> impl Future<Output = Option<StoredTables>> + Send + 'static {
+        let needed = self.replaced.is_none();
+        let listing = if needed {
+            self.backend.list_tables()
+        } else {
+            None
+        };
+        let sets: Vec<(String, Option<PendingSetList>)> = if needed {
+            AddressFamily::ALL
+                .into_iter()
+                .map(|family| format!("{} {}", nft_family(family), self.options.table_name))
+                .map(|table| {
+                    let set = self.backend.list_set(&table, DIGEST_SET);
+                    (table, set)
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        async move {
+            let listing = listing?;
+            let Ok(Ok(present)) = tokio::time::timeout(LISTING_TIMEOUT, listing).await else {
+                return None;
+            };
+            let mut stored = StoredTables::default();
+            for (table, set) in sets {
+                if !present.contains(&table) {
+                    continue;
+                }
+                let digest = match set {
+                    Some(set) => match tokio::time::timeout(LISTING_TIMEOUT, set).await {
+                        Ok(Ok(listing)) => parse_digest(&listing),
+                        _ => None,
+                    },
+                    None => None,
+                };
+                stored.digests.insert(table, digest);
+            }
+            Some(stored)
+        }
+    }
+
+    /// Hands the next [`Netfilter::sync_changes`] what [`Netfilter::read_stored`] listed, for
+    /// a start to judge the tables by without listing them again.
+    pub fn use_stored(&mut self, stored: StoredTables) {
+        self.stored = Some(stored);
     }
 
     /// The backend.
@@ -301,37 +366,21 @@ impl<B: NetfilterBackend> Netfilter<B> {
     /// another family), each with `digest` in its [`DIGEST_SET`]: what a previous run left
     /// when nothing changed since. Any doubt (a backend that cannot look, a listing that
     /// fails) answers `false`, and the tables are rewritten.
-    async fn tables_hold(&self, plan: &NetfilterPlan, digest: u64) -> bool {
-        let Some(listing) = self.backend.list_tables() else {
-            return false;
+    async fn tables_hold(&mut self, plan: &NetfilterPlan, digest: u64) -> bool {
+        let stored = match self.stored.take() {
+            Some(stored) => stored,
+            None => match self.read_stored().await {
+                Some(stored) => stored,
+                None => return false,
+            },
         };
-        let Ok(Ok(present)) = tokio::time::timeout(LISTING_TIMEOUT, listing).await else {
-            return false;
-        };
-        let name = |family| format!("{} {}", nft_family(family), self.options.table_name);
-        let ours: BTreeSet<String> = AddressFamily::ALL
-            .into_iter()
-            .map(name)
-            .filter(|table| present.contains(table))
-            .collect();
         let wanted: BTreeSet<String> = AddressFamily::ALL
             .into_iter()
             .filter(|family| plan.family(*family).is_some())
-            .map(name)
+            .map(|family| format!("{} {}", nft_family(family), self.options.table_name))
             .collect();
-        if ours != wanted {
-            return false;
-        }
-        for table in &wanted {
-            let Some(listing) = self.backend.list_set(table, DIGEST_SET) else {
-                return false;
-            };
-            match tokio::time::timeout(LISTING_TIMEOUT, listing).await {
-                Ok(Ok(listing)) if parse_digest(&listing) == Some(digest) => {}
-                _ => return false,
-            }
-        }
-        true
+        stored.digests.keys().eq(wanted.iter())
+            && stored.digests.values().all(|held| *held == Some(digest))
     }
 
     fn note_replaced(&mut self, plan: &NetfilterPlan) {
