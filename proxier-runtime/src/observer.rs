@@ -178,6 +178,8 @@ where
                 ipvs_writes_s = t.reconcile.ipvs.as_secs_f64(),
                 nftables_s = t.netfilter.as_secs_f64(),
                 nftables_written = report.netfilter_written,
+                nftables_pending = report.netfilter_pending,
+                nftables_update_s = report.netfilter_settled.map(|took| took.as_secs_f64()),
                 conntrack_s = t.conntrack.as_secs_f64(),
                 total_s = t.total.as_secs_f64(),
                 "sync done"

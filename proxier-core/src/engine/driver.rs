@@ -274,6 +274,28 @@ pub trait SyncObserver<P> {
 pub async fn run<I, A, N, C, O>(
     proxier: &mut Proxier<I, A, N, C>,
     config: DriverConfig,
+    commands: Commands,
+    observer: &mut O,
+    shutdown: watch::Receiver<bool>,
+) where
+    I: IpvsBackend,
+    A: AddressBackend,
+    N: NetfilterBackend,
+    C: ConntrackBackend + Send + 'static,
+    O: SyncObserver<Proxier<I, A, N, C>>,
+{
+    // Incremental syncs do not wait for their nftables update; the loop syncs its answer
+    // when it ends, and waits for the last one before it returns.
+    proxier.detach_netfilter_updates(true);
+    drive(proxier, config, commands, observer, shutdown).await;
+    proxier.detach_netfilter_updates(false);
+    proxier.finish_netfilter_update().await;
+}
+
+/// [`run`]'s loop.
+async fn drive<I, A, N, C, O>(
+    proxier: &mut Proxier<I, A, N, C>,
+    config: DriverConfig,
     mut commands: Commands,
     observer: &mut O,
     mut shutdown: watch::Receiver<bool>,
@@ -296,6 +318,8 @@ pub async fn run<I, A, N, C, O>(
     // When the full sync whose repair goes on in slices started (between slices,
     // incremental syncs run: no change waits for the whole table to be compared).
     let mut repair_started: Option<Instant> = None;
+    // An incremental sync's nftables update runs on after it; its end wakes the loop.
+    let netfilter_update_ended = proxier.netfilter_update_ended();
     loop {
         while let Ok(command) = commands.rx.try_recv() {
             handle(
@@ -311,6 +335,12 @@ pub async fn run<I, A, N, C, O>(
             repair_started =
                 start_repair(proxier, answer, &mut scheduler, observer, &commands).await;
             continue;
+        }
+        // An incremental sync's nftables update that ended: a sync takes its answer and
+        // brings in the elements that waited for it (or, after a failure, replaces the
+        // tables).
+        if proxier.netfilter_update_finished() {
+            scheduler.request_sync();
         }
         // A burst of address events is one re-read.
         if std::mem::take(&mut addresses_changed) && proxier.refresh_node_addresses().await {
@@ -373,6 +403,7 @@ pub async fn run<I, A, N, C, O>(
                 }
                 tokio::select! {
                     _ = tokio::time::sleep_until(at) => {}
+                    _ = netfilter_update_ended.notified(), if proxier.netfilter_updating() => {}
                     answer = SpawnedRead::answer(&mut full_read) => {
                         repair_started =
                             start_repair(proxier, answer, &mut scheduler, observer, &commands).await;

@@ -281,6 +281,10 @@ pub struct Proxier<I, A, N, C> {
     /// The first sync's kernel read, begun ahead of it ([`Proxier::read_ahead`]); its
     /// answer comes with the time it ended.
     read_ahead: Option<tokio::task::JoinHandle<(KernelRead, Instant)>>,
+    /// Whether incremental syncs leave their nftables update running when the backend can
+    /// apply it detached (the [`driver`] turns it on while it runs; a bare
+    /// [`Proxier::sync`] otherwise returns with the tables written).
+    detach_netfilter: bool,
 }
 
 /// How long before the first sync a read begun by [`Proxier::read_ahead`] may have ended:
@@ -342,6 +346,7 @@ where
             takeover: None,
             repairing: None,
             read_ahead: None,
+            detach_netfilter: false,
             config,
         })
     }
@@ -593,6 +598,40 @@ where
         }
     }
 
+    /// Whether an incremental sync's nftables update is still on its way to the kernel (or
+    /// ended and waits for the next sync to take its answer): the elements of later changes
+    /// wait for it, their IPVS writes do not.
+    pub fn netfilter_updating(&self) -> bool {
+        self.netfilter.updating()
+    }
+
+    /// Whether the nftables update in flight has ended (the next sync takes its answer at
+    /// once: ask for one).
+    pub fn netfilter_update_finished(&self) -> bool {
+        self.netfilter.update_finished()
+    }
+
+    /// Lets incremental syncs leave their nftables update running (`true`; the [`driver`]
+    /// does while it runs), or makes every sync return with the tables written (`false`,
+    /// the default; an update in flight is waited for by the next sync).
+    pub fn detach_netfilter_updates(&mut self, detach: bool) {
+        self.detach_netfilter = detach;
+    }
+
+    /// Waits for the nftables update in flight, if any (a failure is logged; the next sync
+    /// replaces the tables).
+    pub async fn finish_netfilter_update(&mut self) {
+        self.netfilter.settle().await;
+    }
+
+    /// Notified each time an nftables update in flight ends (a permit is kept when nobody
+    /// waits): a loop waiting for something else wakes and runs an incremental sync, which
+    /// takes the update's answer, and brings in the elements that waited for it (or, after a
+    /// failure, replaces the tables).
+    pub fn netfilter_update_ended(&self) -> std::sync::Arc<tokio::sync::Notify> {
+        self.netfilter.update_ended()
+    }
+
     /// Whether a full sync may read while incremental syncs go on: only after the first
     /// sync (before it, every sync is the first, full one).
     pub fn reads_concurrently(&self) -> bool {
@@ -730,8 +769,21 @@ where
         report.changed_ports = changed.len();
         report.timings.plan = started.elapsed();
 
+        // An incremental nftables update started by an earlier sync and still on its way:
+        // this sync's elements wait for it (the tracker keeps them), its IPVS changes do not.
+        // A full sync waits for it.
+        let settled = if kind == SyncKind::Full || self.netfilter.update_finished() {
+            self.netfilter.settle().await
+        } else {
+            None
+        };
+        // A failure was logged; this sync's update replaces the tables.
+        report.netfilter_settled = settled.and_then(Result::ok);
+        let netfilter_busy = self.netfilter.updating();
+
         // IPVS and the dummy link (netlink) and the nftables transaction (`nft`) are
-        // independent: they are written at the same time.
+        // independent: they are written at the same time. An incremental sync does not wait
+        // for its nftables update when the backend can apply it detached.
         if kind == SyncKind::Full
             && (!tables_present
                 || self
@@ -740,11 +792,12 @@ where
         {
             self.netfilter.invalidate();
         }
-        let netfilter_changes = self.netfilter_plan.take_changes();
+        let netfilter_changes = (!netfilter_busy).then(|| self.netfilter_plan.take_changes());
         let reconciler = &mut self.reconciler;
         let desired = &self.desired;
         let netfilter = &mut self.netfilter;
         let netfilter_plan = self.netfilter_plan.plan();
+        let detach = self.detach_netfilter;
         let (ipvs, (netfilter_result, netfilter_time)) = tokio::join!(
             async {
                 let started = Instant::now();
@@ -756,9 +809,13 @@ where
             },
             async {
                 let started = Instant::now();
-                let result = netfilter
-                    .sync_changes(netfilter_plan, &netfilter_changes)
-                    .await;
+                let result = match &netfilter_changes {
+                    None => Ok(false),
+                    Some(changes) if kind == SyncKind::Incremental && detach => {
+                        netfilter.start_changes(netfilter_plan, changes).await
+                    }
+                    Some(changes) => netfilter.sync_changes(netfilter_plan, changes).await,
+                };
                 (result, started.elapsed())
             }
         );
@@ -776,6 +833,7 @@ where
             }
         }
         report.timings.netfilter = netfilter_time;
+        report.netfilter_pending = self.netfilter.updating();
 
         // Only with our own table in place: kube-proxy's rules go after ours are there.
         if kind == SyncKind::Full

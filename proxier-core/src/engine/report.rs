@@ -74,6 +74,13 @@ pub struct SyncReport {
     pub netfilter_written: bool,
     /// Why the nftables tables could not be written (the next sync replaces them).
     pub netfilter_error: Option<String>,
+    /// Whether an incremental nftables update runs on after this sync (started by it, or by
+    /// an earlier sync that this one's elements wait for): the backend applies it detached,
+    /// and a later sync or the driver takes its answer.
+    pub netfilter_pending: bool,
+    /// How long the incremental nftables update an earlier sync started took, when this sync
+    /// found it ended (a failed one is logged, and this sync replaced the tables).
+    pub netfilter_settled: Option<Duration>,
     /// UDP conntrack entries deleted.
     pub conntrack_deleted: usize,
     /// Whether a health check appeared, went or changed its count.
@@ -104,10 +111,16 @@ impl fmt::Display for SyncReport {
             self.ipvs.writes,
             self.ipvs.deletes,
             self.ipvs.failed,
-            match (&self.netfilter_error, self.netfilter_written) {
-                (Some(_), _) => "failed",
-                (None, true) => "written",
-                (None, false) => "unchanged",
+            match (
+                &self.netfilter_error,
+                self.netfilter_written,
+                self.netfilter_pending
+            ) {
+                (Some(_), _, _) => "failed",
+                (None, true, true) => "being written",
+                (None, true, false) => "written",
+                (None, false, true) => "waiting for an update in flight",
+                (None, false, false) => "unchanged",
             },
             self.conntrack_deleted
         )?;

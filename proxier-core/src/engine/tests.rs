@@ -94,6 +94,18 @@ fn service_name(id: u8) -> ServiceName {
 }
 
 impl ServiceSpec {
+    /// Service `id`, a TCP ClusterIP 10.96.0.(id + 1):80 with nothing else.
+    fn cluster_ip(id: u8) -> ServiceSpec {
+        ServiceSpec {
+            id,
+            vip: id + 1,
+            udp: false,
+            node_port: None,
+            local: false,
+            external_ip: None,
+        }
+    }
+
     fn model(&self) -> Service {
         let protocol = if self.udp {
             Protocol::Udp
@@ -408,15 +420,7 @@ proptest! {
 /// endpoint (10.244.0.1:8080).
 fn add_cluster_ip_services(proxier: &mut MemoryProxier, n: u8) {
     for id in 0..n {
-        let service = ServiceSpec {
-            id,
-            vip: id + 1,
-            udp: false,
-            node_port: None,
-            local: false,
-            external_ip: None,
-        };
-        proxier.apply(Change::UpsertService(service.model()));
+        proxier.apply(Change::UpsertService(ServiceSpec::cluster_ip(id).model()));
         let slice = SliceSpec {
             service: id,
             slice: 0,
@@ -711,15 +715,7 @@ fn an_incremental_sync_touches_only_the_changed_service() {
     let ipvs = backends.ipvs.clone();
     let mut proxier = Proxier::new(ProxierConfig::new(NODE, Config::default()), backends).unwrap();
     for id in 0..50u8 {
-        let spec = ServiceSpec {
-            id,
-            vip: id + 1,
-            udp: false,
-            node_port: None,
-            local: false,
-            external_ip: None,
-        };
-        proxier.apply(Change::UpsertService(spec.model()));
+        proxier.apply(Change::UpsertService(ServiceSpec::cluster_ip(id).model()));
     }
     rt.block_on(proxier.sync(SyncKind::Full)).unwrap();
     ipvs.take_applied_ops();
@@ -1177,4 +1173,207 @@ fn without_strict_arp_no_range_is_routed() {
         proxier.refused_service_cidrs()[0].reason,
         RouteRefusal::StrictArpOff
     );
+}
+
+/// Records scripts as [`MemoryNetfilterBackend`] does, and applies them detached too: each
+/// detached update waits for a permit of `gate` (closed at first) and fails while `fail` is
+/// set.
+#[derive(Debug, Clone)]
+struct DetachedNetfilter {
+    tables: Arc<tokio::sync::Mutex<MemoryNetfilterBackend>>,
+    gate: Arc<tokio::sync::Semaphore>,
+    fail: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl DetachedNetfilter {
+    fn new() -> Self {
+        DetachedNetfilter {
+            tables: Arc::default(),
+            gate: Arc::new(tokio::sync::Semaphore::new(0)),
+            fail: Arc::default(),
+        }
+    }
+
+    async fn scripts(&self) -> Vec<String> {
+        self.tables.lock().await.scripts.clone()
+    }
+}
+
+impl netfilter::NetfilterBackend for DetachedNetfilter {
+    async fn apply(&mut self, script: &str) -> Result<(), netfilter::NetfilterError> {
+        self.tables.lock().await.apply(script).await
+    }
+
+    fn apply_detached(&self, script: String) -> Option<netfilter::PendingApply> {
+        let (tables, gate, fail) = (self.tables.clone(), self.gate.clone(), self.fail.clone());
+        Some(Box::pin(async move {
+            gate.acquire().await.unwrap().forget();
+            let mut tables = tables.lock().await;
+            if fail.load(std::sync::atomic::Ordering::SeqCst) {
+                tables.fail_next = Some("refused".to_owned());
+            }
+            tables.apply(&script).await
+        }))
+    }
+}
+
+type DetachedProxier =
+    Proxier<MemoryIpvsBackend, MemoryAddressBackend, DetachedNetfilter, MemoryConntrack>;
+
+/// A proxier on a [`DetachedNetfilter`] (its gate closed) and in-memory backends.
+fn detached_proxier() -> (DetachedProxier, DetachedNetfilter, MemoryIpvsBackend) {
+    let nft = DetachedNetfilter::new();
+    let ipvs = MemoryIpvsBackend::new();
+    let backends = Backends {
+        ipvs: ipvs.clone(),
+        addresses: MemoryAddressBackend::new(),
+        netfilter: nft.clone(),
+        conntrack: MemoryConntrack::default(),
+    };
+    let config = ProxierConfig::new(NODE, Config::default());
+    (Proxier::new(config, backends).unwrap(), nft, ipvs)
+}
+
+/// Until the nftables update in flight has ended.
+async fn update_ended(proxier: &DetachedProxier) {
+    let ended = proxier.netfilter_update_ended();
+    while !proxier.netfilter_update_finished() {
+        ended.notified().await;
+    }
+}
+
+#[tokio::test]
+async fn an_incremental_sync_does_not_wait_for_its_nftables_update_and_later_elements_wait_for_it()
+{
+    let (mut proxier, nft, ipvs) = detached_proxier();
+    proxier.detach_netfilter_updates(true);
+    proxier.apply(Change::UpsertService(web(1)));
+    // The first sync replaces the tables within the sync, detached or not.
+    let first = proxier.sync(SyncKind::Full).await.unwrap();
+    assert!(first.netfilter_written && !first.netfilter_pending);
+    assert_eq!(nft.scripts().await.len(), 1);
+    let holds = |vip: u8| ipvs.table().keys().any(|key| key.address == ip(vip));
+
+    // A new Service: its virtual server is written while its elements are on their way.
+    let second = ServiceSpec::cluster_ip(1);
+    proxier.apply(Change::UpsertService(second.model()));
+    let report = proxier.sync(SyncKind::Incremental).await.unwrap();
+    assert!(report.is_complete());
+    assert!(report.netfilter_written && report.netfilter_pending);
+    assert!(holds(2), "IPVS did not wait for nft");
+    assert_eq!(nft.scripts().await.len(), 1, "the update waits at the gate");
+    assert!(proxier.netfilter_updating());
+
+    // Another while the first update is in flight: IPVS again at once, its elements kept.
+    let third = ServiceSpec::cluster_ip(2);
+    proxier.apply(Change::UpsertService(third.model()));
+    let report = proxier.sync(SyncKind::Incremental).await.unwrap();
+    assert!(holds(3));
+    assert!(!report.netfilter_written && report.netfilter_pending);
+
+    // The first update ends; the next sync takes its answer and starts the one the third
+    // Service's elements waited for.
+    nft.gate.add_permits(1);
+    update_ended(&proxier).await;
+    let scripts = nft.scripts().await;
+    assert_eq!(scripts.len(), 2);
+    assert!(scripts[1].contains("10.96.0.2 . tcp . 80") && !scripts[1].contains("10.96.0.3"));
+    let report = proxier.sync(SyncKind::Incremental).await.unwrap();
+    assert!(report.netfilter_settled.is_some());
+    assert!(report.netfilter_written && report.netfilter_pending);
+    nft.gate.add_permits(1);
+    update_ended(&proxier).await;
+    let report = proxier.sync(SyncKind::Incremental).await.unwrap();
+    assert!(report.netfilter_settled.is_some() && !report.netfilter_written);
+    assert!(!proxier.netfilter_updating(), "nothing waited");
+    let scripts = nft.scripts().await;
+    assert!(scripts[2].contains("10.96.0.3 . tcp . 80") && !scripts[2].contains("10.96.0.2"));
+    // The digest the tables carry, kept over detached updates, is the whole plan's.
+    let whole =
+        netfilter::plan_digest(proxier.netfilter_plan(), proxier.netfilter.options()).unwrap();
+    assert_eq!(proxier.netfilter.digest(), Some(whole));
+
+    // A detached update that fails: the next sync replaces the tables whole (within it).
+    nft.fail.store(true, std::sync::atomic::Ordering::SeqCst);
+    proxier.apply(Change::DeleteService(third.model().name));
+    let report = proxier.sync(SyncKind::Incremental).await.unwrap();
+    assert!(!holds(3));
+    assert!(report.netfilter_pending);
+    nft.gate.add_permits(1);
+    update_ended(&proxier).await;
+    nft.fail.store(false, std::sync::atomic::Ordering::SeqCst);
+    let report = proxier.sync(SyncKind::Incremental).await.unwrap();
+    assert!(report.netfilter_settled.is_none(), "it failed");
+    assert!(report.is_complete() && report.netfilter_written && !report.netfilter_pending);
+    let scripts = nft.scripts().await;
+    assert!(
+        scripts.last().unwrap().contains("table ip ipvs-proxier {"),
+        "replaced whole"
+    );
+    assert_eq!(
+        proxier.netfilter.digest(),
+        Some(
+            netfilter::plan_digest(proxier.netfilter_plan(), proxier.netfilter.options()).unwrap()
+        )
+    );
+}
+
+/// Waits (at most 10 s, else panics) until `done`.
+async fn wait_for(what: &str, done: impl Fn() -> bool) {
+    let waited = tokio::time::timeout(Duration::from_secs(10), async {
+        while !done() {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    });
+    assert!(waited.await.is_ok(), "not within 10 s: {what}");
+}
+
+/// Counts the syncs of a [`DetachedProxier`].
+#[derive(Default)]
+struct CountingDetached(usize);
+
+impl driver::SyncObserver<DetachedProxier> for CountingDetached {
+    fn synced(&mut self, _: &DetachedProxier, _: &driver::SyncOutcome<'_>) {
+        self.0 += 1;
+    }
+}
+
+#[tokio::test]
+async fn the_driver_syncs_the_elements_that_waited_as_soon_as_the_update_in_flight_ends() {
+    let (mut proxier, nft, ipvs) = detached_proxier();
+    proxier.apply(Change::UpsertService(web(1)));
+    let (handle, commands) = ProxierHandle::new();
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let spec = ServiceSpec::cluster_ip;
+    let (tables, gate) = (nft.clone(), nft.gate.clone());
+    let holds = move |vip: u8| ipvs.table().keys().any(|key| key.address == ip(vip));
+    let scripts = move |n: usize| {
+        tables
+            .tables
+            .try_lock()
+            .is_ok_and(|tables| tables.scripts.len() >= n)
+    };
+    let steps = tokio::spawn(async move {
+        wait_for("the first sync's replace", || scripts(1)).await;
+        handle.apply(vec![Change::UpsertService(spec(1).model())]);
+        wait_for("the second Service in IPVS", || holds(2)).await;
+        // Its update is at the gate; the next change's IPVS part does not wait for it.
+        handle.apply(vec![Change::UpsertService(spec(2).model())]);
+        wait_for("the third Service in IPVS", || holds(3)).await;
+        gate.add_permits(1);
+        wait_for("the second Service's elements", || scripts(2)).await;
+        // No new change: the update's end alone brings the third Service's elements.
+        gate.add_permits(1);
+        wait_for("the third Service's elements", || scripts(3)).await;
+        let _ = stop.send(true);
+        handle
+    });
+    let mut counting = CountingDetached::default();
+    // Full resyncs an hour apart: only the driver's wake-up can sync what waited.
+    let timing = DriverConfig::new(Duration::from_secs(3600), Duration::ZERO, 2);
+    driver::run(&mut proxier, timing, commands, &mut counting, stopped).await;
+    let _handle = steps.await.unwrap();
+    let scripts = nft.scripts().await;
+    assert!(scripts[1].contains("10.96.0.2 . tcp . 80") && !scripts[1].contains("10.96.0.3"));
+    assert!(scripts[2].contains("10.96.0.3 . tcp . 80"));
 }

@@ -56,10 +56,24 @@ pub type PendingTableList =
 pub type PendingSetList =
     Pin<Box<dyn Future<Output = Result<String, NetfilterError>> + Send + 'static>>;
 
+/// A script being applied by [`NetfilterBackend::apply_detached`], as a future that borrows
+/// nothing of its backend.
+pub type PendingApply = Pin<Box<dyn Future<Output = Result<(), NetfilterError>> + Send + 'static>>;
+
 /// Applies nft scripts, each as one transaction.
 pub trait NetfilterBackend: Send {
     /// Applies `script` atomically: all of it or none.
     fn apply(&mut self, script: &str) -> impl Future<Output = Result<(), NetfilterError>> + Send;
+
+    /// Starts applying `script` as [`NetfilterBackend::apply`] does, and returns a future
+    /// that borrows nothing of the backend and ends when the kernel took it (or refused it),
+    /// so that an incremental update runs on while the next sync goes on. Whatever depends on
+    /// the calling thread (its network namespace) is settled before this returns. `None`
+    /// (the default): this backend cannot, and updates are applied within the sync.
+    fn apply_detached(&self, script: String) -> Option<PendingApply> {
+        let _ = script;
+        None
+    }
 
     /// Lists the tables present (not their contents: cheap at any size), without borrowing
     /// the backend, so a full resync can check that its tables are still there while
@@ -113,35 +127,17 @@ impl NftBackend {
 
 impl NetfilterBackend for NftBackend {
     async fn apply(&mut self, script: &str) -> Result<(), NetfilterError> {
-        let mut child = tokio::process::Command::new(&self.nft)
-            .args(["-f", "-"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|source| NetfilterError::Spawn {
-                nft: self.nft.clone(),
-                source,
-            })?;
-        let io_error = |source| NetfilterError::Io {
-            nft: self.nft.clone(),
-            source,
-        };
-        if let Some(mut stdin) = child.stdin.take() {
-            stdin.write_all(script.as_bytes()).await.map_err(io_error)?;
-            stdin.shutdown().await.map_err(io_error)?;
-        }
-        let output = child.wait_with_output().await.map_err(io_error)?;
-        if output.status.success() {
-            Ok(())
-        } else {
-            Err(NetfilterError::Rejected {
-                nft: self.nft.clone(),
-                status: output.status,
-                stderr: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
-            })
-        }
+        let child = self.spawn_apply()?;
+        finish_apply(self.nft.clone(), child, script).await
+    }
+
+    fn apply_detached(&self, script: String) -> Option<PendingApply> {
+        // The child starts here, in the calling thread's network namespace; only the
+        // writing of the script and the wait run in the future.
+        Some(match self.spawn_apply() {
+            Ok(child) => Box::pin(finish_apply(self.nft.clone(), child, script)),
+            Err(error) => Box::pin(std::future::ready(Err(error))),
+        })
     }
 
     fn list_tables(&self) -> Option<PendingTableList> {
@@ -156,6 +152,51 @@ impl NetfilterBackend for NftBackend {
         what.extend(table.split_whitespace().map(str::to_owned));
         what.push(set.to_owned());
         Some(Box::pin(nft_list(self.nft.clone(), what)))
+    }
+}
+
+impl NftBackend {
+    /// Starts `nft -f -`, reading the script from its standard input.
+    fn spawn_apply(&self) -> Result<tokio::process::Child, NetfilterError> {
+        tokio::process::Command::new(&self.nft)
+            .args(["-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|source| NetfilterError::Spawn {
+                nft: self.nft.clone(),
+                source,
+            })
+    }
+}
+
+/// Feeds `script` to an `nft -f -` started by [`NftBackend::spawn_apply`] and waits for its
+/// answer. The process is killed when the future is dropped before it ended (nothing of
+/// the transaction is applied unless the kernel already committed it whole).
+async fn finish_apply(
+    nft: PathBuf,
+    mut child: tokio::process::Child,
+    script: impl AsRef<[u8]>,
+) -> Result<(), NetfilterError> {
+    let io_error = |source| NetfilterError::Io {
+        nft: nft.clone(),
+        source,
+    };
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin.write_all(script.as_ref()).await.map_err(io_error)?;
+        stdin.shutdown().await.map_err(io_error)?;
+    }
+    let output = child.wait_with_output().await.map_err(io_error)?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(NetfilterError::Rejected {
+            nft,
+            status: output.status,
+            stderr: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
+        })
     }
 }
 

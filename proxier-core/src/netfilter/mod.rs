@@ -11,7 +11,9 @@
 //! - [`apply::NetfilterBackend`] (I/O): hands the script to the kernel ([`NftBackend`] runs
 //!   the `nft` binary; [`MemoryNetfilterBackend`] records scripts).
 //!
-//! [`Netfilter`] ties them together and skips no-op syncs. At start it adopts tables that
+//! [`Netfilter`] ties them together and skips no-op syncs. An incremental update may run
+//! detached ([`Netfilter::start_changes`]) while the caller goes on writing IPVS; the next
+//! update waits for it ([`Netfilter::settle`]). At start it adopts tables that
 //! already hold its plan (a restart with nothing changed) instead of rewriting them: each
 //! table carries a digest of its contents ([`digest`]), kept current by every update.
 //!
@@ -106,8 +108,8 @@ pub mod render;
 pub mod tracker;
 
 pub use apply::{
-    MemoryNetfilterBackend, NetfilterBackend, NetfilterError, NftBackend, PendingSetList,
-    PendingTableList, parse_table_list,
+    MemoryNetfilterBackend, NetfilterBackend, NetfilterError, NftBackend, PendingApply,
+    PendingSetList, PendingTableList, parse_table_list,
 };
 pub use digest::{changed_digest, parse_digest, plan_digest, render_digest};
 pub use plan::{
@@ -147,6 +149,21 @@ pub struct Netfilter<B> {
     /// What a previous run left, as the first full sync's read saw it
     /// ([`Netfilter::use_stored`]); taken by the first sync.
     stored: Option<StoredTables>,
+    /// An incremental update handed to the kernel without waiting
+    /// ([`Netfilter::start_changes`]), until [`Netfilter::settle`] takes its answer.
+    in_flight: Option<InFlight>,
+    /// Woken when an update in flight ends (see [`Netfilter::update_ended`]).
+    update_ended: std::sync::Arc<tokio::sync::Notify>,
+}
+
+/// An incremental update on its way to the kernel.
+#[derive(Debug)]
+struct InFlight {
+    /// Its answer and when it came.
+    task: tokio::task::JoinHandle<(Result<(), NetfilterError>, Instant)>,
+    /// The digest the tables hold once it is applied.
+    digest: Option<u64>,
+    started: Instant,
 }
 
 /// The proxier's tables a previous run left and the digest each holds, as
@@ -170,6 +187,8 @@ impl<B: NetfilterBackend> Netfilter<B> {
             replaced: None,
             digest: None,
             stored: None,
+            in_flight: None,
+            update_ended: std::sync::Arc::default(),
         })
     }
 
@@ -249,6 +268,7 @@ impl<B: NetfilterBackend> Netfilter<B> {
     /// Returns `false` without touching the kernel when `plan` equals the last plan applied
     /// (call [`Netfilter::invalidate`] to force a full replace, e.g. on the periodic resync).
     pub async fn sync(&mut self, plan: &NetfilterPlan) -> Result<bool, NetfilterError> {
+        self.settle().await;
         self.tracked_in_sync = false;
         if self.last_applied.as_ref() == Some(plan) {
             return Ok(false);
@@ -283,6 +303,8 @@ impl<B: NetfilterBackend> Netfilter<B> {
         plan: &NetfilterPlan,
         changes: &PlanChanges,
     ) -> Result<bool, NetfilterError> {
+        // In order: after any update in flight (its failure makes this a replace).
+        self.settle().await;
         self.last_applied = None;
         if self.tracked_in_sync {
             if changes.is_empty() {
@@ -336,6 +358,104 @@ impl<B: NetfilterBackend> Netfilter<B> {
             "nftables tables replaced"
         );
         Ok(true)
+    }
+
+    /// As [`Netfilter::sync_changes`], but an incremental update (the tables already hold
+    /// what the last call gave, and `changes` is not empty) is only started when the backend
+    /// can apply it detached ([`NetfilterBackend::apply_detached`]): it runs on its own
+    /// while the caller goes on (an IPVS change does not wait for `nft`), and
+    /// [`Netfilter::settle`] takes its answer. Call it only when nothing is in flight
+    /// ([`Netfilter::updating`]). Returns whether the kernel was (or is being) written.
+    pub async fn start_changes(
+        &mut self,
+        plan: &NetfilterPlan,
+        changes: &PlanChanges,
+    ) -> Result<bool, NetfilterError> {
+        debug_assert!(self.in_flight.is_none(), "an nftables update is in flight");
+        if self.tracked_in_sync && !changes.is_empty() && self.in_flight.is_none() {
+            let mut script = render_update(&changes.removed, &changes.added, &self.options)?;
+            let digest = self.digest.map(|digest| changed_digest(digest, changes));
+            if let Some(digest) = digest {
+                script.push_str(&render_digest(plan, &self.options, digest));
+            }
+            if let Some(pending) = self.backend.apply_detached(script) {
+                let ended = std::sync::Arc::clone(&self.update_ended);
+                let task = tokio::spawn(async move {
+                    let result = pending.await;
+                    ended.notify_one();
+                    (result, Instant::now())
+                });
+                // Until it is settled, the tables hold either digest.
+                self.digest = None;
+                self.in_flight = Some(InFlight {
+                    task,
+                    digest,
+                    started: Instant::now(),
+                });
+                return Ok(true);
+            }
+        }
+        self.sync_changes(plan, changes).await
+    }
+
+    /// Whether an update started by [`Netfilter::start_changes`] has not been settled yet.
+    pub fn updating(&self) -> bool {
+        self.in_flight.is_some()
+    }
+
+    /// Whether an update in flight has ended and waits for [`Netfilter::settle`].
+    pub fn update_finished(&self) -> bool {
+        self.in_flight
+            .as_ref()
+            .is_some_and(|in_flight| in_flight.task.is_finished())
+    }
+
+    /// Notified each time an update in flight ends (a permit is kept when nobody waits),
+    /// for a loop to call [`Netfilter::settle`] then; cheap to clone.
+    pub fn update_ended(&self) -> std::sync::Arc<tokio::sync::Notify> {
+        std::sync::Arc::clone(&self.update_ended)
+    }
+
+    /// Waits for the update in flight, if any, and takes its answer: after a success the
+    /// tables hold what [`Netfilter::start_changes`] was given; after a failure (logged) the
+    /// next [`Netfilter::sync_changes`] or [`Netfilter::start_changes`] replaces the tables
+    /// whole, as a failed update within a sync does. Returns how long the update took, or
+    /// why it failed; `None` when nothing was in flight.
+    pub async fn settle(&mut self) -> Option<Result<Duration, NetfilterError>> {
+        let in_flight = self.in_flight.take()?;
+        let (result, ended) = match in_flight.task.await {
+            Ok(answer) => answer,
+            Err(error) => (
+                Err(NetfilterError::Io {
+                    nft: "nft".into(),
+                    source: std::io::Error::other(format!("the update task failed: {error}")),
+                }),
+                Instant::now(),
+            ),
+        };
+        let took = ended.saturating_duration_since(in_flight.started);
+        match result {
+            Ok(()) => {
+                if self.tracked_in_sync {
+                    self.digest = in_flight.digest;
+                }
+                tracing::debug!(
+                    table = %self.options.table_name,
+                    ?took,
+                    "nftables set elements updated (detached)"
+                );
+                Some(Ok(took))
+            }
+            Err(error) => {
+                tracing::warn!(
+                    table = %self.options.table_name,
+                    "incremental nftables update failed, the next sync replaces the tables: {error}"
+                );
+                self.tracked_in_sync = false;
+                self.digest = None;
+                Some(Err(error))
+            }
+        }
     }
 
     fn applied(&mut self, plan: &NetfilterPlan, how: &'static str) {
@@ -446,6 +566,7 @@ impl<B: NetfilterBackend> Netfilter<B> {
 
     /// Removes the proxier's tables of both families completely (`--cleanup`).
     pub async fn cleanup(&mut self) -> Result<(), NetfilterError> {
+        self.settle().await;
         let script = render_cleanup(&self.options.table_name)?;
         self.last_applied = None;
         self.tracked_in_sync = false;

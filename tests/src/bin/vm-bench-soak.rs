@@ -778,23 +778,30 @@ fn main() -> anyhow::Result<()> {
     };
 
     // Where an incremental sync's time goes: all of it, and its nftables update (`nft` run
-    // as a process when set elements change).
+    // as a process when set elements change). An update applied detached (the sync did not
+    // wait for it) is timed by the sync that took its answer (`nftables_update_s`); one
+    // applied within the sync (a replace) by that sync's `nftables_s`.
     let incremental: Vec<LogEvent> = daemon
         .syncs()
         .into_iter()
         .filter(|sync| sync.str("kind") == Some("Incremental"))
         .collect();
-    let phase = |name: &str, only_nft: bool| -> Vec<Duration> {
-        incremental
-            .iter()
-            .filter(|sync| !only_nft || sync.bool("nftables_written") == Some(true))
-            .filter_map(|sync| sync.duration(name))
-            .collect()
-    };
-    let (sync_total, sync_nft) = (
-        Percentiles::of(&phase("total_s", false)),
-        Percentiles::of(&phase("nftables_s", true)),
-    );
+    let totals: Vec<Duration> = incremental
+        .iter()
+        .filter_map(|sync| sync.duration("total_s"))
+        .collect();
+    let updates: Vec<Duration> = incremental
+        .iter()
+        .flat_map(|sync| {
+            let inline = (sync.bool("nftables_written") == Some(true)
+                && sync.bool("nftables_pending") != Some(true))
+            .then(|| sync.duration("nftables_s"))
+            .flatten();
+            [inline, sync.duration("nftables_update_s")]
+        })
+        .flatten()
+        .collect();
+    let (sync_total, sync_nft) = (Percentiles::of(&totals), Percentiles::of(&updates));
     println!(
         "incremental syncs: total {}; nftables update (those that ran one) {}",
         sync_total.as_ref().map_or("none".into(), |p| p.to_string()),
