@@ -771,12 +771,14 @@ where
 
         // An incremental nftables update started by an earlier sync and still on its way:
         // this sync's elements wait for it (the tracker keeps them), its IPVS changes do not.
-        // A full sync waits for it.
-        let settled = if kind == SyncKind::Full || self.netfilter.update_finished() {
-            self.netfilter.settle().await
-        } else {
-            None
-        };
+        // A full sync, and any sync with detaching off, waits for it.
+        let settled =
+            if kind == SyncKind::Full || !self.detach_netfilter || self.netfilter.update_finished()
+            {
+                self.netfilter.settle().await
+            } else {
+                None
+            };
         // A failure was logged; this sync's update replaces the tables.
         report.netfilter_settled = settled.and_then(Result::ok);
         let netfilter_busy = self.netfilter.updating();

@@ -1293,6 +1293,25 @@ async fn an_incremental_sync_does_not_wait_for_its_nftables_update_and_later_ele
         netfilter::plan_digest(proxier.netfilter_plan(), proxier.netfilter.options()).unwrap();
     assert_eq!(proxier.netfilter.digest(), Some(whole));
 
+    // With detaching off, a sync waits for the update in flight and writes its own.
+    proxier.apply(Change::UpsertService(ServiceSpec::cluster_ip(3).model()));
+    proxier.sync(SyncKind::Incremental).await.unwrap();
+    assert!(proxier.netfilter_updating());
+    proxier.apply(Change::UpsertService(ServiceSpec::cluster_ip(4).model()));
+    proxier.detach_netfilter_updates(false);
+    nft.gate.add_permits(1);
+    let report = proxier.sync(SyncKind::Incremental).await.unwrap();
+    assert!(report.netfilter_settled.is_some());
+    assert!(report.netfilter_written && !report.netfilter_pending);
+    assert!(
+        nft.scripts()
+            .await
+            .last()
+            .unwrap()
+            .contains("10.96.0.5 . tcp . 80")
+    );
+    proxier.detach_netfilter_updates(true);
+
     // A detached update that fails: the next sync replaces the tables whole (within it).
     nft.fail.store(true, std::sync::atomic::Ordering::SeqCst);
     proxier.apply(Change::DeleteService(third.model().name));
