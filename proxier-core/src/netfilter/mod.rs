@@ -310,11 +310,7 @@ impl<B: NetfilterBackend> Netfilter<B> {
             if changes.is_empty() {
                 return Ok(false);
             }
-            let mut script = render_update(&changes.removed, &changes.added, &self.options)?;
-            let digest = self.digest.map(|digest| changed_digest(digest, changes));
-            if let Some(digest) = digest {
-                script.push_str(&render_digest(plan, &self.options, digest));
-            }
+            let (script, digest) = self.update_script(plan, changes)?;
             match self.backend.apply(&script).await {
                 Ok(()) => {
                     self.digest = digest;
@@ -373,11 +369,7 @@ impl<B: NetfilterBackend> Netfilter<B> {
     ) -> Result<bool, NetfilterError> {
         debug_assert!(self.in_flight.is_none(), "an nftables update is in flight");
         if self.tracked_in_sync && !changes.is_empty() && self.in_flight.is_none() {
-            let mut script = render_update(&changes.removed, &changes.added, &self.options)?;
-            let digest = self.digest.map(|digest| changed_digest(digest, changes));
-            if let Some(digest) = digest {
-                script.push_str(&render_digest(plan, &self.options, digest));
-            }
+            let (script, digest) = self.update_script(plan, changes)?;
             if let Some(pending) = self.backend.apply_detached(script) {
                 let ended = std::sync::Arc::clone(&self.update_ended);
                 let task = tokio::spawn(async move {
@@ -396,6 +388,21 @@ impl<B: NetfilterBackend> Netfilter<B> {
             }
         }
         self.sync_changes(plan, changes).await
+    }
+
+    /// The transaction taking the tables from what the last call gave to `plan` by
+    /// `changes` alone, with the digest it stores (none when the stored one is unknown).
+    fn update_script(
+        &self,
+        plan: &NetfilterPlan,
+        changes: &PlanChanges,
+    ) -> Result<(String, Option<u64>), NetfilterError> {
+        let mut script = render_update(&changes.removed, &changes.added, &self.options)?;
+        let digest = self.digest.map(|digest| changed_digest(digest, changes));
+        if let Some(digest) = digest {
+            script.push_str(&render_digest(plan, &self.options, digest));
+        }
+        Ok((script, digest))
     }
 
     /// Whether an update started by [`Netfilter::start_changes`] has not been settled yet.
