@@ -138,6 +138,10 @@ enum Command {
         /// and write the section of the soak with faults.
         #[arg(long, requires = "soak_only")]
         faults: bool,
+        /// Run `vm-bench proxier` with the kube source and `--bind-service-cidrs` at 10,000
+        /// and at `--services` Services (two boots) and rewrite only the scale section.
+        #[arg(long, conflicts_with_all = ["soak_only", "traffic_only"])]
+        scale_only: bool,
     },
     /// Compare the public API of ipvs-netlink and proxier-core (read from their sources)
     /// with the snapshots in `xtask/public-api/`; print the differences.
@@ -191,6 +195,7 @@ fn main() -> ExitCode {
             soak_only,
             minutes,
             faults,
+            scale_only,
         } => {
             let options = bench_report::Options {
                 services,
@@ -202,6 +207,7 @@ fn main() -> ExitCode {
                 soak_only,
                 minutes,
                 faults,
+                scale_only,
             };
             let config = vm::VmConfig {
                 timeout: Duration::from_secs(timeout_minutes.saturating_mul(60)),

@@ -1,6 +1,8 @@
 //! `cargo xtask bench-report`: runs the VM benchmarks (`vm-bench ipvs`, `vm-bench proxier`,
 //! then `vm-bench traffic`, one boot each; with `--traffic-only` the last alone, rewriting
-//! only its section; with `--soak-only` the soak alone, into its own section), reads the machine-readable report each prints on its last line
+//! only its section; with `--soak-only` the soak alone, into its own section; with
+//! `--scale-only` the daemon's bench at 10,000 and at `--services` Services, into its own
+//! section), reads the machine-readable report each prints on its last line
 //! (`VM-BENCH-REPORT: {json}`, see `tests/src/bench/report.rs`) from the VM's console, and
 //! writes `docs/benchmarks.md`: the command, date, sizes, kernel and host, the figures with
 //! their same-run ratios, and a fixed text on what each row measures. No number on that page
@@ -17,6 +19,7 @@ use serde_json::Value;
 use crate::vm::{self, VmConfig};
 use crate::workspace::Workspace;
 
+mod scale;
 mod soak;
 
 /// What starts a benchmark's report line on the console (`tests/src/bench/report.rs`).
@@ -43,6 +46,9 @@ pub struct Options {
     pub minutes: f64,
     /// Inject faults into the soak (`vm-bench soak --faults`); its section is its own.
     pub faults: bool,
+    /// Run `vm-bench proxier` (kube source, `--bind-service-cidrs`) at 10,000 and at
+    /// `services` Services and rewrite only the scale section of the page.
+    pub scale_only: bool,
 }
 
 /// Facts about the run that go into the page's header.
@@ -114,8 +120,32 @@ pub fn run(options: &Options, config: &VmConfig) -> Result<ExitCode> {
     if options.faults {
         soak_args.push("--faults".to_owned());
     }
+    let scale_args = [
+        scale::proxier_args(
+            scale::BASE_SERVICES,
+            options.dests,
+            options.changes,
+            options.small,
+        ),
+        scale::proxier_args(
+            options.services,
+            options.dests,
+            options.changes,
+            options.small,
+        ),
+    ];
     let runs: Vec<(&str, &[String])> = if options.traffic_only {
         vec![("traffic", &traffic_args[..])]
+    } else if options.scale_only {
+        ensure!(
+            options.services > scale::BASE_SERVICES,
+            "--scale-only compares with {} Services: ask for more with --services",
+            scale::BASE_SERVICES
+        );
+        vec![
+            ("proxier", &scale_args[0][..]),
+            ("proxier", &scale_args[1][..]),
+        ]
     } else if options.soak_only {
         vec![("soak", &soak_args[..])]
     } else {
@@ -146,10 +176,17 @@ pub fn run(options: &Options, config: &VmConfig) -> Result<ExitCode> {
         reports.push(extract_report(&console, name)?);
     }
     let old_page = std::fs::read_to_string(&output);
-    let page = if options.traffic_only || options.soak_only {
+    let page = if options.traffic_only || options.soak_only || options.scale_only {
         let page = old_page
             .with_context(|| format!("reading {} to rewrite one section", output.display()))?;
-        if options.traffic_only {
+        if options.scale_only {
+            splice(
+                &page,
+                scale::BEGIN,
+                scale::END,
+                &scale::section(&facts, &reports[0], &reports[1])?,
+            )
+        } else if options.traffic_only {
             splice(
                 &page,
                 TRAFFIC_BEGIN,
@@ -162,11 +199,12 @@ pub fn run(options: &Options, config: &VmConfig) -> Result<ExitCode> {
         }
     } else {
         let page = render(&facts, &reports[0], &reports[1], &reports[2])?;
-        // The soak's sections, each from its own run, stay.
+        // The soak's and the scale's sections, each from its own run, stay.
         let old_page = old_page.unwrap_or_default();
         [
             (soak::BEGIN, soak::END),
             (soak::FAULTS_BEGIN, soak::FAULTS_END),
+            (scale::BEGIN, scale::END),
         ]
         .into_iter()
         .fold(page, |page, (begin, end)| {
@@ -207,6 +245,9 @@ fn command_line(options: &Options, config: &VmConfig) -> String {
     }
     if options.faults {
         command.push_str(" --faults");
+    }
+    if options.scale_only {
+        command.push_str(" --scale-only");
     }
     command
 }
@@ -822,7 +863,8 @@ What the rows measure:
 The soak benchmark (churn under traffic, RSS growth, change latency with full resyncs) has
 its own section below, written by its own run (`cargo xtask bench-report --soak-only`), and
 so has the soak with faults (kill -9 and restart, API outage, 410 storm:
-`cargo xtask bench-report --soak-only --faults`).
+`cargo xtask bench-report --soak-only --faults`), and so has the daemon at 50,000 Services
+beside 10,000 (`cargo xtask bench-report --scale-only --services 50000`).
 
 ";
 

@@ -1,0 +1,395 @@
+//! The scale section of the benchmarks page: `vm-bench proxier` with the kube source and
+//! `--bind-service-cidrs`, once at 10,000 Services and once at the size asked for (50,000 by
+//! the issue that wanted it), each in its own boot, run and written alone by
+//! `cargo xtask bench-report --scale-only --services N`. Every figure is shown at both sizes
+//! with its growth against the growth of the cluster, and the section names the figures that
+//! grow worse than linearly, worst first.
+
+use std::fmt::Write as _;
+
+use anyhow::{Result, ensure};
+use serde_json::Value;
+
+use super::{Facts, PHASES, met, num, secs, thousands};
+
+/// Where the section starts on the page.
+pub const BEGIN: &str = "<!-- vm-bench proxier scale -->";
+/// Where it ends.
+pub const END: &str = "<!-- /vm-bench proxier scale -->";
+
+/// The size the scale is judged from.
+pub const BASE_SERVICES: usize = 10_000;
+
+/// Goal: settled RSS at the large size at most this many times the 10,000 figure.
+const GOAL_RSS_GROWTH: f64 = 5.0;
+/// Goal: endpoint-change p99 at the large size at most this many times the 10,000 figure.
+const GOAL_P99_GROWTH: f64 = 2.0;
+/// A figure whose growth exceeds the cluster's by more than this factor is called worse
+/// than linear (TCG timings move by about that much between boots).
+const SUPERLINEAR_MARGIN: f64 = 1.25;
+
+/// `vm-bench proxier`'s arguments for one size of the scale run.
+pub fn proxier_args(
+    services: usize,
+    endpoints: usize,
+    changes: usize,
+    small: usize,
+) -> Vec<String> {
+    [
+        "--services".to_owned(),
+        services.to_string(),
+        "--endpoints".to_owned(),
+        endpoints.to_string(),
+        "--changes".to_owned(),
+        changes.to_string(),
+        "--small".to_owned(),
+        small.to_string(),
+        "--source".to_owned(),
+        "kube".to_owned(),
+        "--bind-service-cidrs".to_owned(),
+    ]
+    .into()
+}
+
+/// One row: a figure at both sizes, and how it grows.
+struct Row {
+    name: String,
+    base: f64,
+    large: f64,
+    /// Seconds (rendered with [`secs`]) or MiB.
+    unit: Unit,
+    /// Whether the figure should grow with the cluster at all (a change's latency should
+    /// not: its growth is judged against 1).
+    per_cluster: bool,
+}
+
+#[derive(Clone, Copy)]
+enum Unit {
+    Seconds,
+    Mib,
+    Millis,
+}
+
+impl Row {
+    fn growth(&self) -> f64 {
+        self.large / self.base
+    }
+
+    fn cell(&self, v: f64) -> String {
+        match self.unit {
+            Unit::Seconds => secs(v),
+            Unit::Mib => format!("{v:.1} MiB"),
+            Unit::Millis => format!("{v:.1} ms"),
+        }
+    }
+}
+
+/// The kube source's run of a `vm-bench proxier` report.
+fn kube(p: &Value) -> Result<&Value> {
+    let source = p["sources"]
+        .as_array()
+        .and_then(|s| s.iter().find(|s| s["source"] == "kube"));
+    ensure!(source.is_some(), "the report has no kube-source run");
+    ensure!(
+        p["bind_service_cidrs"].as_bool() == Some(true),
+        "the scale run must use --bind-service-cidrs"
+    );
+    Ok(source.unwrap_or(&Value::Null))
+}
+
+fn rows(base: &Value, large: &Value) -> Result<Vec<Row>> {
+    let (b, l) = (kube(base)?, kube(large)?);
+    let mut rows = Vec::new();
+    let mut both = |name: &str, bv: f64, lv: f64, unit: Unit, per_cluster: bool| {
+        rows.push(Row {
+            name: name.to_owned(),
+            base: bv,
+            large: lv,
+            unit,
+            per_cluster,
+        });
+    };
+    both(
+        "reference: `ipvsadm -R` of the table",
+        num(base, "floors.ipvsadm_restore_s")?,
+        num(large, "floors.ipvsadm_restore_s")?,
+        Unit::Seconds,
+        true,
+    );
+    both(
+        "floor: the library's `batch` of the table",
+        num(base, "floors.library_batch_s")?,
+        num(large, "floors.library_batch_s")?,
+        Unit::Seconds,
+        true,
+    );
+    both(
+        "daemon: start → programmed",
+        num(b, "program_s")?,
+        num(l, "program_s")?,
+        Unit::Seconds,
+        true,
+    );
+    for phase in PHASES {
+        let (Some(bv), Some(lv)) = (
+            b["first_sync"][phase].as_f64(),
+            l["first_sync"][phase].as_f64(),
+        ) else {
+            continue;
+        };
+        // Phases of a few milliseconds are noise at either size.
+        if bv.max(lv) < 0.05 {
+            continue;
+        }
+        both(
+            &format!("daemon: first sync, {phase}"),
+            bv,
+            lv,
+            Unit::Seconds,
+            true,
+        );
+    }
+    both(
+        "library: verified `table()` of the programmed kernel",
+        num(b, "dump_table_s")?,
+        num(l, "dump_table_s")?,
+        Unit::Seconds,
+        true,
+    );
+    both(
+        "daemon: restart adoption (0 writes)",
+        num(b, "adoption_s")?,
+        num(l, "adoption_s")?,
+        Unit::Seconds,
+        true,
+    );
+    both(
+        "daemon: RSS 2 s after programmed",
+        num(b, "rss_mib")?,
+        num(l, "rss_mib")?,
+        Unit::Mib,
+        true,
+    );
+    both(
+        "daemon: peak RSS (first sync)",
+        num(b, "peak_rss_mib")?,
+        num(l, "peak_rss_mib")?,
+        Unit::Mib,
+        true,
+    );
+    both(
+        "daemon: one endpoint change, event → kernel, p50",
+        num(b, "changes.p50_ms")?,
+        num(l, "changes.p50_ms")?,
+        Unit::Millis,
+        false,
+    );
+    both(
+        "daemon: one endpoint change, event → kernel, p99",
+        num(b, "changes.p99_ms")?,
+        num(l, "changes.p99_ms")?,
+        Unit::Millis,
+        false,
+    );
+    Ok(rows)
+}
+
+/// The section from the two `vm-bench proxier` reports (10,000 Services, then the large
+/// size), `facts` being this run's.
+pub fn section(facts: &Facts, base: &Value, large: &Value) -> Result<String> {
+    let base_services = num(base, "services")?;
+    let services = num(large, "services")?;
+    ensure!(
+        services > base_services,
+        "the scale run's size ({services}) must exceed {base_services}"
+    );
+    let scale = services / base_services;
+    let rows = rows(base, large)?;
+    let mut out = String::new();
+    let _ = writeln!(out, "{BEGIN}");
+    let _ = writeln!(
+        out,
+        "## At {} Services (`vm-bench proxier --services {} --source kube --bind-service-cidrs`)\n",
+        thousands(services),
+        services
+    );
+    let _ = writeln!(
+        out,
+        "This section alone was written by `{}`, run started {}, commit {}, guest kernel {}, {} MiB; the rest of the page comes from the runs its header and sections name. Two boots: the same benchmark at {} and at {} Services × {} endpoints, kube source, the daemon taking the ClusterIP range with one local route (`--bind-service-cidrs`, as the reference and the floor do in these runs).\n",
+        facts.command,
+        facts.date,
+        facts.commit,
+        facts.guest_kernel,
+        facts.memory_mib,
+        thousands(base_services),
+        thousands(services),
+        num(large, "endpoints")?
+    );
+    let _ = writeln!(
+        out,
+        "| figure | at {} | at {} | growth (the cluster: {scale:.1} ×) |\n|---|---|---|---|",
+        thousands(base_services),
+        thousands(services)
+    );
+    for row in &rows {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {:.2} × |",
+            row.name,
+            row.cell(row.base),
+            row.cell(row.large),
+            row.growth()
+        );
+    }
+    let rss = rows
+        .iter()
+        .find(|r| r.name == "daemon: RSS 2 s after programmed")
+        .map_or(f64::NAN, Row::growth);
+    let p99 = rows
+        .iter()
+        .find(|r| r.name == "daemon: one endpoint change, event → kernel, p99")
+        .map_or(f64::NAN, Row::growth);
+    let _ = writeln!(
+        out,
+        "\n| goal at {} | figure | status |\n|---|---|---|",
+        thousands(services)
+    );
+    let _ = writeln!(
+        out,
+        "| settled RSS ≤ {GOAL_RSS_GROWTH} × the {} figure | {rss:.2} × | {} |",
+        thousands(base_services),
+        met(rss <= GOAL_RSS_GROWTH)
+    );
+    let _ = writeln!(
+        out,
+        "| endpoint change p99 ≤ {GOAL_P99_GROWTH} × the {} figure | {p99:.2} × | {} |\n",
+        thousands(base_services),
+        met(p99 <= GOAL_P99_GROWTH)
+    );
+
+    // Worse than linear: a figure of the cluster's size growing by more than the cluster
+    // (with a margin for TCG's noise), a change's latency growing at all beyond the margin.
+    let mut worse: Vec<(&Row, f64)> = rows
+        .iter()
+        .map(|r| {
+            let expected = if r.per_cluster { scale } else { 1.0 };
+            (r, r.growth() / expected)
+        })
+        .filter(|(_, excess)| *excess > SUPERLINEAR_MARGIN)
+        .collect();
+    worse.sort_by(|a, b| b.1.total_cmp(&a.1));
+    if worse.is_empty() {
+        let _ = writeln!(
+            out,
+            "Nothing grows worse than linearly (every figure of the cluster's size within {SUPERLINEAR_MARGIN} × of the cluster's growth; a change's latency within {SUPERLINEAR_MARGIN} × of flat).\n"
+        );
+    } else {
+        let _ = writeln!(
+            out,
+            "Worse than linear, worst first (growth over what linear would give; a change's latency should stay flat):\n"
+        );
+        for (row, excess) in worse {
+            let _ = writeln!(
+                out,
+                "- {}: {:.2} × {}",
+                row.name,
+                excess,
+                if row.per_cluster { "linear" } else { "flat" }
+            );
+        }
+        out.push('\n');
+    }
+    out.push_str(SCALE_TEXT);
+    let _ = writeln!(out, "{END}");
+    Ok(out)
+}
+
+const SCALE_TEXT: &str = "\
+What the rows measure: as in the daemon's section above, at two sizes in two boots of the same
+VM. The address mode (one address per ClusterIP on `kube-ipvs0`) is not run at this size: the
+kernel's cost of binding addresses on one link grows with the addresses already there (see
+`--bind-service-cidrs` in docs/migration.md), so there the IPVS table is no longer what a
+start waits for.
+";
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn report(services: f64, program: f64, rss: f64, p99: f64) -> Value {
+        json!({
+            "bench": "proxier",
+            "services": services,
+            "endpoints": 5,
+            "bind_service_cidrs": true,
+            "floors": {"ipvsadm_restore_s": services / 1000.0, "library_batch_s": services / 5000.0},
+            "sources": [{
+                "source": "kube",
+                "program_s": program,
+                "first_sync": {"sync total": program / 2.0, "diff": 0.001},
+                "dump_table_s": services / 2000.0,
+                "adoption_s": services / 1000.0,
+                "rss_mib": rss,
+                "peak_rss_mib": rss * 2.0,
+                "changes": {"p50_ms": 10.0, "p99_ms": p99},
+            }],
+        })
+    }
+
+    fn facts() -> Facts {
+        Facts {
+            command: "cargo xtask bench-report --scale-only --services 50000".into(),
+            date: "2026-12-03 07:00 UTC".into(),
+            commit: "abc".into(),
+            guest_kernel: "6.1".into(),
+            memory_mib: 12288,
+            qemu: "q".into(),
+            host: "h".into(),
+            load_at_start: "0".into(),
+            run_times: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn the_scale_section_names_what_grows_worse_than_linearly_worst_first() {
+        // Start grows 10 x for a 5 x cluster, the p99 3 x where it should stay flat.
+        let section = section(
+            &facts(),
+            &report(10_000.0, 10.0, 70.0, 40.0),
+            &report(50_000.0, 100.0, 300.0, 120.0),
+        )
+        .unwrap();
+        assert!(section.starts_with(BEGIN) && section.trim_end().ends_with(END));
+        assert!(
+            section.contains("| daemon: start → programmed | 10.0 s | 100 s | 10.00 × |"),
+            "{section}"
+        );
+        assert!(
+            section.contains("| settled RSS ≤ 5 × the 10,000 figure | 4.29 × | met |"),
+            "{section}"
+        );
+        assert!(
+            section.contains("| endpoint change p99 ≤ 2 × the 10,000 figure | 3.00 × | not met |"),
+            "{section}"
+        );
+        let worse = section.split("worst first").nth(1).unwrap();
+        let p99 = worse.find("p99: 3.00 × flat").unwrap();
+        let start = worse.find("start → programmed: 2.00 × linear").unwrap();
+        let sync = worse.find("sync total: 2.00 × linear").unwrap();
+        assert!(p99 < start && p99 < sync, "{worse}");
+        // Linear figures and millisecond phases are not named.
+        assert!(!worse.contains("ipvsadm"), "{worse}");
+        assert!(!section.contains("diff"), "{section}");
+    }
+
+    #[test]
+    fn a_scale_run_without_route_mode_or_below_the_base_is_refused() {
+        let mut address_mode = report(50_000.0, 1.0, 1.0, 1.0);
+        address_mode["bind_service_cidrs"] = json!(false);
+        assert!(section(&facts(), &report(10_000.0, 1.0, 1.0, 1.0), &address_mode).is_err());
+        let small = report(5_000.0, 1.0, 1.0, 1.0);
+        assert!(section(&facts(), &report(10_000.0, 1.0, 1.0, 1.0), &small).is_err());
+    }
+}
