@@ -301,6 +301,15 @@ impl FakeApiServer {
     pub fn requests(&self) -> Vec<String> {
         self.lock().requests.clone()
     }
+
+    /// Watches of `kind` whose client is still connected.
+    pub fn open_watches(&self, kind: Kind) -> usize {
+        let st = self.lock();
+        st.watchers
+            .iter()
+            .filter(|(k, _, tx)| *k == kind && !tx.is_closed())
+            .count()
+    }
 }
 
 fn notify(st: &mut State, kind: Kind, rv: u64, event: Value) {

@@ -575,6 +575,12 @@ pub fn spawn(client: kube::Client, config: KubeSourceConfig) -> SourceHandle {
     } else {
         futures::stream::pending().boxed()
     };
+    // Each kind on a task of its own: the Service and EndpointSlice lists (the big ones)
+    // are then received, decoded and trimmed in parallel, on the runtime's workers.
+    let (services, services_task) = on_own_task(services);
+    let (slices, slices_task) = on_own_task(slices);
+    let (nodes, nodes_task) = on_own_task(nodes);
+    let (service_cidrs, service_cidrs_task) = on_own_task(service_cidrs);
     let state = KubeSourceState::new(config.service_cidrs);
     let task = tokio::spawn(run(
         Watches {
@@ -582,6 +588,7 @@ pub fn spawn(client: kube::Client, config: KubeSourceConfig) -> SourceHandle {
             slices,
             nodes,
             service_cidrs,
+            tasks: vec![services_task, slices_task, nodes_task, service_cidrs_task],
         },
         state,
         tx,
@@ -599,12 +606,44 @@ fn log_watch_error(kind: &'static str, error: &watcher::Error) {
     crate::metrics::record_watch_error(kind);
 }
 
-/// The watch streams the source follows.
+/// The watch streams the source follows, and the tasks that run them.
 struct Watches<S, E, N, C> {
     services: S,
     slices: E,
     nodes: N,
     service_cidrs: C,
+    tasks: Vec<WatchTask>,
+}
+
+/// How many events of one kind may wait between its watch's task and the source's.
+const WATCH_EVENTS_WAITING: usize = 256;
+
+/// A task running one kind's watch; aborted when dropped (with the source's task).
+struct WatchTask(tokio::task::JoinHandle<()>);
+
+impl Drop for WatchTask {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Runs `stream` on a task of its own and returns its items as they come, in order.
+fn on_own_task<T: Send + 'static>(
+    stream: impl Stream<Item = T> + Send + 'static,
+) -> (impl Stream<Item = T> + Send, WatchTask) {
+    let (tx, rx) = mpsc::channel(WATCH_EVENTS_WAITING);
+    let task = tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(item) = stream.next().await {
+            if tx.send(item).await.is_err() {
+                return; // the source is gone
+            }
+        }
+    });
+    let items = futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    });
+    (items, WatchTask(task))
 }
 
 async fn run(
@@ -622,6 +661,7 @@ async fn run(
     let mut slices = std::pin::pin!(watches.slices);
     let mut nodes = std::pin::pin!(watches.nodes);
     let mut service_cidrs = std::pin::pin!(watches.service_cidrs);
+    let _tasks = watches.tasks;
     let started = std::time::Instant::now();
     loop {
         let batch = tokio::select! {

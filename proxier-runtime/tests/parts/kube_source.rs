@@ -93,6 +93,38 @@ fn service_cidr(name: &str, cidrs: &[&str]) -> Value {
 }
 
 #[tokio::test]
+async fn a_stopped_source_leaves_no_watch_open() {
+    let api = FakeApiServer::start().await;
+    api.apply(
+        Kind::Service,
+        service("shop", "web", "10.96.0.20", json!({})),
+    );
+    let mut source = start(&api).await;
+    next_batch(&mut source).await;
+    // Each kind's watch runs on a task of its own; all of them are open once listed.
+    for kind in [Kind::Service, Kind::EndpointSlice, Kind::Node] {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while api.open_watches(kind) == 0 {
+            assert!(tokio::time::Instant::now() < deadline, "no {kind:?} watch");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    source.task.abort();
+    let _ = source.task.await;
+    // Aborting the source's task stops its watches' tasks: the connections close.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    for kind in [Kind::Service, Kind::EndpointSlice, Kind::Node] {
+        while api.open_watches(kind) > 0 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "a {kind:?} watch is still open after the source stopped"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+#[tokio::test]
 async fn service_cidrs_are_watched_only_when_asked_and_their_changes_sent() {
     let api = FakeApiServer::start().await;
     api.apply(
