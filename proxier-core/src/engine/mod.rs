@@ -611,7 +611,8 @@ where
         self.netfilter.update_finished()
     }
 
-    /// Lets incremental syncs leave their nftables update running (`true`; the [`driver`]
+    /// Lets incremental syncs, and full syncs ended with [`Proxier::start_repair`] that
+    /// replace no table, leave their nftables update running (`true`; the [`driver`]
     /// does while it runs), or makes every sync return with the tables written (`false`,
     /// the default; an update in flight is waited for by the next sync).
     pub fn detach_netfilter_updates(&mut self, detach: bool) {
@@ -769,29 +770,33 @@ where
         report.changed_ports = changed.len();
         report.timings.plan = started.elapsed();
 
-        // An incremental nftables update started by an earlier sync and still on its way:
-        // this sync's elements wait for it (the tracker keeps them), its IPVS changes do not.
-        // A full sync, and any sync with detaching off, waits for it.
-        let settled =
-            if kind == SyncKind::Full || !self.detach_netfilter || self.netfilter.update_finished()
-            {
-                self.netfilter.settle().await
-            } else {
-                None
-            };
+        // A full sync replaces the nftables tables when one is missing or the last
+        // replacement is older than the period.
+        let replace_netfilter = kind == SyncKind::Full
+            && (!tables_present
+                || self
+                    .netfilter
+                    .replaced_before(self.config.netfilter_full_sync_period));
+        // Whether this sync's nftables update runs detached, as an incremental one does: a
+        // full sync whose repair goes on in slices does too when it replaces nothing (it
+        // would otherwise hold every change behind `nft` for a few hundred milliseconds).
+        let detached = self.detach_netfilter
+            && (kind == SyncKind::Incremental || (sliced && !replace_netfilter));
+        // An incremental nftables update started by an earlier sync and still on its way: a
+        // detached sync's elements wait for it (the tracker keeps them), its IPVS changes do
+        // not. Any other sync waits for it.
+        let settled = if !detached || self.netfilter.update_finished() {
+            self.netfilter.settle().await
+        } else {
+            None
+        };
         // A failure was logged; this sync's update replaces the tables.
         report.netfilter_settled = settled.and_then(Result::ok);
         let netfilter_busy = self.netfilter.updating();
 
         // IPVS and the dummy link (netlink) and the nftables transaction (`nft`) are
-        // independent: they are written at the same time. An incremental sync does not wait
-        // for its nftables update when the backend can apply it detached.
-        if kind == SyncKind::Full
-            && (!tables_present
-                || self
-                    .netfilter
-                    .replaced_before(self.config.netfilter_full_sync_period))
-        {
+        // independent: they are written at the same time.
+        if replace_netfilter {
             self.netfilter.invalidate();
         }
         let netfilter_changes = (!netfilter_busy).then(|| self.netfilter_plan.take_changes());
@@ -799,7 +804,6 @@ where
         let desired = &self.desired;
         let netfilter = &mut self.netfilter;
         let netfilter_plan = self.netfilter_plan.plan();
-        let detach = self.detach_netfilter;
         let (ipvs, (netfilter_result, netfilter_time)) = tokio::join!(
             async {
                 let started = Instant::now();
@@ -813,7 +817,7 @@ where
                 let started = Instant::now();
                 let result = match &netfilter_changes {
                     None => Ok(false),
-                    Some(changes) if kind == SyncKind::Incremental && detach => {
+                    Some(changes) if detached => {
                         netfilter.start_changes(netfilter_plan, changes).await
                     }
                     Some(changes) => netfilter.sync_changes(netfilter_plan, changes).await,

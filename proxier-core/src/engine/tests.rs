@@ -1215,6 +1215,17 @@ impl netfilter::NetfilterBackend for DetachedNetfilter {
             tables.apply(&script).await
         }))
     }
+
+    fn list_tables(&self) -> Option<netfilter::PendingTableList> {
+        let tables = self.tables.clone();
+        Some(Box::pin(async move {
+            let listing = tables.lock().await.list_tables();
+            match listing {
+                Some(listing) => listing.await,
+                None => Ok(BTreeSet::new()),
+            }
+        }))
+    }
 }
 
 type DetachedProxier =
@@ -1395,4 +1406,59 @@ async fn the_driver_syncs_the_elements_that_waited_as_soon_as_the_update_in_flig
     let scripts = nft.scripts().await;
     assert!(scripts[1].contains("10.96.0.2 . tcp . 80") && !scripts[1].contains("10.96.0.3"));
     assert!(scripts[2].contains("10.96.0.3 . tcp . 80"));
+}
+
+#[tokio::test]
+async fn a_full_sync_repaired_in_slices_leaves_nftables_detached_unless_it_replaces_the_tables() {
+    let (mut proxier, nft, ipvs) = detached_proxier();
+    proxier.detach_netfilter_updates(true);
+    proxier.apply(Change::UpsertService(web(1)));
+    proxier.sync(SyncKind::Full).await.unwrap();
+    let holds = |vip: u8| ipvs.table().keys().any(|key| key.address == ip(vip));
+    // An incremental update at the gate.
+    proxier.apply(Change::UpsertService(ServiceSpec::cluster_ip(1).model()));
+    let report = proxier.sync(SyncKind::Incremental).await.unwrap();
+    assert!(report.netfilter_pending);
+
+    // A resync while it is in flight, with a change of its own: neither its start nor its
+    // slices wait for `nft`, and its elements wait in the tracker.
+    proxier.apply(Change::UpsertService(ServiceSpec::cluster_ip(2).model()));
+    let read = proxier.begin_full_sync().await;
+    let resync = async {
+        if proxier.start_repair(read).await.unwrap().is_none() {
+            while proxier.repair_step().await.is_none() {}
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), resync)
+        .await
+        .expect("the full sync waited for the nftables update in flight");
+    assert!(holds(3), "the resync did not write the new Service");
+    assert!(proxier.netfilter_updating());
+    assert_eq!(
+        nft.scripts().await.len(),
+        1,
+        "only the first sync's replace"
+    );
+    nft.gate.add_permits(1);
+    update_ended(&proxier).await;
+    let report = proxier.sync(SyncKind::Incremental).await.unwrap();
+    assert!(report.netfilter_written && report.netfilter_pending);
+    nft.gate.add_permits(1);
+    update_ended(&proxier).await;
+    let scripts = nft.scripts().await;
+    assert!(scripts[2].contains("10.96.0.3 . tcp . 80"));
+
+    // A resync whose replacement is due waits for the update in flight and replaces the
+    // tables within itself.
+    proxier.apply(Change::UpsertService(ServiceSpec::cluster_ip(3).model()));
+    proxier.sync(SyncKind::Incremental).await.unwrap();
+    assert!(proxier.netfilter_updating());
+    proxier.config.netfilter_full_sync_period = Duration::ZERO;
+    nft.gate.add_permits(1);
+    let read = proxier.begin_full_sync().await;
+    let _ = proxier.start_repair(read).await.unwrap();
+    assert!(!proxier.netfilter_updating());
+    let scripts = nft.scripts().await;
+    assert_eq!(scripts.len(), 5, "the update in flight, then the replace");
+    assert!(scripts[4].contains("table ip ipvs-proxier {"));
 }
