@@ -76,6 +76,7 @@ pub mod model;
 pub mod netfilter;
 pub mod observed;
 pub mod planner;
+pub mod priority;
 pub mod reconciler;
 pub mod sorted_map;
 pub mod state;

@@ -419,7 +419,11 @@ impl TrafficMetrics {
         let spawned = std::thread::Builder::new()
             .name(COLLECTOR_THREAD.to_owned())
             .spawn(move || {
-                lower_priority();
+                if let Err(error) = proxier_core::priority::lower_thread_priority(
+                    proxier_core::priority::LOWEST_NICE,
+                ) {
+                    tracing::warn!(%error, "cannot lower the traffic metrics thread's priority");
+                }
                 let runtime = match tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()
@@ -494,18 +498,4 @@ async fn read_and_render(
     };
     let served = resolve(&table, &lock(directory));
     render_resolved(&table, &served, level)
-}
-
-/// Puts the calling thread at nice 19, the lowest CPU priority (any thread may lower its
-/// own); on failure it runs at the daemon's priority, which is only slower for the syncs.
-/// (nix wraps no setpriority: the one system call here needs `unsafe`.)
-#[allow(unsafe_code)]
-fn lower_priority() {
-    // SAFETY: setpriority(2) with PRIO_PROCESS and who = 0 changes the calling thread only
-    // (nice values are per thread on Linux); it reads and writes no memory of ours.
-    let result = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 19) };
-    if result != 0 {
-        let error = std::io::Error::last_os_error();
-        tracing::warn!(%error, "cannot lower the traffic metrics thread's priority");
-    }
 }

@@ -429,17 +429,41 @@ async fn drive<I, A, N, C, O>(
     }
 }
 
-/// A full sync's kernel read spawned on the runtime; aborted when dropped (the driver
-/// stopping mid-read).
+/// The name of the thread a full sync's kernel read runs on.
+const READ_THREAD: &str = "full-sync-read";
+
+/// Its nice value: low enough that incremental syncs take the CPUs first, not the lowest,
+/// so that on a node whose pods keep every CPU busy the read (and the repair that waits
+/// for it) still gets about a tenth of a CPU.
+const READ_NICE: i32 = 10;
+
+/// A full sync's kernel read spawned on a background thread, its answer awaited by a task
+/// of the runtime; aborted (and the read cancelled) when dropped, the driver stopping
+/// mid-read.
 struct SpawnedRead {
     task: tokio::task::JoinHandle<KernelRead>,
     started: Instant,
 }
 
 impl SpawnedRead {
+    /// Starts the read on a background thread at a low CPU priority ([`READ_NICE`]):
+    /// incremental syncs go on meanwhile and must not share the CPUs with it as equals (the
+    /// read takes both for seconds at 10,000 Services). A thread
+    /// that cannot start fails the read (the full sync is retried).
     fn start(read: FullSyncRead) -> SpawnedRead {
+        let answer = crate::priority::spawn_in_background(READ_THREAD, READ_NICE, read);
+        let task = tokio::spawn(async move {
+            match answer {
+                Ok(answer) => answer
+                    .await
+                    .unwrap_or_else(|_| KernelRead::failed("the kernel read thread stopped")),
+                Err(error) => {
+                    KernelRead::failed(format!("cannot start the kernel read thread: {error}"))
+                }
+            }
+        });
         SpawnedRead {
-            task: tokio::spawn(read),
+            task,
             started: Instant::now(),
         }
     }
