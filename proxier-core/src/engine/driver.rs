@@ -306,9 +306,11 @@ async fn drive<I, A, N, C, O>(
     C: ConntrackBackend + Send + 'static,
     O: SyncObserver<Proxier<I, A, N, C>>,
 {
-    if proxier.config().node_addresses_from_kernel {
-        watch_node_addresses(proxier, commands.tx.clone());
-    }
+    // The address watch starts after the first sync: that sync binds every ClusterIP on the
+    // dummy link, and a watch already listening would be sent one event per address (the
+    // kernel queues each one to the socket, the daemon wakes and decodes it) while the
+    // binding is the start's longest step.
+    let mut address_watch_pending = proxier.config().node_addresses_from_kernel;
     let mut scheduler = SyncScheduler::new(config, Instant::now());
     let mut open = true;
     let mut addresses_changed = false;
@@ -379,6 +381,12 @@ async fn drive<I, A, N, C, O>(
                     started,
                     result,
                 );
+                if std::mem::take(&mut address_watch_pending) {
+                    watch_node_addresses(proxier, commands.tx.clone());
+                    // One re-read covers an address that changed between the first sync's
+                    // read of the node's addresses and the subscription.
+                    addresses_changed = true;
+                }
             }
             Decision::Busy => tokio::task::yield_now().await,
             Decision::WaitUntil(_) if repair_started.is_some() => {
