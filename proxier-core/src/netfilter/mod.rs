@@ -129,9 +129,16 @@ use std::time::{Duration, Instant};
 use crate::model::AddressFamily;
 use render::nft_family;
 
-/// How long a listing of the tables ([`Netfilter::check_tables`]) or of the digest (at
-/// start) may take before it is abandoned; an `nft` listing is dropped with its process.
+/// How long a resync's listing of the tables ([`Netfilter::check_tables`]) may take before
+/// it is abandoned; an `nft` listing is dropped with its process.
 pub const LISTING_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// How long the listing of what a previous run left ([`Netfilter::read_stored`], at start)
+/// may take. Longer than [`LISTING_TIMEOUT`]: nothing of ours changes the ruleset before the
+/// first sync, so the listing ends, but it runs beside the source's first picture and the
+/// IPVS read, and under that load (seconds at 10,000 Services in the VM) a listing cut at
+/// [`LISTING_TIMEOUT`] was listed again within the first sync.
+pub const START_LISTING_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Keeps the node's nftables tables equal to the latest plan.
 #[derive(Debug)]
@@ -217,8 +224,19 @@ impl<B: NetfilterBackend> Netfilter<B> {
         };
         async move {
             let listing = listing?;
-            let Ok(Ok(present)) = tokio::time::timeout(LISTING_TIMEOUT, listing).await else {
-                return None;
+            let present = match tokio::time::timeout(START_LISTING_TIMEOUT, listing).await {
+                Ok(Ok(present)) => present,
+                Ok(Err(error)) => {
+                    tracing::info!(%error, "cannot list the nftables tables a previous run left");
+                    return None;
+                }
+                Err(_) => {
+                    tracing::info!(
+                        timeout = ?START_LISTING_TIMEOUT,
+                        "the nftables tables a previous run left not listed in time"
+                    );
+                    return None;
+                }
             };
             let mut stored = StoredTables::default();
             for (table, set) in sets {
@@ -226,7 +244,7 @@ impl<B: NetfilterBackend> Netfilter<B> {
                     continue;
                 }
                 let digest = match set {
-                    Some(set) => match tokio::time::timeout(LISTING_TIMEOUT, set).await {
+                    Some(set) => match tokio::time::timeout(START_LISTING_TIMEOUT, set).await {
                         Ok(Ok(listing)) => parse_digest(&listing),
                         _ => None,
                     },
@@ -723,7 +741,7 @@ mod tests {
         // At start the digest cannot be read: the tables are written.
         let started = tokio::time::Instant::now();
         assert!(nf.sync_changes(&plan, &changes(&[80], &[])).await.unwrap());
-        assert_eq!(started.elapsed(), LISTING_TIMEOUT);
+        assert_eq!(started.elapsed(), START_LISTING_TIMEOUT);
         assert_eq!(nf.backend().0.scripts.len(), 1);
         // A resync's check gives up and takes the tables as present.
         let started = tokio::time::Instant::now();
