@@ -287,3 +287,38 @@ fn a_restart_adopts_the_tables_its_plan_left_and_rewrites_any_other() {
     let listing = node.sh_ok("nft list table ip ipvs-proxier");
     assert_eq!(set_elements(&listing, "cluster-ips"), Some(5));
 }
+
+/// The tables `NftBackend::list_tables` lists (over nfnetlink) in `netns`.
+fn listed_tables(netns: &Netns) -> std::collections::BTreeSet<String> {
+    use proxier_core::netfilter::NetfilterBackend;
+    netns.block_on(|| async {
+        let listing = NftBackend::default().list_tables().unwrap();
+        listing.await.unwrap()
+    })
+}
+
+#[test]
+fn the_table_listing_names_what_nft_list_tables_names_in_its_own_namespace() {
+    require_kernel!();
+    load_nft_modules();
+    let node = Netns::new();
+    let other = Netns::new();
+    assert!(listed_tables(&node).is_empty());
+    node.sh_ok(
+        "nft add table ip ipvs-proxier && nft add table ip6 ipvs-proxier && \
+         nft add table inet someone-else && nft add table bridge b && nft add table arp a && \
+         nft add table netdev n",
+    );
+    let oracle = |netns: &Netns| netfilter::parse_table_list(&netns.sh_ok("nft list tables"));
+    let want = oracle(&node);
+    assert_eq!(want.len(), 6, "nft list tables: {want:?}");
+    assert_eq!(listed_tables(&node), want);
+    // Another namespace's tables are not this one's.
+    assert!(listed_tables(&other).is_empty());
+
+    node.sh_ok("nft delete table ip6 ipvs-proxier");
+    let listed = listed_tables(&node);
+    assert_eq!(listed, oracle(&node));
+    assert!(!listed.contains("ip6 ipvs-proxier"), "{listed:?}");
+    assert!(listed.contains("ip ipvs-proxier"), "{listed:?}");
+}

@@ -44,6 +44,9 @@ pub enum NetfilterError {
     /// The options cannot be rendered.
     #[error(transparent)]
     Render(#[from] super::render::RenderError),
+    /// The tables could not be listed over nfnetlink ([`NftBackend::list_tables`]).
+    #[error("listing the nftables tables over netlink: {0}")]
+    Listing(std::io::Error),
 }
 
 /// The tables present in the kernel, each as `family name` (`ip ipvs-proxier`), read by a
@@ -101,7 +104,7 @@ pub fn parse_table_list(listing: &str) -> BTreeSet<String> {
         .collect()
 }
 
-/// Runs the `nft` binary.
+/// Runs the `nft` binary; lists the tables over nfnetlink ([`NftBackend::list_tables`]).
 #[derive(Debug, Clone)]
 pub struct NftBackend {
     nft: PathBuf,
@@ -140,11 +143,19 @@ impl NetfilterBackend for NftBackend {
         })
     }
 
+    /// Lists the tables over nfnetlink, not with `nft list tables`, which fills nft's whole
+    /// cache first (every set element: seconds of CPU at 10,000 Services, see
+    /// [`super::tables`]). The socket is opened here, in the calling thread's network
+    /// namespace; the dump runs on a blocking thread.
     fn list_tables(&self) -> Option<PendingTableList> {
-        let listing = nft_list(self.nft.clone(), vec!["tables".to_owned()]);
-        Some(Box::pin(
-            async move { Ok(parse_table_list(&listing.await?)) },
-        ))
+        let socket = super::tables::open();
+        Some(Box::pin(async move {
+            let mut socket = socket.map_err(NetfilterError::Listing)?;
+            tokio::task::spawn_blocking(move || super::tables::list(&mut socket))
+                .await
+                .map_err(|error| NetfilterError::Listing(std::io::Error::other(error)))?
+                .map_err(NetfilterError::Listing)
+        }))
     }
 
     fn list_set(&self, table: &str, set: &str) -> Option<PendingSetList> {

@@ -105,6 +105,7 @@ pub mod apply;
 pub mod digest;
 pub mod plan;
 pub mod render;
+mod tables;
 pub mod tracker;
 
 pub use apply::{
