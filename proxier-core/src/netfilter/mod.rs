@@ -553,10 +553,10 @@ impl<B: NetfilterBackend> Netfilter<B> {
     /// replace (there is nothing to miss).
     ///
     /// A listing that takes longer than [`LISTING_TIMEOUT`] is abandoned and the tables are
-    /// taken as present: `nft` starts its listing again whenever the ruleset changed while
-    /// it read, so under constant changes (ours: an update every few hundred milliseconds)
-    /// it may not finish before the changes stop, spinning meanwhile. Then a missing table
-    /// is found anyway: the next incremental update fails on it and replaces the tables.
+    /// taken as present ([`NftBackend`] lists them with one nfnetlink dump, but a backend
+    /// running `nft list tables` would read every set element, and start again whenever
+    /// the ruleset changed meanwhile). A missing table is found anyway: the next
+    /// incremental update fails on it and replaces the tables.
     pub fn check_tables(&self) -> impl Future<Output = bool> + Send + 'static {
         let expected = self.replaced.as_ref().map(|(tables, _)| tables.clone());
         let listing = self.backend.list_tables();
