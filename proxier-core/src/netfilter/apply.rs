@@ -146,15 +146,13 @@ impl NetfilterBackend for NftBackend {
     /// Lists the tables over nfnetlink, not with `nft list tables`, which fills nft's whole
     /// cache first (every set element: seconds of CPU at 10,000 Services, see
     /// [`super::tables`]). The socket is opened here, in the calling thread's network
-    /// namespace; the dump runs on a blocking thread.
+    /// namespace. The dump runs where the future is polled, blocking: the kernel answers a
+    /// few tables in one datagram, at once (a full resync polls it on its read's thread).
     fn list_tables(&self) -> Option<PendingTableList> {
         let socket = super::tables::open();
         Some(Box::pin(async move {
             let mut socket = socket.map_err(NetfilterError::Listing)?;
-            tokio::task::spawn_blocking(move || super::tables::list(&mut socket))
-                .await
-                .map_err(|error| NetfilterError::Listing(std::io::Error::other(error)))?
-                .map_err(NetfilterError::Listing)
+            super::tables::list(&mut socket).map_err(NetfilterError::Listing)
         }))
     }
 
