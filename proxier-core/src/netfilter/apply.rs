@@ -145,7 +145,7 @@ impl NetfilterBackend for NftBackend {
 
     /// Lists the tables over nfnetlink, not with `nft list tables`, which fills nft's whole
     /// cache first (every set element: seconds of CPU at 10,000 Services, see
-    /// [`super::tables`]). The socket is opened here, in the calling thread's network
+    /// `netfilter/tables.rs`). The socket is opened here, in the calling thread's network
     /// namespace. The dump runs where the future is polled, blocking: the kernel answers a
     /// few tables in one datagram, at once (a full resync polls it on its read's thread).
     fn list_tables(&self) -> Option<PendingTableList> {
