@@ -416,44 +416,33 @@ impl TrafficMetrics {
         let (requests, mut queue) =
             tokio::sync::mpsc::channel::<tokio::sync::oneshot::Sender<String>>(4);
         let (ready, connected) = tokio::sync::oneshot::channel();
-        let spawned = std::thread::Builder::new()
-            .name(COLLECTOR_THREAD.to_owned())
-            .spawn(move || {
-                if let Err(error) = proxier_core::priority::lower_thread_priority(
-                    proxier_core::priority::LOWEST_NICE,
-                ) {
-                    tracing::warn!(%error, "cannot lower the traffic metrics thread's priority");
+        let collector = async move {
+            // One socket: the scrape's read stays on this low-priority thread instead of
+            // spreading its dumps over the other CPUs.
+            let handle = match IpvsHandle::new().await {
+                Ok(handle) => handle.with_read_sockets(1),
+                Err(error) => {
+                    let _ = ready.send(Err(error.into()));
+                    return;
                 }
-                let runtime = match tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                {
-                    Ok(runtime) => runtime,
-                    Err(error) => {
-                        let _ = ready.send(Err(TrafficMetricsError::Thread(error)));
-                        return;
-                    }
-                };
-                runtime.block_on(async move {
-                    // One socket: the scrape's read stays on this low-priority thread
-                    // instead of spreading its dumps over the other CPUs.
-                    let handle = match IpvsHandle::new().await {
-                        Ok(handle) => handle.with_read_sockets(1),
-                        Err(error) => {
-                            let _ = ready.send(Err(error.into()));
-                            return;
-                        }
-                    };
-                    let _ = ready.send(Ok(()));
-                    while let Some(reply) = queue.recv().await {
-                        let page = read_and_render(&handle, &directory, level).await;
-                        let _ = reply.send(page);
-                    }
-                });
-            });
-        if let Err(error) = spawned {
-            return Err(TrafficMetricsError::Thread(error));
-        }
+            };
+            let _ = ready.send(Ok(()));
+            while let Some(reply) = queue.recv().await {
+                let page = read_and_render(&handle, &directory, level).await;
+                let _ = reply.send(page);
+            }
+        };
+        let ended = proxier_core::priority::spawn_in_background(
+            COLLECTOR_THREAD,
+            proxier_core::priority::LOWEST_NICE,
+            collector,
+        )
+        .map_err(TrafficMetricsError::Thread)?;
+        // The collector ends when every handle is dropped (its queue closes); dropping the
+        // receiver before that would cancel it, so a task holds it until then.
+        tokio::spawn(async move {
+            let _ = ended.await;
+        });
         match connected.await {
             Ok(Ok(())) => Ok(TrafficMetrics { level, requests }),
             Ok(Err(error)) => Err(error),
