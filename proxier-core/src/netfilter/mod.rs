@@ -131,7 +131,7 @@ use crate::model::AddressFamily;
 use render::nft_family;
 
 /// How long a resync's listing of the tables ([`Netfilter::check_tables`]) may take before
-/// it is abandoned; an `nft` listing is dropped with its process.
+/// it is abandoned (a listing future is dropped then).
 pub const LISTING_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// How long the listing of what a previous run left ([`Netfilter::read_stored`], at start)
