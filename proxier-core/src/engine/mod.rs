@@ -281,6 +281,9 @@ pub struct Proxier<I, A, N, C> {
     /// The first sync's kernel read, begun ahead of it ([`Proxier::read_ahead`]); its
     /// answer comes with the time it ended.
     read_ahead: Option<tokio::task::JoinHandle<(KernelRead, Instant)>>,
+    /// What the first sync planned while the read begun ahead was still running; the sync
+    /// applies it with what it plans itself.
+    planned_ahead: Option<PlannedAhead>,
     /// Whether incremental syncs leave their nftables update running when the backend can
     /// apply it detached (the [`driver`] turns it on while it runs; a bare
     /// [`Proxier::sync`] otherwise returns with the tables written).
@@ -291,6 +294,17 @@ pub struct Proxier<I, A, N, C> {
 /// an older one is dropped and the kernel read again, so that what others changed meanwhile
 /// (kube-proxy stopping during a takeover, an operator) is not missed for long.
 pub const READ_AHEAD_MAX_AGE: Duration = Duration::from_secs(10);
+
+/// What a re-plan done before its sync found: the ports whose plan changed, with the plans
+/// they had before.
+#[derive(Debug, Default)]
+struct PlannedAhead {
+    changed: DirtyPorts,
+    before: BTreeMap<ServicePortName, Option<ServicePortPlan>>,
+    replanned_all: bool,
+    health_checks_changed: bool,
+    took: Duration,
+}
 
 impl<I, A, N, C> Proxier<I, A, N, C>
 where
@@ -346,6 +360,7 @@ where
             takeover: None,
             repairing: None,
             read_ahead: None,
+            planned_ahead: None,
             detach_netfilter: false,
             config,
         })
@@ -582,6 +597,10 @@ where
             task.abort();
             return None;
         }
+        if !task.is_finished() {
+            // Planning needs no kernel read: it is done while the read goes on.
+            self.plan_ahead().await;
+        }
         match task.await {
             Ok((_, ended)) if ended.elapsed() > READ_AHEAD_MAX_AGE => {
                 tracing::info!(
@@ -596,6 +615,25 @@ where
                 None
             }
         }
+    }
+
+    /// Re-plans what changed before the sync that applies it (the first one, while its
+    /// kernel read runs): the node's addresses are read first, as the sync would take them
+    /// from its read. The next sync adds what this found to what it plans itself.
+    async fn plan_ahead(&mut self) {
+        let started = Instant::now();
+        self.refresh_node_addresses().await;
+        let mut report = SyncReport::default();
+        let (changed, before) = self.replan(&mut report);
+        let ahead = self.planned_ahead.get_or_insert_default();
+        ahead.changed.extend(changed);
+        for (port, old) in before {
+            // The plan a port had before the first re-plan is the one it had before the sync.
+            ahead.before.entry(port).or_insert(old);
+        }
+        ahead.replanned_all |= report.replanned_all;
+        ahead.health_checks_changed |= report.health_checks_changed;
+        ahead.took += started.elapsed();
     }
 
     /// Whether an incremental sync's nftables update is still on its way to the kernel (or
@@ -766,9 +804,19 @@ where
             }
         }
 
-        let (changed, before) = self.replan(&mut report);
-        report.changed_ports = changed.len();
+        let (mut changed, mut before) = self.replan(&mut report);
         report.timings.plan = started.elapsed();
+        if let Some(ahead) = self.planned_ahead.take() {
+            changed.extend(ahead.changed);
+            for (port, old) in ahead.before {
+                // Planned ahead first: its old plan is the one the kernel may still hold.
+                before.insert(port, old);
+            }
+            report.replanned_all |= ahead.replanned_all;
+            report.health_checks_changed |= ahead.health_checks_changed;
+            report.timings.plan += ahead.took;
+        }
+        report.changed_ports = changed.len();
 
         // A full sync replaces the nftables tables when one is missing or the last
         // replacement is older than the period.

@@ -525,6 +525,79 @@ async fn the_first_sync_uses_the_read_begun_ahead_unless_it_is_too_old() {
     }
 }
 
+/// The first sync plans while the read begun ahead still runs, on the node's addresses read
+/// for it (the plan of a NodePort depends on them): a restart on the kernel the last run
+/// left then adopts it with no write, as a sync that planned after its read does.
+#[tokio::test]
+async fn the_first_sync_plans_while_the_read_begun_ahead_runs_and_adopts_what_it_planned() {
+    let node_a = IpAddr::V4(Ipv4Addr::new(192, 168, 0, 10));
+    let second = IpAddr::V4(Ipv4Addr::new(172, 20, 0, 10));
+    let backends = Backends::in_memory();
+    backends.addresses.set_node_addresses([node_a, second]);
+    let (ipvs, addresses) = (backends.ipvs.clone(), backends.addresses.clone());
+    let proxier_on = |ipvs: &MemoryIpvsBackend, addresses: &MemoryAddressBackend| {
+        let mut config = ProxierConfig::new(NODE, Config::default());
+        config.node_addresses_from_kernel = true;
+        let backends = Backends {
+            ipvs: ipvs.clone(),
+            addresses: addresses.clone(),
+            ..Backends::in_memory()
+        };
+        Proxier::new(config, backends).unwrap()
+    };
+    let services = |proxier: &mut MemoryProxier| {
+        for id in 0..3 {
+            let spec = ServiceSpec {
+                id,
+                vip: id + 1,
+                udp: id == 1,
+                node_port: Some(30_000 + u16::from(id)),
+                local: false,
+                external_ip: None,
+            };
+            proxier.apply(Change::UpsertService(spec.model()));
+        }
+    };
+    let mut first = proxier_on(&ipvs, &addresses);
+    services(&mut first);
+    first.sync(SyncKind::Full).await.unwrap();
+    let programmed = ipvs.table();
+    let node_ports = programmed.keys().filter(|key| key.port >= 30_000).count();
+    assert_eq!(
+        node_ports, 6,
+        "three NodePorts on each of the node's two addresses"
+    );
+
+    let listed = ipvs.read_calls().0;
+    let mut restarted = proxier_on(&ipvs, &addresses);
+    restarted.read_ahead();
+    // The first picture arrives before the read's task has run at all.
+    services(&mut restarted);
+    assert!(
+        restarted
+            .read_ahead
+            .as_ref()
+            .is_some_and(|task| !task.is_finished())
+    );
+    let report = restarted.sync(SyncKind::Full).await.unwrap();
+    assert!(report.replanned_all);
+    assert_eq!(report.changed_ports, 3, "each Service's one port");
+    assert_eq!(
+        report.ipvs.writes, 0,
+        "the kernel adopted as it was: {report}"
+    );
+    assert_eq!(ipvs.table(), programmed);
+    assert!(
+        restarted.planned_ahead.is_none(),
+        "the sync took what was planned ahead"
+    );
+    assert_eq!(
+        ipvs.read_calls().0 - listed,
+        1,
+        "one read, the one begun ahead"
+    );
+}
+
 /// A start judges the nftables tables a previous run left by what its full sync's read
 /// listed beside the IPVS table (so adopting them costs no listing of its own): a table
 /// deleted after that read goes unseen by the first sync (and is found by the next full
