@@ -295,6 +295,10 @@ pub struct Proxier<I, A, N, C> {
 /// (kube-proxy stopping during a takeover, an operator) is not missed for long.
 pub const READ_AHEAD_MAX_AGE: Duration = Duration::from_secs(10);
 
+/// How many addresses to bind make a start's binding its longest write
+/// ([`Proxier::binds_at_length`]).
+const MANY_ADDRESSES: usize = 1_000;
+
 /// What a re-plan done before its sync found: the ports whose plan changed, with the plans
 /// they had before.
 #[derive(Debug, Default)]
@@ -617,6 +621,18 @@ where
         }
     }
 
+    /// Whether this sync (the first) binds so many addresses on the dummy link, on a machine
+    /// of so few CPUs, that its nftables rewrite waits for its IPVS writes instead of
+    /// running beside them and the binding. Binding is a start's longest write (the kernel
+    /// walks the link's address list for every address it adds: 10,000 ClusterIPs take
+    /// seconds), one chain that keeps one CPU busy; with fewer than three CPUs, the IPVS
+    /// writes and the `nft` process then share the other one in turn rather than all three
+    /// sharing both.
+    fn binds_at_length(&self) -> bool {
+        let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+        !self.synced_once && cpus < 3 && self.bound.len() >= MANY_ADDRESSES
+    }
+
     /// Re-plans what changed before the sync that applies it (the first one, while its
     /// kernel read runs): the node's addresses are read first, as the sync would take them
     /// from its read. The next sync adds what this found to what it plans itself.
@@ -848,6 +864,13 @@ where
             self.netfilter.invalidate();
         }
         let netfilter_changes = (!netfilter_busy).then(|| self.netfilter_plan.take_changes());
+        // Notified when this sync's IPVS writes are answered (or it returns).
+        let ipvs_written = std::sync::Arc::new(tokio::sync::Notify::new());
+        let netfilter_after_ipvs = replace_netfilter && !detached && self.binds_at_length();
+        if netfilter_after_ipvs {
+            self.reconciler
+                .signal_ipvs_written(Some(ipvs_written.clone()));
+        }
         let reconciler = &mut self.reconciler;
         let desired = &self.desired;
         let netfilter = &mut self.netfilter;
@@ -859,9 +882,13 @@ where
                     Some(read) => full_reconcile(reconciler, desired, read, &changed, sliced).await,
                     None => incremental_reconcile(reconciler, desired, &changed).await,
                 };
+                ipvs_written.notify_one();
                 report.map(|report| (report, started.elapsed()))
             },
             async {
+                if netfilter_after_ipvs {
+                    ipvs_written.notified().await;
+                }
                 let started = Instant::now();
                 let result = match &netfilter_changes {
                     None => Ok(false),
@@ -873,6 +900,7 @@ where
                 (result, started.elapsed())
             }
         );
+        self.reconciler.signal_ipvs_written(None);
         let (ipvs, ipvs_time) = ipvs?;
         report.changed = changed.into_iter().collect();
         report.ipvs = ipvs;

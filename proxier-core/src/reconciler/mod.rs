@@ -45,9 +45,11 @@ use std::future::Future;
 use std::net::IpAddr;
 use std::ops::RangeInclusive;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use ipnet::IpNet;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::backend::{
@@ -393,6 +395,9 @@ pub struct Reconciler<I, A> {
     /// A full sync's repair still to finish, one slice at a time
     /// ([`Reconciler::repair_slice`]).
     repair: Option<Repair>,
+    /// Notified once the next batch of IPVS writes is answered
+    /// ([`Reconciler::signal_ipvs_written`]).
+    ipvs_written: Option<Arc<Notify>>,
     stats: ReconcilerStats,
 }
 
@@ -437,8 +442,18 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
             addresses_touched_since_read: None,
             routes_touched_since_read: None,
             repair: None,
+            ipvs_written: None,
             stats: ReconcilerStats::default(),
         }
+    }
+
+    /// Has `signal` notified as soon as the next batch of IPVS writes is answered, while
+    /// the addresses bound beside it may still be on their way (`None`: no signal). A
+    /// caller with other kernel work for the same sync (the engine's nftables rewrite) can
+    /// start it then rather than beside both. A sync that writes no IPVS never notifies:
+    /// the caller also notifies when the sync returns.
+    pub(crate) fn signal_ipvs_written(&mut self, signal: Option<Arc<Notify>>) {
+        self.ipvs_written = signal;
     }
 
     /// Counters for metrics.
@@ -1357,6 +1372,7 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
         self.ops_sent += ops.len() as u64;
         let addresses = &mut self.addresses;
         let ipvs = &mut self.ipvs;
+        let ipvs_written = self.ipvs_written.take();
         let ((bound, address_time), (results, ipvs_time)) = tokio::join!(
             async {
                 let started = std::time::Instant::now();
@@ -1374,6 +1390,9 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
                 } else {
                     ipvs.apply(&ops).await
                 };
+                if let Some(signal) = ipvs_written {
+                    signal.notify_one();
+                }
                 (results, started.elapsed())
             }
         );

@@ -175,6 +175,30 @@ async fn from_empty_creates_link_binds_cluster_ips_and_programs_ipvs() {
     }
 }
 
+/// The signal of [`Reconciler::signal_ipvs_written`] fires once, when the first batch of
+/// IPVS writes after it is answered, and not again for a later sync.
+#[tokio::test]
+async fn the_ipvs_written_signal_fires_once_with_the_next_ipvs_writes() {
+    let ipvs = MemoryIpvsBackend::new();
+    let addresses = MemoryAddressBackend::new();
+    let mut rec = reconciler(&ipvs, &addresses);
+    let signal = Arc::new(Notify::new());
+    rec.signal_ipvs_written(Some(signal.clone()));
+    let fired = |signal: &Arc<Notify>| {
+        // A permit is stored when nobody waited: `notified` then completes at once.
+        let notified = signal.notified();
+        futures::FutureExt::now_or_never(notified).is_some()
+    };
+    assert!(!fired(&signal), "nothing written yet");
+    let want = two_services();
+    rec.full_sync(&want).await.unwrap();
+    assert!(!ipvs.applied_ops().is_empty());
+    assert!(fired(&signal), "the first sync's IPVS writes were answered");
+    ipvs.remove_virtual_server(&vkey("10.96.0.10", 80, Protocol::Tcp));
+    rec.full_sync(&want).await.unwrap();
+    assert!(!fired(&signal), "the signal was for one batch only");
+}
+
 #[tokio::test]
 async fn restart_with_unchanged_inputs_adopts_everything_with_zero_writes() {
     let ipvs = MemoryIpvsBackend::new();
