@@ -547,13 +547,16 @@ fn run_source(
     let (adopt_sync, adopted_at) = daemon.wait_sync(1, timeout)?;
     let adoption = adopted_at - daemon.started;
     let adoption_phases = daemon.phases(1);
-    let ops = metrics::netlink_ops(&metrics::scrape(&ns, METRICS)?);
+    let scraped = metrics::scrape(&ns, METRICS)?;
+    let ops = metrics::netlink_ops(&scraped);
     let adoption_writes: u64 = ops.values().sum();
     let adoption_ops = metrics::describe(&ops);
+    // Which whole-table reads the adoption made (best-effort, verified).
+    let table_reads = metrics::samples(&scraped, "ipvs_proxier_ipvs_table_reads_total");
     std::thread::sleep(Duration::from_secs(2));
     let (rss_adopted, _) = daemon.memory_kib()?;
     println!(
-        "adopted in {:.2} s, kernel ops {adoption_ops}: {adoption_phases}",
+        "adopted in {:.2} s, kernel ops {adoption_ops}, IPVS table reads {table_reads:?}: {adoption_phases}",
         secs(adoption)
     );
     for line in daemon.log().lines().filter(|line| {
