@@ -111,7 +111,8 @@ fn one_endpoint_change(c: &mut Criterion) {
                 let report = runtime
                     .block_on(reconciler.sync_services(&desired, &dirty))
                     .unwrap();
-                assert_eq!(report.writes, 1);
+                // A TCP real server that goes takes weight 0 before it is deleted.
+                assert_eq!(report.writes, if present { 1 } else { 2 });
                 black_box(report)
             })
         });

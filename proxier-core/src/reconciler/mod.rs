@@ -56,8 +56,8 @@ use crate::backend::{
     AddressBackend, BackendError, IpvsBackend, IpvsOp, LinkRead, OpKind, TableRead, TableReads,
 };
 use crate::desired::{
-    Desired, ServicePortName, ServicePortPlan, SortedMap, VirtualServer, VirtualServerKey,
-    VirtualServerRole,
+    Desired, Protocol, RealServerKey, ServicePortName, ServicePortPlan, SortedMap, VirtualServer,
+    VirtualServerKey, VirtualServerRole,
 };
 use crate::diff::{self, Changes, DrainPolicy, OwnedOp, Rejection, Scope};
 use crate::drain::{DEFAULT_DRAIN_TIMEOUT, DrainQueue};
@@ -1015,22 +1015,52 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
         let mut unreadable = HashSet::new();
         // Re-read what the cache cannot answer: virtual servers whose last write failed,
         // and those losing real servers (deciding drain or delete needs fresh counts).
-        for (key, fallback) in &keys {
+        let mut reread = Vec::new();
+        let mut quiesce = Vec::new();
+        for key in keys.keys() {
             let planned = self.planned(desired, key);
             let cached = self.kernel.virtual_servers.get(key);
-            let loses_real_servers = match (planned, cached) {
+            let leaving: Vec<(&RealServerKey, &ObservedRealServer)> = match (planned, cached) {
                 (Some(want), Some(have)) => have
                     .real_servers
-                    .keys()
-                    .any(|rs| !want.real_servers.contains_key(rs)),
-                _ => false,
+                    .iter()
+                    .filter(|(rs, _)| !want.real_servers.contains_key(rs))
+                    .collect(),
+                _ => Vec::new(),
             };
-            if !(loses_real_servers
-                || self.suspect.contains(key)
-                || self.drains.has_virtual_server(key))
-            {
-                continue;
+            // A TCP real server that may drain stops taking new connections before its
+            // count is read: a connection scheduled to it between the read and a delete
+            // would lose its destination.
+            if key.protocol == Protocol::Tcp && !self.config.drain_timeout.is_zero() {
+                quiesce.extend(
+                    leaving
+                        .iter()
+                        .filter(|(_, real)| real.weight != 0)
+                        .map(|(rs, _)| IpvsOp::UpdateRealServer(*key, **rs, 0)),
+                );
             }
+            if !leaving.is_empty()
+                || self.suspect.contains(key)
+                || self.drains.has_virtual_server(key)
+            {
+                reread.push(*key);
+            }
+        }
+        let mut quiesced = 0;
+        if !quiesce.is_empty() {
+            // A failure leaves the real server as it was: the re-read shows it, and the
+            // diff deletes or drains it as before.
+            let results = self.ipvs.apply(&quiesce).await;
+            for (op, result) in quiesce.iter().zip(results) {
+                self.count(op.kind(), result.is_ok());
+                if result.is_ok() {
+                    quiesced += 1;
+                    self.record_write(op);
+                }
+            }
+        }
+        for key in &reread {
+            let fallback = &keys[key];
             match self.ipvs.get_virtual_server(key).await {
                 Ok(Some(fresh)) => {
                     self.kernel.virtual_servers.insert(*key, fresh);
@@ -1124,6 +1154,7 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
             .await;
         report.timings.read = read;
         report.timings.diff = diff;
+        report.writes += quiesced;
         report
     }
 

@@ -590,6 +590,41 @@ async fn drain_deadline_is_a_fixed_instant_that_comes_due() {
     );
 }
 
+/// A TCP real server that goes is set to weight 0 before its connections are counted, so
+/// that no connection is scheduled to it between the count and its delete; with none, it is
+/// then deleted in the same sync. Without a drain (timeout zero) it is deleted at once.
+#[tokio::test(start_paused = true)]
+async fn a_leaving_tcp_endpoint_takes_weight_zero_before_its_count_is_read() {
+    let a = rkey("10.1.0.2", 80);
+    for (config, expected) in [
+        (ReconcilerConfig::default(), 2),
+        (
+            ReconcilerConfig {
+                drain_timeout: Duration::ZERO,
+                ..ReconcilerConfig::default()
+            },
+            1,
+        ),
+    ] {
+        let (mut rec, ipvs, want, web, key) = web_with_busy_endpoint(config).await;
+        let next = without_endpoint(&want, &web, &key, a);
+        let report = rec
+            .sync_services(&next, &BTreeSet::from([web.clone()]))
+            .await
+            .unwrap();
+        let ops = ipvs.take_applied_ops();
+        let mut wanted = vec![
+            IpvsOp::UpdateRealServer(key, a, 0),
+            IpvsOp::DeleteRealServer(key, a),
+        ];
+        wanted.drain(..2 - expected);
+        assert_eq!(ops, wanted);
+        assert_eq!(report.writes, expected);
+        assert!(!ipvs.table()[&key].real_servers.contains_key(&a));
+        assert!(rec.drain_queue().is_empty());
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn removed_tcp_endpoint_drains_at_weight_zero_until_its_connections_end() {
     let (mut rec, ipvs, want, web, key) = web_with_busy_endpoint(ReconcilerConfig::default()).await;
