@@ -554,8 +554,8 @@ fn reconciler_incremental_sync_changes_only_the_dirty_services() {
             .unwrap()
     });
     assert_eq!(report.failed, 0, "{report:?}");
-    // 2 real servers, 1 virtual server, 1 address.
-    assert_eq!((report.writes, report.deletes), (4, 4), "{report:?}");
+    // 2 real servers (each set to weight 0 first, then deleted), 1 virtual server, 1 address.
+    assert_eq!((report.writes, report.deletes), (6, 4), "{report:?}");
     let expected: BTreeSet<String> = cluster_rules()
         .into_iter()
         .filter(|rule| !rule.contains("10.244.1.3:8080") && !rule.contains("10.96.0.53:53"))
