@@ -281,8 +281,8 @@ pub struct Proxier<I, A, N, C> {
     /// The first sync's kernel read, begun ahead of it ([`Proxier::read_ahead`]); its
     /// answer comes with the time it ended.
     read_ahead: Option<tokio::task::JoinHandle<(KernelRead, Instant)>>,
-    /// What the first sync planned while the read begun ahead was still running; the sync
-    /// applies it with what it plans itself.
+    /// What was re-planned and not yet applied: by the first sync while the read begun
+    /// ahead was still running, then by the sync itself.
     planned_ahead: Option<PlannedAhead>,
     /// Whether incremental syncs leave their nftables update running when the backend can
     /// apply it detached (the [`driver`] turns it on while it runs; a bare
@@ -299,8 +299,8 @@ pub const READ_AHEAD_MAX_AGE: Duration = Duration::from_secs(10);
 /// ([`Proxier::binds_at_length`]).
 const MANY_ADDRESSES: usize = 1_000;
 
-/// What a re-plan done before its sync found: the ports whose plan changed, with the plans
-/// they had before.
+/// What the re-plans before a sync found: the ports whose plan changed, with the plans they
+/// had before the first, and how long those done ahead of the sync took.
 #[derive(Debug, Default)]
 struct PlannedAhead {
     changed: DirtyPorts,
@@ -629,8 +629,9 @@ where
     /// writes and the `nft` process then share the other one in turn rather than all three
     /// sharing both.
     fn binds_at_length(&self) -> bool {
-        let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
-        !self.synced_once && cpus < 3 && self.bound.len() >= MANY_ADDRESSES
+        !self.synced_once
+            && self.bound.len() >= MANY_ADDRESSES
+            && std::thread::available_parallelism().map_or(1, std::num::NonZero::get) < 3
     }
 
     /// Re-plans what changed before the sync that applies it (the first one, while its
@@ -639,6 +640,15 @@ where
     async fn plan_ahead(&mut self) {
         let started = Instant::now();
         self.refresh_node_addresses().await;
+        self.replan_pending();
+        if let Some(ahead) = &mut self.planned_ahead {
+            ahead.took += started.elapsed();
+        }
+    }
+
+    /// Re-plans what changed ([`Proxier::replan`]) and adds it to what was planned ahead of
+    /// the sync that applies it.
+    fn replan_pending(&mut self) {
         let mut report = SyncReport::default();
         let (changed, before) = self.replan(&mut report);
         let ahead = self.planned_ahead.get_or_insert_default();
@@ -649,7 +659,6 @@ where
         }
         ahead.replanned_all |= report.replanned_all;
         ahead.health_checks_changed |= report.health_checks_changed;
-        ahead.took += started.elapsed();
     }
 
     /// Whether an incremental sync's nftables update is still on its way to the kernel (or
@@ -820,18 +829,17 @@ where
             }
         }
 
-        let (mut changed, mut before) = self.replan(&mut report);
-        report.timings.plan = started.elapsed();
-        if let Some(ahead) = self.planned_ahead.take() {
-            changed.extend(ahead.changed);
-            for (port, old) in ahead.before {
-                // Planned ahead first: its old plan is the one the kernel may still hold.
-                before.insert(port, old);
-            }
-            report.replanned_all |= ahead.replanned_all;
-            report.health_checks_changed |= ahead.health_checks_changed;
-            report.timings.plan += ahead.took;
-        }
+        self.replan_pending();
+        let PlannedAhead {
+            changed,
+            before,
+            replanned_all,
+            health_checks_changed,
+            took,
+        } = self.planned_ahead.take().unwrap_or_default();
+        report.replanned_all = replanned_all;
+        report.health_checks_changed = health_checks_changed;
+        report.timings.plan = started.elapsed() + took;
         report.changed_ports = changed.len();
 
         // A full sync replaces the nftables tables when one is missing or the last
@@ -864,13 +872,11 @@ where
             self.netfilter.invalidate();
         }
         let netfilter_changes = (!netfilter_busy).then(|| self.netfilter_plan.take_changes());
-        // Notified when this sync's IPVS writes are answered (or it returns).
-        let ipvs_written = std::sync::Arc::new(tokio::sync::Notify::new());
-        let netfilter_after_ipvs = replace_netfilter && !detached && self.binds_at_length();
-        if netfilter_after_ipvs {
-            self.reconciler
-                .signal_ipvs_written(Some(ipvs_written.clone()));
-        }
+        // When the nftables rewrite waits for the IPVS writes: notified when they are
+        // answered (or the reconcile returns).
+        let ipvs_written = (replace_netfilter && !detached && self.binds_at_length())
+            .then(|| std::sync::Arc::new(tokio::sync::Notify::new()));
+        self.reconciler.signal_ipvs_written(ipvs_written.clone());
         let reconciler = &mut self.reconciler;
         let desired = &self.desired;
         let netfilter = &mut self.netfilter;
@@ -882,12 +888,14 @@ where
                     Some(read) => full_reconcile(reconciler, desired, read, &changed, sliced).await,
                     None => incremental_reconcile(reconciler, desired, &changed).await,
                 };
-                ipvs_written.notify_one();
+                if let Some(signal) = &ipvs_written {
+                    signal.notify_one();
+                }
                 report.map(|report| (report, started.elapsed()))
             },
             async {
-                if netfilter_after_ipvs {
-                    ipvs_written.notified().await;
+                if let Some(signal) = &ipvs_written {
+                    signal.notified().await;
                 }
                 let started = Instant::now();
                 let result = match &netfilter_changes {

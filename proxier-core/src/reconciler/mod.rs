@@ -56,7 +56,7 @@ use crate::backend::{
     AddressBackend, BackendError, IpvsBackend, IpvsOp, LinkRead, OpKind, TableRead, TableReads,
 };
 use crate::desired::{
-    Desired, Protocol, RealServerKey, ServicePortName, ServicePortPlan, SortedMap, VirtualServer,
+    Desired, Protocol, ServicePortName, ServicePortPlan, SortedMap, VirtualServer,
     VirtualServerKey, VirtualServerRole,
 };
 use crate::diff::{self, Changes, DrainPolicy, OwnedOp, Rejection, Scope};
@@ -1020,26 +1020,23 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
         for key in keys.keys() {
             let planned = self.planned(desired, key);
             let cached = self.kernel.virtual_servers.get(key);
-            let leaving: Vec<(&RealServerKey, &ObservedRealServer)> = match (planned, cached) {
-                (Some(want), Some(have)) => have
-                    .real_servers
-                    .iter()
-                    .filter(|(rs, _)| !want.real_servers.contains_key(rs))
-                    .collect(),
-                _ => Vec::new(),
-            };
             // A TCP real server that may drain stops taking new connections before its
             // count is read: a connection scheduled to it between the read and a delete
             // would lose its destination.
-            if key.protocol == Protocol::Tcp && !self.config.drain_timeout.is_zero() {
-                quiesce.extend(
-                    leaving
-                        .iter()
-                        .filter(|(_, real)| real.weight != 0)
-                        .map(|(rs, _)| IpvsOp::UpdateRealServer(*key, **rs, 0)),
-                );
+            let drains = key.protocol == Protocol::Tcp && !self.config.drain_timeout.is_zero();
+            let mut loses_real_servers = false;
+            if let (Some(want), Some(have)) = (planned, cached) {
+                for (rs, real) in &have.real_servers {
+                    if want.real_servers.contains_key(rs) {
+                        continue;
+                    }
+                    loses_real_servers = true;
+                    if drains && real.weight != 0 {
+                        quiesce.push(IpvsOp::UpdateRealServer(*key, *rs, 0));
+                    }
+                }
             }
-            if !leaving.is_empty()
+            if loses_real_servers
                 || self.suspect.contains(key)
                 || self.drains.has_virtual_server(key)
             {
