@@ -9,14 +9,33 @@ use std::sync::atomic::{AtomicIsize, Ordering};
 pub struct CountingAllocator;
 
 static LIVE_BYTES: AtomicIsize = AtomicIsize::new(0);
+static PEAK_BYTES: AtomicIsize = AtomicIsize::new(0);
 
 /// Bytes allocated through [`CountingAllocator`] and not yet freed.
 pub fn live_bytes() -> isize {
     LIVE_BYTES.load(Ordering::Relaxed)
 }
 
+/// The most bytes live at once since the last [`reset_peak`] (or since the start).
+#[allow(dead_code)]
+pub fn peak_bytes() -> isize {
+    PEAK_BYTES.load(Ordering::Relaxed)
+}
+
+/// Starts a new peak from the bytes live now.
+#[allow(dead_code)]
+pub fn reset_peak() {
+    PEAK_BYTES.store(live_bytes(), Ordering::Relaxed);
+}
+
 fn delta(size: usize) -> isize {
     isize::try_from(size).unwrap_or(isize::MAX)
+}
+
+/// Adds `change` to the live bytes and raises the peak when the sum passes it.
+fn count(change: isize) {
+    let live = LIVE_BYTES.fetch_add(change, Ordering::Relaxed) + change;
+    PEAK_BYTES.fetch_max(live, Ordering::Relaxed);
 }
 
 // SAFETY: every call is forwarded unchanged to the system allocator; the counter is only
@@ -24,25 +43,25 @@ fn delta(size: usize) -> isize {
 #[allow(unsafe_code)]
 unsafe impl GlobalAlloc for CountingAllocator {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LIVE_BYTES.fetch_add(delta(layout.size()), Ordering::Relaxed);
+        count(delta(layout.size()));
         // SAFETY: same contract as the caller's.
         unsafe { System.alloc(layout) }
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        LIVE_BYTES.fetch_add(delta(layout.size()), Ordering::Relaxed);
+        count(delta(layout.size()));
         // SAFETY: same contract as the caller's.
         unsafe { System.alloc_zeroed(layout) }
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        LIVE_BYTES.fetch_sub(delta(layout.size()), Ordering::Relaxed);
+        count(-delta(layout.size()));
         // SAFETY: same contract as the caller's.
         unsafe { System.dealloc(ptr, layout) }
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        LIVE_BYTES.fetch_add(delta(new_size) - delta(layout.size()), Ordering::Relaxed);
+        count(delta(new_size) - delta(layout.size()));
         // SAFETY: same contract as the caller's.
         unsafe { System.realloc(ptr, layout, new_size) }
     }

@@ -17,6 +17,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
+use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
 
 use futures::stream::BoxStream;
@@ -127,25 +128,47 @@ pub enum StoreChange<K> {
 
 /// The objects of one kind as last listed/watched, with relists applied atomically. It keeps
 /// only each object's key and resource version (what a relist needs to tell changes apart):
-/// the objects themselves live on, converted, in the engine's model.
+/// the objects themselves live on, converted, in the engine's model. `T` is what an object is
+/// converted to as it arrives (the object itself unless [`ObjectStore::apply_with`] is given a
+/// conversion), so a relist under way holds converted objects, never the API's.
 #[derive(Debug)]
-pub struct ObjectStore<K> {
+pub struct ObjectStore<K, T = K> {
     versions: BTreeMap<ObjectKey, Option<String>>,
-    relist: Option<BTreeMap<ObjectKey, K>>,
+    /// The relist under way: each listed object's resource version and, unless it is the
+    /// version already known, what it converted to.
+    relist: Option<BTreeMap<ObjectKey, Listed<T>>>,
     listed: bool,
+    kind: PhantomData<fn(K)>,
 }
 
-impl<K> Default for ObjectStore<K> {
+/// One object of a relist under way.
+#[derive(Debug)]
+struct Listed<T> {
+    version: Option<String>,
+    /// `None` when the version is the one already known: nothing to apply.
+    converted: Option<T>,
+}
+
+impl<K, T> Default for ObjectStore<K, T> {
     fn default() -> Self {
         ObjectStore {
             versions: BTreeMap::new(),
             relist: None,
             listed: false,
+            kind: PhantomData,
         }
     }
 }
 
 impl<K: Resource> ObjectStore<K> {
+    /// Applies one watcher event and returns what changed, the objects unconverted (see
+    /// [`ObjectStore::apply_with`]).
+    pub fn apply(&mut self, event: Event<K>) -> Vec<StoreChange<K>> {
+        self.apply_with(event, |object| object)
+    }
+}
+
+impl<K: Resource, T> ObjectStore<K, T> {
     /// Whether `object` is the version already known (same resource version).
     fn known(&self, key: &ObjectKey, object: &K) -> bool {
         self.versions
@@ -153,9 +176,14 @@ impl<K: Resource> ObjectStore<K> {
             .is_some_and(|version| version.is_some() && *version == object.meta().resource_version)
     }
 
-    /// Applies one watcher event and returns what changed. `Init..InitDone` is buffered:
-    /// nothing changes until `InitDone`, and then the whole list replaces the store.
-    pub fn apply(&mut self, event: Event<K>) -> Vec<StoreChange<K>> {
+    /// Applies one watcher event and returns what changed, each added or changed object
+    /// passed through `convert` as it arrives. `Init..InitDone` is buffered: nothing changes
+    /// until `InitDone`, and then the whole list replaces the store.
+    pub fn apply_with(
+        &mut self,
+        event: Event<K>,
+        mut convert: impl FnMut(K) -> T,
+    ) -> Vec<StoreChange<T>> {
         match event {
             Event::Init => {
                 // A new (re)list; an unfinished earlier one is dropped, the store stays.
@@ -163,22 +191,26 @@ impl<K: Resource> ObjectStore<K> {
                 Vec::new()
             }
             Event::InitApply(obj) => {
+                // The known versions do not change until InitDone, so whether this one is
+                // known can be told now, and only a new version is converted and kept.
                 let key = ObjectKey::of(obj.meta());
-                self.relist.get_or_insert_default().insert(key, obj);
+                let version = obj.meta().resource_version.clone();
+                let converted = (!self.known(&key, &obj)).then(|| convert(obj));
+                self.relist
+                    .get_or_insert_default()
+                    .insert(key, Listed { version, converted });
                 Vec::new()
             }
             Event::InitDone => {
                 let fresh = self.relist.take().unwrap_or_default();
-                let mut changes: Vec<StoreChange<K>> = (self.versions.keys())
+                let mut changes: Vec<StoreChange<T>> = (self.versions.keys())
                     .filter(|key| !fresh.contains_key(*key))
                     .map(|key| StoreChange::Delete(key.clone()))
                     .collect();
                 let mut versions = BTreeMap::new();
-                for (key, object) in fresh {
-                    versions.insert(key.clone(), object.meta().resource_version.clone());
-                    if !self.known(&key, &object) {
-                        changes.push(StoreChange::Upsert(object));
-                    }
+                for (key, Listed { version, converted }) in fresh {
+                    versions.insert(key, version);
+                    changes.extend(converted.map(StoreChange::Upsert));
                 }
                 self.versions = versions;
                 self.listed = true;
@@ -192,7 +224,7 @@ impl<K: Resource> ObjectStore<K> {
                 if unchanged {
                     Vec::new()
                 } else {
-                    vec![StoreChange::Upsert(obj)]
+                    vec![StoreChange::Upsert(convert(obj))]
                 }
             }
             Event::Delete(obj) => {
@@ -225,13 +257,13 @@ impl<K: Resource> ObjectStore<K> {
 #[derive(Debug, Default)]
 pub struct KubeSourceState {
     /// Services.
-    pub services: ObjectStore<Service>,
+    pub services: ObjectStore<Service, SourceBatch>,
     /// EndpointSlices.
-    pub slices: ObjectStore<EndpointSlice>,
+    pub slices: ObjectStore<EndpointSlice, SourceBatch>,
     /// This node (at most one object, by field selector).
-    pub nodes: ObjectStore<Node>,
+    pub nodes: ObjectStore<Node, SourceBatch>,
     /// ServiceCIDRs (empty unless followed).
-    pub service_cidrs: ObjectStore<ServiceCIDR>,
+    pub service_cidrs: ObjectStore<ServiceCIDR, SourceBatch>,
     /// Whether ServiceCIDRs are followed: then the first batch waits for their list too, so
     /// that the first sync already routes their ranges.
     follows_service_cidrs: bool,
@@ -272,9 +304,14 @@ impl KubeSourceState {
     /// Applies a Service watcher event.
     pub fn on_service(&mut self, event: Event<Service>) -> Option<SourceBatch> {
         let mut batch = SourceBatch::default();
-        for change in self.services.apply(event) {
+        let converted = self.services.apply_with(event, |service| {
+            let mut one = SourceBatch::default();
+            one.upsert_service(&service);
+            one
+        });
+        for change in converted {
             match change {
-                StoreChange::Upsert(service) => batch.upsert_service(&service),
+                StoreChange::Upsert(one) => batch.append(one),
                 StoreChange::Delete(key) => batch.delete_service(key),
             }
         }
@@ -284,9 +321,14 @@ impl KubeSourceState {
     /// Applies an EndpointSlice watcher event.
     pub fn on_slice(&mut self, event: Event<EndpointSlice>) -> Option<SourceBatch> {
         let mut batch = SourceBatch::default();
-        for change in self.slices.apply(event) {
+        let converted = self.slices.apply_with(event, |slice| {
+            let mut one = SourceBatch::default();
+            one.upsert_slice(&slice);
+            one
+        });
+        for change in converted {
             match change {
-                StoreChange::Upsert(slice) => batch.upsert_slice(&slice),
+                StoreChange::Upsert(one) => batch.append(one),
                 StoreChange::Delete(key) => batch.delete_slice(key),
             }
         }
@@ -296,9 +338,14 @@ impl KubeSourceState {
     /// Applies a ServiceCIDR watcher event.
     pub fn on_service_cidr(&mut self, event: Event<ServiceCIDR>) -> Option<SourceBatch> {
         let mut batch = SourceBatch::default();
-        for change in self.service_cidrs.apply(event) {
+        let converted = self.service_cidrs.apply_with(event, |object| {
+            let mut one = SourceBatch::default();
+            one.upsert_service_cidr(&object);
+            one
+        });
+        for change in converted {
             match change {
-                StoreChange::Upsert(object) => batch.upsert_service_cidr(&object),
+                StoreChange::Upsert(one) => batch.append(one),
                 StoreChange::Delete(key) => batch.delete_service_cidr(key),
             }
         }
@@ -308,9 +355,14 @@ impl KubeSourceState {
     /// Applies a Node watcher event.
     pub fn on_node(&mut self, event: Event<Node>) -> Option<SourceBatch> {
         let mut batch = SourceBatch::default();
-        for change in self.nodes.apply(event) {
+        let converted = self.nodes.apply_with(event, |node| {
+            let mut one = SourceBatch::default();
+            one.node(Some(&node));
+            one
+        });
+        for change in converted {
             match change {
-                StoreChange::Upsert(node) => batch.node(Some(&node)),
+                StoreChange::Upsert(one) => batch.append(one),
                 StoreChange::Delete(_) => batch.node(None),
             }
         }
