@@ -6,6 +6,7 @@
 
 mod netfilter_support;
 
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -199,11 +200,7 @@ fn cluster_ips_only(plan: &netfilter::NetfilterPlan) -> netfilter::NetfilterPlan
 
 /// The digest `nft list set` shows in our IPv4 table.
 fn kernel_digest(node: &Netns) -> Option<u64> {
-    let listing = node.sh_ok(&format!(
-        "nft list set ip ipvs-proxier {}",
-        netfilter::DIGEST_SET
-    ));
-    netfilter::parse_digest(&listing)
+    family_digest(node, "ip")
 }
 
 #[test]
@@ -321,4 +318,193 @@ fn the_table_listing_names_what_nft_list_tables_names_in_its_own_namespace() {
     assert_eq!(listed, oracle(&node));
     assert!(!listed.contains("ip6 ipvs-proxier"), "{listed:?}");
     assert!(listed.contains("ip ipvs-proxier"), "{listed:?}");
+}
+
+/// A Service's share of the tables: one element in every single-value set of both
+/// families, each made from `k`.
+fn fragment(k: u8) -> netfilter::NetfilterPlan {
+    let family = |family, address: IpAddr| {
+        let mut plan = netfilter::FamilyPlan::new(family, netfilter::ClusterIpMasquerade::All);
+        let at = |port: u16| netfilter::AddrPort {
+            address,
+            protocol: if k.is_multiple_of(2) {
+                Protocol::Tcp
+            } else {
+                Protocol::Udp
+            },
+            port,
+        };
+        let port = 1000 + u16::from(k);
+        let proto_port = netfilter::ProtoPort {
+            protocol: Protocol::Sctp,
+            port: 30_000 + u16::from(k),
+        };
+        plan.cluster_ips.insert(at(port));
+        plan.external_ips.insert(at(port + 100));
+        plan.external_ips_local.insert(at(port + 200));
+        plan.load_balancer_ips.insert(at(port + 300));
+        plan.load_balancer_ips_local.insert(at(port + 400));
+        plan.node_ports.insert(proto_port);
+        plan.node_ports_local.insert(netfilter::ProtoPort {
+            port: proto_port.port + 100,
+            ..proto_port
+        });
+        plan.firewalled.insert(at(port + 500));
+        plan.node_allowed.insert(at(port + 600));
+        plan.hairpin.insert(at(port + 700));
+        plan.health_check_node_ports.insert(31_000 + u16::from(k));
+        plan.bound_ips.insert(address);
+        plan.service_ports.insert(at(port + 800));
+        plan
+    };
+    netfilter::NetfilterPlan {
+        v4: Some(family(
+            proxier_core::model::AddressFamily::V4,
+            ip(&format!("10.96.3.{}", k + 1)),
+        )),
+        v6: Some(family(
+            proxier_core::model::AddressFamily::V6,
+            ip(&format!("fd00:96::{:x}", 0xa0 + u16::from(k))),
+        )),
+    }
+}
+
+/// Every element of every single-value set of our tables (the sets `plan` has elements
+/// in), as `nft list set` shows them, in the form `netfilter::render::set_elements` gives.
+fn kernel_elements(
+    node: &Netns,
+    plan: &netfilter::NetfilterPlan,
+) -> std::collections::BTreeSet<String> {
+    let sets: std::collections::BTreeSet<(&str, &str)> = netfilter::render::set_elements(plan)
+        .into_iter()
+        .map(|(family, set, _)| (netfilter::render::nft_family(family), set))
+        .collect();
+    let mut elements = std::collections::BTreeSet::new();
+    for (family, set) in sets {
+        let listing = node.sh_ok(&format!("nft list set {family} ipvs-proxier {set}"));
+        for element in netfilter::render::parse_set_elements(&listing) {
+            elements.insert(format!("{family} {set} {element}"));
+        }
+    }
+    elements
+}
+
+/// What `plan` puts in those sets, in the form of [`kernel_elements`].
+fn planned_elements(plan: &netfilter::NetfilterPlan) -> std::collections::BTreeSet<String> {
+    netfilter::render::set_elements(plan)
+        .into_iter()
+        .map(|(family, set, element)| {
+            format!("{} {set} {element}", netfilter::render::nft_family(family))
+        })
+        .collect()
+}
+
+/// The digest `nft list set` shows in our table of `family` (`ip` or `ip6`).
+fn family_digest(node: &Netns, family: &str) -> Option<u64> {
+    let listing = node.sh_ok(&format!(
+        "nft list set {family} ipvs-proxier {}",
+        netfilter::DIGEST_SET
+    ));
+    netfilter::parse_digest(&listing)
+}
+
+#[test]
+fn an_element_update_goes_without_nft_and_leaves_the_sets_as_the_script_would() {
+    require_kernel!();
+    load_nft_modules();
+    let node = Netns::new();
+    let options = RenderOptions::default();
+    // `nft` behind a wrapper that logs each start, to tell a batch from a script.
+    let dir = std::env::temp_dir().join(format!("nft-calls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let calls = dir.join("calls");
+    let wrapper = dir.join("nft");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\necho \"$*\" >> {}\nexec nft \"$@\"\n",
+            calls.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        &wrapper,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let starts = || {
+        std::fs::read_to_string(&calls)
+            .unwrap_or_default()
+            .lines()
+            .count()
+    };
+    let name = |n: &str| proxier_core::model::ServiceName::new("default", n);
+    let empty = netfilter::NetfilterPlan {
+        v4: Some(netfilter::FamilyPlan::new(
+            proxier_core::model::AddressFamily::V4,
+            netfilter::ClusterIpMasquerade::All,
+        )),
+        v6: Some(netfilter::FamilyPlan::new(
+            proxier_core::model::AddressFamily::V6,
+            netfilter::ClusterIpMasquerade::All,
+        )),
+    };
+    let mut tracker = netfilter::NetfilterTracker::new(empty);
+    tracker.set_service(&name("a"), Some(fragment(0)));
+    tracker.set_service(&name("keep"), Some(fragment(2)));
+    let first = tracker.take_changes();
+    let before = tracker.plan().clone();
+    // Service a goes, b comes: every single-value set of both families loses one element and
+    // gains another.
+    tracker.set_service(&name("a"), None);
+    tracker.set_service(&name("b"), Some(fragment(1)));
+    let change = tracker.take_changes();
+    let after = tracker.plan().clone();
+
+    node.block_on(|| async {
+        let mut nf = Netfilter::new(NftBackend::new(&wrapper), options.clone()).unwrap();
+        assert!(nf.sync_changes(&before, &first).await.unwrap());
+        assert_eq!(kernel_elements(&node, &before), planned_elements(&before));
+        let started = starts();
+        assert!(started >= 1, "the first sync writes the tables with nft");
+
+        // The update goes as one batch, detached as within a sync, and nft is not started.
+        assert!(nf.start_changes(&after, &change).await.unwrap());
+        let settled = nf.settle().await.unwrap();
+        assert!(settled.is_ok(), "{settled:?}");
+        assert_eq!(starts(), started, "an element update started nft");
+        assert_eq!(kernel_elements(&node, &after), planned_elements(&after));
+        // The digest (marks in host order) is the whole plan's, in both families' tables.
+        let digest = netfilter::plan_digest(&after, &options).unwrap();
+        assert_eq!(nf.digest(), Some(digest));
+        assert_eq!(family_digest(&node, "ip"), Some(digest));
+        assert_eq!(family_digest(&node, "ip6"), Some(digest));
+
+        // Someone deletes one of b's elements behind our back; b's removal then deletes an
+        // element the kernel does not hold: the kernel refuses the whole batch and keeps
+        // every other element of b.
+        node.sh_ok("nft delete element ip ipvs-proxier service-ips { 10.96.3.2 }");
+        let mut tampered = planned_elements(&after);
+        assert!(tampered.remove("ip service-ips 10.96.3.2"));
+        tracker.set_service(&name("b"), None);
+        let removal = tracker.take_changes();
+        let last = tracker.plan().clone();
+        assert!(nf.start_changes(&last, &removal).await.unwrap());
+        let settled = nf.settle().await.unwrap();
+        assert!(
+            matches!(settled, Err(netfilter::NetfilterError::ElementBatch(_))),
+            "{settled:?}"
+        );
+        assert_eq!(kernel_elements(&node, &after), tampered);
+        assert_eq!(starts(), started, "a refused batch started nft");
+
+        // The next sync replaces the tables with the plan, by script.
+        let nothing = tracker.take_changes();
+        assert!(nf.sync_changes(&last, &nothing).await.unwrap());
+        assert!(starts() > started);
+        assert_eq!(kernel_elements(&node, &after), planned_elements(&last));
+        let digest = netfilter::plan_digest(&last, &options).unwrap();
+        assert_eq!(family_digest(&node, "ip6"), Some(digest));
+    });
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -226,6 +226,45 @@ impl NetlinkSocket {
         self.exchange(payload, NLM_F_REQUEST | NLM_F_ACK, f)
     }
 
+    /// Sends `messages` (each with its flags) as one datagram, exactly as given, then an
+    /// acknowledged no-op barrier in a datagram of its own, and reads until the barrier's
+    /// acknowledgement: every reply to the first datagram comes before it. For a netfilter
+    /// batch (`NFNL_MSG_BATCH_BEGIN` .. `NFNL_MSG_BATCH_END`), which takes the whole
+    /// datagram it begins, so no barrier may share it. `Ok(Err(errno))`: the first error a
+    /// reply carried (the kernel reports every failing message of a batch, and a failed
+    /// commit on its begin message); `Ok(Ok(()))`: no reply carried one.
+    pub fn send_batch<P, I>(&mut self, messages: I) -> io::Result<Result<(), i32>>
+    where
+        P: NetlinkSerializable,
+        I: IntoIterator<Item = (P, u16)>,
+    {
+        self.out.clear();
+        for (message, flags) in messages {
+            let sequence = self.next_sequence();
+            push_message(&mut self.out, message, flags, sequence);
+        }
+        self.send_out()?;
+        let barrier = self.next_sequence();
+        self.out.clear();
+        push_message(&mut self.out, Barrier, NLM_F_REQUEST | NLM_F_ACK, barrier);
+        self.send_out()?;
+        let mut result = Ok(());
+        loop {
+            self.inbox.fill(&self.socket)?;
+            for reply in self.inbox.datagrams().flat_map(replies) {
+                let end = reply.end();
+                if reply.header.sequence_number == barrier && end != End::No {
+                    return Ok(result);
+                }
+                match end {
+                    End::Errno(errno) if result.is_ok() => result = Err(errno),
+                    End::Overrun => return Err(io::Error::from_raw_os_error(libc::ENOBUFS)),
+                    _ => {}
+                }
+            }
+        }
+    }
+
     /// Sends `requests` with as few `sendmsg` calls as the kernel allows (up to 160 KiB or
     /// 2,048 requests per datagram), each asking for an acknowledgement, and calls
     /// `answer` exactly once for every request with its tag, in order within a datagram.

@@ -1,8 +1,9 @@
 //! The I/O edge: hands a rendered script to the kernel.
 //!
 //! [`NftBackend`] runs `nft -f -` with the script on its standard input, in the network
-//! namespace of the calling thread (a child process inherits it). [`MemoryNetfilterBackend`]
-//! records scripts for tests and dry runs.
+//! namespace of the calling thread (a child process inherits it), and sends incremental
+//! set-element updates as nf_tables batches over nfnetlink ([`ElementBatch`]) on a socket
+//! opened there. [`MemoryNetfilterBackend`] records scripts for tests and dry runs.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
@@ -11,6 +12,8 @@ use std::pin::Pin;
 use std::process::Stdio;
 
 use tokio::io::AsyncWriteExt;
+
+use super::elements::ElementBatch;
 
 /// Why a script could not be applied.
 #[derive(Debug, thiserror::Error)]
@@ -47,6 +50,10 @@ pub enum NetfilterError {
     /// The tables could not be listed over nfnetlink ([`NftBackend::list_tables`]).
     #[error("listing the nftables tables over netlink: {0}")]
     Listing(std::io::Error),
+    /// A set-element update sent over nfnetlink ([`ElementBatch`]) was refused (nothing of
+    /// it was applied) or could not be sent.
+    #[error("updating the nftables set elements over netlink: {0}")]
+    ElementBatch(std::io::Error),
 }
 
 /// The tables present in the kernel, each as `family name` (`ip ipvs-proxier`), read by a
@@ -75,6 +82,15 @@ pub trait NetfilterBackend: Send {
     /// (the default): this backend cannot, and updates are applied within the sync.
     fn apply_detached(&self, script: String) -> Option<PendingApply> {
         let _ = script;
+        None
+    }
+
+    /// Starts applying an incremental set-element update sent as one nf_tables batch
+    /// ([`ElementBatch`]), as [`NetfilterBackend::apply_detached`] starts a script: the same
+    /// transaction, without a process. `None` (the default): this backend cannot, and the
+    /// update goes by script.
+    fn apply_elements_detached(&self, batch: ElementBatch) -> Option<PendingApply> {
+        let _ = batch;
         None
     }
 
@@ -141,6 +157,23 @@ impl NetfilterBackend for NftBackend {
             Ok(child) => Box::pin(finish_apply(self.nft.clone(), child, script)),
             Err(error) => Box::pin(std::future::ready(Err(error))),
         })
+    }
+
+    /// Sends the batch over nfnetlink: the socket is opened here, in the calling thread's
+    /// network namespace; the kernel takes (or refuses) the whole batch within the `sendmsg`,
+    /// so the future blocks its thread only for that.
+    fn apply_elements_detached(&self, batch: ElementBatch) -> Option<PendingApply> {
+        let socket = super::tables::open();
+        Some(Box::pin(async move {
+            let mut socket = socket.map_err(NetfilterError::ElementBatch)?;
+            match batch.send(&mut socket) {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(errno)) => Err(NetfilterError::ElementBatch(
+                    std::io::Error::from_raw_os_error(errno),
+                )),
+                Err(error) => Err(NetfilterError::ElementBatch(error)),
+            }
+        }))
     }
 
     /// Lists the tables over nfnetlink, not with `nft list tables`, which fills nft's whole

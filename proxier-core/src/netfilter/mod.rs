@@ -13,7 +13,11 @@
 //!
 //! [`Netfilter`] ties them together and skips no-op syncs. An incremental update may run
 //! detached ([`Netfilter::start_changes`]) while the caller goes on writing IPVS; the next
-//! update waits for it ([`Netfilter::settle`]). At start it adopts tables that
+//! update waits for it ([`Netfilter::settle`]). An incremental update of single-value sets
+//! (a Service or endpoint change) does not start `nft` at all: [`NftBackend`] sends it as
+//! one nf_tables batch of set elements over nfnetlink ([`ElementBatch`]), the same
+//! transaction without a process; the rest (the first write, a repair, a change of an
+//! interval set or of the rules) goes by script. At start it adopts tables that
 //! already hold its plan (a restart with nothing changed) instead of rewriting them: each
 //! table carries a digest of its contents ([`digest`]), kept current by every update.
 //!
@@ -103,6 +107,7 @@
 
 pub mod apply;
 pub mod digest;
+mod elements;
 pub mod plan;
 pub mod render;
 mod tables;
@@ -113,6 +118,7 @@ pub use apply::{
     PendingSetList, PendingTableList, parse_table_list,
 };
 pub use digest::{changed_digest, parse_digest, plan_digest, render_digest};
+pub use elements::ElementBatch;
 pub use plan::{
     AddrPort, ClusterIpMasquerade, FamilyPlan, NetfilterPlan, ProtoPort, SourceRange, empty_plan,
     plan, plan_of_service,
@@ -329,9 +335,8 @@ impl<B: NetfilterBackend> Netfilter<B> {
             if changes.is_empty() {
                 return Ok(false);
             }
-            let (script, digest) = self.update_script(plan, changes)?;
-            match self.backend.apply(&script).await {
-                Ok(()) => {
+            match self.apply_update(plan, changes).await {
+                Ok(digest) => {
                     self.digest = digest;
                     tracing::debug!(table = %self.options.table_name, "nftables set elements updated");
                     return Ok(true);
@@ -388,8 +393,15 @@ impl<B: NetfilterBackend> Netfilter<B> {
     ) -> Result<bool, NetfilterError> {
         debug_assert!(self.in_flight.is_none(), "an nftables update is in flight");
         if self.tracked_in_sync && !changes.is_empty() && self.in_flight.is_none() {
-            let (script, digest) = self.update_script(plan, changes)?;
-            if let Some(pending) = self.backend.apply_detached(script) {
+            let digest = self.digest.map(|digest| changed_digest(digest, changes));
+            let pending = match self.element_batch(plan, changes) {
+                Some(pending) => Some(pending),
+                None => {
+                    let (script, _) = self.update_script(plan, changes)?;
+                    self.backend.apply_detached(script)
+                }
+            };
+            if let Some(pending) = pending {
                 let ended = std::sync::Arc::clone(&self.update_ended);
                 let task = tokio::spawn(async move {
                     let result = pending.await;
@@ -407,6 +419,32 @@ impl<B: NetfilterBackend> Netfilter<B> {
             }
         }
         self.sync_changes(plan, changes).await
+    }
+
+    /// Applies the update taking the tables from what the last call gave to `plan` by
+    /// `changes` alone, as one element batch when it can ([`Netfilter::element_batch`]),
+    /// else by script; returns the digest the tables then hold.
+    async fn apply_update(
+        &mut self,
+        plan: &NetfilterPlan,
+        changes: &PlanChanges,
+    ) -> Result<Option<u64>, NetfilterError> {
+        if let Some(pending) = self.element_batch(plan, changes) {
+            pending.await?;
+            return Ok(self.digest.map(|digest| changed_digest(digest, changes)));
+        }
+        let (script, digest) = self.update_script(plan, changes)?;
+        self.backend.apply(&script).await?;
+        Ok(digest)
+    }
+
+    /// The update of [`Netfilter::update_script`] started as one nf_tables batch of set
+    /// elements ([`ElementBatch`]), without `nft`; `None` when the change needs the script
+    /// (an interval set, a family added) or the backend cannot send batches.
+    fn element_batch(&self, plan: &NetfilterPlan, changes: &PlanChanges) -> Option<PendingApply> {
+        let digest = self.digest.map(|digest| changed_digest(digest, changes));
+        let batch = ElementBatch::of(plan, changes, digest, &self.options.table_name)?;
+        self.backend.apply_elements_detached(batch)
     }
 
     /// The transaction taking the tables from what the last call gave to `plan` by

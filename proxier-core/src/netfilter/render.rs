@@ -24,6 +24,41 @@ pub const DEFAULT_TABLE_NAME: &str = "ipvs-proxier";
 /// ([`super::digest`]): one element `0xHIGH . 0xLOW` (type `mark . mark`).
 pub const DIGEST_SET: &str = "plan-digest";
 
+/// Names of the sets of each family's table (see the module documentation of
+/// [`super`] for what each holds).
+pub(super) mod set_name {
+    /// `cluster-ips`.
+    pub const CLUSTER_IPS: &str = "cluster-ips";
+    /// `external-ips`.
+    pub const EXTERNAL_IPS: &str = "external-ips";
+    /// `external-ips-local`.
+    pub const EXTERNAL_IPS_LOCAL: &str = "external-ips-local";
+    /// `load-balancer-ips`.
+    pub const LOAD_BALANCER_IPS: &str = "load-balancer-ips";
+    /// `load-balancer-ips-local`.
+    pub const LOAD_BALANCER_IPS_LOCAL: &str = "load-balancer-ips-local";
+    /// `node-ports`.
+    pub const NODE_PORTS: &str = "node-ports";
+    /// `node-ports-local`.
+    pub const NODE_PORTS_LOCAL: &str = "node-ports-local";
+    /// `load-balancer-firewall`.
+    pub const LOAD_BALANCER_FIREWALL: &str = "load-balancer-firewall";
+    /// `load-balancer-source-ranges`.
+    pub const LOAD_BALANCER_SOURCE_RANGES: &str = "load-balancer-source-ranges";
+    /// `load-balancer-node-allowed`.
+    pub const LOAD_BALANCER_NODE_ALLOWED: &str = "load-balancer-node-allowed";
+    /// `hairpin`.
+    pub const HAIRPIN: &str = "hairpin";
+    /// `health-check-node-ports`.
+    pub const HEALTH_CHECK_NODE_PORTS: &str = "health-check-node-ports";
+    /// `service-ips`.
+    pub const SERVICE_IPS: &str = "service-ips";
+    /// `service-ports`.
+    pub const SERVICE_PORTS: &str = "service-ports";
+    /// `node-pod-cidrs`.
+    pub const NODE_POD_CIDRS: &str = "node-pod-cidrs";
+}
+
 /// Default masquerade mark bit: kube-proxy's `--iptables-masquerade-bit` 14.
 pub const DEFAULT_MASQUERADE_MARK: u32 = 0x4000;
 
@@ -326,55 +361,55 @@ pub(super) fn set_contents(plan: &FamilyPlan) -> Vec<SetContent> {
     let with_addr = format!("{addr_port} . {addr}");
     let mut sets = vec![
         content(
-            "cluster-ips",
+            set_name::CLUSTER_IPS,
             &addr_port,
             false,
             elems(&plan.cluster_ips, addr_port_elem),
         ),
         content(
-            "external-ips",
+            set_name::EXTERNAL_IPS,
             &addr_port,
             false,
             elems(&plan.external_ips, addr_port_elem),
         ),
         content(
-            "external-ips-local",
+            set_name::EXTERNAL_IPS_LOCAL,
             &addr_port,
             false,
             elems(&plan.external_ips_local, addr_port_elem),
         ),
         content(
-            "load-balancer-ips",
+            set_name::LOAD_BALANCER_IPS,
             &addr_port,
             false,
             elems(&plan.load_balancer_ips, addr_port_elem),
         ),
         content(
-            "load-balancer-ips-local",
+            set_name::LOAD_BALANCER_IPS_LOCAL,
             &addr_port,
             false,
             elems(&plan.load_balancer_ips_local, addr_port_elem),
         ),
         content(
-            "node-ports",
+            set_name::NODE_PORTS,
             &proto_port,
             false,
             elems(&plan.node_ports, proto_port_elem),
         ),
         content(
-            "node-ports-local",
+            set_name::NODE_PORTS_LOCAL,
             &proto_port,
             false,
             elems(&plan.node_ports_local, proto_port_elem),
         ),
         content(
-            "load-balancer-firewall",
+            set_name::LOAD_BALANCER_FIREWALL,
             &addr_port,
             false,
             elems(&plan.firewalled, addr_port_elem),
         ),
         content(
-            "load-balancer-source-ranges",
+            set_name::LOAD_BALANCER_SOURCE_RANGES,
             &with_addr,
             true,
             plan.source_ranges
@@ -383,13 +418,13 @@ pub(super) fn set_contents(plan: &FamilyPlan) -> Vec<SetContent> {
                 .collect(),
         ),
         content(
-            "load-balancer-node-allowed",
+            set_name::LOAD_BALANCER_NODE_ALLOWED,
             &addr_port,
             false,
             elems(&plan.node_allowed, addr_port_elem),
         ),
         content(
-            "hairpin",
+            set_name::HAIRPIN,
             &with_addr,
             false,
             plan.hairpin
@@ -398,7 +433,7 @@ pub(super) fn set_contents(plan: &FamilyPlan) -> Vec<SetContent> {
                 .collect(),
         ),
         content(
-            "health-check-node-ports",
+            set_name::HEALTH_CHECK_NODE_PORTS,
             &"inet_service".to_owned(),
             false,
             plan.health_check_node_ports
@@ -407,13 +442,13 @@ pub(super) fn set_contents(plan: &FamilyPlan) -> Vec<SetContent> {
                 .collect(),
         ),
         content(
-            "service-ips",
+            set_name::SERVICE_IPS,
             &addr.to_owned(),
             false,
             plan.bound_ips.iter().map(IpAddr::to_string).collect(),
         ),
         content(
-            "service-ports",
+            set_name::SERVICE_PORTS,
             &addr_port,
             false,
             elems(&plan.service_ports, addr_port_elem),
@@ -422,7 +457,7 @@ pub(super) fn set_contents(plan: &FamilyPlan) -> Vec<SetContent> {
     // Only the NodeCIDR mode has this set: the tables of the other modes stay as they were.
     if plan.cluster_ip_masquerade == ClusterIpMasquerade::OutsideNodePodCidrs {
         sets.push(content(
-            "node-pod-cidrs",
+            set_name::NODE_POD_CIDRS,
             &addr.to_owned(),
             true,
             plan.node_pod_cidrs.iter().map(|n| net_elem(*n)).collect(),
