@@ -807,6 +807,38 @@ fn main() -> anyhow::Result<()> {
         sync_total.as_ref().map_or("none".into(), |p| p.to_string()),
         sync_nft.as_ref().map_or("none".into(), |p| p.to_string())
     );
+    // The phases of the syncs that added or deleted a whole Service (its virtual server, its
+    // endpoints and its address: more kernel objects than it has endpoints, where an
+    // endpoint change writes three) beside those of the others.
+    let whole_service = |sync: &LogEvent| {
+        sync.u64("writes").unwrap_or_default() + sync.u64("deletes").unwrap_or_default() > m as u64
+    };
+    for (which, service) in [("adding or deleting a Service", true), ("other", false)] {
+        let syncs: Vec<&LogEvent> = incremental
+            .iter()
+            .filter(|sync| whole_service(sync) == service)
+            .collect();
+        let phases: Vec<String> = [
+            "total_s",
+            "plan_s",
+            "kernel_read_s",
+            "diff_s",
+            "address_writes_s",
+            "ipvs_writes_s",
+            "conntrack_s",
+        ]
+        .iter()
+        .filter_map(|phase| {
+            let samples: Vec<Duration> = syncs.iter().filter_map(|s| s.duration(phase)).collect();
+            Percentiles::of(&samples).map(|p| format!("{phase} {p}"))
+        })
+        .collect();
+        println!(
+            "incremental syncs ({which}): {} syncs; {}",
+            syncs.len(),
+            phases.join("; ")
+        );
+    }
     let ok = traffic.ok.load(Ordering::Relaxed);
     let failed = traffic.failed.load(Ordering::Relaxed);
     let endpoint = Percentiles::of(&endpoint_samples);
