@@ -839,4 +839,112 @@ mod tests {
             &render_cleanup(DEFAULT_TABLE_NAME).unwrap()
         );
     }
+
+    /// A backend that sends element batches (recording them; the next one may be refused)
+    /// and applies scripts in memory.
+    #[derive(Default)]
+    struct Batching {
+        memory: MemoryNetfilterBackend,
+        batches: std::sync::Arc<std::sync::Mutex<Vec<ElementBatch>>>,
+        refuse: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    impl NetfilterBackend for Batching {
+        async fn apply(&mut self, script: &str) -> Result<(), NetfilterError> {
+            self.memory.apply(script).await
+        }
+
+        fn apply_elements_detached(&self, batch: ElementBatch) -> Option<PendingApply> {
+            self.batches.lock().unwrap().push(batch);
+            let refused = self
+                .refuse
+                .swap(false, std::sync::atomic::Ordering::Relaxed);
+            Some(Box::pin(async move {
+                if refused {
+                    Err(NetfilterError::ElementBatch(
+                        std::io::Error::from_raw_os_error(libc::ENOENT),
+                    ))
+                } else {
+                    Ok(())
+                }
+            }))
+        }
+    }
+
+    #[tokio::test]
+    async fn element_updates_go_as_batches_and_interval_sets_or_a_refusal_as_scripts() {
+        let backend = Batching::default();
+        let (batches, refuse) = (backend.batches.clone(), backend.refuse.clone());
+        let mut nf = Netfilter::new(backend, RenderOptions::default()).unwrap();
+        // The first write replaces the tables by script.
+        let plan = plan_with(&[80]);
+        assert!(nf.sync_changes(&plan, &changes(&[80], &[])).await.unwrap());
+        assert_eq!(nf.backend().memory.scripts.len(), 1);
+        assert!(batches.lock().unwrap().is_empty());
+
+        // An update of single-value sets: one batch, detached or within the sync, no script.
+        let plan = plan_with(&[80, 443]);
+        assert!(
+            nf.start_changes(&plan, &changes(&[443], &[]))
+                .await
+                .unwrap()
+        );
+        assert!(nf.settle().await.unwrap().is_ok());
+        let plan = plan_with(&[443]);
+        assert!(nf.sync_changes(&plan, &changes(&[], &[80])).await.unwrap());
+        assert_eq!(batches.lock().unwrap().len(), 2);
+        assert_eq!(nf.backend().memory.scripts.len(), 1);
+        assert_eq!(
+            nf.digest(),
+            Some(plan_digest(&plan, &RenderOptions::default()).unwrap())
+        );
+
+        // A source range (an interval set) goes by script.
+        let mut ranged = changes(&[], &[]);
+        ranged
+            .added
+            .v4
+            .as_mut()
+            .unwrap()
+            .source_ranges
+            .insert(SourceRange {
+                target: AddrPort {
+                    address: "192.0.2.1".parse().unwrap(),
+                    protocol: Protocol::Tcp,
+                    port: 443,
+                },
+                source: "198.51.100.0/24".parse().unwrap(),
+            });
+        let mut with_range = plan.clone();
+        with_range.v4.as_mut().unwrap().source_ranges =
+            ranged.added.v4.as_ref().unwrap().source_ranges.clone();
+        assert!(nf.sync_changes(&with_range, &ranged).await.unwrap());
+        assert_eq!(batches.lock().unwrap().len(), 2);
+        assert_eq!(nf.backend().memory.scripts.len(), 2);
+        assert!(
+            nf.backend().memory.scripts[1]
+                .starts_with("add element ip ipvs-proxier load-balancer-source-ranges")
+        );
+
+        // A refused batch: the next sync replaces the tables whole.
+        refuse.store(true, std::sync::atomic::Ordering::Relaxed);
+        let next = with_range.clone();
+        let mut more = next.clone();
+        more.v4
+            .as_mut()
+            .unwrap()
+            .cluster_ips
+            .extend(plan_with(&[8080]).v4.unwrap().cluster_ips);
+        assert!(
+            nf.start_changes(&more, &changes(&[8080], &[]))
+                .await
+                .unwrap()
+        );
+        assert!(nf.settle().await.unwrap().is_err());
+        assert_eq!(nf.digest(), None);
+        assert!(nf.sync_changes(&more, &changes(&[], &[])).await.unwrap());
+        assert_eq!(batches.lock().unwrap().len(), 3);
+        assert_eq!(nf.backend().memory.scripts.len(), 3);
+        assert!(nf.backend().memory.scripts[2].contains("delete table ip ipvs-proxier"));
+    }
 }
