@@ -138,7 +138,9 @@ impl Drop for DumpSlot {
 /// handle is still being read (destinations listed while the services are walked) runs on
 /// a pooled socket of its own, and is read whole before its first item comes.
 /// [`batch`](IpvsHandle::batch) and [`table`](IpvsHandle::table) use dedicated sockets from
-/// the same small pool, opened in the handle's network namespace.
+/// the same small pool, opened in the handle's network namespace: page-sized ones (see
+/// [`NetlinkSocket::open_page_sized`]), and one that takes 32 KiB datagrams for the
+/// whole-table reads' service dumps.
 #[derive(Clone)]
 pub struct IpvsHandle {
     inner: Arc<Inner>,
@@ -151,7 +153,12 @@ struct Inner {
     family: u16,
     dump_lock: Arc<tokio::sync::Mutex<()>>,
     netns: Option<Arc<OwnedFd>>,
+    /// Page-sized sockets: batches, single dumps, the destination dumps of a table read.
     pool: Mutex<Vec<NetlinkSocket>>,
+    /// The socket a table read dumps the service list on: its parts are the kernel's
+    /// largest, since each part of a service dump walks the kernel's service table from the
+    /// start up to where the last one ended.
+    lister: Mutex<Option<NetlinkSocket>>,
 }
 
 impl std::fmt::Debug for IpvsHandle {
@@ -219,7 +226,8 @@ impl IpvsHandle {
                 family,
                 dump_lock: Arc::new(tokio::sync::Mutex::new(())),
                 netns,
-                pool: Mutex::new(vec![socket]),
+                pool: Mutex::new(Vec::new()),
+                lister: Mutex::new(Some(socket)),
             }),
             read_sockets: None,
         };
@@ -631,7 +639,7 @@ impl IpvsHandle {
         if missing > 0 {
             let more = netns::run_in(self.inner.netns.clone(), move || {
                 (0..missing)
-                    .map(|_| NetlinkSocket::open(NETLINK_GENERIC))
+                    .map(|_| NetlinkSocket::open_page_sized(NETLINK_GENERIC))
                     .collect::<io::Result<Vec<_>>>()
             })
             .await?;
@@ -762,18 +770,35 @@ impl IpvsHandle {
                 .unwrap_or(2)
                 .clamp(2, MAX_DUMP_WORKERS)
         });
-        let sockets = self
-            .take_sockets(workers)
+        let failed = |e: io::Error| Error::io(Operation::ListServices, e);
+        let taken = self
+            .inner
+            .lister
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        let mut lister = match taken {
+            Some(lister) => lister,
+            None => netns::run_in(self.inner.netns.clone(), || {
+                NetlinkSocket::open(NETLINK_GENERIC)
+            })
             .await
-            .map_err(|e| Error::io(Operation::ListServices, e))?;
+            .map_err(failed)?,
+        };
+        let mut sockets = self.take_sockets(workers).await.map_err(failed)?;
         let family = self.inner.family;
-        self.on_blocking_thread(
-            sockets,
-            move |sockets| table::read(sockets, family, max_attempts),
-            Result::is_ok,
-        )
+        let (read, lister, sockets) = tokio::task::spawn_blocking(move || {
+            let read = table::read(&mut lister, &mut sockets, family, max_attempts);
+            (read, lister, sockets)
+        })
         .await
-        .map_err(|e| Error::io(Operation::ListServices, io::Error::other(e.to_string())))?
+        .map_err(|e| failed(io::Error::other(e.to_string())))?;
+        if read.is_ok() {
+            self.give_back(sockets);
+            let mut slot = self.inner.lister.lock().unwrap_or_else(|p| p.into_inner());
+            slot.get_or_insert(lister);
+        }
+        read
     }
 }
 

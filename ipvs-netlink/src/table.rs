@@ -1,6 +1,8 @@
 //! Reading the whole table on blocking sockets: the service list (verified against the
-//! kernel's cross-namespace dump flaw, or a single dump) and every service's destinations,
-//! dumped in parallel while the service list is still being verified.
+//! kernel's cross-namespace dump flaw, or a single dump) on a socket that takes the kernel's
+//! largest datagrams, and every service's destinations on page-sized sockets (see
+//! [`NetlinkSocket::open_page_sized`]), dumped in parallel while the service list is still
+//! being verified.
 //!
 //! The kernel resumes a multi-part service dump by a position that counts the services of
 //! every network namespace, so IPVS changes in another namespace during a dump can make it
@@ -208,9 +210,11 @@ impl Queue {
     }
 }
 
-/// Reads the table: the service list with up to `max_attempts` dumps on the first socket
-/// (a single, unverified dump with 1), every service's destinations on all of them.
+/// Reads the table: the service list with up to `max_attempts` dumps on `lister` (a single,
+/// unverified dump with 1), every service's destinations on `sockets`, one thread each; the
+/// calling thread dumps the services, then takes the first of `sockets`.
 pub(crate) fn read(
+    lister: &mut NetlinkSocket,
     sockets: &mut [NetlinkSocket],
     family: u16,
     max_attempts: u32,
@@ -230,7 +234,7 @@ pub(crate) fn read(
                 scope.spawn(move || destinations_worker(socket, family, queue))
             })
             .collect();
-        let services = read_services(first, family, max_attempts, &queue);
+        let services = read_services(lister, family, max_attempts, &queue);
         queue.close(services.is_err());
         let mut parts = vec![destinations_worker(first, family, &queue)];
         for worker in workers {

@@ -102,6 +102,74 @@ fn ipvs_a_table_read_on_one_socket_is_the_same_table_as_on_several() {
     assert_eq!(ns.sh_ok("ipvsadm -Sn | grep -c '^-a'").trim(), "900");
 }
 
+/// A service's destinations come in page-sized parts to the pooled sockets (see
+/// `NetlinkSocket::open_page_sized`): 2,000 destinations take some 80 parts, more than one
+/// `recvmmsg` takes, and a table read, a best-effort one and a single dump must still see
+/// every one of them, as `ipvsadm` does.
+#[test]
+fn ipvs_thousands_of_destinations_of_one_service_come_whole_in_page_sized_parts() {
+    require_kernel!();
+    let _alone = ALONE.lock().unwrap_or_else(|p| p.into_inner());
+    let ns = netns_with_routes();
+    let big = ServiceKey::tcp(IpAddr::V4(Ipv4Addr::new(10, 63, 0, 1)), 80);
+    let small = ServiceKey::udp(IpAddr::V4(Ipv4Addr::new(10, 63, 0, 2)), 53);
+    let expected: BTreeSet<(IpAddr, u16)> = (0..2_000u16)
+        .map(|i| {
+            let [hi, lo] = i.to_be_bytes();
+            (IpAddr::V4(Ipv4Addr::new(10, 64, hi, lo)), 8000 + i % 7)
+        })
+        .collect();
+    let want = expected.clone();
+    with_handle(&ns, |h| async move {
+        let mut ops = vec![
+            Op::AddService(Service::new(big, Scheduler::RoundRobin)),
+            Op::AddService(Service::new(small, Scheduler::RoundRobin)),
+            Op::AddDestination(
+                small,
+                Destination::new(IpAddr::V4(Ipv4Addr::new(10, 65, 0, 1)), 53),
+            ),
+        ];
+        ops.extend(
+            want.iter()
+                .map(|(addr, port)| Op::AddDestination(big, Destination::new(*addr, *port))),
+        );
+        assert!(h.batch(ops).await.iter().all(|r| r.is_ok()));
+        let of = |dests: &[ipvs_netlink::DestinationEntry]| -> BTreeSet<(IpAddr, u16)> {
+            dests
+                .iter()
+                .map(|d| (d.destination.addr, d.destination.port))
+                .collect()
+        };
+        for table in [
+            h.table().await.unwrap(),
+            h.table_best_effort().await.unwrap(),
+            h.with_read_sockets(1).table().await.unwrap(),
+        ] {
+            assert_eq!(table.len(), 2);
+            for (entry, dests) in &table {
+                if entry.service.key == big {
+                    assert_eq!(dests.len(), 2_000);
+                    assert_eq!(of(dests), want);
+                } else {
+                    assert_eq!(dests.len(), 1, "{:?}", entry.service.key);
+                }
+            }
+        }
+        let single: Vec<_> = h.destinations(&big).try_collect().await.unwrap();
+        assert_eq!(of(&single), want);
+    });
+    let listed: BTreeSet<String> = ns
+        .sh_ok("ipvsadm -Ln -t 10.63.0.1:80 | awk '$1 == \"->\" && $2 != \"RemoteAddress:Port\" {print $2}'")
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    let expected: BTreeSet<String> = expected
+        .iter()
+        .map(|(addr, port)| format!("{addr}:{port}"))
+        .collect();
+    assert_eq!(listed, expected);
+}
+
 #[test]
 fn ipvs_dumps_of_one_handle_nest_and_an_abandoned_dump_does_not_hold_up_the_next() {
     require_kernel!();
