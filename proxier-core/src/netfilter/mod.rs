@@ -393,11 +393,11 @@ impl<B: NetfilterBackend> Netfilter<B> {
     ) -> Result<bool, NetfilterError> {
         debug_assert!(self.in_flight.is_none(), "an nftables update is in flight");
         if self.tracked_in_sync && !changes.is_empty() && self.in_flight.is_none() {
-            let digest = self.digest.map(|digest| changed_digest(digest, changes));
-            let pending = match self.element_batch(plan, changes) {
+            let digest = self.next_digest(changes);
+            let pending = match self.element_batch(plan, changes, digest) {
                 Some(pending) => Some(pending),
                 None => {
-                    let (script, _) = self.update_script(plan, changes)?;
+                    let script = self.update_script(plan, changes, digest)?;
                     self.backend.apply_detached(script)
                 }
             };
@@ -429,37 +429,49 @@ impl<B: NetfilterBackend> Netfilter<B> {
         plan: &NetfilterPlan,
         changes: &PlanChanges,
     ) -> Result<Option<u64>, NetfilterError> {
-        if let Some(pending) = self.element_batch(plan, changes) {
-            pending.await?;
-            return Ok(self.digest.map(|digest| changed_digest(digest, changes)));
+        let digest = self.next_digest(changes);
+        match self.element_batch(plan, changes, digest) {
+            Some(pending) => pending.await?,
+            None => {
+                let script = self.update_script(plan, changes, digest)?;
+                self.backend.apply(&script).await?;
+            }
         }
-        let (script, digest) = self.update_script(plan, changes)?;
-        self.backend.apply(&script).await?;
         Ok(digest)
+    }
+
+    /// The digest the tables hold once `changes` are applied (none when the stored one is
+    /// unknown).
+    fn next_digest(&self, changes: &PlanChanges) -> Option<u64> {
+        self.digest.map(|digest| changed_digest(digest, changes))
     }
 
     /// The update of [`Netfilter::update_script`] started as one nf_tables batch of set
     /// elements ([`ElementBatch`]), without `nft`; `None` when the change needs the script
     /// (an interval set, a family added) or the backend cannot send batches.
-    fn element_batch(&self, plan: &NetfilterPlan, changes: &PlanChanges) -> Option<PendingApply> {
-        let digest = self.digest.map(|digest| changed_digest(digest, changes));
+    fn element_batch(
+        &self,
+        plan: &NetfilterPlan,
+        changes: &PlanChanges,
+        digest: Option<u64>,
+    ) -> Option<PendingApply> {
         let batch = ElementBatch::of(plan, changes, digest, &self.options.table_name)?;
         self.backend.apply_elements_detached(batch)
     }
 
     /// The transaction taking the tables from what the last call gave to `plan` by
-    /// `changes` alone, with the digest it stores (none when the stored one is unknown).
+    /// `changes` alone, storing `digest` ([`Netfilter::next_digest`]) when it is known.
     fn update_script(
         &self,
         plan: &NetfilterPlan,
         changes: &PlanChanges,
-    ) -> Result<(String, Option<u64>), NetfilterError> {
+        digest: Option<u64>,
+    ) -> Result<String, NetfilterError> {
         let mut script = render_update(&changes.removed, &changes.added, &self.options)?;
-        let digest = self.digest.map(|digest| changed_digest(digest, changes));
         if let Some(digest) = digest {
             script.push_str(&render_digest(plan, &self.options, digest));
         }
-        Ok((script, digest))
+        Ok(script)
     }
 
     /// Whether an update started by [`Netfilter::start_changes`] has not been settled yet.
