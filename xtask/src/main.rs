@@ -138,6 +138,10 @@ enum Command {
         /// and write the section of the soak with faults.
         #[arg(long, requires = "soak_only")]
         faults: bool,
+        /// With `--soak-only`: the daemon takes the ClusterIP range with one local route
+        /// (`--bind-service-cidrs`) and the section of that soak is written.
+        #[arg(long, requires = "soak_only", conflicts_with = "faults")]
+        bind_service_cidrs: bool,
         /// Run `vm-bench proxier` with the kube source and `--bind-service-cidrs` at 10,000
         /// and at `--services` Services (two boots) and rewrite only the scale section.
         #[arg(long, conflicts_with_all = ["soak_only", "traffic_only"])]
@@ -195,6 +199,7 @@ fn main() -> ExitCode {
             soak_only,
             minutes,
             faults,
+            bind_service_cidrs,
             scale_only,
         } => {
             let options = bench_report::Options {
@@ -207,6 +212,7 @@ fn main() -> ExitCode {
                 soak_only,
                 minutes,
                 faults,
+                bind_service_cidrs,
                 scale_only,
             };
             let config = vm::VmConfig {

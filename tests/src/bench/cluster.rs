@@ -23,6 +23,9 @@ pub const NAMESPACE: &str = "bench";
 pub const ENDPOINT_ROUTE: &str = "ip link add bench0 type dummy && ip link set bench0 up && \
      ip addr add 10.200.255.254/16 dev bench0";
 
+/// The range every [`vip`] falls in: what `--bind-service-cidrs` takes with one local route.
+pub const SERVICE_CIDR: &str = "10.100.0.0/14";
+
 /// The ClusterIP of service `i` (up to 250,000 services: 10.100-103.x.y).
 pub fn vip(i: usize) -> Ipv4Addr {
     Ipv4Addr::new(

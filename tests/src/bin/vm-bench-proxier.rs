@@ -93,7 +93,7 @@ struct Args {
 }
 
 /// The CIDR holding every ClusterIP of the bench ([`cluster::vip`]: 10.100-103.x.y).
-const ROUTED_CIDR: &str = "10.100.0.0/14";
+const ROUTED_CIDR: &str = cluster::SERVICE_CIDR;
 
 fn parse_args() -> anyhow::Result<Args> {
     let mut a = Args {

@@ -1,5 +1,6 @@
 //! Soak at scale, run inside the test VM by `cargo xtask vm-bench soak [--services N]
-//! [--endpoints M] [--minutes T]` (default 10,000 x 5 for 5 minutes).
+//! [--endpoints M] [--minutes T] [--faults] [--bind-service-cidrs]` (default 10,000 x 5 for 5
+//! minutes).
 //!
 //! The daemon runs on the kube source (the API server double inside the VM, in the node's
 //! namespace) with kube-proxy's default full resync every 30 s. The first services send
@@ -11,6 +12,11 @@
 //!   timed to the kernel;
 //! - a client namespace connects to the ClusterIPs of the traffic services, whose endpoints
 //!   all stay, again and again, and each connection must be answered by a pod.
+//!
+//! With `--bind-service-cidrs` the daemon takes the ClusterIP range with one local route
+//! (`--bind-service-cidrs`, with `--ipvs-strict-arp`) instead of binding each ClusterIP on
+//! kube-ipvs0: a Service added or deleted then costs no address write, whose kernel cost
+//! grows with the addresses the link already holds.
 //!
 //! Reports failed connections (goal 0), failed kernel ops from the daemon's metrics (goal 0),
 //! RSS after convergence and at the end, each 3 s after a full sync (goal: at most 5 %
@@ -143,6 +149,8 @@ struct Args {
     endpoints: usize,
     minutes: f64,
     faults: bool,
+    /// The daemon takes [`cluster::SERVICE_CIDR`] with one local route.
+    routed: bool,
 }
 
 fn parse_args() -> anyhow::Result<Args> {
@@ -151,6 +159,7 @@ fn parse_args() -> anyhow::Result<Args> {
         endpoints: 5,
         minutes: 5.0,
         faults: false,
+        routed: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -160,8 +169,9 @@ fn parse_args() -> anyhow::Result<Args> {
             "--endpoints" => a.endpoints = value()?.parse()?,
             "--minutes" => a.minutes = value()?.parse()?,
             "--faults" => a.faults = true,
+            "--bind-service-cidrs" => a.routed = true,
             other => bail!(
-                "unknown argument {other} (use --services N --endpoints M --minutes T [--faults])"
+                "unknown argument {other} (use --services N --endpoints M --minutes T [--faults] [--bind-service-cidrs])"
             ),
         }
     }
@@ -502,7 +512,12 @@ fn main() -> anyhow::Result<()> {
     let n = a.services;
     let m = a.endpoints;
     println!(
-        "vm-bench-soak: {n} services x {m} endpoints (kube source), churn for {} min: one endpoint replaced every 100 ms, a Service added and deleted every second, client traffic to {TRAFFIC_SERVICES} services",
+        "vm-bench-soak: {n} services x {m} endpoints (kube source{}), churn for {} min: one endpoint replaced every 100 ms, a Service added and deleted every second, client traffic to {TRAFFIC_SERVICES} services",
+        if a.routed {
+            ", ClusterIPs by one local route"
+        } else {
+            ", a kube-ipvs0 address per ClusterIP"
+        },
         a.minutes
     );
     for module in [
@@ -568,7 +583,14 @@ fn main() -> anyhow::Result<()> {
         println!("API double filled in {:.2} s", t.elapsed().as_secs_f64());
     }
     let log = std::env::temp_dir().join("vm-bench-soak.log");
-    let mut daemon = BenchDaemon::start(&node, &Source::Kube(api.api().url()), &log, "30s", &[])?;
+    let routed_flag = format!("--bind-service-cidrs={}", cluster::SERVICE_CIDR);
+    let extra: Vec<&str> = if a.routed {
+        vec![&routed_flag, "--ipvs-strict-arp"]
+    } else {
+        Vec::new()
+    };
+    let mut daemon =
+        BenchDaemon::start(&node, &Source::Kube(api.api().url()), &log, "30s", &extra)?;
     let timeout = Duration::from_secs(300 + n as u64 / 10);
     daemon.wait_sync(1, timeout)?;
     let programmed = daemon.started.elapsed();
@@ -813,6 +835,8 @@ fn main() -> anyhow::Result<()> {
     let whole_service = |sync: &LogEvent| {
         sync.u64("writes").unwrap_or_default() + sync.u64("deletes").unwrap_or_default() > m as u64
     };
+    // Those of the syncs adding or deleting a Service go to the report: where its time goes.
+    let mut service_sync_phases = serde_json::Map::new();
     for (which, service) in [("adding or deleting a Service", true), ("other", false)] {
         let syncs: Vec<&LogEvent> = incremental
             .iter()
@@ -830,7 +854,14 @@ fn main() -> anyhow::Result<()> {
         .iter()
         .filter_map(|phase| {
             let samples: Vec<Duration> = syncs.iter().filter_map(|s| s.duration(phase)).collect();
-            Percentiles::of(&samples).map(|p| format!("{phase} {p}"))
+            let p = Percentiles::of(&samples);
+            if service {
+                service_sync_phases.insert(
+                    phase.trim_end_matches("_s").to_owned(),
+                    report::percentiles(p),
+                );
+            }
+            p.map(|p| format!("{phase} {p}"))
         })
         .collect();
         println!(
@@ -889,8 +920,13 @@ fn main() -> anyhow::Result<()> {
     }
     let met = |ok: bool| if ok { "met" } else { "NOT met" };
     println!(
-        "\n| soak ({n} svc x {m} ep, {} min, kube source) | measured | goal | status |",
-        a.minutes
+        "\n| soak ({n} svc x {m} ep, {} min, kube source{}) | measured | goal | status |",
+        a.minutes,
+        if a.routed {
+            ", --bind-service-cidrs"
+        } else {
+            ""
+        }
     );
     println!("|---|---|---|---|");
     println!(
@@ -944,6 +980,7 @@ fn main() -> anyhow::Result<()> {
         "services": n,
         "endpoints": m,
         "minutes": a.minutes,
+        "bind_service_cidrs": a.routed,
         "connections": { "answered": ok, "failed": failed },
         "kernel_ops": { "during_churn": churn_ops.values().sum::<u64>(), "failed": failed_ops },
         "syncs": { "all": syncs, "full": full_syncs, "with_errors": error_syncs },
@@ -953,6 +990,7 @@ fn main() -> anyhow::Result<()> {
         "incremental_sync": {
             "total": report::percentiles(sync_total),
             "nftables": report::percentiles(sync_nft),
+            "adding_or_deleting_a_service": service_sync_phases,
         },
         "slow": {
             "endpoint_change": slow_count("endpoint change"),

@@ -46,6 +46,9 @@ pub struct Options {
     pub minutes: f64,
     /// Inject faults into the soak (`vm-bench soak --faults`); its section is its own.
     pub faults: bool,
+    /// Run the soak with `--bind-service-cidrs` (ClusterIPs by one local route); its section
+    /// is its own.
+    pub bind_service_cidrs: bool,
     /// Run `vm-bench proxier` (kube source, `--bind-service-cidrs`) at 10,000 and at
     /// `services` Services and rewrite only the scale section of the page.
     pub scale_only: bool,
@@ -119,6 +122,9 @@ pub fn run(options: &Options, config: &VmConfig) -> Result<ExitCode> {
         .into();
     if options.faults {
         soak_args.push("--faults".to_owned());
+    }
+    if options.bind_service_cidrs {
+        soak_args.push("--bind-service-cidrs".to_owned());
     }
     let scale_args = [
         scale::proxier_args(
@@ -204,6 +210,7 @@ pub fn run(options: &Options, config: &VmConfig) -> Result<ExitCode> {
         [
             (soak::BEGIN, soak::END),
             (soak::FAULTS_BEGIN, soak::FAULTS_END),
+            (soak::ROUTED_BEGIN, soak::ROUTED_END),
             (scale::BEGIN, scale::END),
         ]
         .into_iter()
@@ -245,6 +252,9 @@ fn command_line(options: &Options, config: &VmConfig) -> String {
     }
     if options.faults {
         command.push_str(" --faults");
+    }
+    if options.bind_service_cidrs {
+        command.push_str(" --bind-service-cidrs");
     }
     if options.scale_only {
         command.push_str(" --scale-only");

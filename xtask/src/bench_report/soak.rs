@@ -1,8 +1,9 @@
 //! The soak's sections of the benchmarks page: `vm-bench soak` (churn under traffic with
 //! kube-proxy's full resync every 30 s), run and written alone by
 //! `cargo xtask bench-report --soak-only`, and the same soak with faults (`--faults`: a
-//! kill -9 and restart, an API outage, a 410 storm) in a section of its own; a full
-//! `bench-report` keeps both as they are.
+//! kill -9 and restart, an API outage, a 410 storm) and the same soak with the ClusterIPs
+//! taken by one local route (`--bind-service-cidrs`), each in a section of its own; a full
+//! `bench-report` keeps them as they are.
 
 use std::fmt::Write as _;
 
@@ -20,10 +21,23 @@ pub const FAULTS_BEGIN: &str = "<!-- vm-bench soak --faults -->";
 /// Where it ends.
 pub const FAULTS_END: &str = "<!-- /vm-bench soak --faults -->";
 
-/// The markers of the section `s` belongs in: the soak's, or the soak with faults'.
+/// Where the section of the soak in route mode starts.
+pub const ROUTED_BEGIN: &str = "<!-- vm-bench soak --bind-service-cidrs -->";
+/// Where it ends.
+pub const ROUTED_END: &str = "<!-- /vm-bench soak --bind-service-cidrs -->";
+
+/// Whether the soak ran the daemon with `--bind-service-cidrs`.
+fn routed(s: &Value) -> bool {
+    s["bind_service_cidrs"].as_bool() == Some(true)
+}
+
+/// The markers of the section `s` belongs in: the soak's, the soak with faults', or the
+/// soak in route mode's.
 pub fn markers(s: &Value) -> (&'static str, &'static str) {
     if s.get("faults").is_some() {
         (FAULTS_BEGIN, FAULTS_END)
+    } else if routed(s) {
+        (ROUTED_BEGIN, ROUTED_END)
     } else {
         (BEGIN, END)
     }
@@ -40,6 +54,8 @@ pub fn section(facts: &Facts, s: &Value) -> Result<String> {
         "{}\n",
         if faults.is_some() {
             "## Restart under load: faults during the churn (`vm-bench soak --faults`)"
+        } else if routed(s) {
+            "## Churn with the ClusterIPs taken by one local route (`vm-bench soak --bind-service-cidrs`)"
         } else {
             "## Churn under traffic, full resyncs included (`vm-bench soak`)"
         }
@@ -51,9 +67,14 @@ pub fn section(facts: &Facts, s: &Value) -> Result<String> {
     );
     let _ = writeln!(
         out,
-        "{} ClusterIP Services × {} endpoints, kube source, a full resync every 30 s (kube-proxy's default), {} min of churn.\n",
+        "{} ClusterIP Services × {} endpoints, kube source, {}, a full resync every 30 s (kube-proxy's default), {} min of churn.\n",
         thousands(num(s, "services")?),
         num(s, "endpoints")?,
+        if routed(s) {
+            "the ClusterIP range taken by one local route (`--bind-service-cidrs`)"
+        } else {
+            "each ClusterIP bound on kube-ipvs0 (kube-proxy's way)"
+        },
         num(s, "minutes")?
     );
     let (p99_goal, max_goal) = (
@@ -129,6 +150,24 @@ pub fn section(facts: &Facts, s: &Value) -> Result<String> {
             "| an incremental sync, as the daemon times it | {}; its nftables update, when it has one: {} | | |",
             p("total")?,
             p("nftables")?
+        );
+    }
+    let service_syncs = &s["incremental_sync"]["adding_or_deleting_a_service"];
+    if service_syncs["total"].is_object() {
+        let p = |phase: &str| -> Result<String> {
+            let key = format!("incremental_sync.adding_or_deleting_a_service.{phase}");
+            Ok(format!(
+                "p50 {:.1} ms, p99 {:.1} ms",
+                num(s, &format!("{key}.p50_ms"))?,
+                num(s, &format!("{key}.p99_ms"))?
+            ))
+        };
+        let _ = writeln!(
+            out,
+            "| a sync adding or deleting a Service, as the daemon times it | {}; of it, address writes {}, IPVS writes {} | | |",
+            p("total")?,
+            p("address_writes")?,
+            p("ipvs_writes")?
         );
     }
     let _ = writeln!(
@@ -308,5 +347,38 @@ mod tests {
             section.contains("(3.2 s): of its 2,345 facts (IPVS rules, kube-ipvs0 addresses, nftables rules and set elements), 0 were missing and 0 were leftovers — no change was lost (goal met)."),
             "{section}"
         );
+    }
+
+    #[test]
+    fn the_soak_in_route_mode_has_its_own_section_with_the_service_syncs_phases() {
+        let mut report: Value = serde_json::from_str(SOAK).unwrap();
+        report["bind_service_cidrs"] = true.into();
+        let phase = |p50: f64, p99: f64| serde_json::json!({"count": 58, "p50_ms": p50, "p99_ms": p99, "max_ms": p99 + 1.0});
+        report["incremental_sync"]["adding_or_deleting_a_service"] = serde_json::json!({
+            "total": phase(9.5, 21.0),
+            "address_writes": phase(0.0, 0.1),
+            "ipvs_writes": phase(4.3, 12.0),
+        });
+        assert_eq!(markers(&report), (ROUTED_BEGIN, ROUTED_END));
+        let facts = facts("cargo xtask bench-report --soak-only --bind-service-cidrs");
+        let section = section(&facts, &report).unwrap();
+        assert!(section.starts_with(ROUTED_BEGIN) && section.trim_end().ends_with(ROUTED_END));
+        assert!(
+            section.contains("`vm-bench soak --bind-service-cidrs`")
+                && section.contains("taken by one local route"),
+            "{section}"
+        );
+        assert!(
+            section.contains("| a sync adding or deleting a Service, as the daemon times it | p50 9.5 ms, p99 21.0 ms; of it, address writes p50 0.0 ms, p99 0.1 ms, IPVS writes p50 4.3 ms, p99 12.0 ms | | |"),
+            "{section}"
+        );
+        // Without the flag: the soak's own section, each ClusterIP an address.
+        report["bind_service_cidrs"] = false.into();
+        assert_eq!(markers(&report), (BEGIN, END));
+        assert!(section_of_plain(&report).contains("bound on kube-ipvs0"));
+    }
+
+    fn section_of_plain(report: &Value) -> String {
+        section(&facts("cargo xtask bench-report --soak-only"), report).unwrap()
     }
 }
