@@ -339,6 +339,9 @@ pub struct CleanupReport {
 /// A failed write or read: the service port it was for, the virtual server, the error.
 type Failed = (Option<ServicePortName>, VirtualServerKey, ServiceSyncError);
 
+/// One result per address bound, then one per address unbound.
+type AddressResults = (Vec<Result<(), BackendError>>, Vec<Result<(), BackendError>>);
+
 #[derive(Debug, Clone)]
 struct Failure {
     attempts: u32,
@@ -1213,13 +1216,16 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
         let mut report = ReconcileReport::default();
         let link = self.addresses.link_name().to_owned();
 
-        // Addresses are bound while the IPVS writes go out (two sockets, two kernel
-        // subsystems): neither waits for the other.
+        // Addresses are bound and unbound while the IPVS writes go out (two sockets, two
+        // kernel subsystems): neither waits for the other. At 10,000 addresses on the link
+        // the kernel's work for each address grows with the addresses it holds, and a sync
+        // adding one Service and deleting another spent more on the two address writes
+        // than on all its IPVS writes.
         let mut contradicted = BTreeMap::new();
-        let bound = self
+        let (bound, unbound) = self
             .apply_ops(
                 changes,
-                &bind,
+                (&bind, &unbind),
                 now,
                 &mut report,
                 &mut failed,
@@ -1293,14 +1299,13 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
                 );
             }
             again.order();
-            self.apply_ops(again, &[], now, &mut report, &mut failed, None)
+            self.apply_ops(again, (&[], &[]), now, &mut report, &mut failed, None)
                 .await;
         }
         report.timings.ipvs += retry_started.elapsed();
 
         let mut cleanup_failed = false;
-        let unbind_started = std::time::Instant::now();
-        let unbound = self.addresses.remove_addresses(&unbind).await;
+        let routes_started = std::time::Instant::now();
         let unbinds_ipv4 = unbind.iter().any(IpAddr::is_ipv4);
         for (address, result) in unbind.into_iter().zip(unbound) {
             report.writes += 1;
@@ -1330,7 +1335,7 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
         if unbinds_ipv4 && !self.kernel.bound_addresses.iter().any(IpAddr::is_ipv4) {
             self.restore_ipv4_routes(&link, &mut report).await;
         }
-        report.timings.addresses += unbind_started.elapsed();
+        report.timings.addresses += routes_started.elapsed();
 
         let failed_services: HashSet<ServicePortName> = failed
             .iter()
@@ -1369,17 +1374,18 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
     /// that exists, an update of something gone) is collected there instead of failing; a
     /// delete of something already gone counts as done.
     ///
-    /// Binds `bind` on the dummy link at the same time; returns one result per address.
+    /// Binds `bind` on the dummy link, then unbinds `unbind`, at the same time (one socket,
+    /// pipelined); returns one result per address of each.
     #[allow(clippy::too_many_arguments)]
     async fn apply_ops(
         &mut self,
         changes: Changes,
-        bind: &[IpAddr],
+        (bind, unbind): (&[IpAddr], &[IpAddr]),
         now: Instant,
         report: &mut ReconcileReport,
         failed: &mut Vec<Failed>,
         mut contradicted: Option<&mut BTreeMap<VirtualServerKey, Option<ServicePortName>>>,
-    ) -> Vec<Result<(), BackendError>> {
+    ) -> AddressResults {
         let (owners, ops): (Vec<Option<ServicePortName>>, Vec<IpvsOp>) = changes
             .ops
             .into_iter()
@@ -1401,7 +1407,7 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
         let addresses = &mut self.addresses;
         let ipvs = &mut self.ipvs;
         let ipvs_written = self.ipvs_written.take();
-        let ((bound, address_time), (results, ipvs_time)) = tokio::join!(
+        let ((bound, unbound, address_time), (results, ipvs_time)) = tokio::join!(
             async {
                 let started = std::time::Instant::now();
                 let bound = if bind.is_empty() {
@@ -1409,7 +1415,12 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
                 } else {
                     addresses.add_addresses(bind).await
                 };
-                (bound, started.elapsed())
+                let unbound = if unbind.is_empty() {
+                    Vec::new()
+                } else {
+                    addresses.remove_addresses(unbind).await
+                };
+                (bound, unbound, started.elapsed())
             },
             async {
                 let started = std::time::Instant::now();
@@ -1468,7 +1479,7 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
         for (vs, rs) in changes.drain_stopped {
             self.drains.stop(&vs, &rs);
         }
-        bound
+        (bound, unbound)
     }
 
     /// Updates the cache after the kernel accepted `op`.

@@ -881,6 +881,79 @@ async fn settings_and_forwarding_changes_are_updates_not_recreations() {
     );
 }
 
+/// A sync that deletes one Service and keeps another: its unbind goes out beside its IPVS
+/// writes, not after them (at 10,000 addresses on the link each address write costs the
+/// kernel milliseconds). The IPVS writes here end only once the unbind is seen, or after a
+/// second: a sync that unbinds after its IPVS writes only gets there after that second.
+#[tokio::test]
+async fn unbinds_go_out_beside_the_ipvs_writes_not_after_them() {
+    #[derive(Debug, Clone)]
+    struct WaitsForUnbind {
+        ipvs: MemoryIpvsBackend,
+        addresses: MemoryAddressBackend,
+        gone: IpAddr,
+        saw_unbind: Arc<std::sync::atomic::AtomicBool>,
+    }
+    impl IpvsBackend for WaitsForUnbind {
+        fn read_table(&self) -> crate::backend::PendingTableRead {
+            self.ipvs.read_table()
+        }
+        async fn get_virtual_server(
+            &mut self,
+            key: &VirtualServerKey,
+        ) -> Result<Option<ObservedVirtualServer>, BackendError> {
+            self.ipvs.get_virtual_server(key).await
+        }
+        async fn apply(&mut self, ops: &[IpvsOp]) -> Vec<Result<(), BackendError>> {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
+            while self.addresses.addresses().contains(&self.gone)
+                && tokio::time::Instant::now() < deadline
+            {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            if !self.addresses.addresses().contains(&self.gone) {
+                self.saw_unbind
+                    .store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+            self.ipvs.apply(ops).await
+        }
+    }
+    let ipvs = MemoryIpvsBackend::new();
+    let addresses = MemoryAddressBackend::new();
+    reconciler(&ipvs, &addresses)
+        .full_sync(&two_services())
+        .await
+        .unwrap();
+    let dns = ip("10.96.0.53");
+    assert!(addresses.addresses().contains(&dns));
+    let waits = WaitsForUnbind {
+        ipvs: ipvs.clone(),
+        addresses: addresses.clone(),
+        gone: dns,
+        saw_unbind: Arc::default(),
+    };
+    let mut rec = Reconciler::new(
+        waits.clone(),
+        addresses.clone(),
+        ReconcilerConfig::default(),
+    );
+    rec.full_sync(&two_services()).await.unwrap();
+    let mut smaller = two_services();
+    smaller.services.remove(&spn("dns", Protocol::Udp));
+    let report = rec.full_sync(&smaller).await.unwrap();
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    assert!(!addresses.addresses().contains(&dns));
+    assert!(
+        !ipvs
+            .table()
+            .contains_key(&vkey("10.96.0.53", 53, Protocol::Udp))
+    );
+    assert!(
+        waits.saw_unbind.load(std::sync::atomic::Ordering::SeqCst),
+        "the IPVS writes ended before the unbind went out"
+    );
+}
+
 #[tokio::test]
 async fn a_listing_failure_fails_the_whole_sync() {
     #[derive(Debug)]
