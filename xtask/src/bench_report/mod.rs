@@ -886,8 +886,9 @@ What the rows measure:
 The soak benchmark (churn under traffic, RSS growth, change latency with full resyncs) has
 its own section below, written by its own run (`cargo xtask bench-report --soak-only`), and
 so has the soak with faults (kill -9 and restart, API outage, 410 storm:
-`cargo xtask bench-report --soak-only --faults`), and so has the daemon at 50,000 Services
-beside 10,000 (`cargo xtask bench-report --scale-only --services 50000`).
+`cargo xtask bench-report --soak-only --faults`), the soak with the ClusterIPs taken by one
+local route (`cargo xtask bench-report --soak-only --bind-service-cidrs`), and the daemon at
+50,000 Services beside 10,000 (`cargo xtask bench-report --scale-only --services 50000`).
 
 ";
 
