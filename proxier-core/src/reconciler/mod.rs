@@ -1374,8 +1374,8 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
     /// that exists, an update of something gone) is collected there instead of failing; a
     /// delete of something already gone counts as done.
     ///
-    /// Binds `bind` on the dummy link, then unbinds `unbind`, at the same time (one socket,
-    /// pipelined); returns one result per address of each.
+    /// Meanwhile binds `bind` on the dummy link, then unbinds `unbind` (pipelined on the
+    /// rtnetlink socket); returns one result per address of each.
     #[allow(clippy::too_many_arguments)]
     async fn apply_ops(
         &mut self,

@@ -137,14 +137,8 @@ pub fn section(facts: &Facts, s: &Value) -> Result<String> {
         "| Service add + delete → kernel | {service} | {goal} | {} |",
         met(service_met)
     );
+    let p = |key: &str| p50_p99(s, &format!("incremental_sync.{key}"));
     if s["incremental_sync"]["total"].is_object() && s["incremental_sync"]["nftables"].is_object() {
-        let p = |key: &str| -> Result<String> {
-            Ok(format!(
-                "p50 {:.1} ms, p99 {:.1} ms",
-                num(s, &format!("incremental_sync.{key}.p50_ms"))?,
-                num(s, &format!("incremental_sync.{key}.p99_ms"))?
-            ))
-        };
         let _ = writeln!(
             out,
             "| an incremental sync, as the daemon times it | {}; its nftables update, when it has one: {} | | |",
@@ -152,22 +146,14 @@ pub fn section(facts: &Facts, s: &Value) -> Result<String> {
             p("nftables")?
         );
     }
-    let service_syncs = &s["incremental_sync"]["adding_or_deleting_a_service"];
-    if service_syncs["total"].is_object() {
-        let p = |phase: &str| -> Result<String> {
-            let key = format!("incremental_sync.adding_or_deleting_a_service.{phase}");
-            Ok(format!(
-                "p50 {:.1} ms, p99 {:.1} ms",
-                num(s, &format!("{key}.p50_ms"))?,
-                num(s, &format!("{key}.p99_ms"))?
-            ))
-        };
+    if s["incremental_sync"]["adding_or_deleting_a_service"]["total"].is_object() {
+        let phase = |phase: &str| p(&format!("adding_or_deleting_a_service.{phase}"));
         let _ = writeln!(
             out,
             "| a sync adding or deleting a Service, as the daemon times it | {}; of it, address writes {}, IPVS writes {} | | |",
-            p("total")?,
-            p("address_writes")?,
-            p("ipvs_writes")?
+            phase("total")?,
+            phase("address_writes")?,
+            phase("ipvs_writes")?
         );
     }
     let _ = writeln!(
@@ -182,6 +168,15 @@ pub fn section(facts: &Facts, s: &Value) -> Result<String> {
     }
     let _ = writeln!(out, "{end}");
     Ok(out)
+}
+
+/// "p50 X ms, p99 Y ms" of the percentiles at `key` of `s`.
+fn p50_p99(s: &Value, key: &str) -> Result<String> {
+    Ok(format!(
+        "p50 {:.1} ms, p99 {:.1} ms",
+        num(s, &format!("{key}.p50_ms"))?,
+        num(s, &format!("{key}.p99_ms"))?
+    ))
 }
 
 /// The faults, one row each, and the fresh start's comparison.
@@ -375,10 +370,11 @@ mod tests {
         // Without the flag: the soak's own section, each ClusterIP an address.
         report["bind_service_cidrs"] = false.into();
         assert_eq!(markers(&report), (BEGIN, END));
-        assert!(section_of_plain(&report).contains("bound on kube-ipvs0"));
-    }
-
-    fn section_of_plain(report: &Value) -> String {
-        section(&facts("cargo xtask bench-report --soak-only"), report).unwrap()
+        let plain = super::section(
+            &self::facts("cargo xtask bench-report --soak-only"),
+            &report,
+        )
+        .unwrap();
+        assert!(plain.contains("bound on kube-ipvs0"), "{plain}");
     }
 }
