@@ -757,7 +757,7 @@ impl IpvsHandle {
     /// de-duplication) repeat services while IPVS changes in another network namespace
     /// (see [`table_verified`](IpvsHandle::table_verified)). It saves the verified read's
     /// two further service dumps, which run beside the destination dumps: measured in the
-    /// VM at 10,000 services × 5 destinations, 1.6–1.7 s against 1.8–2.0 s, since the
+    /// VM at 10,000 services × 5 destinations, 1.0–1.1 s against 1.3–1.5 s, since the
     /// destination dumps (one per service) take most of either read.
     pub async fn table_best_effort(&self) -> Result<Table, Error> {
         Ok(self.read_table(1).await?.table)

@@ -6,8 +6,8 @@ use super::consts::*;
 use super::service::InetAddr;
 use super::stats::{StatsAttr, stats, stats_of_nest};
 use super::{
-    EncodeError, Nest, WireError, emit_nested, get_be16, get_u8, get_u16, get_u32, nested_len,
-    nla_buffers, parse_nested,
+    EncodeError, Nest, WireError, attributes, emit_nested, get_be16, get_u8, get_u16, get_u32,
+    nested_len, parse_nested,
 };
 use crate::destination::{
     Destination, DestinationEntry, DestinationKey, MAX_WEIGHT, Tunnel, TunnelFlags, TunnelType,
@@ -227,12 +227,27 @@ pub(crate) fn destination_of_record(
     service_family: AddressFamily,
 ) -> Result<DestinationEntry, WireError> {
     let mut fields = DestFields::default();
-    for nla in nla_buffers(record) {
-        let nla = nla?;
-        match nla.kind() {
-            IPVS_DEST_ATTR_STATS => fields.stats32 = Some(stats_of_nest(nla.value())?),
-            IPVS_DEST_ATTR_STATS64 => fields.stats64 = Some(stats_of_nest(nla.value())?),
-            _ => fields.take(&DestAttr::parse(&nla)?)?,
+    for attr in attributes(record) {
+        let attr = attr?;
+        let v = attr.value;
+        // The attributes every destination carries are read in place, as
+        // `DestAttr::parse` reads them; the others go through it.
+        match attr.kind {
+            IPVS_DEST_ATTR_ADDR => fields.addr = Some(InetAddr::parse("destination address", v)?),
+            IPVS_DEST_ATTR_PORT => fields.port = Some(get_be16("destination port", v)?),
+            IPVS_DEST_ATTR_FWD_METHOD => fields.fwd = get_u32("forwarding method", v)?,
+            IPVS_DEST_ATTR_WEIGHT => fields.weight = get_u32("weight", v)?,
+            IPVS_DEST_ATTR_U_THRESH => fields.upper = get_u32("upper threshold", v)?,
+            IPVS_DEST_ATTR_L_THRESH => fields.lower = get_u32("lower threshold", v)?,
+            IPVS_DEST_ATTR_ACTIVE_CONNS => fields.active = get_u32("active connections", v)?,
+            IPVS_DEST_ATTR_INACT_CONNS => fields.inactive = get_u32("inactive connections", v)?,
+            IPVS_DEST_ATTR_PERSIST_CONNS => {
+                fields.persistent = get_u32("persistent connections", v)?;
+            }
+            IPVS_DEST_ATTR_ADDR_FAMILY => fields.af = Some(get_u16("destination family", v)?),
+            IPVS_DEST_ATTR_STATS => fields.stats32 = Some(stats_of_nest(v)?),
+            IPVS_DEST_ATTR_STATS64 => fields.stats64 = Some(stats_of_nest(v)?),
+            _ => fields.take(&DestAttr::parse(&attr.buffer())?)?,
         }
     }
     fields.finish(service_family)

@@ -25,8 +25,8 @@ mod service;
 mod stats;
 
 use netlink_packet_core::{
-    DecodeError, DefaultNla, Emitable, NLA_F_NET_BYTEORDER, Nla, NlaBuffer, Parseable,
-    ParseableParametrized,
+    DecodeError, DefaultNla, Emitable, NLA_F_NET_BYTEORDER, NLA_TYPE_MASK, Nla, NlaBuffer,
+    Parseable, ParseableParametrized,
 };
 use netlink_packet_generic::{GenlFamily, GenlHeader, GenlMessage};
 
@@ -270,6 +270,55 @@ fn emit_nested<T: Nla>(nlas: &[T], buffer: &mut [u8]) {
         }
         at += len;
     }
+}
+
+/// One attribute of a buffer, borrowed: what [`attributes`] yields.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RawAttr<'a> {
+    /// Its type, without the `NLA_F_NESTED` and `NLA_F_NET_BYTEORDER` flags.
+    pub(crate) kind: u16,
+    /// Its value (the bytes after the header, up to its length).
+    pub(crate) value: &'a [u8],
+    /// The whole attribute, header included, up to its length (no padding).
+    pub(crate) bytes: &'a [u8],
+}
+
+impl<'a> RawAttr<'a> {
+    /// The attribute as `netlink-packet-core` sees it, for the typed parsers.
+    pub(crate) fn buffer(&self) -> NlaBuffer<&'a [u8]> {
+        NlaBuffer::new(self.bytes)
+    }
+}
+
+/// The attributes of `buf` as [`nla_buffers`] splits them (the same checks, the same
+/// errors), each header read once: the dump decoders' hot path, where `NlaBuffer`'s
+/// accessors re-read and re-check the header on every call.
+pub(crate) fn attributes(buf: &[u8]) -> impl Iterator<Item = Result<RawAttr<'_>, WireError>> + '_ {
+    let mut rest = buf;
+    std::iter::from_fn(move || {
+        let &[l0, l1, k0, k1, ..] = rest else {
+            return None;
+        };
+        let length = usize::from(u16::from_ne_bytes([l0, l1]));
+        if rest.len() < length {
+            let e = DecodeError::nla_length_mismatch(rest.len(), length);
+            rest = &[];
+            return Some(Err(WireError::from(e)));
+        }
+        if length < 4 {
+            let e = DecodeError::nla_invalid_length(rest.len(), length);
+            rest = &[];
+            return Some(Err(WireError::from(e)));
+        }
+        let bytes = &rest[..length];
+        let attr = RawAttr {
+            kind: u16::from_ne_bytes([k0, k1]) & NLA_TYPE_MASK,
+            value: &bytes[4..],
+            bytes,
+        };
+        rest = &rest[((length + 3) & !3).min(rest.len())..];
+        Some(Ok(attr))
+    })
 }
 
 /// Splits `buf` into attributes; an error at the first malformed header. Fewer than 4

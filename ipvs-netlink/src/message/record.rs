@@ -6,19 +6,9 @@
 use super::consts::*;
 use super::dest::destination_of_record;
 use super::service::service_of_record;
-use super::{WireError, nla_buffers};
+use super::{RawAttr, WireError, attributes};
 use crate::DestinationEntry;
 use crate::service::{AddressFamily, ServiceEntry};
-
-/// The attributes (kind and value) of `buf`, with values borrowed from `buf`.
-fn attributes(buf: &[u8]) -> impl Iterator<Item = Result<(u16, &[u8]), WireError>> + '_ {
-    nla_buffers(buf).map(|nla| {
-        let nla = nla?;
-        let kind = nla.kind();
-        let bytes = nla.into_inner();
-        Ok((kind, bytes.get(4..).unwrap_or_default()))
-    })
-}
 
 /// The value of the first top-level attribute `kind` of a generic-netlink payload (genl
 /// header, then attributes).
@@ -27,9 +17,9 @@ fn nest<'a>(genl_payload: &'a [u8], kind: u16, what: &str) -> Result<&'a [u8], W
         .get(4..)
         .ok_or_else(|| WireError::new("message shorter than the genl header"))?;
     for attr in attributes(attrs) {
-        let (k, value) = attr?;
-        if k == kind {
-            return Ok(value);
+        let attr = attr?;
+        if attr.kind == kind {
+            return Ok(attr.value);
         }
     }
     Err(WireError::new(format!("reply without a {what} attribute")))
@@ -74,7 +64,7 @@ pub(crate) fn split_service(
     key.clear();
     config.clear();
     for attr in attributes(record) {
-        let (kind, value) = attr?;
+        let RawAttr { kind, value, .. } = attr?;
         let out = match kind {
             IPVS_SVC_ATTR_STATS | IPVS_SVC_ATTR_STATS64 => continue,
             IPVS_SVC_ATTR_AF

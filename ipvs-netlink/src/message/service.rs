@@ -7,8 +7,8 @@ use netlink_packet_core::{DecodeError, DefaultNla, Nla, NlaBuffer, Parseable};
 use super::consts::*;
 use super::stats::{StatsAttr, stats, stats_of_nest};
 use super::{
-    EncodeError, Nest, WireError, emit_nested, emit_string, get_be16, get_string, get_u16, get_u32,
-    nested_len, nla_buffers, parse_nested,
+    EncodeError, Nest, WireError, attributes, emit_nested, emit_string, get_be16, get_string,
+    get_u16, get_u32, nested_len, parse_nested,
 };
 use crate::range::RangeError;
 use crate::service::{
@@ -276,12 +276,12 @@ pub fn service_entry(nlas: &[ServiceAttr]) -> Result<ServiceEntry, WireError> {
 /// without building the attribute list (the table read's hot path).
 pub(crate) fn service_of_record(record: &[u8]) -> Result<ServiceEntry, WireError> {
     let mut fields = ServiceFields::default();
-    for nla in nla_buffers(record) {
-        let nla = nla?;
-        match nla.kind() {
-            IPVS_SVC_ATTR_STATS => fields.stats32 = Some(stats_of_nest(nla.value())?),
-            IPVS_SVC_ATTR_STATS64 => fields.stats64 = Some(stats_of_nest(nla.value())?),
-            _ => fields.take(&ServiceAttr::parse(&nla)?),
+    for attr in attributes(record) {
+        let attr = attr?;
+        match attr.kind {
+            IPVS_SVC_ATTR_STATS => fields.stats32 = Some(stats_of_nest(attr.value)?),
+            IPVS_SVC_ATTR_STATS64 => fields.stats64 = Some(stats_of_nest(attr.value)?),
+            _ => fields.take(&ServiceAttr::parse(&attr.buffer())?),
         }
     }
     fields.finish()

@@ -4,7 +4,7 @@
 use netlink_packet_core::{DecodeError, DefaultNla, Nla, NlaBuffer, Parseable};
 
 use super::consts::*;
-use super::{WireError, nla_buffers};
+use super::{WireError, attributes};
 use crate::Stats;
 
 /// A counter as sent: 32 bits in most of the `STATS` set, 64 bits in `STATS64` (and for
@@ -167,8 +167,27 @@ pub fn stats(nlas: &[StatsAttr]) -> Stats {
 /// without building the list: the same as [`stats`] of the parsed list.
 pub(crate) fn stats_of_nest(value: &[u8]) -> Result<Stats, WireError> {
     let mut s = Stats::default();
-    for nla in nla_buffers(value) {
-        add(&mut s, &StatsAttr::parse(&nla?)?);
+    for attr in attributes(value) {
+        let attr = attr?;
+        // What `StatsAttr::parse` makes of it: a counter of 4 or 8 bytes, anything else
+        // an attribute of no kind known here.
+        let Some(counter) = Counter::parse(attr.value) else {
+            continue;
+        };
+        let slot = match attr.kind {
+            IPVS_STATS_ATTR_CONNS => &mut s.conns,
+            IPVS_STATS_ATTR_INPKTS => &mut s.in_packets,
+            IPVS_STATS_ATTR_OUTPKTS => &mut s.out_packets,
+            IPVS_STATS_ATTR_INBYTES => &mut s.in_bytes,
+            IPVS_STATS_ATTR_OUTBYTES => &mut s.out_bytes,
+            IPVS_STATS_ATTR_CPS => &mut s.cps,
+            IPVS_STATS_ATTR_INPPS => &mut s.in_pps,
+            IPVS_STATS_ATTR_OUTPPS => &mut s.out_pps,
+            IPVS_STATS_ATTR_INBPS => &mut s.in_bps,
+            IPVS_STATS_ATTR_OUTBPS => &mut s.out_bps,
+            _ => continue,
+        };
+        *slot = counter.get();
     }
     Ok(s)
 }

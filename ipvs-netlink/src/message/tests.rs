@@ -679,6 +679,54 @@ mod prop {
             }
         }
 
+        /// The kernel's own records, one byte changed and cut anywhere: the record decoders
+        /// (which read attributes in place) and the typed ones agree on every outcome:
+        /// the same entry, or both an error. Random bytes rarely make a record; these nearly always do.
+        #[test]
+        fn record_decoders_agree_on_damaged_kernel_records(
+            pick in 0usize..6,
+            at in any::<proptest::sample::Index>(),
+            byte in any::<u8>(),
+            cut in any::<proptest::sample::Index>(),
+        ) {
+            let (cmd, capture) = [
+                (IPVS_CMD_NEW_SERVICE, kernel_captures::KERNEL_SVC_SCTP_V6_MH),
+                (IPVS_CMD_NEW_SERVICE, kernel_captures::KERNEL_SVC_UDP_SH_PERSISTENT),
+                (IPVS_CMD_NEW_SERVICE, kernel_captures::KERNEL_SVC_FWMARK_V6),
+                (IPVS_CMD_NEW_DEST, kernel_captures::KERNEL_DEST_V6_MASQ),
+                (IPVS_CMD_NEW_DEST, kernel_captures::KERNEL_DEST_GUE),
+                (IPVS_CMD_NEW_DEST, kernel_captures::KERNEL_DEST_MASQ_THRESHOLDS),
+            ][pick];
+            let mut payload = vec![cmd, 1, 0, 0];
+            payload.extend(hex(capture));
+            let mut rec = if cmd == IPVS_CMD_NEW_SERVICE {
+                record::service_record(&payload).expect("has a service").to_vec()
+            } else {
+                record::destination_record(&payload).expect("has a destination").to_vec()
+            };
+            let i = at.index(rec.len());
+            rec[i] = byte;
+            rec.truncate(cut.index(rec.len() + 1));
+            if cmd == IPVS_CMD_NEW_SERVICE {
+                prop_assert_eq!(record::decode_service(&rec).ok(), decode_service(&rec).ok());
+                prop_assert_eq!(
+                    record::decode_service(&rec).is_err(),
+                    decode_service(&rec).is_err()
+                );
+            } else {
+                for family in [AddressFamily::Inet, AddressFamily::Inet6] {
+                    prop_assert_eq!(
+                        record::decode_destination(&rec, family).ok(),
+                        decode_destination(&rec, family).ok()
+                    );
+                    prop_assert_eq!(
+                        record::decode_destination(&rec, family).is_err(),
+                        decode_destination(&rec, family).is_err()
+                    );
+                }
+            }
+        }
+
         #[test]
         fn equal_splits_mean_equal_services(a in service(), b in service(), packets in any::<u64>()) {
             let nest = |svc: &Service, packets: u64| {
