@@ -508,3 +508,61 @@ fn an_element_update_goes_without_nft_and_leaves_the_sets_as_the_script_would() 
     });
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Element batches go on one socket, kept between them (opening one cost about as much as a
+/// small sync); the socket belongs to the namespace it was opened in, so a clone of the
+/// backend made afterwards and used in another namespace writes there, not through the
+/// kept socket into the first.
+#[test]
+fn element_batches_keep_their_socket_and_a_clone_writes_in_its_own_namespace() {
+    require_kernel!();
+    load_nft_modules();
+    let (a, b) = (Netns::new(), Netns::new());
+    let options = RenderOptions::default();
+    let name = |n: &str| proxier_core::model::ServiceName::new("default", n);
+    let empty = netfilter::NetfilterPlan {
+        v4: Some(netfilter::FamilyPlan::new(
+            proxier_core::model::AddressFamily::V4,
+            netfilter::ClusterIpMasquerade::All,
+        )),
+        v6: None,
+    };
+    // Plans 0..=3: Service s0 alone, then s1, s2, s3 added one at a time.
+    let mut tracker = netfilter::NetfilterTracker::new(empty);
+    let mut steps = Vec::new();
+    for k in 0..4u8 {
+        let mut one = fragment(k);
+        one.v6 = None;
+        tracker.set_service(&name(&format!("s{k}")), Some(one));
+        steps.push((tracker.plan().clone(), tracker.take_changes()));
+    }
+    let clone = a.block_on(|| async {
+        let mut nf = Netfilter::new(NftBackend::new("nft"), options.clone()).unwrap();
+        assert!(nf.sync_changes(&steps[0].0, &steps[0].1).await.unwrap());
+        // Three batches in a row on the one backend: each lands whole.
+        for (plan, changes) in &steps[1..] {
+            assert!(nf.start_changes(plan, changes).await.unwrap());
+            let settled = nf.settle().await.unwrap();
+            assert!(settled.is_ok(), "{settled:?}");
+            assert_eq!(kernel_elements(&a, plan), planned_elements(plan));
+        }
+        nf.backend().clone()
+    });
+    let in_a = kernel_elements(&a, &steps[3].0);
+    b.block_on(|| async {
+        let mut nf = Netfilter::new(clone, options.clone()).unwrap();
+        assert!(nf.sync_changes(&steps[0].0, &steps[0].1).await.unwrap());
+        assert!(nf.start_changes(&steps[1].0, &steps[1].1).await.unwrap());
+        let settled = nf.settle().await.unwrap();
+        assert!(settled.is_ok(), "{settled:?}");
+    });
+    assert_eq!(
+        kernel_elements(&b, &steps[1].0),
+        planned_elements(&steps[1].0)
+    );
+    assert_eq!(
+        kernel_elements(&a, &steps[3].0),
+        in_a,
+        "the clone wrote into namespace a"
+    );
+}
