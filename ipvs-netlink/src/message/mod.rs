@@ -290,9 +290,10 @@ impl<'a> RawAttr<'a> {
     }
 }
 
-/// The attributes of `buf` as [`nla_buffers`] splits them (the same checks, the same
-/// errors), each header read once: the dump decoders' hot path, where `NlaBuffer`'s
-/// accessors re-read and re-check the header on every call.
+/// Splits `buf` into attributes, each header read once (the dump decoders' hot path, where
+/// `NlaBuffer`'s accessors would re-read and re-check it on every call); an error at the
+/// first malformed header, with `netlink-packet-core`'s checks and words. Fewer than 4
+/// trailing bytes can only be padding and are ignored.
 pub(crate) fn attributes(buf: &[u8]) -> impl Iterator<Item = Result<RawAttr<'_>, WireError>> + '_ {
     let mut rest = buf;
     std::iter::from_fn(move || {
@@ -321,29 +322,11 @@ pub(crate) fn attributes(buf: &[u8]) -> impl Iterator<Item = Result<RawAttr<'_>,
     })
 }
 
-/// Splits `buf` into attributes; an error at the first malformed header. Fewer than 4
-/// trailing bytes can only be padding and are ignored.
+/// [`attributes`] as `netlink-packet-core` buffers, for the typed parsers.
 pub(crate) fn nla_buffers(
     buf: &[u8],
 ) -> impl Iterator<Item = Result<NlaBuffer<&[u8]>, WireError>> + '_ {
-    let mut rest = buf;
-    std::iter::from_fn(move || {
-        if rest.len() < 4 {
-            return None;
-        }
-        match NlaBuffer::new_checked(rest) {
-            Ok(nla) => {
-                let advance = (usize::from(nla.length()) + 3) & !3;
-                let nla = NlaBuffer::new(&rest[..usize::from(nla.length())]);
-                rest = &rest[advance.min(rest.len())..];
-                Some(Ok(nla))
-            }
-            Err(e) => {
-                rest = &[];
-                Some(Err(WireError::from(e)))
-            }
-        }
-    })
+    attributes(buf).map(|attr| attr.map(|attr| attr.buffer()))
 }
 
 /// Parses every attribute of `buf` as `T`.

@@ -171,43 +171,34 @@ pub(crate) fn stats_of_nest(value: &[u8]) -> Result<Stats, WireError> {
         let attr = attr?;
         // What `StatsAttr::parse` makes of it: a counter of 4 or 8 bytes, anything else
         // an attribute of no kind known here.
-        let Some(counter) = Counter::parse(attr.value) else {
-            continue;
-        };
-        let slot = match attr.kind {
-            IPVS_STATS_ATTR_CONNS => &mut s.conns,
-            IPVS_STATS_ATTR_INPKTS => &mut s.in_packets,
-            IPVS_STATS_ATTR_OUTPKTS => &mut s.out_packets,
-            IPVS_STATS_ATTR_INBYTES => &mut s.in_bytes,
-            IPVS_STATS_ATTR_OUTBYTES => &mut s.out_bytes,
-            IPVS_STATS_ATTR_CPS => &mut s.cps,
-            IPVS_STATS_ATTR_INPPS => &mut s.in_pps,
-            IPVS_STATS_ATTR_OUTPPS => &mut s.out_pps,
-            IPVS_STATS_ATTR_INBPS => &mut s.in_bps,
-            IPVS_STATS_ATTR_OUTBPS => &mut s.out_bps,
-            _ => continue,
-        };
-        *slot = counter.get();
+        if let (Some(counter), Some(slot)) = (Counter::parse(attr.value), slot(&mut s, attr.kind)) {
+            *slot = counter.get();
+        }
     }
     Ok(s)
 }
 
 /// Sets the counter `a` carries in `s` (a later attribute of the same kind wins).
 fn add(s: &mut Stats, a: &StatsAttr) {
-    let slot = match a {
-        StatsAttr::Conns(_) => &mut s.conns,
-        StatsAttr::InPackets(_) => &mut s.in_packets,
-        StatsAttr::OutPackets(_) => &mut s.out_packets,
-        StatsAttr::InBytes(_) => &mut s.in_bytes,
-        StatsAttr::OutBytes(_) => &mut s.out_bytes,
-        StatsAttr::Cps(_) => &mut s.cps,
-        StatsAttr::InPps(_) => &mut s.in_pps,
-        StatsAttr::OutPps(_) => &mut s.out_pps,
-        StatsAttr::InBps(_) => &mut s.in_bps,
-        StatsAttr::OutBps(_) => &mut s.out_bps,
-        StatsAttr::Other(_) => return,
-    };
-    if let Some(c) = a.counter() {
+    if let (Some(c), Some(slot)) = (a.counter(), slot(s, a.kind())) {
         *slot = c.get();
     }
+}
+
+/// The counter of `s` that the statistics attribute `kind` carries; `None` for a kind not
+/// known here.
+fn slot(s: &mut Stats, kind: u16) -> Option<&mut u64> {
+    Some(match kind {
+        IPVS_STATS_ATTR_CONNS => &mut s.conns,
+        IPVS_STATS_ATTR_INPKTS => &mut s.in_packets,
+        IPVS_STATS_ATTR_OUTPKTS => &mut s.out_packets,
+        IPVS_STATS_ATTR_INBYTES => &mut s.in_bytes,
+        IPVS_STATS_ATTR_OUTBYTES => &mut s.out_bytes,
+        IPVS_STATS_ATTR_CPS => &mut s.cps,
+        IPVS_STATS_ATTR_INPPS => &mut s.in_pps,
+        IPVS_STATS_ATTR_OUTPPS => &mut s.out_pps,
+        IPVS_STATS_ATTR_INBPS => &mut s.in_bps,
+        IPVS_STATS_ATTR_OUTBPS => &mut s.out_bps,
+        _ => return None,
+    })
 }
