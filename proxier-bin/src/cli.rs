@@ -80,8 +80,9 @@ pub struct Cli {
     #[serde(skip)]
     pub master: Option<String>,
 
-    /// Fetch Services, EndpointSlices and the Node with streaming lists (Kubernetes WatchList)
-    /// instead of paginated lists; an API server that refuses them gets paginated lists.
+    /// Fetch Services, EndpointSlices and the Node with streaming lists (Kubernetes WatchList;
+    /// the default, as client-go's since Kubernetes 1.35) instead of paginated lists; an API
+    /// server that refuses or ignores them gets paginated lists. `=false`: paginated lists.
     #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
           default_missing_value = "true", value_parser = BoolishValueParser::new())]
     #[serde(skip)]

@@ -87,13 +87,13 @@ pub(crate) async fn start_source(settings: &Settings) -> Result<SourceHandle, Da
             source::kube::spawn(
                 client,
                 source::kube::KubeSourceConfig {
-                    hostname: settings.hostname.clone(),
                     list_mode: if settings.api_streaming_lists {
                         source::kube::ListMode::Streaming
                     } else {
                         source::kube::ListMode::Paginated
                     },
                     service_cidrs: settings.follow_service_cidrs,
+                    ..source::kube::KubeSourceConfig::new(settings.hostname.clone())
                 },
             )
         }

@@ -104,7 +104,7 @@ pub struct LogSettings {
 pub struct Settings {
     /// Where cluster objects come from.
     pub source: SourceSettings,
-    /// With the API server source: streaming lists instead of paginated ones.
+    /// With the API server source: streaming lists (the default) instead of paginated ones.
     pub api_streaming_lists: bool,
     /// With the API server source: watch ServiceCIDR objects and route their ranges
     /// (`--bind-service-cidrs=auto`).
@@ -568,7 +568,7 @@ pub fn resolve(
 
     Ok(Settings {
         source,
-        api_streaming_lists: cli.api_streaming_lists.unwrap_or(false),
+        api_streaming_lists: cli.api_streaming_lists.unwrap_or(true),
         follow_service_cidrs,
         hostname,
         planner,

@@ -10,7 +10,9 @@
 //!   `src/go/plugin/go.d/modules/k8s_kubeproxy/`).
 //!
 //! The `rest_client_*` families only exist once the API client made a request (as with
-//! client-go), so they are checked in the run against the API server double.
+//! client-go), so they are checked in the runs against the API server double. Response sizes
+//! are observed, as client-go observes them, only for responses that state their size: the
+//! lists of `--api-streaming-lists=false`, not the streamed watches of the default mode.
 
 mod support;
 
@@ -137,9 +139,27 @@ fn samples<'a>(text: &'a str, series: &str) -> Vec<&'a str> {
         .collect()
 }
 
-fn check(text: &str, consumer: &str, list: &[(&str, &[&str])], with_rest_client: bool) {
+/// Which `rest_client_*` series a run can show.
+#[derive(Clone, Copy, PartialEq)]
+enum RestClient {
+    /// None: the file source.
+    None,
+    /// All: the API source with paginated lists, whose responses state their size.
+    All,
+    /// All but the response sizes: the API source with streaming lists (only watches).
+    NoResponseSizes,
+}
+
+const RESPONSE_SIZES: &str = "rest_client_response_size_bytes_bucket";
+
+fn check(text: &str, consumer: &str, list: &[(&str, &[&str])], rest_client: RestClient) {
     for (series, labels) in list {
-        if is_rest_client(series) && !with_rest_client {
+        let skipped = match rest_client {
+            RestClient::None => is_rest_client(series),
+            RestClient::All => false,
+            RestClient::NoResponseSizes => *series == RESPONSE_SIZES,
+        };
+        if skipped {
             continue;
         }
         let found = samples(text, series);
@@ -192,10 +212,20 @@ fn file_source_exports_what_the_dashboards_query_from_the_first_scrape() {
     });
 
     let text = scrape(metrics);
-    check(&text, "kubernetes-mixin proxy dashboard", MIXIN, false);
-    check(&text, "metricbeat kubernetes/proxy", METRICBEAT, false);
-    check(&text, "netdata k8s_kubeproxy", NETDATA, false);
-    check(&text, "kube-proxy", KUBE_PROXY, false);
+    check(
+        &text,
+        "kubernetes-mixin proxy dashboard",
+        MIXIN,
+        RestClient::None,
+    );
+    check(
+        &text,
+        "metricbeat kubernetes/proxy",
+        METRICBEAT,
+        RestClient::None,
+    );
+    check(&text, "netdata k8s_kubeproxy", NETDATA, RestClient::None);
+    check(&text, "kube-proxy", KUBE_PROXY, RestClient::None);
     // Nothing reported a network programming latency yet (the file has no trigger times):
     // the histogram is there all the same, with zeros, so the dashboard finds the instance.
     assert!(
@@ -212,8 +242,9 @@ fn file_source_exports_what_the_dashboards_query_from_the_first_scrape() {
     let _ = std::fs::remove_file(path);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn api_source_also_exports_the_rest_client_metrics() {
+/// Runs the daemon against a double holding one Service and its slice, with `extra_args`,
+/// and scrapes it after its first sync.
+async fn scrape_api_source(extra_args: &[&str]) -> (String, String) {
     let api = FakeApiServer::start().await;
     api.apply(
         Kind::Service,
@@ -230,9 +261,10 @@ async fn api_source_also_exports_the_rest_client_metrics() {
                "endpoints": [{"addresses": ["10.244.0.5"], "conditions": {"ready": true}}],
                "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]}),
     );
-    let master = format!("--master={}", api.url());
+    let mut args = vec![format!("--master={}", api.url())];
+    args.extend(extra_args.iter().map(|a| (*a).to_owned()));
     let text = tokio::task::block_in_place(|| {
-        let (daemon, metrics) = start(&[master]);
+        let (daemon, metrics) = start(&args);
         wait_line(&daemon.stdout_lines, "first sync", |l| {
             l.starts_with("dry-run")
         });
@@ -240,15 +272,33 @@ async fn api_source_also_exports_the_rest_client_metrics() {
         drop(daemon);
         text
     });
-    check(&text, "kubernetes-mixin proxy dashboard", MIXIN, true);
-    check(&text, "metricbeat kubernetes/proxy", METRICBEAT, true);
-    check(&text, "netdata k8s_kubeproxy", NETDATA, true);
-    check(&text, "kube-proxy", KUBE_PROXY, true);
     let host = api.url().trim_start_matches("http://").to_owned();
+    (text, host)
+}
+
+fn check_api_source(text: &str, host: &str, rest_client: RestClient) {
+    check(text, "kubernetes-mixin proxy dashboard", MIXIN, rest_client);
+    check(text, "metricbeat kubernetes/proxy", METRICBEAT, rest_client);
+    check(text, "netdata k8s_kubeproxy", NETDATA, rest_client);
+    check(text, "kube-proxy", KUBE_PROXY, rest_client);
     assert!(
         text.contains(&format!(
             "rest_client_requests_total{{code=\"200\",host=\"{host}\",method=\"GET\"}}"
         )),
         "{text}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_source_with_paginated_lists_exports_every_rest_client_metric() {
+    let (text, host) = scrape_api_source(&["--api-streaming-lists=false"]).await;
+    check_api_source(&text, &host, RestClient::All);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_source_with_streaming_lists_exports_the_rest_client_metrics_but_response_sizes() {
+    let (text, host) = scrape_api_source(&[]).await;
+    check_api_source(&text, &host, RestClient::NoResponseSizes);
+    // Only watches were made, and a watch's response is a stream without a size.
+    assert!(samples(&text, RESPONSE_SIZES).is_empty(), "{text}");
 }

@@ -6,7 +6,8 @@
 //! It answers streaming lists (a watch with `sendInitialEvents=true`) as an API server with
 //! the WatchList feature does: every current object as ADDED, then a BOOKMARK annotated
 //! `k8s.io/initial-events-end`, then changes; or, after
-//! [`FakeApiServer::refuse_streaming_lists`], as one without it (422 Invalid). It counts the
+//! [`FakeApiServer::refuse_streaming_lists`], as one without it (422 Invalid), or, after
+//! [`FakeApiServer::ignore_streaming_lists`], as a plain watch (no end bookmark). It counts the
 //! bytes of every response body it sends, by kind ([`FakeApiServer::bytes_served`]).
 
 #![allow(dead_code)]
@@ -72,6 +73,7 @@ struct State {
     watchers: Vec<(Kind, Query, mpsc::UnboundedSender<Bytes>)>,
     outage: bool,
     refuse_streaming_lists: bool,
+    ignore_streaming_lists: bool,
     /// Bytes of response bodies sent, by kind.
     bytes_served: BTreeMap<Kind, u64>,
     requests: Vec<String>,
@@ -292,6 +294,13 @@ impl FakeApiServer {
         self.lock().refuse_streaming_lists = true;
     }
 
+    /// From now on, serve a streaming list as a plain watch, as a server (or a proxy in front
+    /// of one) that ignores `sendInitialEvents` does: the watch's events from the
+    /// resourceVersion asked for, and no `initial-events-end` bookmark.
+    pub fn ignore_streaming_lists(&self) {
+        self.lock().ignore_streaming_lists = true;
+    }
+
     /// Bytes of response bodies sent so far for `kind`: list responses and watch event lines.
     pub fn bytes_served(&self, kind: Kind) -> u64 {
         self.lock().bytes_served.get(&kind).copied().unwrap_or(0)
@@ -374,7 +383,7 @@ fn handle(state: &Arc<Mutex<State>>, path: &str, query: &str) -> hyper::Response
         return full_text(200, list);
     }
     let (tx, rx) = mpsc::unbounded_channel::<Bytes>();
-    if q.send_initial_events {
+    if q.send_initial_events && !st.ignore_streaming_lists {
         // A streaming list: the state now (whatever resourceVersion asked for, as
         // NotOlderThan allows), its end marked by a bookmark, then changes.
         if st.refuse_streaming_lists {

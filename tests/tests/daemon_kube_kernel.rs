@@ -318,8 +318,8 @@ fn daemon_driven_by_the_api_double_programs_the_kernel_and_traffic_flows() {
     assert!(
         after_expiry[before_expiry..]
             .iter()
-            .any(|r| !r.contains("watch=true") && r.starts_with("/api/v1/services?")),
-        "after 410 Gone the daemon relists Services: {:?}",
+            .any(|r| r.contains("sendInitialEvents=true") && r.starts_with("/api/v1/services?")),
+        "after 410 Gone the daemon relists Services (a streaming list, the default): {:?}",
         &after_expiry[before_expiry..]
     );
     // The relist forgot nothing: web is still fully programmed.

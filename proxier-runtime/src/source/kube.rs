@@ -10,15 +10,16 @@
 //! [`SourceBatch`] with everything and the `synced` signal, then a batch per change.
 //!
 //! Objects are trimmed to what the conversions read ([`trim_service`], [`trim_slice`],
-//! [`trim_node`]) as they arrive, before anything keeps them. [`ListMode`] picks paginated
-//! lists (kube-proxy's way, the default) or streaming lists, which fall back to paginated ones
-//! on an API server that refuses them. What this costs the API server per node:
+//! [`trim_node`]) as they arrive, before anything keeps them. [`ListMode`] picks streaming
+//! lists (the default, as client-go's since Kubernetes 1.35), which fall back to paginated
+//! ones on an API server that refuses or ignores them, or paginated lists. What this costs the API server per node:
 //! `docs/api-server-cost.md`.
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
@@ -477,16 +478,24 @@ pub fn trim_service_cidr(object: &mut ServiceCIDR) {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ListMode {
     /// A paginated list (kube-runtime's default page size, 500 objects), then a watch from
-    /// the list's resource version: what kube-proxy does.
-    #[default]
+    /// the list's resource version: kube-proxy's way before Kubernetes 1.35.
     Paginated,
     /// A streaming list (Kubernetes' WatchList: one watch with `sendInitialEvents=true`,
     /// answered from the API server's watch cache, ending with a bookmark annotated
-    /// `k8s.io/initial-events-end`). An API server that refuses it (the WatchList feature
-    /// gate off, or a server older than 1.27) answers 422 Invalid; that kind then falls back
-    /// to [`ListMode::Paginated`] for the life of the source, with a warning in the log.
+    /// `k8s.io/initial-events-end`), as client-go does by default since Kubernetes 1.35. The
+    /// objects are decoded one event at a time, never as a whole list, which is what keeps the
+    /// first sync's peak memory down. That kind falls back to [`ListMode::Paginated`] for the
+    /// life of the source, with a warning in the log, when the API server refuses it (422
+    /// Invalid: the WatchList feature gate off, or a server older than 1.27) or when its
+    /// initial events go silent for [`KubeSourceConfig::initial_events_silence`] without the
+    /// bookmark (a server or proxy that ignores `sendInitialEvents` and serves a plain watch).
+    #[default]
     Streaming,
 }
+
+/// How long a streaming list may stay silent before its `initial-events-end` bookmark
+/// before the source gives up on it: [`KubeSourceConfig::initial_events_silence`]'s default.
+pub const DEFAULT_INITIAL_EVENTS_SILENCE: Duration = Duration::from_secs(10);
 
 /// Settings of the Kubernetes source.
 #[derive(Debug, Clone)]
@@ -495,6 +504,10 @@ pub struct KubeSourceConfig {
     pub hostname: String,
     /// How lists and relists are made.
     pub list_mode: ListMode,
+    /// With [`ListMode::Streaming`]: how long the initial events of a streaming list may
+    /// pause (from the watch's start, or since the last event) before the source takes the
+    /// server for one that ignores `sendInitialEvents` and falls back to paginated lists.
+    pub initial_events_silence: Duration,
     /// Also watch networking.k8s.io/v1 ServiceCIDRs (cluster-scoped; needs list and watch
     /// on `servicecidrs`) and send their changes, for a proxier that routes the Service
     /// CIDRs the cluster has (`--bind-service-cidrs=auto`).
@@ -502,11 +515,13 @@ pub struct KubeSourceConfig {
 }
 
 impl KubeSourceConfig {
-    /// Settings for the node `hostname`, with paginated lists and no ServiceCIDRs.
+    /// Settings for the node `hostname`: streaming lists (falling back to paginated ones),
+    /// no ServiceCIDRs.
     pub fn new(hostname: impl Into<String>) -> KubeSourceConfig {
         KubeSourceConfig {
             hostname: hostname.into(),
             list_mode: ListMode::default(),
+            initial_events_silence: DEFAULT_INITIAL_EVENTS_SILENCE,
             service_cidrs: false,
         }
     }
@@ -531,13 +546,16 @@ fn refuses_streaming_list(error: &watcher::Error) -> bool {
 type WatchStream<K> = BoxStream<'static, watcher::Result<Event<K>>>;
 
 /// kube-runtime's watcher for `config` in `mode`. kube-runtime has no fallback of its own from
-/// streaming lists (it would retry the refused watch forever), so at the first refusal this
-/// one switches that kind to paginated lists for good and swallows the error: the list
-/// follows at once, without a backoff.
+/// streaming lists: it would retry a refused watch forever, and wait forever for the
+/// `initial-events-end` bookmark from a server that ignores `sendInitialEvents`. So this one
+/// switches that kind to paginated lists for good at the first refusal (swallowing the
+/// error: the list follows at once, without a backoff) or when the initial events pause for
+/// `silence` (the paginated list's `Init` then starts the picture over).
 fn watcher_with_fallback<K>(
     api: Api<K>,
     config: watcher::Config,
     mode: ListMode,
+    silence: Duration,
     kind: &'static str,
 ) -> WatchStream<K>
 where
@@ -549,26 +567,65 @@ where
     let streaming = make_watcher(api.clone(), config.clone().streaming_lists()).boxed();
     let fallback = Some((api, config));
     futures::stream::unfold(
-        (streaming, fallback),
-        move |(mut stream, mut fallback)| async move {
+        StreamingWatch {
+            stream: streaming,
+            fallback,
+            initial_events: false,
+        },
+        move |mut watch| async move {
             loop {
-                let item = stream.next().await?;
+                let next = if watch.initial_events && watch.fallback.is_some() {
+                    tokio::time::timeout(silence, watch.stream.next()).await
+                } else {
+                    Ok(watch.stream.next().await)
+                };
+                let item = match next {
+                    Ok(item) => item?,
+                    Err(_elapsed) => {
+                        let (api, config) = watch.fallback.take().expect("checked above");
+                        tracing::warn!(
+                            kind,
+                            ?silence,
+                            "a streaming list's initial events stopped without their end \
+                             bookmark (the API server ignores sendInitialEvents); falling back \
+                             to paginated lists"
+                        );
+                        watch.stream = make_watcher(api, config).boxed();
+                        watch.initial_events = false;
+                        continue;
+                    }
+                };
                 if let Err(error) = &item
                     && refuses_streaming_list(error)
-                    && let Some((api, config)) = fallback.take()
+                    && let Some((api, config)) = watch.fallback.take()
                 {
                     tracing::warn!(
                         kind, %error,
                         "the API server refuses streaming lists; falling back to paginated lists"
                     );
-                    stream = make_watcher(api, config).boxed();
+                    watch.stream = make_watcher(api, config).boxed();
+                    watch.initial_events = false;
                     continue;
                 }
-                return Some((item, (stream, fallback)));
+                match &item {
+                    Ok(Event::Init) => watch.initial_events = true,
+                    Ok(Event::InitDone) => watch.initial_events = false,
+                    _ => {}
+                }
+                return Some((item, watch));
             }
         },
     )
     .boxed()
+}
+
+/// A streaming watcher with what its fallback needs.
+struct StreamingWatch<K: Resource + Clone> {
+    stream: WatchStream<K>,
+    /// What a paginated watcher is made of; taken when the kind falls back.
+    fallback: Option<(Api<K>, watcher::Config)>,
+    /// Between `Init` and `InitDone`: a pause here is the silence the fallback watches for.
+    initial_events: bool,
 }
 
 /// A kind's watch: the watcher (with the fallback), objects trimmed by `trim` as they arrive,
@@ -577,13 +634,14 @@ fn watch_stream<K>(
     api: Api<K>,
     config: watcher::Config,
     mode: ListMode,
+    silence: Duration,
     kind: &'static str,
     trim: fn(&mut K),
 ) -> impl Stream<Item = watcher::Result<Event<K>>> + Send
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
 {
-    watcher_with_fallback(api, config, mode, kind)
+    watcher_with_fallback(api, config, mode, silence, kind)
         .modify(trim)
         .default_backoff()
 }
@@ -594,10 +652,12 @@ pub fn spawn(client: kube::Client, config: KubeSourceConfig) -> SourceHandle {
     let (tx, rx) = mpsc::channel(EVENT_CHANNEL_CAPACITY);
     let (synced_tx, synced_rx) = watch::channel(false);
     let mode = config.list_mode;
+    let silence = config.initial_events_silence;
     let services = watch_stream(
         Api::<Service>::all(client.clone()),
         watcher::Config::default().labels(PROXIED_OBJECTS_SELECTOR),
         mode,
+        silence,
         "Service",
         trim_service,
     );
@@ -605,6 +665,7 @@ pub fn spawn(client: kube::Client, config: KubeSourceConfig) -> SourceHandle {
         Api::<EndpointSlice>::all(client.clone()),
         watcher::Config::default().labels(PROXIED_OBJECTS_SELECTOR),
         mode,
+        silence,
         "EndpointSlice",
         trim_slice,
     );
@@ -612,6 +673,7 @@ pub fn spawn(client: kube::Client, config: KubeSourceConfig) -> SourceHandle {
         Api::<Node>::all(client.clone()),
         watcher::Config::default().fields(&format!("metadata.name={}", config.hostname)),
         mode,
+        silence,
         "Node",
         trim_node,
     );
@@ -620,6 +682,7 @@ pub fn spawn(client: kube::Client, config: KubeSourceConfig) -> SourceHandle {
             Api::<ServiceCIDR>::all(client),
             watcher::Config::default(),
             mode,
+            silence,
             "ServiceCIDR",
             trim_service_cidr,
         )

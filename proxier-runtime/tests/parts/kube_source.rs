@@ -58,30 +58,33 @@ async fn start(api: &FakeApiServer) -> SourceHandle {
 }
 
 async fn start_with(api: &FakeApiServer, list_mode: ListMode) -> SourceHandle {
+    start_configured(
+        api,
+        KubeSourceConfig {
+            list_mode,
+            ..KubeSourceConfig::new("node-a")
+        },
+    )
+    .await
+}
+
+async fn start_configured(api: &FakeApiServer, config: KubeSourceConfig) -> SourceHandle {
     let client = client(None, Some(&api.url()))
         .await
         .expect("client for the double");
-    spawn(
-        client,
-        KubeSourceConfig {
-            hostname: "node-a".into(),
-            list_mode,
-            service_cidrs: false,
-        },
-    )
+    spawn(client, config)
 }
 
 async fn start_following_service_cidrs(api: &FakeApiServer) -> SourceHandle {
-    let client = client(None, Some(&api.url()))
-        .await
-        .expect("client for the double");
-    spawn(
-        client,
+    start_configured(
+        api,
         KubeSourceConfig {
+            list_mode: ListMode::Paginated,
             service_cidrs: true,
             ..KubeSourceConfig::new("node-a")
         },
     )
+    .await
 }
 
 fn service_cidr(name: &str, cidrs: &[&str]) -> Value {
@@ -580,6 +583,66 @@ async fn a_server_that_refuses_streaming_lists_gets_paginated_lists() {
 
     // Later changes arrive over the plain watch; a relist after expiry lists, never asks
     // for a streaming list again.
+    let later = later_changes(&api, &mut source).await;
+    assert_eq!(later.len(), 3);
+    api.apply_silently(
+        Kind::Service,
+        service("shop", "new", "10.96.0.22", json!({})),
+    );
+    api.expire_watches();
+    assert_eq!(
+        described(&next_batch(&mut source).await),
+        ["service upsert shop/new"]
+    );
+    assert_eq!(streaming_and_lists(&api, "/api/v1/services?"), (1, 2));
+}
+
+#[tokio::test]
+async fn a_server_that_ignores_streaming_lists_gets_paginated_lists_after_the_silence() {
+    let api = populated_double().await;
+    api.ignore_streaming_lists();
+    let silence = Duration::from_millis(400);
+    let started = std::time::Instant::now();
+    let mut source = start_configured(
+        &api,
+        KubeSourceConfig {
+            initial_events_silence: silence,
+            ..KubeSourceConfig::new("node-a")
+        },
+    )
+    .await;
+    assert_eq!(
+        KubeSourceConfig::new("node-a").list_mode,
+        ListMode::Streaming,
+        "streaming lists are the default"
+    );
+    let first = first_picture(&mut source).await;
+    assert!(
+        started.elapsed() >= silence,
+        "the picture waited for the silence: {:?}",
+        started.elapsed()
+    );
+    let names: Vec<&str> = first.iter().map(|(d, _)| d.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "node update node-a",
+            "service upsert shop/web",
+            "slice upsert shop/web-1"
+        ],
+        "the plain watch's events and the list's are one picture, not two"
+    );
+    assert!(*source.synced.borrow());
+    for path in KIND_PATHS {
+        assert_eq!(
+            streaming_and_lists(&api, path),
+            (1, 1),
+            "{path}: ignored once, then listed; {:?}",
+            api.requests()
+        );
+    }
+
+    // The kind stays on paginated lists: changes over the list's watch, a relist lists.
     let later = later_changes(&api, &mut source).await;
     assert_eq!(later.len(), 3);
     api.apply_silently(

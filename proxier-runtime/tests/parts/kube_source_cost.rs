@@ -164,9 +164,8 @@ async fn first_picture_bytes(mode: ListMode) -> ([u64; 3], usize, Duration, Vec<
     let mut source = spawn(
         client,
         KubeSourceConfig {
-            hostname: "node-a".into(),
             list_mode: mode,
-            service_cidrs: false,
+            ..KubeSourceConfig::new("node-a")
         },
     );
     let mut changes = 0;
