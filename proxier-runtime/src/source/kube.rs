@@ -9,8 +9,11 @@
 //! nothing is sent; then the first
 //! [`SourceBatch`] with everything and the `synced` signal, then a batch per change.
 //!
-//! Objects are trimmed to what the conversions read ([`trim_service`], [`trim_slice`],
-//! [`trim_node`]) as they arrive, before anything keeps them. [`ListMode`] picks streaming
+//! Services and EndpointSlices are decoded with only the metadata the conversions read (the
+//! source's `lean` module: managedFields, kubectl's last-applied annotation and the like are
+//! skipped in the text, never allocated), and every object is trimmed to what the
+//! conversions read ([`trim_service`], [`trim_slice`], [`trim_node`]) as it arrives, before
+//! anything keeps it. [`ListMode`] picks streaming
 //! lists (the default, as client-go's since Kubernetes 1.35), which fall back to paginated
 //! ones on an API server that refuses or ignores them, or paginated lists. What this costs the API server per node:
 //! `docs/api-server-cost.md`.
@@ -34,6 +37,7 @@ use kube::runtime::{WatchStreamExt, watcher as make_watcher};
 use serde::de::DeserializeOwned;
 use tokio::sync::{mpsc, watch};
 
+use super::lean::{LeanService, LeanSlice};
 use super::{EVENT_CHANNEL_CAPACITY, ObjectKey, SourceBatch, SourceHandle};
 use proxier_core::k8s::{
     HEADLESS_LABEL, LAST_CHANGE_TRIGGER_TIME_ANNOTATION, PROXIED_OBJECTS_SELECTOR,
@@ -373,7 +377,7 @@ impl KubeSourceState {
 
 /// Annotations the conversions read (scheduler, weights, the slice's trigger time): every
 /// other annotation is dropped before an object is kept.
-const READ_ANNOTATIONS: [&str; 3] = [
+pub(super) const READ_ANNOTATIONS: [&str; 3] = [
     SCHEDULER_ANNOTATION,
     WEIGHTS_ANNOTATION,
     LAST_CHANGE_TRIGGER_TIME_ANNOTATION,
@@ -628,10 +632,23 @@ struct StreamingWatch<K: Resource + Clone> {
     initial_events: bool,
 }
 
-/// A kind's watch: the watcher (with the fallback), objects trimmed by `trim` as they arrive,
-/// kube-runtime's default backoff after errors.
-fn watch_stream<K>(
-    api: Api<K>,
+/// One watcher event, its object converted from how it was decoded (`W`, a
+/// [`super::lean`] type or the kind itself) into the kind.
+fn into_kind<W, K: From<W>>(event: Event<W>) -> Event<K> {
+    match event {
+        Event::Apply(object) => Event::Apply(object.into()),
+        Event::Delete(object) => Event::Delete(object.into()),
+        Event::Init => Event::Init,
+        Event::InitApply(object) => Event::InitApply(object.into()),
+        Event::InitDone => Event::InitDone,
+    }
+}
+
+/// A kind's watch: the watcher (with the fallback) decoding objects as `W`, each converted to
+/// the kind `K` and trimmed by `trim` as it arrives, kube-runtime's default backoff after
+/// errors.
+fn watch_stream<W, K>(
+    api: Api<W>,
     config: watcher::Config,
     mode: ListMode,
     silence: Duration,
@@ -639,10 +656,12 @@ fn watch_stream<K>(
     trim: fn(&mut K),
 ) -> impl Stream<Item = watcher::Result<Event<K>>> + Send
 where
-    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+    W: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+    K: From<W> + Send + 'static,
 {
     watcher_with_fallback(api, config, mode, silence, kind)
-        .modify(trim)
+        .map(|event| event.map(into_kind))
+        .map(move |event| event.map(|event| event.modify(trim)))
         .default_backoff()
 }
 
@@ -654,7 +673,7 @@ pub fn spawn(client: kube::Client, config: KubeSourceConfig) -> SourceHandle {
     let mode = config.list_mode;
     let silence = config.initial_events_silence;
     let services = watch_stream(
-        Api::<Service>::all(client.clone()),
+        Api::<LeanService>::all(client.clone()),
         watcher::Config::default().labels(PROXIED_OBJECTS_SELECTOR),
         mode,
         silence,
@@ -662,7 +681,7 @@ pub fn spawn(client: kube::Client, config: KubeSourceConfig) -> SourceHandle {
         trim_service,
     );
     let slices = watch_stream(
-        Api::<EndpointSlice>::all(client.clone()),
+        Api::<LeanSlice>::all(client.clone()),
         watcher::Config::default().labels(PROXIED_OBJECTS_SELECTOR),
         mode,
         silence,

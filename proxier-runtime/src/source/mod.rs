@@ -8,6 +8,8 @@
 pub mod file;
 #[cfg(feature = "kube")]
 pub mod kube;
+#[cfg(feature = "kube")]
+pub mod lean;
 #[cfg(feature = "file")]
 pub mod manifests;
 

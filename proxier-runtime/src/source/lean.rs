@@ -1,0 +1,328 @@
+//! Services and EndpointSlices as the Kubernetes source decodes them off the wire: the
+//! object's metadata with only what the conversions and the source's store read, the rest of
+//! the object as k8s-openapi types.
+//!
+//! The metadata is where the bytes nobody reads are: managedFields (a JSON tree per field
+//! manager), kubectl's last-applied annotation (the whole object again, as a string), owner
+//! references, finalizers. Decoded into `ObjectMeta` they were allocated, then dropped by the
+//! trimming; decoded here they are skipped in the text (serde's `IgnoredAny`), which is most
+//! of the decoding work and of the first sync's transient memory at 10,000 Services. The
+//! trimming (`trim_service`, `trim_slice`) still runs after, on what is left.
+//!
+//! A slice's endpoints keep what the conversion reads: addresses, conditions, hints, node
+//! and zone (not the Pod reference, hostname or deprecated topology).
+//!
+//! [`LeanService`] and [`LeanSlice`] implement k8s-openapi's `Resource` and `Metadata` with
+//! the real kinds' constants, so kube's API and watcher take them as those kinds, and convert
+//! into the real types by moving fields.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use k8s_openapi::api::core::v1::{Service, ServiceSpec, ServiceStatus};
+use k8s_openapi::api::discovery::v1::{
+    Endpoint, EndpointConditions, EndpointHints, EndpointPort, EndpointSlice,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use serde::Deserialize;
+use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
+
+/// The fields of `ObjectMeta` the source and the conversions read; every other field of the
+/// text is skipped unread.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct LeanMetaFields {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    namespace: Option<String>,
+    #[serde(default)]
+    resource_version: Option<String>,
+    #[serde(default)]
+    deletion_timestamp: Option<Time>,
+    #[serde(default)]
+    labels: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    annotations: ReadAnnotations,
+}
+
+/// The annotations the conversions read ([`super::kube::READ_ANNOTATIONS`]); the values of
+/// the others (kubectl's last-applied configuration above all) are skipped unread.
+#[derive(Default)]
+struct ReadAnnotations(Option<BTreeMap<String, String>>);
+
+impl<'de> Deserialize<'de> for ReadAnnotations {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Annotations;
+        impl<'de> Visitor<'de> for Annotations {
+            type Value = ReadAnnotations;
+
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a map of annotations, or null")
+            }
+
+            fn visit_unit<E>(self) -> Result<ReadAnnotations, E> {
+                Ok(ReadAnnotations(None))
+            }
+
+            fn visit_none<E>(self) -> Result<ReadAnnotations, E> {
+                Ok(ReadAnnotations(None))
+            }
+
+            fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<ReadAnnotations, D::Error> {
+                d.deserialize_map(self)
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<ReadAnnotations, A::Error> {
+                let mut kept = BTreeMap::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    if super::kube::READ_ANNOTATIONS.contains(&key.as_str()) {
+                        kept.insert(key, map.next_value::<String>()?);
+                    } else {
+                        map.next_value::<IgnoredAny>()?;
+                    }
+                }
+                Ok(ReadAnnotations((!kept.is_empty()).then_some(kept)))
+            }
+        }
+        deserializer.deserialize_option(Annotations)
+    }
+}
+
+/// Decodes an object's `metadata` keeping only [`LeanMetaFields`].
+fn lean_meta<'de, D: Deserializer<'de>>(deserializer: D) -> Result<ObjectMeta, D::Error> {
+    let fields = LeanMetaFields::deserialize(deserializer)?;
+    Ok(ObjectMeta {
+        name: fields.name,
+        namespace: fields.namespace,
+        resource_version: fields.resource_version,
+        deletion_timestamp: fields.deletion_timestamp,
+        labels: fields.labels,
+        annotations: fields.annotations.0,
+        ..ObjectMeta::default()
+    })
+}
+
+/// A v1 Service decoded with lean metadata (see the module).
+#[derive(Debug, Clone, Deserialize)]
+pub struct LeanService {
+    #[serde(default, deserialize_with = "lean_meta")]
+    metadata: ObjectMeta,
+    #[serde(default)]
+    spec: Option<ServiceSpec>,
+    #[serde(default)]
+    status: Option<ServiceStatus>,
+}
+
+impl From<LeanService> for Service {
+    fn from(lean: LeanService) -> Service {
+        Service {
+            metadata: lean.metadata,
+            spec: lean.spec,
+            status: lean.status,
+        }
+    }
+}
+
+/// A discovery.k8s.io/v1 EndpointSlice decoded with lean metadata (see the module).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LeanSlice {
+    #[serde(default, deserialize_with = "lean_meta")]
+    metadata: ObjectMeta,
+    address_type: String,
+    #[serde(default)]
+    endpoints: Option<Vec<LeanEndpoint>>,
+    #[serde(default)]
+    ports: Option<Vec<EndpointPort>>,
+}
+
+impl From<LeanSlice> for EndpointSlice {
+    fn from(lean: LeanSlice) -> EndpointSlice {
+        EndpointSlice {
+            metadata: lean.metadata,
+            address_type: lean.address_type,
+            endpoints: lean
+                .endpoints
+                .map(|endpoints| endpoints.into_iter().map(Endpoint::from).collect()),
+            ports: lean.ports,
+        }
+    }
+}
+
+/// An endpoint of a [`LeanSlice`]: what the conversion reads (its target reference, hostname
+/// and deprecated topology are skipped unread).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct LeanEndpoint {
+    addresses: Vec<String>,
+    #[serde(default)]
+    conditions: Option<EndpointConditions>,
+    #[serde(default)]
+    hints: Option<EndpointHints>,
+    #[serde(default)]
+    node_name: Option<String>,
+    #[serde(default)]
+    zone: Option<String>,
+}
+
+impl From<LeanEndpoint> for Endpoint {
+    fn from(lean: LeanEndpoint) -> Endpoint {
+        Endpoint {
+            addresses: lean.addresses,
+            conditions: lean.conditions,
+            hints: lean.hints,
+            node_name: lean.node_name,
+            zone: lean.zone,
+            ..Endpoint::default()
+        }
+    }
+}
+
+/// Implements k8s-openapi's `Resource` and `Metadata` for a lean type with its kind's
+/// constants: kube's `Api` and watcher then ask for that kind's path.
+macro_rules! as_kind {
+    ($lean:ty, $kind:ty) => {
+        impl k8s_openapi::Resource for $lean {
+            const API_VERSION: &'static str = <$kind as k8s_openapi::Resource>::API_VERSION;
+            const GROUP: &'static str = <$kind as k8s_openapi::Resource>::GROUP;
+            const KIND: &'static str = <$kind as k8s_openapi::Resource>::KIND;
+            const VERSION: &'static str = <$kind as k8s_openapi::Resource>::VERSION;
+            const URL_PATH_SEGMENT: &'static str =
+                <$kind as k8s_openapi::Resource>::URL_PATH_SEGMENT;
+            type Scope = <$kind as k8s_openapi::Resource>::Scope;
+        }
+
+        impl k8s_openapi::Metadata for $lean {
+            type Ty = ObjectMeta;
+
+            fn metadata(&self) -> &ObjectMeta {
+                &self.metadata
+            }
+
+            fn metadata_mut(&mut self) -> &mut ObjectMeta {
+                &mut self.metadata
+            }
+        }
+    };
+}
+
+as_kind!(LeanService, Service);
+as_kind!(LeanSlice, EndpointSlice);
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use super::*;
+
+    /// A Service as an API server sends it: managedFields, kubectl's annotation, owner
+    /// references and finalizers beside what is read.
+    fn service_text() -> Value {
+        json!({"apiVersion": "v1", "kind": "Service",
+               "metadata": {"name": "web", "namespace": "shop", "resourceVersion": "42",
+                            "uid": "0b1c", "creationTimestamp": "2026-01-01T00:00:00Z",
+                            "labels": {"app": "web", "service.kubernetes.io/headless": ""},
+                            "annotations": {
+                                "kubectl.kubernetes.io/last-applied-configuration": "{\"big\":1}",
+                                "ipvs.proxier.io/scheduler": "wrr"},
+                            "finalizers": ["x"],
+                            "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": "p", "uid": "u"}],
+                            "managedFields": [{"manager": "kubectl", "operation": "Apply",
+                                               "fieldsType": "FieldsV1",
+                                               "fieldsV1": {"f:spec": {"f:ports": {}}}}]},
+               "spec": {"clusterIP": "10.96.0.10", "clusterIPs": ["10.96.0.10"], "type": "ClusterIP",
+                        "selector": {"app": "web"},
+                        "ports": [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080}]},
+               "status": {"loadBalancer": {}}})
+    }
+
+    #[test]
+    fn a_lean_service_is_the_service_with_only_the_read_metadata() {
+        let text = service_text();
+        let lean: Service = serde_json::from_value::<LeanService>(text.clone())
+            .expect("lean")
+            .into();
+        let full: Service = serde_json::from_value(text).expect("full");
+        assert_eq!(lean.spec, full.spec);
+        assert_eq!(lean.status, full.status);
+        let mut expected = full.metadata;
+        expected.uid = None;
+        expected.creation_timestamp = None;
+        expected.finalizers = None;
+        expected.owner_references = None;
+        expected.managed_fields = None;
+        expected
+            .annotations
+            .as_mut()
+            .expect("annotations")
+            .remove("kubectl.kubernetes.io/last-applied-configuration");
+        assert_eq!(lean.metadata, expected);
+    }
+
+    #[test]
+    fn a_lean_slice_is_the_slice_with_only_the_read_metadata() {
+        let text = json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "addressType": "IPv4",
+            "metadata": {"name": "web-1", "namespace": "shop", "resourceVersion": "7",
+                         "labels": {"kubernetes.io/service-name": "web"},
+                         "annotations": {"endpoints.kubernetes.io/last-change-trigger-time": "2026-01-01T00:00:00Z",
+                                         "other": "x"},
+                         "managedFields": [{"manager": "m", "fieldsV1": {"f:endpoints": {}}}]},
+            "endpoints": [{"addresses": ["10.244.0.5"], "conditions": {"ready": true, "serving": false},
+                           "targetRef": {"kind": "Pod", "name": "p"}, "nodeName": "node-a",
+                           "zone": "z1", "hints": {"forZones": [{"name": "z1"}]}}],
+            "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]});
+        let lean: EndpointSlice = serde_json::from_value::<LeanSlice>(text.clone())
+            .expect("lean")
+            .into();
+        let mut full: EndpointSlice = serde_json::from_value(text).expect("full");
+        for endpoint in full.endpoints.iter_mut().flatten() {
+            assert!(endpoint.target_ref.take().is_some(), "the text has one");
+        }
+        assert_eq!(lean.endpoints, full.endpoints);
+        assert_eq!(lean.ports, full.ports);
+        assert_eq!(lean.address_type, full.address_type);
+        assert_eq!(lean.metadata.labels, full.metadata.labels);
+        assert_eq!(
+            lean.metadata.annotations.expect("the trigger time").len(),
+            1,
+            "only the trigger time is kept"
+        );
+        assert!(lean.metadata.managed_fields.is_none());
+    }
+
+    #[test]
+    fn null_or_absent_metadata_maps_and_no_read_annotation_decode_to_none() {
+        for metadata in [
+            json!({"name": "a", "annotations": null, "labels": null}),
+            json!({"name": "a"}),
+            json!({"name": "a", "annotations": {"other": "x"}}),
+        ] {
+            let text = json!({"metadata": metadata, "spec": {}});
+            let lean: LeanService = serde_json::from_value(text).expect("decodes");
+            assert_eq!(lean.metadata.annotations, None, "{metadata}");
+            assert_eq!(lean.metadata.labels, None, "{metadata}");
+            assert_eq!(lean.metadata.name.as_deref(), Some("a"));
+        }
+    }
+
+    #[test]
+    fn a_malformed_object_is_an_error_not_a_default() {
+        for text in [
+            json!({"metadata": {"name": 5}}),
+            json!({"metadata": {"annotations": {"ipvs.proxier.io/scheduler": 3}}}),
+            json!({"metadata": {"annotations": ["not", "a", "map"]}}),
+            json!({"metadata": {}, "spec": {"ports": "80"}}),
+        ] {
+            assert!(
+                serde_json::from_value::<LeanService>(text.clone()).is_err(),
+                "{text}"
+            );
+        }
+        assert!(
+            serde_json::from_value::<LeanSlice>(json!({"metadata": {}})).is_err(),
+            "addressType is required"
+        );
+    }
+}
