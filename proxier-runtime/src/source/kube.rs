@@ -9,14 +9,14 @@
 //! nothing is sent; then the first
 //! [`SourceBatch`] with everything and the `synced` signal, then a batch per change.
 //!
-//! Services and EndpointSlices are decoded with only the metadata the conversions read (the
-//! source's `lean` module: managedFields, kubectl's last-applied annotation and the like are
-//! skipped in the text, never allocated), and every object is trimmed to what the
-//! conversions read ([`trim_service`], [`trim_slice`], [`trim_node`]) as it arrives, before
-//! anything keeps it. [`ListMode`] picks streaming
-//! lists (the default, as client-go's since Kubernetes 1.35), which fall back to paginated
-//! ones on an API server that refuses or ignores them, or paginated lists. What this costs the API server per node:
-//! `docs/api-server-cost.md`.
+//! Services and EndpointSlices are decoded with only what the conversions read
+//! ([`super::lean`]: managedFields, kubectl's last-applied annotation and the like are skipped
+//! in the text, never allocated), and every object is trimmed to what the conversions read
+//! ([`trim_service`], [`trim_slice`], [`trim_node`]) as it arrives, before anything keeps it.
+//!
+//! [`ListMode`] picks streaming lists (the default, as client-go's since Kubernetes 1.35),
+//! which fall back to paginated ones on an API server that refuses or ignores them, or
+//! paginated lists. What this costs the API server per node: `docs/api-server-cost.md`.
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;

@@ -1,8 +1,8 @@
 //! The Kubernetes source against an API server double on 127.0.0.1: kube-proxy's selectors
 //! are sent, nothing is reported before Services and EndpointSlices have both listed, changes
 //! become events, and watch expiry (410 Gone) and API outages never make it forget objects.
-//! With streaming lists the source sees the same, and falls back to paginated lists when the
-//! API server refuses them.
+//! With streaming lists (the default) the source sees the same, and falls back to paginated
+//! lists when the API server refuses them or ignores them (no end bookmark).
 
 use std::time::Duration;
 
