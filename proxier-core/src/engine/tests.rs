@@ -1535,3 +1535,40 @@ async fn a_full_sync_repaired_in_slices_leaves_nftables_detached_unless_it_repla
     assert_eq!(scripts.len(), 5, "the update in flight, then the replace");
     assert!(scripts[4].contains("table ip ipvs-proxier {"));
 }
+
+#[test]
+fn a_chunk_planned_on_two_threads_is_the_chunk_planned_on_one() {
+    let state = crate::testing::state(300, 5);
+    let (node, config) = (crate::testing::node(), crate::testing::config());
+    let planner = Planner::new(&node, &config);
+    // Every Service of the state, and one the state does not have (its plan: none).
+    let mut chunk: Vec<(ServiceName, Vec<ServicePortName>)> = state
+        .services()
+        .map(|service| (service.name.clone(), Vec::new()))
+        .collect();
+    chunk.insert(150, (ServiceName::new("gone", "svc"), Vec::new()));
+    assert!(chunk.len() >= PARALLEL_REPLAN_MIN);
+    let one_thread: Vec<(ServiceName, Option<ServicePlan>)> = chunk
+        .iter()
+        .map(|(name, _)| {
+            let plan = state
+                .service(name)
+                .map(|service| planner.plan_service(&state, service));
+            (name.clone(), plan)
+        })
+        .collect();
+    let two_threads: Vec<(ServiceName, Option<ServicePlan>)> = plan_chunk(&planner, &state, chunk)
+        .into_iter()
+        .map(|((name, _), plan)| (name, plan))
+        .collect();
+    assert_eq!(two_threads.len(), 301);
+    assert!(two_threads[150].1.is_none(), "the Service the state lacks");
+    assert!(
+        two_threads
+            .iter()
+            .filter(|(_, plan)| plan.is_some())
+            .count()
+            == 300
+    );
+    assert_eq!(two_threads, one_thread);
+}
