@@ -1000,8 +1000,7 @@ where
         let mut health_changed = false;
         let mut services = by_service.into_iter().peekable();
         while services.peek().is_some() {
-            let chunk: Vec<(ServiceName, Vec<ServicePortName>)> =
-                services.by_ref().take(REPLAN_CHUNK).collect();
+            let chunk: Vec<ServicePorts> = services.by_ref().take(REPLAN_CHUNK).collect();
             for ((name, ports), plan) in plan_chunk(&planner, &self.state, chunk) {
                 health_changed |=
                     self.apply_service_plan(&name, ports, plan, &mut changed, &mut before);
@@ -1307,6 +1306,9 @@ async fn incremental_reconcile<I: IpvsBackend, A: AddressBackend>(
     Ok(ipvs)
 }
 
+/// A Service to re-plan and its ports to re-plan.
+type ServicePorts = (ServiceName, Vec<ServicePortName>);
+
 /// How many Services a re-plan plans before applying their plans: bounds the plans held at
 /// once (a full re-plan at 10,000 Services holds 512, not 10,000).
 const REPLAN_CHUNK: usize = 512;
@@ -1323,8 +1325,8 @@ const PARALLEL_REPLAN_MIN: usize = 64;
 fn plan_chunk(
     planner: &Planner<'_>,
     state: &ClusterState,
-    chunk: Vec<(ServiceName, Vec<ServicePortName>)>,
-) -> Vec<((ServiceName, Vec<ServicePortName>), Option<ServicePlan>)> {
+    chunk: Vec<ServicePorts>,
+) -> Vec<(ServicePorts, Option<ServicePlan>)> {
     let plan_one = |name: &ServiceName| {
         state
             .service(name)

@@ -1542,7 +1542,7 @@ fn a_chunk_planned_on_two_threads_is_the_chunk_planned_on_one() {
     let (node, config) = (crate::testing::node(), crate::testing::config());
     let planner = Planner::new(&node, &config);
     // Every Service of the state, and one the state does not have (its plan: none).
-    let mut chunk: Vec<(ServiceName, Vec<ServicePortName>)> = state
+    let mut chunk: Vec<ServicePorts> = state
         .services()
         .map(|service| (service.name.clone(), Vec::new()))
         .collect();
