@@ -37,13 +37,11 @@ use kube::runtime::{WatchStreamExt, watcher as make_watcher};
 use serde::de::DeserializeOwned;
 use tokio::sync::{mpsc, watch};
 
-use super::lean::{LeanService, LeanSlice};
+use super::lean::{LeanService, LeanSlice, READ_ANNOTATIONS};
 use super::{EVENT_CHANNEL_CAPACITY, ObjectKey, SourceBatch, SourceHandle};
 use proxier_core::k8s::{
-    HEADLESS_LABEL, LAST_CHANGE_TRIGGER_TIME_ANNOTATION, PROXIED_OBJECTS_SELECTOR,
-    SERVICE_NAME_LABEL, SERVICE_PROXY_NAME_LABEL,
+    HEADLESS_LABEL, PROXIED_OBJECTS_SELECTOR, SERVICE_NAME_LABEL, SERVICE_PROXY_NAME_LABEL,
 };
-use proxier_core::model::{SCHEDULER_ANNOTATION, WEIGHTS_ANNOTATION};
 
 /// The API server could not be configured or reached.
 #[derive(Debug, thiserror::Error)]
@@ -374,14 +372,6 @@ impl KubeSourceState {
         self.deliver(batch)
     }
 }
-
-/// Annotations the conversions read (scheduler, weights, the slice's trigger time): every
-/// other annotation is dropped before an object is kept.
-pub(super) const READ_ANNOTATIONS: [&str; 3] = [
-    SCHEDULER_ANNOTATION,
-    WEIGHTS_ANNOTATION,
-    LAST_CHANGE_TRIGGER_TIME_ANNOTATION,
-];
 
 /// Drops what no conversion reads from any kind's metadata: managed fields, owner references,
 /// finalizers, annotations other than [`READ_ANNOTATIONS`] and, unless `keep_labels` is

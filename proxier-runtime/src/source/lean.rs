@@ -8,7 +8,7 @@
 //! trimming; decoded here they are skipped in the text (serde's `IgnoredAny`). That is a third
 //! of a Service's decoding time and close to half of a slice's (the criterion bench `decode`:
 //! lean/full 0.68 and 0.56 on objects shaped as the VM benchmarks' API double serves them). The
-//! trimming ([`super::kube::trim_service`], [`super::kube::trim_slice`]) still runs after, on
+//! trimming (the kube module's `trim_service` and `trim_slice`) still runs after, on
 //! what is left.
 //!
 //! A slice's endpoints keep what the conversion reads: addresses, conditions, hints, node
@@ -26,8 +26,18 @@ use k8s_openapi::api::discovery::v1::{
     Endpoint, EndpointConditions, EndpointHints, EndpointPort, EndpointSlice,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use proxier_core::k8s::LAST_CHANGE_TRIGGER_TIME_ANNOTATION;
+use proxier_core::model::{SCHEDULER_ANNOTATION, WEIGHTS_ANNOTATION};
 use serde::Deserialize;
 use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
+
+/// Annotations the conversions read (scheduler, weights, the slice's trigger time): every
+/// other annotation is skipped as an object is decoded, or dropped before it is kept.
+pub(crate) const READ_ANNOTATIONS: [&str; 3] = [
+    SCHEDULER_ANNOTATION,
+    WEIGHTS_ANNOTATION,
+    LAST_CHANGE_TRIGGER_TIME_ANNOTATION,
+];
 
 /// The fields of `ObjectMeta` the source and the conversions read; every other field of the
 /// text is skipped unread.
@@ -48,7 +58,7 @@ struct LeanMetaFields {
     annotations: ReadAnnotations,
 }
 
-/// The annotations the conversions read ([`super::kube::READ_ANNOTATIONS`]); the values of
+/// The annotations the conversions read ([`READ_ANNOTATIONS`]); the values of
 /// the others (kubectl's last-applied configuration above all) are skipped unread.
 #[derive(Default)]
 struct ReadAnnotations(Option<BTreeMap<String, String>>);
@@ -78,7 +88,7 @@ impl<'de> Deserialize<'de> for ReadAnnotations {
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<ReadAnnotations, A::Error> {
                 let mut kept = BTreeMap::new();
                 while let Some(key) = map.next_key::<String>()? {
-                    if super::kube::READ_ANNOTATIONS.contains(&key.as_str()) {
+                    if READ_ANNOTATIONS.contains(&key.as_str()) {
                         kept.insert(key, map.next_value::<String>()?);
                     } else {
                         map.next_value::<IgnoredAny>()?;
