@@ -576,7 +576,6 @@ where
                 let item = match next {
                     Ok(item) => item?,
                     Err(_elapsed) => {
-                        let (api, config) = watch.fallback.take().expect("checked above");
                         tracing::warn!(
                             kind,
                             ?silence,
@@ -584,21 +583,19 @@ where
                              bookmark (the API server ignores sendInitialEvents); falling back \
                              to paginated lists"
                         );
-                        watch.stream = make_watcher(api, config).boxed();
-                        watch.initial_events = false;
+                        watch.fall_back();
                         continue;
                     }
                 };
                 if let Err(error) = &item
                     && refuses_streaming_list(error)
-                    && let Some((api, config)) = watch.fallback.take()
+                    && watch.fallback.is_some()
                 {
                     tracing::warn!(
                         kind, %error,
                         "the API server refuses streaming lists; falling back to paginated lists"
                     );
-                    watch.stream = make_watcher(api, config).boxed();
-                    watch.initial_events = false;
+                    watch.fall_back();
                     continue;
                 }
                 match &item {
@@ -620,6 +617,20 @@ struct StreamingWatch<K: Resource + Clone> {
     fallback: Option<(Api<K>, watcher::Config)>,
     /// Between `Init` and `InitDone`: a pause here is the silence the fallback watches for.
     initial_events: bool,
+}
+
+impl<K> StreamingWatch<K>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+{
+    /// Replaces the streaming watcher with a paginated one, for good (nothing when it already
+    /// fell back).
+    fn fall_back(&mut self) {
+        if let Some((api, config)) = self.fallback.take() {
+            self.stream = make_watcher(api, config).boxed();
+            self.initial_events = false;
+        }
+    }
 }
 
 /// One watcher event, its object converted from how it was decoded (`W`, a
@@ -650,8 +661,7 @@ where
     K: From<W> + Send + 'static,
 {
     watcher_with_fallback(api, config, mode, silence, kind)
-        .map(|event| event.map(into_kind))
-        .map(move |event| event.map(|event| event.modify(trim)))
+        .map(move |event| event.map(|event| into_kind(event).modify(trim)))
         .default_backoff()
 }
 

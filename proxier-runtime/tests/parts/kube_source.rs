@@ -562,6 +562,20 @@ async fn a_server_that_refuses_streaming_lists_gets_paginated_lists() {
     api.refuse_streaming_lists();
     let mut source = start_with(&api, ListMode::Streaming).await;
     let first = first_picture(&mut source).await;
+    assert_listed_after_one_streaming_list(&api, &source, &first, "refused");
+    // Later changes arrive over the plain watch; a relist after expiry lists, never asks
+    // for a streaming list again.
+    assert_stays_on_paginated_lists(&api, &mut source).await;
+}
+
+/// The first picture of `populated_double` after the source fell back from a streaming list
+/// (`how`: what the server did with it) to one list of each kind.
+fn assert_listed_after_one_streaming_list(
+    api: &FakeApiServer,
+    source: &SourceHandle,
+    first: &[(String, Change)],
+    how: &str,
+) {
     let names: Vec<&str> = first.iter().map(|(d, _)| d.as_str()).collect();
     assert_eq!(
         names,
@@ -569,21 +583,23 @@ async fn a_server_that_refuses_streaming_lists_gets_paginated_lists() {
             "node update node-a",
             "service upsert shop/web",
             "slice upsert shop/web-1"
-        ]
+        ],
+        "the first picture is one picture, whatever came before the fallback"
     );
     assert!(*source.synced.borrow());
     for path in KIND_PATHS {
         assert_eq!(
-            streaming_and_lists(&api, path),
+            streaming_and_lists(api, path),
             (1, 1),
-            "{path}: refused once, then listed; {:?}",
+            "{path}: {how} once, then listed; {:?}",
             api.requests()
         );
     }
+}
 
-    // Later changes arrive over the plain watch; a relist after expiry lists, never asks
-    // for a streaming list again.
-    let later = later_changes(&api, &mut source).await;
+/// After a fallback, changes arrive over the list's watch and a relist after expiry lists.
+async fn assert_stays_on_paginated_lists(api: &FakeApiServer, source: &mut SourceHandle) {
+    let later = later_changes(api, source).await;
     assert_eq!(later.len(), 3);
     api.apply_silently(
         Kind::Service,
@@ -591,10 +607,10 @@ async fn a_server_that_refuses_streaming_lists_gets_paginated_lists() {
     );
     api.expire_watches();
     assert_eq!(
-        described(&next_batch(&mut source).await),
+        described(&next_batch(source).await),
         ["service upsert shop/new"]
     );
-    assert_eq!(streaming_and_lists(&api, "/api/v1/services?"), (1, 2));
+    assert_eq!(streaming_and_lists(api, "/api/v1/services?"), (1, 2));
 }
 
 #[tokio::test]
@@ -622,37 +638,7 @@ async fn a_server_that_ignores_streaming_lists_gets_paginated_lists_after_the_si
         "the picture waited for the silence: {:?}",
         started.elapsed()
     );
-    let names: Vec<&str> = first.iter().map(|(d, _)| d.as_str()).collect();
-    assert_eq!(
-        names,
-        [
-            "node update node-a",
-            "service upsert shop/web",
-            "slice upsert shop/web-1"
-        ],
-        "the plain watch's events and the list's are one picture, not two"
-    );
-    assert!(*source.synced.borrow());
-    for path in KIND_PATHS {
-        assert_eq!(
-            streaming_and_lists(&api, path),
-            (1, 1),
-            "{path}: ignored once, then listed; {:?}",
-            api.requests()
-        );
-    }
-
-    // The kind stays on paginated lists: changes over the list's watch, a relist lists.
-    let later = later_changes(&api, &mut source).await;
-    assert_eq!(later.len(), 3);
-    api.apply_silently(
-        Kind::Service,
-        service("shop", "new", "10.96.0.22", json!({})),
-    );
-    api.expire_watches();
-    assert_eq!(
-        described(&next_batch(&mut source).await),
-        ["service upsert shop/new"]
-    );
-    assert_eq!(streaming_and_lists(&api, "/api/v1/services?"), (1, 2));
+    // The plain watch's events and the list's are one picture, not two.
+    assert_listed_after_one_streaming_list(&api, &source, &first, "ignored");
+    assert_stays_on_paginated_lists(&api, &mut source).await;
 }
