@@ -26,8 +26,8 @@ fn v4(n: u32) -> IpAddr {
 
 fn service_name(i: u32) -> ServicePortName {
     ServicePortName {
-        namespace: format!("ns-{}", i % 50),
-        name: format!("svc-{i}"),
+        namespace: format!("ns-{}", i % 50).into(),
+        name: format!("svc-{i}").into(),
         port: "http".into(),
         protocol: Protocol::Tcp,
     }

@@ -388,7 +388,7 @@ mod tests {
         ServicePortName {
             namespace: "ns".into(),
             name: n.into(),
-            port: String::new(),
+            port: "".into(),
             protocol: Protocol::Tcp,
         }
     }

@@ -217,7 +217,7 @@ pub fn convert_service(service: &core::Service) -> Result<ServiceConversion, Con
         meta.namespace.clone().unwrap_or_default(),
         meta.name.clone().unwrap_or_default(),
     );
-    let object = ObjectRef::new(ObjectKind::Service, &name.namespace, &name.name);
+    let object = ObjectRef::new(ObjectKind::Service, &*name.namespace, &*name.name);
     let labels = meta.labels.as_ref();
     if labels.is_some_and(|l| l.contains_key(SERVICE_PROXY_NAME_LABEL)) {
         return Ok(ServiceConversion::Skipped(name, SkipReason::OtherProxy));
@@ -498,7 +498,7 @@ pub fn convert_endpoint_slice(
         meta.namespace.clone().unwrap_or_default(),
         meta.name.clone().unwrap_or_default(),
     );
-    let object = ObjectRef::new(ObjectKind::EndpointSlice, &key.namespace, &key.name);
+    let object = ObjectRef::new(ObjectKind::EndpointSlice, &*key.namespace, &*key.name);
     match slice.address_type.as_str() {
         "IPv4" | "IPv6" => {}
         "FQDN" => return Ok(None),
@@ -522,7 +522,7 @@ pub fn convert_endpoint_slice(
             what: "label kubernetes.io/service-name",
         });
     };
-    let service = ServiceName::new(&key.namespace, service_name);
+    let service = ServiceName::new(Arc::clone(&key.namespace), service_name.as_str());
 
     let mut warnings = Vec::new();
     let mut ports = Vec::new();

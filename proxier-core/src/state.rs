@@ -218,7 +218,7 @@ impl ClusterState {
 
     fn remove_slice_from(&mut self, owner: &ServiceName, slice_name: &str) {
         if let Some(by_name) = self.slices.get_mut(owner) {
-            by_name.retain(|s| s.key.name != slice_name);
+            by_name.retain(|s| &*s.key.name != slice_name);
             if by_name.is_empty() {
                 self.slices.remove(owner);
             } else {

@@ -63,7 +63,7 @@ pub fn slice(i: usize, n: usize, round: u64) -> EndpointSlice {
         })
         .collect();
     EndpointSlice {
-        key: SliceKey::new(&name.namespace, format!("{}-0", name.name)),
+        key: SliceKey::new(Arc::clone(&name.namespace), format!("{}-0", name.name)),
         service: name,
         ports: vec![EndpointPort {
             name: "http".into(),

@@ -135,7 +135,7 @@ fn slices_are_kept_in_name_order() {
     }
     let order: Vec<String> = st
         .slices_of(&ServiceName::new("ns", "a"))
-        .map(|s| s.key.name.clone())
+        .map(|s| s.key.name.to_string())
         .collect();
     assert_eq!(order, ["a-1", "a-2", "a-3"]);
 }

@@ -202,7 +202,7 @@ mod tests {
         ServicePortName {
             namespace: "default".into(),
             name: name.into(),
-            port: String::new(),
+            port: "".into(),
             protocol: Protocol::Tcp,
         }
     }

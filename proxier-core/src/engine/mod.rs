@@ -986,10 +986,7 @@ where
         };
         let mut by_service: BTreeMap<ServiceName, Vec<ServicePortName>> = BTreeMap::new();
         for name in names {
-            by_service
-                .entry(ServiceName::new(&name.namespace, &name.name))
-                .or_default()
-                .push(name);
+            by_service.entry(name.service()).or_default().push(name);
         }
         // The planner reads its own copy of the node and the settings, so that the plans
         // of a chunk of Services are applied as soon as they are made.

@@ -12,15 +12,15 @@ use ipvs_netlink::Protocol;
 /// Namespace and name of an EndpointSlice.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SliceKey {
-    /// Namespace.
-    pub namespace: String,
+    /// Namespace (shared, as [`ServiceName`]'s).
+    pub namespace: Arc<str>,
     /// Name.
-    pub name: String,
+    pub name: Arc<str>,
 }
 
 impl SliceKey {
     /// A slice key.
-    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+    pub fn new(namespace: impl Into<Arc<str>>, name: impl Into<Arc<str>>) -> Self {
         SliceKey {
             namespace: namespace.into(),
             name: name.into(),

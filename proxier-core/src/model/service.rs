@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use ipnet::IpNet;
 
@@ -14,17 +15,21 @@ use super::family::AddressFamily;
 pub const DEFAULT_CLIENT_IP_TIMEOUT_SECONDS: u32 = 10_800;
 
 /// Namespace and name of a Service.
+///
+/// Both parts are shared strings: the engine keeps a Service's name, and the names of its
+/// ports, in several maps (state, plan, reconciler, netfilter tracker), and a clone is two
+/// reference counts, not two allocations.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ServiceName {
     /// Namespace.
-    pub namespace: String,
+    pub namespace: Arc<str>,
     /// Name.
-    pub name: String,
+    pub name: Arc<str>,
 }
 
 impl ServiceName {
     /// A Service name.
-    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+    pub fn new(namespace: impl Into<Arc<str>>, name: impl Into<Arc<str>>) -> Self {
         ServiceName {
             namespace: namespace.into(),
             name: name.into(),
@@ -34,9 +39,9 @@ impl ServiceName {
     /// The name of one port of this Service.
     pub fn port(&self, port_name: &str, protocol: Protocol) -> ServicePortName {
         ServicePortName {
-            namespace: self.namespace.clone(),
-            name: self.name.clone(),
-            port: port_name.to_owned(),
+            namespace: Arc::clone(&self.namespace),
+            name: Arc::clone(&self.name),
+            port: port_name.into(),
             protocol,
         }
     }
@@ -49,17 +54,28 @@ impl fmt::Display for ServiceName {
 }
 
 /// Identifies one port of one Service: `namespace/name:port-name` plus protocol,
-/// the unit of planning, change tracking and error reporting.
+/// the unit of planning, change tracking and error reporting. Its strings are shared, as
+/// [`ServiceName`]'s are.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ServicePortName {
     /// Namespace of the Service.
-    pub namespace: String,
+    pub namespace: Arc<str>,
     /// Name of the Service.
-    pub name: String,
+    pub name: Arc<str>,
     /// Name of the port within the Service (may be empty for single-port Services).
-    pub port: String,
+    pub port: Arc<str>,
     /// Transport protocol of the port.
     pub protocol: Protocol,
+}
+
+impl ServicePortName {
+    /// The Service this port belongs to (sharing its strings).
+    pub fn service(&self) -> ServiceName {
+        ServiceName {
+            namespace: Arc::clone(&self.namespace),
+            name: Arc::clone(&self.name),
+        }
+    }
 }
 
 impl fmt::Display for ServicePortName {

@@ -134,7 +134,7 @@ impl<'a> Planner<'a> {
         state: &ClusterState,
         name: &ServicePortName,
     ) -> Option<ServicePortPlan> {
-        let service_name = crate::model::ServiceName::new(&name.namespace, &name.name);
+        let service_name = name.service();
         let service = state.service(&service_name)?;
         let port = service.port(&name.port, name.protocol)?;
         let plan = self.plan_service_port(service, port, state.slices_of(&service_name));

@@ -167,7 +167,7 @@ pub fn service_health_answer(
     proxy_healthy: bool,
 ) -> HealthAnswer {
     let body = serde_json::json!({
-        "service": { "namespace": service.namespace, "name": service.name },
+        "service": { "namespace": &*service.namespace, "name": &*service.name },
         "localEndpoints": local_endpoints,
         "serviceProxyHealthy": proxy_healthy,
     });

@@ -50,7 +50,7 @@ fn example_cluster_parses_cleanly() {
         .read(text)
         .expect("used");
     let checkout = batch.changes.iter().find_map(|c| match c {
-        Change::UpsertService(s) if s.name.name == "checkout" => Some(s),
+        Change::UpsertService(s) if &*s.name.name == "checkout" => Some(s),
         _ => None,
     });
     assert_eq!(
@@ -62,7 +62,7 @@ fn example_cluster_parses_cleanly() {
 
 fn cluster_ip(batch: &SourceBatch, name: &str) -> Option<String> {
     batch.changes.iter().find_map(|c| match c {
-        Change::UpsertService(s) if s.name.name == name => {
+        Change::UpsertService(s) if &*s.name.name == name => {
             s.cluster_ips.first().map(|ip| ip.to_string())
         }
         _ => None,
