@@ -274,7 +274,9 @@ pub fn convert_service(service: &core::Service) -> Result<ServiceConversion, Con
         cluster_ips.push(ip);
     }
 
-    let mut ports = Vec::new();
+    // Sized exactly: a vector grown by pushes keeps room for four ports, and most Services
+    // have one (it lives as long as the Service).
+    let mut ports = Vec::with_capacity(spec.ports.as_ref().map_or(0, Vec::len));
     let mut names = HashSet::new();
     let mut numbers = HashSet::new();
     for p in spec.ports.iter().flatten() {
@@ -525,7 +527,7 @@ pub fn convert_endpoint_slice(
     let service = ServiceName::new(Arc::clone(&key.namespace), service_name.as_str());
 
     let mut warnings = Vec::new();
-    let mut ports = Vec::new();
+    let mut ports = Vec::with_capacity(slice.ports.as_ref().map_or(0, Vec::len));
     let mut names = HashSet::new();
     for p in slice.ports.iter().flatten() {
         let (Some(port_name), Some(number)) = (p.name.as_ref(), p.port.filter(|n| *n != 0)) else {

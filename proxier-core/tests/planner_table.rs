@@ -1004,11 +1004,11 @@ fn zone_hints_apply_only_when_every_ready_endpoint_has_one_and_one_matches() {
 #[test]
 fn node_hints_prefer_same_node() {
     let mut a = ep("10.1.2.3");
-    a.node_hints = vec![Arc::from(NODE)];
-    a.zone_hints = vec![Arc::from("zone-a")];
+    a.node_hints = Box::new([Arc::from(NODE)]);
+    a.zone_hints = Box::new([Arc::from("zone-a")]);
     let mut b = ep("10.1.2.4");
-    b.node_hints = vec![Arc::from("other-node")];
-    b.zone_hints = vec![Arc::from("zone-a")];
+    b.node_hints = Box::new([Arc::from("other-node")]);
+    b.zone_hints = Box::new([Arc::from("zone-a")]);
     let st = state(
         vec![svc("topo", &["10.96.0.1"], vec![tcp_port("", 80, None)])],
         vec![slice(

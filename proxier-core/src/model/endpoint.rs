@@ -61,9 +61,9 @@ pub struct Endpoint {
     /// Zone it is in.
     pub zone: Option<Arc<str>>,
     /// Zones it is hinted for (topology-aware routing).
-    pub zone_hints: Vec<Arc<str>>,
+    pub zone_hints: Box<[Arc<str>]>,
     /// Nodes it is hinted for (PreferSameNode traffic distribution).
-    pub node_hints: Vec<Arc<str>>,
+    pub node_hints: Box<[Arc<str>]>,
     /// IPVS weight from [`super::WEIGHTS_ANNOTATION`]; `None` = 1.
     pub weight: Option<u32>,
 }
@@ -78,8 +78,8 @@ impl Endpoint {
             terminating: false,
             node_name: None,
             zone: None,
-            zone_hints: Vec::new(),
-            node_hints: Vec::new(),
+            zone_hints: Box::default(),
+            node_hints: Box::default(),
             weight: None,
         }
     }
