@@ -79,6 +79,30 @@ pub struct ObservedVirtualServer {
 }
 
 impl ObservedVirtualServer {
+    /// Takes `read`'s settings and real servers' figures in place when `read` has the same
+    /// real servers (the usual case: a full sync's read of a converged virtual server);
+    /// `false`, leaving `self` as it was, when they differ.
+    ///
+    /// A read is built by the thread that read the table, among its transient buffers, and
+    /// a full sync's read thread exits: a cache that kept the read's entries would move into
+    /// those sparse pages at every resync. Refreshed in place, it stays where it was built.
+    pub fn refresh_from(&mut self, read: &ObservedVirtualServer) -> bool {
+        if self.real_servers.len() != read.real_servers.len()
+            || !self.real_servers.keys().eq(read.real_servers.keys())
+        {
+            return false;
+        }
+        self.settings.clone_from(&read.settings);
+        for (cached, fresh) in self
+            .real_servers
+            .values_mut()
+            .zip(read.real_servers.values())
+        {
+            *cached = *fresh;
+        }
+        true
+    }
+
     /// Whether two snapshots hold the same configuration (connection counts ignored).
     pub fn same_configuration(&self, other: &ObservedVirtualServer) -> bool {
         self.settings == other.settings
@@ -152,5 +176,52 @@ impl Observed {
             );
         }
         differences
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::desired::RealServerKey;
+
+    fn vs(real_servers: &[(&str, u32, u32)]) -> ObservedVirtualServer {
+        ObservedVirtualServer {
+            settings: VirtualServerSettings::default(),
+            real_servers: real_servers
+                .iter()
+                .map(|&(address, weight, active)| {
+                    let key = RealServerKey {
+                        address: address.parse().expect("address"),
+                        port: 8080,
+                    };
+                    let mut rs = ObservedRealServer::new(weight);
+                    rs.active_connections = active;
+                    (key, rs)
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_read_with_the_same_real_servers_refreshes_the_cache_in_place() {
+        let mut cached = vs(&[("10.0.0.1", 1, 0), ("10.0.0.2", 1, 3)]);
+        let mut read = vs(&[("10.0.0.1", 0, 7), ("10.0.0.2", 1, 0)]);
+        read.settings.persistence_timeout = Some(60);
+        assert!(cached.refresh_from(&read));
+        assert_eq!(cached, read);
+    }
+
+    #[test]
+    fn a_read_with_other_real_servers_leaves_the_cache_as_it_was() {
+        let before = vs(&[("10.0.0.1", 1, 0), ("10.0.0.2", 1, 3)]);
+        for read in [
+            vs(&[("10.0.0.1", 1, 0)]),
+            vs(&[("10.0.0.1", 1, 0), ("10.0.0.3", 1, 3)]),
+            vs(&[("10.0.0.1", 1, 0), ("10.0.0.2", 1, 3), ("10.0.0.3", 1, 0)]),
+        ] {
+            let mut cached = before.clone();
+            assert!(!cached.refresh_from(&read), "{read:?}");
+            assert_eq!(cached, before);
+        }
     }
 }

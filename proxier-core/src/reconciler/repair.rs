@@ -201,7 +201,15 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
                 );
             }
             match fresh {
-                Some(vs) => self.kernel.virtual_servers.insert(key, vs),
+                Some(vs) => {
+                    let refreshed = (self.kernel.virtual_servers.get_mut(&key))
+                        .is_some_and(|cached| cached.refresh_from(&vs));
+                    if refreshed {
+                        None
+                    } else {
+                        self.kernel.virtual_servers.insert(key, vs.clone())
+                    }
+                }
                 None => {
                     self.drains.stop_virtual_server(&key);
                     self.kernel.virtual_servers.remove(&key)
@@ -370,7 +378,10 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
         now: Instant,
     ) -> ReconcileReport {
         let touched = self.touched_since_read.take().unwrap_or_default();
-        let mut virtual_servers = virtual_servers;
+        // Copied, not kept: the read's entries sit among the read's transient buffers in
+        // the reading thread's pages (see `ObservedVirtualServer::refresh_from`); the copy
+        // is made here, and the read is freed whole.
+        let mut virtual_servers = virtual_servers.clone();
         // Written (or re-read) after the read started: the cache is newer. One whose last
         // write failed is read again, alone.
         let mut still_suspect = Vec::new();
