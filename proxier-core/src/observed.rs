@@ -87,9 +87,7 @@ impl ObservedVirtualServer {
     /// a full sync's read thread exits: a cache that kept the read's entries would move into
     /// those sparse pages at every resync. Refreshed in place, it stays where it was built.
     pub fn refresh_from(&mut self, read: &ObservedVirtualServer) -> bool {
-        if self.real_servers.len() != read.real_servers.len()
-            || !self.real_servers.keys().eq(read.real_servers.keys())
-        {
+        if !self.real_servers.keys().eq(read.real_servers.keys()) {
             return false;
         }
         self.settings.clone_from(&read.settings);
