@@ -100,6 +100,13 @@ pub fn watch_node_addresses(
                     RouteNetlinkMessage::NewAddress(address)
                     | RouteNetlinkMessage::DelAddress(address),
                 ) => address.header.index,
+                // The socket's buffer overflowed (thousands of ClusterIPs bound or unbound at
+                // once): events were dropped, a node address change among them perhaps, so
+                // the caller reads the addresses again.
+                NetlinkPayload::Overrun(_) => {
+                    on_change();
+                    continue;
+                }
                 _ => continue,
             };
             if dummy.is_none() {
