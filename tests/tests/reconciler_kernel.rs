@@ -737,5 +737,14 @@ fn address_backend_reads_the_nodes_own_addresses() {
             backend.list_addresses().await.unwrap(),
             BTreeSet::from([ip("10.96.0.10")])
         );
+        // A full sync's read of the link (its dumps filtered by link in the kernel) finds
+        // the same two pictures.
+        let read = backend
+            .read_link()
+            .expect("a kernel link read")
+            .await
+            .unwrap();
+        assert_eq!(read.addresses, BTreeSet::from([ip("10.96.0.10")]));
+        assert_eq!(read.node_addresses, expected);
     });
 }
