@@ -295,6 +295,17 @@ pub struct Proxier<I, A, N, C> {
 /// (kube-proxy stopping during a takeover, an operator) is not missed for long.
 pub const READ_AHEAD_MAX_AGE: Duration = Duration::from_secs(10);
 
+/// The nice value of the thread a read begun by [`Proxier::read_ahead`] runs on (and of the
+/// dump threads it starts). At a restart the read and the source's first picture overlap,
+/// and the picture is the longer chain (decoding, then planning): it takes the CPUs first
+/// and the read their leftovers, rather than both sharing them as equals. Not lower: the
+/// first sync waits for the read, and on a node whose pods keep every CPU busy the read
+/// still gets about a quarter of a CPU.
+const READ_AHEAD_NICE: i32 = 5;
+
+/// The name of that thread.
+const READ_AHEAD_THREAD: &str = "read-ahead";
+
 /// How many addresses to bind make a start's binding its longest write
 /// ([`Proxier::binds_at_length`]).
 const MANY_ADDRESSES: usize = 1_000;
@@ -578,10 +589,11 @@ where
         self.run_sync(None, false).await
     }
 
-    /// Begins the first sync's kernel read now, in a task of its own (so within a Tokio
+    /// Begins the first sync's kernel read now, on a thread of its own at a lower CPU
+    /// priority ([`READ_AHEAD_NICE`]) whose answer a task awaits (so within a Tokio
     /// runtime), for it to run while the source fetches its first picture: at 10,000
-    /// Services both take seconds, the read mostly in the kernel and the picture mostly in
-    /// the API server. Nothing writes to the kernel before the first sync, so that sync
+    /// Services both take seconds, the read mostly in the kernel and the picture in the API
+    /// server and its decoding. Nothing writes to the kernel before the first sync, so that sync
     /// uses the read as its own (waiting for it if it is still going), unless it ended more
     /// than [`READ_AHEAD_MAX_AGE`] before. Does nothing after the first sync or when a read
     /// is already ahead.
@@ -590,7 +602,19 @@ where
             return;
         }
         let read = self.begin_full_sync();
-        self.read_ahead = Some(tokio::spawn(async move { (read.await, Instant::now()) }));
+        let answer =
+            crate::priority::spawn_in_background(READ_AHEAD_THREAD, READ_AHEAD_NICE, async move {
+                (read.await, Instant::now())
+            });
+        self.read_ahead = Some(tokio::spawn(async move {
+            let failed = |reason: String| (KernelRead::failed(reason), Instant::now());
+            match answer {
+                Ok(answer) => answer
+                    .await
+                    .unwrap_or_else(|_| failed("the read-ahead thread stopped".into())),
+                Err(error) => failed(format!("cannot start the read-ahead thread: {error}")),
+            }
+        }));
     }
 
     /// The read begun by [`Proxier::read_ahead`], when there is one young enough for the
