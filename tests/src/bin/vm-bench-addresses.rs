@@ -3,7 +3,9 @@
 //!
 //! For each size N, a dummy link in a fresh network namespace is given N /32 addresses (the
 //! library's pipelined binding, as the daemon binds ClusterIPs on kube-ipvs0); then one more
-//! address is added and deleted `pairs` times through the same backend, each pair timed. A
+//! address is added and deleted `pairs` times through the same backend, each pair timed, once
+//! on the backend's own socket and once as a sync writes it (a list of one address each way,
+//! each list on a socket of its own: `add_addresses`, `remove_addresses`), alternating. A
 //! Service added or deleted in address mode costs one such write (its ClusterIP), and the
 //! kernel's work for it grows with the addresses the link already holds; with
 //! `--bind-service-cidrs` a Service costs none. Prints the p50 and p99 of a pair at each size
@@ -56,8 +58,9 @@ fn parse_args() -> anyhow::Result<Args> {
 /// The address added and deleted: outside every ClusterIP ([`cluster::vip`] is 10.100-103.x.y).
 const PROBE: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 99, 0, 1));
 
-/// Binds `n` ClusterIPs on a fresh link, then times `pairs` add + delete pairs of [`PROBE`].
-fn measure(n: usize, pairs: usize) -> anyhow::Result<(Duration, Vec<Duration>)> {
+/// Binds `n` ClusterIPs on a fresh link, then times `pairs` add + delete pairs of [`PROBE`],
+/// and as many written as a sync writes them.
+fn measure(n: usize, pairs: usize) -> anyhow::Result<(Duration, Vec<Duration>, Vec<Duration>)> {
     let ns = Netns::new();
     ns.block_on(|| async move {
         let mut link = KernelAddressBackend::connect("addr0")?;
@@ -69,15 +72,25 @@ fn measure(n: usize, pairs: usize) -> anyhow::Result<(Duration, Vec<Duration>)> 
         if let Some(Err(e)) = bound.iter().find(|r| r.is_err()) {
             bail!("binding {n} addresses failed: {e}");
         }
+        // Alternating: one pair on the backend's own socket, one as a sync writes (a list of
+        // one address each way, on a socket the list opens for itself).
         let mut samples = Vec::with_capacity(pairs);
+        let mut listed = Vec::with_capacity(pairs);
         for _ in 0..pairs {
             let t = Instant::now();
             link.add_address(PROBE).await?;
             link.remove_address(PROBE).await?;
             samples.push(t.elapsed());
+            let t = Instant::now();
+            let added = link.add_addresses(&[PROBE]).await;
+            let removed = link.remove_addresses(&[PROBE]).await;
+            listed.push(t.elapsed());
+            if let Some(Err(e)) = added.iter().chain(&removed).find(|r| r.is_err()) {
+                bail!("the probe written as a list failed: {e}");
+            }
         }
         link.delete_link().await?;
-        Ok((binding, samples))
+        Ok((binding, samples, listed))
     })
 }
 
@@ -93,20 +106,21 @@ fn main() -> anyhow::Result<()> {
     let mut rows = Vec::new();
     let mut base: Option<Duration> = None;
     for &n in &a.sizes {
-        let (binding, samples) = measure(n, a.pairs)?;
-        let Some(p) = Percentiles::of(&samples) else {
+        let (binding, samples, listed) = measure(n, a.pairs)?;
+        let (Some(p), Some(as_sync)) = (Percentiles::of(&samples), Percentiles::of(&listed)) else {
             bail!("no samples at {n}");
         };
         let base = *base.get_or_insert(p.p50);
         let ratio = p.p50.as_secs_f64() / base.as_secs_f64();
         println!(
-            "N = {n}: binding the {n} took {:.2} s; one add + delete: {p}; p50 {ratio:.2} x the first size's",
+            "N = {n}: binding the {n} took {:.2} s; one add + delete: {p}; p50 {ratio:.2} x the first size's; written as a sync writes them (lists of one): {as_sync}",
             binding.as_secs_f64()
         );
         rows.push(json!({
             "addresses": n,
             "binding_s": binding.as_secs_f64(),
             "pair": report::percentiles(Some(p)),
+            "pair_as_sync": report::percentiles(Some(as_sync)),
             "p50_ratio": ratio,
         }));
     }
