@@ -590,7 +590,7 @@ where
     }
 
     /// Begins the first sync's kernel read now, on a thread of its own at a lower CPU
-    /// priority ([`READ_AHEAD_NICE`]) whose answer a task awaits (so within a Tokio
+    /// priority (nice 5) whose answer a task awaits (so within a Tokio
     /// runtime), for it to run while the source fetches its first picture: at 10,000
     /// Services both take seconds, the read mostly in the kernel and the picture in the API
     /// server and its decoding. Nothing writes to the kernel before the first sync, so that sync
