@@ -449,7 +449,7 @@ const READ_NICE: i32 = 10;
 /// of the runtime; aborted (and the read cancelled) when dropped, the driver stopping
 /// mid-read.
 struct SpawnedRead {
-    task: tokio::task::JoinHandle<KernelRead>,
+    task: tokio::task::JoinHandle<(KernelRead, Instant)>,
     started: Instant,
 }
 
@@ -459,17 +459,7 @@ impl SpawnedRead {
     /// read takes both for seconds at 10,000 Services). A thread
     /// that cannot start fails the read (the full sync is retried).
     fn start(read: FullSyncRead) -> SpawnedRead {
-        let answer = crate::priority::spawn_in_background(READ_THREAD, READ_NICE, read);
-        let task = tokio::spawn(async move {
-            match answer {
-                Ok(answer) => answer
-                    .await
-                    .unwrap_or_else(|_| KernelRead::failed("the kernel read thread stopped")),
-                Err(error) => {
-                    KernelRead::failed(format!("cannot start the kernel read thread: {error}"))
-                }
-            }
-        });
+        let task = read.spawn_in_background(READ_THREAD, READ_NICE);
         SpawnedRead {
             task,
             started: Instant::now(),
@@ -487,7 +477,7 @@ impl SpawnedRead {
             return std::future::pending().await;
         };
         let answer = match (&mut read.task).await {
-            Ok(answer) => answer,
+            Ok((answer, _ended)) => answer,
             Err(error) => KernelRead::failed(format!("the kernel read task failed: {error}")),
         };
         let started = read.started;

@@ -148,6 +148,34 @@ impl std::fmt::Debug for FullSyncRead {
     }
 }
 
+impl FullSyncRead {
+    /// Runs the read on a thread of its own named `thread`, at nice value `nice`
+    /// ([`crate::priority::spawn_in_background`]), its answer (with the time the read ended)
+    /// awaited by a task of the current runtime; a thread that cannot start, or stops, fails
+    /// the read. Aborting the task cancels the read.
+    pub(crate) fn spawn_in_background(
+        self,
+        thread: &str,
+        nice: i32,
+    ) -> tokio::task::JoinHandle<(KernelRead, Instant)> {
+        let answer = crate::priority::spawn_in_background(thread, nice, async move {
+            (self.await, Instant::now())
+        });
+        let thread = thread.to_owned();
+        tokio::spawn(async move {
+            let failed = |reason: String| (KernelRead::failed(reason), Instant::now());
+            match answer {
+                Ok(answer) => answer
+                    .await
+                    .unwrap_or_else(|_| failed(format!("the kernel read thread {thread} stopped"))),
+                Err(error) => failed(format!(
+                    "cannot start the kernel read thread {thread}: {error}"
+                )),
+            }
+        })
+    }
+}
+
 impl Future for FullSyncRead {
     type Output = KernelRead;
 
@@ -602,19 +630,7 @@ where
             return;
         }
         let read = self.begin_full_sync();
-        let answer =
-            crate::priority::spawn_in_background(READ_AHEAD_THREAD, READ_AHEAD_NICE, async move {
-                (read.await, Instant::now())
-            });
-        self.read_ahead = Some(tokio::spawn(async move {
-            let failed = |reason: String| (KernelRead::failed(reason), Instant::now());
-            match answer {
-                Ok(answer) => answer
-                    .await
-                    .unwrap_or_else(|_| failed("the read-ahead thread stopped".into())),
-                Err(error) => failed(format!("cannot start the read-ahead thread: {error}")),
-            }
-        }));
+        self.read_ahead = Some(read.spawn_in_background(READ_AHEAD_THREAD, READ_AHEAD_NICE));
     }
 
     /// The read begun by [`Proxier::read_ahead`], when there is one young enough for the
