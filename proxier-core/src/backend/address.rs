@@ -370,7 +370,8 @@ impl AddressBackend for KernelAddressBackend {
         let link = self.link.clone();
         Some(Box::pin(async move {
             let read = async {
-                let (addresses, routes) = match link_index(&handle, &link).await? {
+                let dummy = link_index(&handle, &link).await?;
+                let (addresses, routes) = match dummy {
                     Some(index) => (
                         link_addresses(&filtered, index).await?,
                         local_routes(&handle, index).await?,
@@ -380,7 +381,7 @@ impl AddressBackend for KernelAddressBackend {
                 Ok(LinkRead {
                     addresses,
                     routes,
-                    node_addresses: node_addresses_on(&filtered, strict, &link).await?,
+                    node_addresses: node_addresses_on(&filtered, strict, dummy).await?,
                 })
             };
             driven(connection, driven(filtering, read)).await
@@ -475,18 +476,21 @@ async fn driven<T>(
 /// read on a [`filtering_connection`] of their own ([`node_addresses_on`]).
 async fn read_node_addresses(link: &str) -> Result<BTreeSet<IpAddr>, BackendError> {
     let (connection, handle, strict) = filtering_connection()?;
-    driven(connection, node_addresses_on(&handle, strict, link)).await
+    driven(connection, async {
+        let dummy = link_index(&handle, link).await?;
+        node_addresses_on(&handle, strict, dummy).await
+    })
+    .await
 }
 
 /// The node's own addresses, read link by link on `handle`, a [`filtering_connection`]
-/// (`strict`: the kernel filters), so that the dummy link's addresses are neither sent nor
-/// decoded; in one dump of every address where the kernel cannot filter.
+/// (`strict`: the kernel filters), so that the addresses of the dummy link (index `dummy`)
+/// are neither sent nor decoded; in one dump of every address where the kernel cannot filter.
 async fn node_addresses_on(
     handle: &Handle,
     strict: bool,
-    link: &str,
+    dummy: Option<u32>,
 ) -> Result<BTreeSet<IpAddr>, BackendError> {
-    let dummy = link_index(handle, link).await?;
     if !strict {
         return node_addresses_of(handle, None, dummy).await;
     }
@@ -517,12 +521,11 @@ async fn node_addresses_of(
     index: Option<u32>,
     dummy: Option<u32>,
 ) -> Result<BTreeSet<IpAddr>, BackendError> {
-    let mut request = handle.address().get();
-    if let Some(index) = index {
-        request.message_mut().header.index = index;
-        request = request.set_link_index_filter(index);
+    let mut messages = match index {
+        Some(index) => addresses_of_link(handle, index),
+        None => handle.address().get(),
     }
-    let mut messages = request.execute();
+    .execute();
     let mut addresses = BTreeSet::new();
     while let Some(message) = messages.try_next().await.map_err(map_error)? {
         if Some(message.header.index) == dummy {
@@ -540,13 +543,18 @@ async fn node_addresses_of(
     Ok(addresses)
 }
 
-/// The addresses bound on the link with index `index`, link-local ones left out.
-/// Asks for that link's addresses alone, which a [`filtering_connection`] gets from the kernel
-/// (another socket gets every address, and the ones of other links are skipped here).
-async fn link_addresses(handle: &Handle, index: u32) -> Result<BTreeSet<IpAddr>, BackendError> {
+/// An address dump asking for the addresses of link `index` alone: a
+/// [`filtering_connection`] gets only those from the kernel, another socket gets every
+/// address and the request skips the other links' as they come.
+fn addresses_of_link(handle: &Handle, index: u32) -> rtnetlink::AddressGetRequest {
     let mut request = handle.address().get().set_link_index_filter(index);
     request.message_mut().header.index = index;
-    let mut messages = request.execute();
+    request
+}
+
+/// The addresses bound on the link with index `index`, link-local ones left out.
+async fn link_addresses(handle: &Handle, index: u32) -> Result<BTreeSet<IpAddr>, BackendError> {
+    let mut messages = addresses_of_link(handle, index).execute();
     let mut addresses = BTreeSet::new();
     while let Some(message) = messages.try_next().await.map_err(map_error)? {
         if message.header.index != index {
