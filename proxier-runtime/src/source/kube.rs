@@ -257,6 +257,8 @@ impl<K: Resource, T> ObjectStore<K, T> {
 /// The state of the Kubernetes source, independent of any API connection: what the stores
 /// hold, and which batches they produce. Until Services and EndpointSlices (and
 /// ServiceCIDRs, when followed) have all listed, changes are collected into the first batch.
+/// [`spawn`] runs the same steps split: each kind's store on the task of the kind's watch,
+/// the first batch on the source's task.
 #[derive(Debug, Default)]
 pub struct KubeSourceState {
     /// Services.
@@ -267,11 +269,7 @@ pub struct KubeSourceState {
     pub nodes: ObjectStore<Node, SourceBatch>,
     /// ServiceCIDRs (empty unless followed).
     pub service_cidrs: ObjectStore<ServiceCIDR, SourceBatch>,
-    /// Whether ServiceCIDRs are followed: then the first batch waits for their list too, so
-    /// that the first sync already routes their ranges.
-    follows_service_cidrs: bool,
-    first: SourceBatch,
-    synced: bool,
+    picture: FirstPicture,
 }
 
 impl KubeSourceState {
@@ -279,97 +277,162 @@ impl KubeSourceState {
     /// state follows none).
     pub fn new(service_cidrs: bool) -> Self {
         KubeSourceState {
-            follows_service_cidrs: service_cidrs,
+            picture: FirstPicture::new(service_cidrs),
             ..KubeSourceState::default()
         }
     }
 
     /// Whether the first batch has been produced.
     pub fn is_synced(&self) -> bool {
-        self.synced
+        self.picture.synced
     }
 
-    fn deliver(&mut self, batch: SourceBatch) -> Option<SourceBatch> {
+    /// Applies a Service watcher event.
+    pub fn on_service(&mut self, event: Event<Service>) -> Option<SourceBatch> {
+        let batch = changes_of(&mut self.services, event);
+        self.picture
+            .deliver(Watched::Services, self.services.is_listed(), batch)
+    }
+
+    /// Applies an EndpointSlice watcher event.
+    pub fn on_slice(&mut self, event: Event<EndpointSlice>) -> Option<SourceBatch> {
+        let batch = changes_of(&mut self.slices, event);
+        self.picture
+            .deliver(Watched::Slices, self.slices.is_listed(), batch)
+    }
+
+    /// Applies a ServiceCIDR watcher event.
+    pub fn on_service_cidr(&mut self, event: Event<ServiceCIDR>) -> Option<SourceBatch> {
+        let batch = changes_of(&mut self.service_cidrs, event);
+        self.picture
+            .deliver(Watched::ServiceCidrs, self.service_cidrs.is_listed(), batch)
+    }
+
+    /// Applies a Node watcher event.
+    pub fn on_node(&mut self, event: Event<Node>) -> Option<SourceBatch> {
+        let batch = changes_of(&mut self.nodes, event);
+        self.picture
+            .deliver(Watched::Node, self.nodes.is_listed(), batch)
+    }
+}
+
+/// The kinds the source watches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Watched {
+    Services,
+    Slices,
+    Node,
+    ServiceCidrs,
+}
+
+/// How a watched kind's objects become changes.
+trait KindChanges: Resource + Sized {
+    /// Adds the changes of `self` added or changed.
+    fn upsert(&self, batch: &mut SourceBatch);
+    /// Adds the change of the object `key` deleted.
+    fn delete(key: ObjectKey, batch: &mut SourceBatch);
+}
+
+impl KindChanges for Service {
+    fn upsert(&self, batch: &mut SourceBatch) {
+        batch.upsert_service(self);
+    }
+    fn delete(key: ObjectKey, batch: &mut SourceBatch) {
+        batch.delete_service(key);
+    }
+}
+
+impl KindChanges for EndpointSlice {
+    fn upsert(&self, batch: &mut SourceBatch) {
+        batch.upsert_slice(self);
+    }
+    fn delete(key: ObjectKey, batch: &mut SourceBatch) {
+        batch.delete_slice(key);
+    }
+}
+
+impl KindChanges for ServiceCIDR {
+    fn upsert(&self, batch: &mut SourceBatch) {
+        batch.upsert_service_cidr(self);
+    }
+    fn delete(key: ObjectKey, batch: &mut SourceBatch) {
+        batch.delete_service_cidr(key);
+    }
+}
+
+impl KindChanges for Node {
+    fn upsert(&self, batch: &mut SourceBatch) {
+        batch.node(Some(self));
+    }
+    fn delete(_key: ObjectKey, batch: &mut SourceBatch) {
+        batch.node(None);
+    }
+}
+
+/// Applies one watcher event to a kind's `store` and returns the changes it makes (each
+/// object converted as it arrives; nothing until a list is done).
+fn changes_of<K: KindChanges>(
+    store: &mut ObjectStore<K, SourceBatch>,
+    event: Event<K>,
+) -> SourceBatch {
+    let mut batch = SourceBatch::default();
+    let converted = store.apply_with(event, |object| {
+        let mut one = SourceBatch::default();
+        object.upsert(&mut one);
+        one
+    });
+    for change in converted {
+        match change {
+            StoreChange::Upsert(one) => batch.append(one),
+            StoreChange::Delete(key) => K::delete(key, &mut batch),
+        }
+    }
+    batch
+}
+
+/// Which kinds have listed, and the changes gathered into the first batch until all those
+/// the picture needs have.
+#[derive(Debug, Default)]
+struct FirstPicture {
+    services_listed: bool,
+    slices_listed: bool,
+    service_cidrs_listed: bool,
+    /// Whether ServiceCIDRs are followed: then the first batch waits for their list too, so
+    /// that the first sync already routes their ranges.
+    follows_service_cidrs: bool,
+    first: SourceBatch,
+    synced: bool,
+}
+
+impl FirstPicture {
+    fn new(follows_service_cidrs: bool) -> FirstPicture {
+        FirstPicture {
+            follows_service_cidrs,
+            ..FirstPicture::default()
+        }
+    }
+
+    /// Takes a kind's `batch` (`listed`: whether that kind has listed): the batch to send,
+    /// if any (the first batch once the picture is complete, later ones as they come).
+    fn deliver(&mut self, kind: Watched, listed: bool, batch: SourceBatch) -> Option<SourceBatch> {
+        match kind {
+            Watched::Services => self.services_listed = listed,
+            Watched::Slices => self.slices_listed = listed,
+            Watched::ServiceCidrs => self.service_cidrs_listed = listed,
+            Watched::Node => {}
+        }
         if self.synced {
             return (!batch.is_empty()).then_some(batch);
         }
         self.first.append(batch);
-        if self.services.is_listed()
-            && self.slices.is_listed()
-            && (!self.follows_service_cidrs || self.service_cidrs.is_listed())
+        if self.services_listed
+            && self.slices_listed
+            && (!self.follows_service_cidrs || self.service_cidrs_listed)
         {
             self.synced = true;
             return Some(std::mem::take(&mut self.first));
         }
         None
-    }
-
-    /// Applies a Service watcher event.
-    pub fn on_service(&mut self, event: Event<Service>) -> Option<SourceBatch> {
-        let mut batch = SourceBatch::default();
-        let converted = self.services.apply_with(event, |service| {
-            let mut one = SourceBatch::default();
-            one.upsert_service(&service);
-            one
-        });
-        for change in converted {
-            match change {
-                StoreChange::Upsert(one) => batch.append(one),
-                StoreChange::Delete(key) => batch.delete_service(key),
-            }
-        }
-        self.deliver(batch)
-    }
-
-    /// Applies an EndpointSlice watcher event.
-    pub fn on_slice(&mut self, event: Event<EndpointSlice>) -> Option<SourceBatch> {
-        let mut batch = SourceBatch::default();
-        let converted = self.slices.apply_with(event, |slice| {
-            let mut one = SourceBatch::default();
-            one.upsert_slice(&slice);
-            one
-        });
-        for change in converted {
-            match change {
-                StoreChange::Upsert(one) => batch.append(one),
-                StoreChange::Delete(key) => batch.delete_slice(key),
-            }
-        }
-        self.deliver(batch)
-    }
-
-    /// Applies a ServiceCIDR watcher event.
-    pub fn on_service_cidr(&mut self, event: Event<ServiceCIDR>) -> Option<SourceBatch> {
-        let mut batch = SourceBatch::default();
-        let converted = self.service_cidrs.apply_with(event, |object| {
-            let mut one = SourceBatch::default();
-            one.upsert_service_cidr(&object);
-            one
-        });
-        for change in converted {
-            match change {
-                StoreChange::Upsert(one) => batch.append(one),
-                StoreChange::Delete(key) => batch.delete_service_cidr(key),
-            }
-        }
-        self.deliver(batch)
-    }
-
-    /// Applies a Node watcher event.
-    pub fn on_node(&mut self, event: Event<Node>) -> Option<SourceBatch> {
-        let mut batch = SourceBatch::default();
-        let converted = self.nodes.apply_with(event, |node| {
-            let mut one = SourceBatch::default();
-            one.node(Some(&node));
-            one
-        });
-        for change in converted {
-            match change {
-                StoreChange::Upsert(one) => batch.append(one),
-                StoreChange::Delete(_) => batch.node(None),
-            }
-        }
-        self.deliver(batch)
     }
 }
 
@@ -709,13 +772,15 @@ pub fn spawn(client: kube::Client, config: KubeSourceConfig) -> SourceHandle {
     } else {
         futures::stream::pending().boxed()
     };
-    // Each kind on a task of its own: the Service and EndpointSlice lists (the big ones)
-    // are then received, decoded and trimmed in parallel, on the runtime's workers.
-    let (services, services_task) = on_own_task(services);
-    let (slices, slices_task) = on_own_task(slices);
-    let (nodes, nodes_task) = on_own_task(nodes);
-    let (service_cidrs, service_cidrs_task) = on_own_task(service_cidrs);
-    let state = KubeSourceState::new(config.service_cidrs);
+    // Each kind on a task of its own, made into changes by its own store there: the Service
+    // and EndpointSlice lists (the big ones) are then received, decoded, trimmed and
+    // converted in parallel, on the runtime's workers.
+    let (services, services_task) = on_own_task(kind_changes(services, Watched::Services));
+    let (slices, slices_task) = on_own_task(kind_changes(slices, Watched::Slices));
+    let (nodes, nodes_task) = on_own_task(kind_changes(nodes, Watched::Node));
+    let (service_cidrs, service_cidrs_task) =
+        on_own_task(kind_changes(service_cidrs, Watched::ServiceCidrs));
+    let picture = FirstPicture::new(config.service_cidrs);
     let task = tokio::spawn(run(
         Watches {
             services,
@@ -724,7 +789,7 @@ pub fn spawn(client: kube::Client, config: KubeSourceConfig) -> SourceHandle {
             service_cidrs,
             tasks: vec![services_task, slices_task, nodes_task, service_cidrs_task],
         },
-        state,
+        picture,
         tx,
         synced_tx,
     ));
@@ -733,6 +798,45 @@ pub fn spawn(client: kube::Client, config: KubeSourceConfig) -> SourceHandle {
         synced: synced_rx,
         task,
     }
+}
+
+/// The changes one watcher event of a kind made, as the kind's task hands them over.
+struct KindBatch {
+    kind: Watched,
+    /// Whether the kind has listed.
+    listed: bool,
+    /// How many objects the kind's store knows.
+    objects: usize,
+    batch: SourceBatch,
+}
+
+/// A kind's watch made into changes by a store of its own, where the watch runs. Only the
+/// events that change something are kept: the events of a list become one [`KindBatch`],
+/// when the list is done, instead of one hand-over each.
+fn kind_changes<K: KindChanges>(
+    events: impl Stream<Item = watcher::Result<Event<K>>> + Send,
+    kind: Watched,
+) -> impl Stream<Item = watcher::Result<KindBatch>> + Send {
+    let mut store = ObjectStore::<K, SourceBatch>::default();
+    events.filter_map(move |event| {
+        let item = match event {
+            Err(error) => Some(Err(error)),
+            Ok(event) => {
+                let was_listed = store.is_listed();
+                let batch = changes_of(&mut store, event);
+                let listed = store.is_listed();
+                (!batch.is_empty() || listed != was_listed).then(|| {
+                    Ok(KindBatch {
+                        kind,
+                        listed,
+                        objects: store.len(),
+                        batch,
+                    })
+                })
+            }
+        };
+        futures::future::ready(item)
+    })
 }
 
 fn log_watch_error(kind: &'static str, error: &watcher::Error) {
@@ -782,12 +886,12 @@ fn on_own_task<T: Send + 'static>(
 
 async fn run(
     watches: Watches<
-        impl Stream<Item = watcher::Result<Event<Service>>> + Send,
-        impl Stream<Item = watcher::Result<Event<EndpointSlice>>> + Send,
-        impl Stream<Item = watcher::Result<Event<Node>>> + Send,
-        impl Stream<Item = watcher::Result<Event<ServiceCIDR>>> + Send,
+        impl Stream<Item = watcher::Result<KindBatch>> + Send,
+        impl Stream<Item = watcher::Result<KindBatch>> + Send,
+        impl Stream<Item = watcher::Result<KindBatch>> + Send,
+        impl Stream<Item = watcher::Result<KindBatch>> + Send,
     >,
-    mut state: KubeSourceState,
+    mut picture: FirstPicture,
     tx: mpsc::Sender<SourceBatch>,
     synced: watch::Sender<bool>,
 ) {
@@ -797,30 +901,31 @@ async fn run(
     let mut service_cidrs = std::pin::pin!(watches.service_cidrs);
     let _tasks = watches.tasks;
     let started = std::time::Instant::now();
+    let (mut service_objects, mut slice_objects) = (0, 0);
     loop {
-        let batch = tokio::select! {
-            Some(ev) = services.next() => match ev {
-                Ok(ev) => state.on_service(ev),
-                Err(e) => { log_watch_error("Service", &e); continue; }
-            },
-            Some(ev) = slices.next() => match ev {
-                Ok(ev) => state.on_slice(ev),
-                Err(e) => { log_watch_error("EndpointSlice", &e); continue; }
-            },
-            Some(ev) = nodes.next() => match ev {
-                Ok(ev) => state.on_node(ev),
-                Err(e) => { log_watch_error("Node", &e); continue; }
-            },
-            Some(ev) = service_cidrs.next() => match ev {
-                Ok(ev) => state.on_service_cidr(ev),
-                Err(e) => { log_watch_error("ServiceCIDR", &e); continue; }
-            },
+        let (kind, item) = tokio::select! {
+            Some(item) = services.next() => ("Service", item),
+            Some(item) = slices.next() => ("EndpointSlice", item),
+            Some(item) = nodes.next() => ("Node", item),
+            Some(item) = service_cidrs.next() => ("ServiceCIDR", item),
             else => return,
         };
-        let Some(batch) = batch else {
+        let update = match item {
+            Ok(update) => update,
+            Err(error) => {
+                log_watch_error(kind, &error);
+                continue;
+            }
+        };
+        match update.kind {
+            Watched::Services => service_objects = update.objects,
+            Watched::Slices => slice_objects = update.objects,
+            Watched::Node | Watched::ServiceCidrs => {}
+        }
+        let Some(batch) = picture.deliver(update.kind, update.listed, update.batch) else {
             continue;
         };
-        let became_synced = state.is_synced() && !*synced.borrow();
+        let became_synced = picture.synced && !*synced.borrow();
         for change in &batch.changes {
             tracing::debug!(change = %super::describe(change), "kube source");
         }
@@ -828,8 +933,8 @@ async fn run(
         // batch sees the flag up.
         if became_synced {
             tracing::info!(
-                services = state.services.len(),
-                endpoint_slices = state.slices.len(),
+                services = service_objects,
+                endpoint_slices = slice_objects,
                 took = ?started.elapsed(),
                 "Services and EndpointSlices synced"
             );
@@ -838,5 +943,72 @@ async fn run(
         if tx.send(batch).await.is_err() {
             return; // the daemon is gone
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn service(name: &str, version: &str) -> Service {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "ns", "resourceVersion": version},
+            "spec": {"clusterIP": "10.96.0.10", "clusterIPs": ["10.96.0.10"],
+                     "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]},
+        }))
+        .expect("a Service")
+    }
+
+    /// What [`kind_changes`] hands over for `events`: (listed, objects, changes) each.
+    fn handovers(events: Vec<watcher::Result<Event<Service>>>) -> Vec<(bool, usize, usize)> {
+        let stream = kind_changes(futures::stream::iter(events), Watched::Services);
+        futures::executor::block_on(stream.collect::<Vec<_>>())
+            .into_iter()
+            .map(|item| match item {
+                Ok(update) => (update.listed, update.objects, update.batch.changes.len()),
+                Err(_) => (false, usize::MAX, 0),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_list_crosses_once_and_an_unchanged_relist_not_at_all() {
+        let list = |version: &str| {
+            vec![
+                Ok(Event::Init),
+                Ok(Event::InitApply(service("a", version))),
+                Ok(Event::InitApply(service("b", "1"))),
+                Ok(Event::InitDone),
+            ]
+        };
+        assert_eq!(handovers(list("1")), [(true, 2, 2)], "the list, when done");
+
+        let mut events = list("1");
+        events.extend(list("1"));
+        assert_eq!(
+            handovers(events),
+            [(true, 2, 2)],
+            "the relist changed nothing"
+        );
+
+        let mut events = list("1");
+        events.extend(list("2"));
+        events.push(Ok(Event::Delete(service("b", "1"))));
+        assert_eq!(
+            handovers(events),
+            [(true, 2, 2), (true, 2, 1), (true, 1, 1)],
+            "a's new version, then b's deletion"
+        );
+    }
+
+    #[test]
+    fn watch_errors_cross_as_they_come() {
+        let events = vec![
+            Ok(Event::Init),
+            Err(watcher::Error::NoResourceVersion),
+            Ok(Event::InitApply(service("a", "1"))),
+            Ok(Event::InitDone),
+        ];
+        assert_eq!(handovers(events), [(false, usize::MAX, 0), (true, 1, 1)]);
     }
 }
