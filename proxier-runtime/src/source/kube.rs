@@ -325,6 +325,18 @@ enum Watched {
     ServiceCidrs,
 }
 
+impl Watched {
+    /// The kind's name, as the log and the watch-error metric give it.
+    fn name(self) -> &'static str {
+        match self {
+            Watched::Services => "Service",
+            Watched::Slices => "EndpointSlice",
+            Watched::Node => "Node",
+            Watched::ServiceCidrs => "ServiceCIDR",
+        }
+    }
+}
+
 /// How a watched kind's objects become changes.
 trait KindChanges: Resource + Sized {
     /// Adds the changes of `self` added or changed.
@@ -802,7 +814,6 @@ pub fn spawn(client: kube::Client, config: KubeSourceConfig) -> SourceHandle {
 
 /// The changes one watcher event of a kind made, as the kind's task hands them over.
 struct KindBatch {
-    kind: Watched,
     /// Whether the kind has listed.
     listed: bool,
     /// How many objects the kind's store knows.
@@ -818,6 +829,7 @@ fn kind_changes<K: KindChanges>(
     kind: Watched,
 ) -> impl Stream<Item = watcher::Result<KindBatch>> + Send {
     let mut store = ObjectStore::<K, SourceBatch>::default();
+    let started = std::time::Instant::now();
     events.filter_map(move |event| {
         let item = match event {
             Err(error) => Some(Err(error)),
@@ -825,9 +837,16 @@ fn kind_changes<K: KindChanges>(
                 let was_listed = store.is_listed();
                 let batch = changes_of(&mut store, event);
                 let listed = store.is_listed();
+                if listed && !was_listed {
+                    tracing::info!(
+                        kind = kind.name(),
+                        objects = store.len(),
+                        took = ?started.elapsed(),
+                        "first list received"
+                    );
+                }
                 (!batch.is_empty() || listed != was_listed).then(|| {
                     Ok(KindBatch {
-                        kind,
                         listed,
                         objects: store.len(),
                         batch,
@@ -904,25 +923,25 @@ async fn run(
     let (mut service_objects, mut slice_objects) = (0, 0);
     loop {
         let (kind, item) = tokio::select! {
-            Some(item) = services.next() => ("Service", item),
-            Some(item) = slices.next() => ("EndpointSlice", item),
-            Some(item) = nodes.next() => ("Node", item),
-            Some(item) = service_cidrs.next() => ("ServiceCIDR", item),
+            Some(item) = services.next() => (Watched::Services, item),
+            Some(item) = slices.next() => (Watched::Slices, item),
+            Some(item) = nodes.next() => (Watched::Node, item),
+            Some(item) = service_cidrs.next() => (Watched::ServiceCidrs, item),
             else => return,
         };
         let update = match item {
             Ok(update) => update,
             Err(error) => {
-                log_watch_error(kind, &error);
+                log_watch_error(kind.name(), &error);
                 continue;
             }
         };
-        match update.kind {
+        match kind {
             Watched::Services => service_objects = update.objects,
             Watched::Slices => slice_objects = update.objects,
             Watched::Node | Watched::ServiceCidrs => {}
         }
-        let Some(batch) = picture.deliver(update.kind, update.listed, update.batch) else {
+        let Some(batch) = picture.deliver(kind, update.listed, update.batch) else {
             continue;
         };
         let became_synced = picture.synced && !*synced.borrow();

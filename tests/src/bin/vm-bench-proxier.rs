@@ -43,9 +43,10 @@ use proxier_core::backend::{AddressBackend, KernelAddressBackend};
 use serde_json::json;
 
 /// Messages of the daemon's start-up events, echoed from its log after the first start.
-const STARTUP_EVENTS: [&str; 5] = [
+const STARTUP_EVENTS: [&str; 6] = [
     "sysctls and IPVS timeouts set",
     "source file loaded",
+    "first list received",
     "Services and EndpointSlices synced",
     "first picture applied",
     SYNC_DONE,
