@@ -29,7 +29,7 @@ fn set_elements(listing: &str, name: &str) -> Option<usize> {
 }
 
 /// Plan `k` of the writer: `n = 1 + k % 40` Services, each with one ClusterIP port, so every
-/// one of `cluster-ips`, `service-ports` and `service-ips` holds exactly `n` elements.
+/// one of `cluster-ips` and `service-ips` holds exactly `n` elements.
 fn plan(k: usize) -> netfilter::NetfilterPlan {
     let n = 1 + k % 40;
     let services = (0..n)
@@ -86,7 +86,7 @@ fn readers_never_see_a_half_replaced_table() {
                 "table missing during replacement (read {reads}): {}",
                 String::from_utf8_lossy(&out.stderr)
             );
-            let counts: Vec<Option<usize>> = ["cluster-ips", "service-ports", "service-ips"]
+            let counts: Vec<Option<usize>> = ["cluster-ips", "service-ips"]
                 .iter()
                 .map(|s| set_elements(&listing, s))
                 .collect();
@@ -99,6 +99,7 @@ fn readers_never_see_a_half_replaced_table() {
                 "nat-prerouting",
                 "nat-postrouting",
                 "filter-input",
+                "service-address-ports",
                 "filter-output",
             ] {
                 assert!(
@@ -354,7 +355,6 @@ fn fragment(k: u8) -> netfilter::NetfilterPlan {
         plan.hairpin.insert(at(port + 700));
         plan.health_check_node_ports.insert(31_000 + u16::from(k));
         plan.bound_ips.insert(address);
-        plan.service_ports.insert(at(port + 800));
         plan
     };
     netfilter::NetfilterPlan {

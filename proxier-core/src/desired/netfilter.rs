@@ -109,9 +109,6 @@ pub struct FamilyPlan {
     pub health_check_node_ports: BTreeSet<u16>,
     /// Every address bound on the dummy link (`KUBE-IPVS-IPS`).
     pub bound_ips: BTreeSet<IpAddr>,
-    /// Every service address, protocol and port on a bound address: new connections to a
-    /// bound address on anything else are rejected.
-    pub service_ports: BTreeSet<AddrPort>,
     /// The node's pod CIDRs of this family, with
     /// [`ClusterIpMasquerade::OutsideNodePodCidrs`] only (set `node-pod-cidrs`). Every
     /// Service contributes them, so that the per-Service plans of the incremental path
@@ -142,7 +139,6 @@ impl FamilyPlan {
             hairpin: BTreeSet::new(),
             health_check_node_ports: BTreeSet::new(),
             bound_ips: BTreeSet::new(),
-            service_ports: BTreeSet::new(),
             node_pod_cidrs: BTreeSet::new(),
             routed_service_cidrs: Vec::new(),
         }
@@ -163,7 +159,6 @@ impl FamilyPlan {
             + self.hairpin.len()
             + self.health_check_node_ports.len()
             + self.bound_ips.len()
-            + self.service_ports.len()
             + self.node_pod_cidrs.len()
     }
 }

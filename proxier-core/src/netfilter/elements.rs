@@ -269,11 +269,6 @@ fn family_ops(removed: &FamilyPlan, added: &FamilyPlan, ops: &mut Vec<SetOp>) ->
         addresses(&r.bound_ips),
         addresses(&a.bound_ips),
     );
-    set(
-        set_name::SERVICE_PORTS,
-        addr_ports(&r.service_ports),
-        addr_ports(&a.service_ports),
-    );
     Some(())
 }
 

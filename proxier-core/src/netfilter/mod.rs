@@ -55,7 +55,6 @@
 //! | `hairpin` | `… . address`: endpoint ip:port plus the same ip as source (`KUBE-LOOP-BACK`) |
 //! | `health-check-node-ports` | `inet_service`: health-check NodePorts (`KUBE-HEALTH-CHECK-NODE-PORT`) |
 //! | `service-ips` | `address`: every VIP bound on the dummy link (`KUBE-IPVS-IPS`) |
-//! | `service-ports` | every VIP:port some Service uses |
 //! | `plan-digest` | `mark . mark`: one element, the digest of the tables' contents ([`digest`]) |
 //!
 //! Chains:
@@ -75,8 +74,10 @@
 //!   life.
 //! - `filter-input` (filter, input, priority filter: before IPVS's LOCAL_IN hook at 98)
 //!   sends LB IP:port with source ranges through `source-ranges` (allowed source → return,
-//!   else drop), accepts health-check NodePorts and every service VIP:port, and rejects
-//!   new traffic of any protocol to a bound VIP on any other port (kubernetes#72236).
+//!   else drop), accepts health-check NodePorts, and sends new connections to a bound VIP
+//!   through `service-address-ports`, which accepts the VIP:ports of `cluster-ips`,
+//!   `external-ips(-local)` and `load-balancer-ips(-local)` and rejects any other port and
+//!   protocol (kubernetes#72236). Established traffic pays none of these lookups.
 //! - `filter-output` (filter, output, priority -110: before IPVS's LOCAL_OUT hook at -99)
 //!   drops node-originated connections to a firewalled LB IP:port unless a source range holds
 //!   one of the node's primary IPs.

@@ -53,8 +53,6 @@ pub(super) mod set_name {
     pub const HEALTH_CHECK_NODE_PORTS: &str = "health-check-node-ports";
     /// `service-ips`.
     pub const SERVICE_IPS: &str = "service-ips";
-    /// `service-ports`.
-    pub const SERVICE_PORTS: &str = "service-ports";
     /// `node-pod-cidrs`.
     pub const NODE_POD_CIDRS: &str = "node-pod-cidrs";
 }
@@ -294,6 +292,22 @@ fn render_table(out: &mut String, plan: &FamilyPlan, options: &RenderOptions) {
     let _ = writeln!(out, "    drop");
     let _ = writeln!(out, "  }}");
 
+    // A new connection to a bound address: its Services' ports pass, anything else is
+    // rejected. The sets each Service port is in already, rather than a union of them that
+    // would hold every ClusterIP port a second time.
+    let _ = writeln!(out, "  chain service-address-ports {{");
+    for set in [
+        set_name::CLUSTER_IPS,
+        set_name::EXTERNAL_IPS,
+        set_name::EXTERNAL_IPS_LOCAL,
+        set_name::LOAD_BALANCER_IPS,
+        set_name::LOAD_BALANCER_IPS_LOCAL,
+    ] {
+        let _ = writeln!(out, "    {dst_key} @{set} accept");
+    }
+    let _ = writeln!(out, "    reject");
+    let _ = writeln!(out, "  }}");
+
     let _ = writeln!(out, "  chain filter-input {{");
     let _ = writeln!(
         out,
@@ -304,11 +318,13 @@ fn render_table(out: &mut String, plan: &FamilyPlan, options: &RenderOptions) {
         "    {dst_key} @load-balancer-firewall jump source-ranges"
     );
     let _ = writeln!(out, "    tcp dport @health-check-node-ports accept");
-    let _ = writeln!(out, "    {dst_key} @service-ports accept");
     // Every protocol, as kube-proxy's KUBE-IPVS-FILTER: a VIP answers nothing but its
     // Service ports (no ping either). New connections only, so the ICMP errors of
-    // established flows pass.
-    let _ = writeln!(out, "    ct state new {fam} daddr @service-ips reject");
+    // established flows pass; and only they pay the lookups of the ports.
+    let _ = writeln!(
+        out,
+        "    ct state new {fam} daddr @service-ips jump service-address-ports"
+    );
     if !plan.routed_service_cidrs.is_empty() {
         // The node takes these CIDRs whole (a local route): an address of them that no
         // Service has must not reach the node's own sockets. New connections only: the
@@ -446,12 +462,6 @@ pub(super) fn set_contents(plan: &FamilyPlan) -> Vec<SetContent> {
             &addr.to_owned(),
             false,
             plan.bound_ips.iter().map(IpAddr::to_string).collect(),
-        ),
-        content(
-            set_name::SERVICE_PORTS,
-            &addr_port,
-            false,
-            elems(&plan.service_ports, addr_port_elem),
         ),
     ];
     // Only the NodeCIDR mode has this set: the tables of the other modes stay as they were.

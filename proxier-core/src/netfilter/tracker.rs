@@ -37,7 +37,6 @@ macro_rules! with_family_sets {
             hairpin: AddrPort,
             health_check_node_ports: u16,
             bound_ips: IpAddr,
-            service_ports: AddrPort,
             node_pod_cidrs: IpNet,
         }
     };

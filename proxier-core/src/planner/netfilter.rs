@@ -153,11 +153,8 @@ impl<'a> FamilyElements<'a> {
             port: number,
         };
         out.cluster_ips.insert(at(addresses.cluster_ip, port.port));
-        out.service_ports
-            .insert(at(addresses.cluster_ip, port.port));
         for ip in &addresses.external_ips {
             let entry = at(*ip, port.port);
-            out.service_ports.insert(entry);
             if external_local {
                 out.external_ips_local.insert(entry);
             } else {
@@ -166,7 +163,6 @@ impl<'a> FamilyElements<'a> {
         }
         for ip in &addresses.load_balancer_ips {
             let entry = at(*ip, port.port);
-            out.service_ports.insert(entry);
             if external_local {
                 out.load_balancer_ips_local.insert(entry);
             } else {

@@ -39,7 +39,6 @@ fn sample_v4() -> FamilyPlan {
     p.hairpin.insert(ap("10.244.0.5", Protocol::Tcp, 8080));
     p.health_check_node_ports.insert(32000);
     p.bound_ips.insert(ip("10.96.0.10"));
-    p.service_ports.insert(ap("10.96.0.10", Protocol::Tcp, 80));
     p
 }
 
@@ -158,7 +157,7 @@ fn masquerade_rules_follow_the_cluster_ip_mode() {
     assert!(node_from_vip.contains(
         "ip saddr . meta l4proto . th dport @cluster-ips meta mark set meta mark | 0x00004000"
     ));
-    assert!(!node_from_vip.contains("ip daddr . meta l4proto . th dport @cluster-ips"));
+    assert!(!node_from_vip.contains("ip daddr . meta l4proto . th dport @cluster-ips meta mark"));
 
     p.cluster_ip_masquerade = ClusterIpMasquerade::All;
     let all = render(&p);
@@ -495,11 +494,62 @@ fn routed_service_cidrs_reject_addresses_no_service_has() {
     let rule =
         "ct state new ip daddr { 10.96.0.0/12, 172.30.0.0/16 } ip daddr != @service-ips reject";
     assert!(input.contains(rule), "{input}");
-    // After the accepts of service ports: a Service's own address and port gets through.
-    assert!(input.find("@service-ports accept").unwrap() < input.find(rule).unwrap());
+    // After the service addresses' ports are accepted: a Service's own address and port
+    // gets through.
+    assert!(input.find("jump service-address-ports").unwrap() < input.find(rule).unwrap());
 
     // Changing the CIDRs is a rule change: the table is replaced, not patched.
     let options = RenderOptions::default();
     let update = render_update(&v4_plan(sample_v4()), &v4_plan(routed.clone()), &options).unwrap();
     assert_eq!(update, render_replace(&v4_plan(routed), &options).unwrap());
+}
+
+#[test]
+fn new_connections_to_a_bound_address_pass_on_its_service_ports_only() {
+    let script = render_replace(&v4_plan(sample_v4()), &RenderOptions::default()).unwrap();
+    let chain = |name: &str| {
+        script
+            .split(&format!("chain {name} {{"))
+            .nth(1)
+            .and_then(|rest| rest.split("\n  }").next())
+            .unwrap_or_else(|| panic!("no chain {name}:\n{script}"))
+            .to_owned()
+    };
+    let input = chain("filter-input");
+    assert!(
+        input.contains("ct state new ip daddr @service-ips jump service-address-ports"),
+        "{input}"
+    );
+    let ports_chain = chain("service-address-ports");
+    let ports: Vec<&str> = ports_chain
+        .lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty())
+        .collect();
+    // Every set of service addresses and ports is accepted, the rest rejected, in that order.
+    let accepted: BTreeSet<&str> = ports[..ports.len() - 1]
+        .iter()
+        .map(|line| {
+            line.strip_prefix("ip daddr . meta l4proto . th dport @")
+                .and_then(|rest| rest.strip_suffix(" accept"))
+                .unwrap_or_else(|| panic!("not an accept of a set: {line}"))
+        })
+        .collect();
+    assert_eq!(
+        accepted,
+        BTreeSet::from([
+            "cluster-ips",
+            "external-ips",
+            "external-ips-local",
+            "load-balancer-ips",
+            "load-balancer-ips-local",
+        ])
+    );
+    assert_eq!(ports.last(), Some(&"reject"));
+    // The ClusterIP's port is in the table once: no second set repeats the first.
+    assert_eq!(
+        script.matches("10.96.0.10 . tcp . 80").count(),
+        1,
+        "{script}"
+    );
 }
