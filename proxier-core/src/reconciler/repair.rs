@@ -17,7 +17,10 @@ use std::ops::Bound;
 use ipnet::IpNet;
 use tokio::time::Instant;
 
-use super::{FullRead, RETIRED_LISTINGS, ReconcileError, ReconcileReport, Reconciler};
+use super::{
+    AddressChanges, Answered, FullRead, RETIRED_LISTINGS, ReconcileError, ReconcileReport,
+    Reconciler,
+};
 use crate::backend::{AddressBackend, IpvsBackend};
 use crate::desired::{Desired, ServicePortName, VirtualServerKey, VirtualServerRole};
 use crate::diff::{self, Changes, Rejection};
@@ -81,6 +84,9 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
         sliced: bool,
     ) -> Result<Option<ReconcileReport>, ReconcileError> {
         self.repair = None;
+        // Detached address writes answer first: the read is merged with a cache that holds
+        // what the kernel said of them.
+        let answered = self.settle_address_writes().await;
         let now = Instant::now();
         self.drains_checked_at = now;
         let table = read
@@ -92,14 +98,16 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
         let links = self.merge_links(read.link).await?;
         let read_time = table.took + read_started.elapsed();
         if !self.synced || !sliced {
-            let mut report = self
+            let mut report = answered;
+            report += self
                 .repair_whole(desired, table.virtual_servers, links, now)
                 .await;
             report.timings.read = read_time;
             return Ok(Some(report));
         }
 
-        let mut report = links.report;
+        let mut report = answered;
+        report += links.report;
         report.timings.read = read_time;
         let drift = self
             .kernel
@@ -233,7 +241,7 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
         }
         self.touched_since_read = Some(touched);
         let diff = diff_started.elapsed();
-        let mut report = self.sync_keys(desired, keys, &attempted, now).await;
+        let mut report = self.sync_keys(desired, keys, &attempted, now, false).await;
         report.timings.diff += diff;
         repair.report += report;
         self.repair = Some(repair);
@@ -262,6 +270,8 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
             return ReconcileReport::default();
         };
         self.touched_since_read = None;
+        // What the slices' incremental syncs left on its way answers first.
+        repair.report += self.settle_address_writes().await;
         let mut bind = Vec::new();
         let mut unbind = Vec::new();
         for (address, keys) in &self.binders {
@@ -280,11 +290,14 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
                 .apply(
                     desired,
                     Changes::default(),
-                    bind,
-                    unbind,
+                    AddressChanges {
+                        bind,
+                        unbind,
+                        detach: false,
+                    },
                     &BTreeSet::new(),
                     now,
-                    Vec::new(),
+                    Answered::default(),
                 )
                 .await;
         }
@@ -491,11 +504,14 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
             .apply(
                 desired,
                 plan.changes,
-                plan.bind,
-                plan.unbind,
+                AddressChanges {
+                    bind: plan.bind,
+                    unbind: plan.unbind,
+                    detach: false,
+                },
                 &attempted,
                 now,
-                Vec::new(),
+                Answered::default(),
             )
             .await;
         // Routes that go only now: the addresses under them were bound by the writes above.

@@ -1153,3 +1153,156 @@ async fn cleanup_owns_by_routes_as_syncs_do_never_over_a_node_address() {
         "in a routed Service CIDR: the proxier's"
     );
 }
+
+/// `two_services` plus api: ClusterIP 10.96.0.20:80, one endpoint.
+fn with_api(mut want: Desired) -> Desired {
+    want.services.insert(
+        spn("api", Protocol::Tcp),
+        plan(vec![(
+            vkey("10.96.0.20", 80, Protocol::Tcp),
+            vs(VirtualServerRole::ClusterIp, &[("10.1.0.4", 8080)]),
+        )]),
+    );
+    want
+}
+
+#[tokio::test]
+async fn a_detached_sync_returns_before_its_address_writes_which_run_in_order() {
+    let ipvs = MemoryIpvsBackend::new();
+    let addresses = MemoryAddressBackend::new();
+    let mut rec = reconciler(&ipvs, &addresses);
+    rec.detach_address_writes(true);
+    // A full sync never detaches: it returns with every address bound.
+    rec.full_sync(&two_services()).await.unwrap();
+    assert_eq!(addresses.addresses().len(), 2);
+    assert!(!rec.address_writes_pending());
+    addresses.take_applied_ops();
+
+    addresses.hold_detached_writes();
+    let api = BTreeSet::from([spn("api", Protocol::Tcp)]);
+    let report = rec
+        .sync_services(&with_api(two_services()), &api)
+        .await
+        .unwrap();
+    // The virtual server is written, its address not yet; the cache takes it as bound.
+    assert!(
+        ipvs.table()
+            .contains_key(&vkey("10.96.0.20", 80, Protocol::Tcp))
+    );
+    assert!(!addresses.addresses().contains(&ip("10.96.0.20")));
+    assert!(
+        rec.cached_kernel()
+            .bound_addresses
+            .contains(&ip("10.96.0.20"))
+    );
+    assert_eq!(report.writes, 2, "the virtual server and its real server");
+    assert!(rec.address_writes_pending() && !rec.address_writes_finished());
+
+    // Deleted again before the bind answered: the unbind goes after it.
+    rec.sync_services(&two_services(), &api).await.unwrap();
+    assert!(
+        !ipvs
+            .table()
+            .contains_key(&vkey("10.96.0.20", 80, Protocol::Tcp))
+    );
+    assert!(
+        !rec.cached_kernel()
+            .bound_addresses
+            .contains(&ip("10.96.0.20"))
+    );
+    assert!(addresses.applied_ops().is_empty(), "held");
+
+    let ended = rec.address_writes_ended();
+    addresses.release_detached_writes();
+    ended.notified().await;
+    assert!(rec.address_writes_finished());
+    assert_eq!(
+        addresses.applied_ops(),
+        vec![
+            AddressOp::Add(ip("10.96.0.20")),
+            AddressOp::Remove(ip("10.96.0.20"))
+        ]
+    );
+    // The next sync takes the answers into its report and the counters.
+    let report = rec.tick(&two_services()).await.unwrap();
+    assert_eq!((report.writes, report.deletes, report.failed), (2, 1, 0));
+    assert!(!rec.address_writes_pending());
+    assert_eq!(rec.stats().ops[&OpKind::BindAddress].succeeded, 3);
+    assert_eq!(rec.stats().ops[&OpKind::UnbindAddress].succeeded, 1);
+    assert_eq!(addresses.addresses().len(), 2);
+}
+
+#[tokio::test]
+async fn a_failed_detached_bind_is_the_service_error_and_bound_when_retried() {
+    let ipvs = MemoryIpvsBackend::new();
+    let addresses = MemoryAddressBackend::new();
+    let mut rec = reconciler(&ipvs, &addresses);
+    rec.detach_address_writes(true);
+    rec.full_sync(&two_services()).await.unwrap();
+    addresses.fail_address(ip("10.96.0.20"), BackendError::Permission);
+    let want = with_api(two_services());
+    let api = spn("api", Protocol::Tcp);
+    let report = rec
+        .sync_services(&want, &BTreeSet::from([api.clone()]))
+        .await
+        .unwrap();
+    assert_eq!(report.failed, 0, "not answered yet");
+
+    let report = rec.settle_address_writes().await;
+    assert_eq!(report.failed, 1);
+    assert!(matches!(
+        &rec.stats().last_errors[&api],
+        ServiceSyncError::Bind {
+            source: BackendError::Permission,
+            ..
+        }
+    ));
+    assert!(
+        !rec.cached_kernel()
+            .bound_addresses
+            .contains(&ip("10.96.0.20"))
+    );
+    assert_eq!(rec.stats().retries_pending, 1);
+
+    // The retry binds it (the cache no longer takes it as bound).
+    addresses.clear_failure(&ip("10.96.0.20"));
+    rec.sync_services(&want, &BTreeSet::from([api.clone()]))
+        .await
+        .unwrap();
+    let report = rec.settle_address_writes().await;
+    assert_eq!((report.writes, report.failed), (1, 0));
+    assert!(addresses.addresses().contains(&ip("10.96.0.20")));
+    // Answered without a failure, the next sync of the service forgets its error.
+    rec.sync_services(&want, &BTreeSet::from([api.clone()]))
+        .await
+        .unwrap();
+    assert!(!rec.stats().last_errors.contains_key(&api));
+}
+
+#[tokio::test]
+async fn a_full_sync_read_begun_while_address_writes_are_on_their_way_finds_no_drift() {
+    let ipvs = MemoryIpvsBackend::new();
+    let addresses = MemoryAddressBackend::new();
+    let mut rec = reconciler(&ipvs, &addresses);
+    rec.detach_address_writes(true);
+    rec.full_sync(&two_services()).await.unwrap();
+    rec.full_sync(&two_services()).await.unwrap();
+    addresses.hold_detached_writes();
+    let want = with_api(two_services());
+    rec.sync_services(&want, &BTreeSet::from([spn("api", Protocol::Tcp)]))
+        .await
+        .unwrap();
+    // The read sees the link without the address being bound.
+    let read = rec.begin_full_sync().await;
+    addresses.take_applied_ops();
+    addresses.release_detached_writes();
+    let report = rec.finish_full_sync(&want, read).await.unwrap();
+    assert_eq!(report.drift, Some(0));
+    assert_eq!(
+        addresses.applied_ops(),
+        vec![AddressOp::Add(ip("10.96.0.20"))],
+        "bound once, by the detached write"
+    );
+    assert_eq!(addresses.addresses().len(), 3);
+    assert!(!rec.address_writes_pending());
+}
