@@ -973,6 +973,10 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
             .filter(|net| !wanted.contains(*net))
             .copied()
             .collect();
+        if !unwanted.is_empty() {
+            // The addresses under a route that goes must be bound first.
+            *report += self.settle_address_writes().await;
+        }
         for net in unwanted {
             if let Some(touched) = &mut self.routes_touched_since_read {
                 touched.insert(net);
@@ -1349,6 +1353,18 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
             unbind,
             detach,
         } = addresses;
+        // Unbinding the link's last IPv4 address drops the IPv4 Service CIDR routes through
+        // it until they are restored: such a sync writes its addresses itself, binds first,
+        // and restores them at once.
+        let drops_routes = unbind.iter().any(IpAddr::is_ipv4)
+            && self.routed.iter().any(|net| matches!(net, IpNet::V4(_)));
+        let detach = detach && !drops_routes;
+        if !detach && self.address_writes.is_some() {
+            // Writes of its own go after those on their way.
+            cleanup_failed |= self
+                .take_address_answers(true, &mut report, &mut failed)
+                .await;
+        }
         let detached = if detach && !(bind.is_empty() && unbind.is_empty()) {
             self.addresses.write_detached(bind.clone(), unbind.clone())
         } else {
@@ -1447,7 +1463,9 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
 
         if let Some((unbind, unbound)) = answers {
             let started = std::time::Instant::now();
-            cleanup_failed |= self.answer_unbinds(&unbind, unbound, &mut report).await;
+            cleanup_failed |= self
+                .answer_unbinds(&unbind, unbound, false, &mut report)
+                .await;
             report.timings.addresses += started.elapsed();
         }
         self.settle_failures(report, failed, attempted, now, cleanup_failed)
@@ -1497,11 +1515,13 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
 
     /// Takes the kernel's answers to unbinding `unbind` into the cache and the report (a
     /// failure is a cleanup error); restores the Service CIDR routes when the link's last
-    /// IPv4 address went. Returns whether an unbind failed.
+    /// IPv4 address went, or (`detached` writes, whose later binds the cache already holds)
+    /// may have gone. Returns whether an unbind failed.
     async fn answer_unbinds(
         &mut self,
         unbind: &[IpAddr],
         results: Vec<Result<(), BackendError>>,
+        detached: bool,
         report: &mut ReconcileReport,
     ) -> bool {
         let link = self.addresses.link_name().to_owned();
@@ -1533,7 +1553,7 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
             }
         }
         if unbind.iter().any(IpAddr::is_ipv4)
-            && !self.kernel.bound_addresses.iter().any(IpAddr::is_ipv4)
+            && (detached || !self.kernel.bound_addresses.iter().any(IpAddr::is_ipv4))
         {
             self.restore_ipv4_routes(&link, report).await;
         }
@@ -1566,7 +1586,9 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
                 )
             });
             self.answer_binds(&batch.bind, bound, report, failed);
-            cleanup_failed |= self.answer_unbinds(&batch.unbind, unbound, report).await;
+            cleanup_failed |= self
+                .answer_unbinds(&batch.unbind, unbound, true, report)
+                .await;
         }
         report.timings.addresses += started.elapsed();
         cleanup_failed

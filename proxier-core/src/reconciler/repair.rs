@@ -84,9 +84,15 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
         sliced: bool,
     ) -> Result<Option<ReconcileReport>, ReconcileError> {
         self.repair = None;
-        // Detached address writes answer first: the read is merged with a cache that holds
-        // what the kernel said of them.
-        let answered = self.settle_address_writes().await;
+        // A whole repair writes its addresses itself: detached writes answer first. Slices
+        // chain theirs after them (the addresses on their way count as touched since the
+        // read began: the cache, which takes them as done, is merged over the read).
+        let whole = !self.synced || !sliced;
+        let answered = if whole {
+            self.settle_address_writes().await
+        } else {
+            ReconcileReport::default()
+        };
         let now = Instant::now();
         self.drains_checked_at = now;
         let table = read
@@ -97,7 +103,7 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
         let read_started = std::time::Instant::now();
         let links = self.merge_links(read.link).await?;
         let read_time = table.took + read_started.elapsed();
-        if !self.synced || !sliced {
+        if whole {
             let mut report = answered;
             report += self
                 .repair_whole(desired, table.virtual_servers, links, now)
@@ -241,7 +247,8 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
         }
         self.touched_since_read = Some(touched);
         let diff = diff_started.elapsed();
-        let mut report = self.sync_keys(desired, keys, &attempted, now, false).await;
+        let detach = self.detach_addresses;
+        let mut report = self.sync_keys(desired, keys, &attempted, now, detach).await;
         report.timings.diff += diff;
         repair.report += report;
         self.repair = Some(repair);
@@ -270,8 +277,6 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
             return ReconcileReport::default();
         };
         self.touched_since_read = None;
-        // What the slices' incremental syncs left on its way answers first.
-        repair.report += self.settle_address_writes().await;
         let mut bind = Vec::new();
         let mut unbind = Vec::new();
         for (address, keys) in &self.binders {
@@ -293,7 +298,7 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
                     AddressChanges {
                         bind,
                         unbind,
-                        detach: false,
+                        detach: self.detach_addresses,
                     },
                     &BTreeSet::new(),
                     now,
@@ -301,6 +306,9 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
                 )
                 .await;
         }
+        // A full sync ends with the kernel converged: the address writes of the slices and
+        // of the syncs between them answer first.
+        repair.report += self.settle_address_writes().await;
         // Routes that go only now: the addresses under them were bound by the slices. A
         // change of the configured routes since the repair began (synced or not) is the
         // incremental syncs' to apply.
