@@ -13,7 +13,7 @@ use netlink_packet_route::route::{
 };
 use rtnetlink::{AddressMessageBuilder, Handle, LinkDummy, LinkUnspec, RouteMessageBuilder};
 
-use super::{AddressBackend, BackendError, LinkRead, PendingAddressWrites, PendingLinkRead};
+use super::{AddressBackend, BackendError, LinkRead, PendingLinkRead};
 
 /// Maps an rtnetlink error to a [`BackendError`] by its errno.
 fn map_error(error: rtnetlink::Error) -> BackendError {
@@ -349,21 +349,6 @@ impl AddressBackend for KernelAddressBackend {
     /// interleave with the incremental syncs' writes on the backend's socket. `None` when
     /// the socket cannot be opened: the full sync then reads at its end, on the backend's
     /// socket.
-    fn write_detached(
-        &self,
-        bind: Vec<IpAddr>,
-        unbind: Vec<IpAddr>,
-    ) -> Option<PendingAddressWrites> {
-        // A copy of the handle and the link's index: the writes open their own socket
-        // ([`KernelAddressBackend::pipelined`]), in this thread's network namespace.
-        let mut backend = self.clone();
-        Some(Box::pin(async move {
-            let bound = backend.add_addresses(&bind).await;
-            let unbound = backend.remove_addresses(&unbind).await;
-            (bound, unbound)
-        }))
-    }
-
     fn read_link(&self) -> Option<PendingLinkRead> {
         let (connection, handle, _) = match rtnetlink::new_connection() {
             Ok(opened) => opened,

@@ -16,7 +16,7 @@ use ipnet::IpNet;
 
 use super::{
     AddressBackend, BackendError, DEFAULT_DUMMY_LINK, IpvsBackend, IpvsOp, LinkRead,
-    PendingAddressWrites, PendingLinkRead, PendingTableRead, TableRead,
+    PendingLinkRead, PendingTableRead, TableRead,
 };
 use crate::desired::{RealServerKey, SortedMap, VirtualServerKey};
 use crate::observed::{Forwarding, ObservedRealServer, ObservedVirtualServer};
@@ -256,8 +256,6 @@ struct AddressState {
 pub struct MemoryAddressBackend {
     link: String,
     state: Arc<Mutex<AddressState>>,
-    /// While `true`, detached writes wait before they start ([`Self::hold_detached_writes`]).
-    hold: Arc<tokio::sync::watch::Sender<bool>>,
 }
 
 impl Default for MemoryAddressBackend {
@@ -269,7 +267,10 @@ impl Default for MemoryAddressBackend {
 impl MemoryAddressBackend {
     /// No link yet; it is named [`DEFAULT_DUMMY_LINK`].
     pub fn new() -> Self {
-        Self::named(DEFAULT_DUMMY_LINK)
+        MemoryAddressBackend {
+            link: DEFAULT_DUMMY_LINK.to_owned(),
+            state: Arc::default(),
+        }
     }
 
     /// No link yet; it is named `link`.
@@ -277,7 +278,6 @@ impl MemoryAddressBackend {
         MemoryAddressBackend {
             link: link.into(),
             state: Arc::default(),
-            hold: Arc::new(tokio::sync::watch::channel(false).0),
         }
     }
 
@@ -346,19 +346,6 @@ impl MemoryAddressBackend {
         lock(&self.state).failures.remove(address);
     }
 
-    /// Makes detached writes ([`AddressBackend::write_detached`]) wait, from now on, until
-    /// [`Self::release_detached_writes`]: a test sees what a sync does while they are on
-    /// their way.
-    pub fn hold_detached_writes(&self) {
-        self.hold.send_replace(true);
-    }
-
-    /// Lets detached writes held by [`Self::hold_detached_writes`] go, in the order they
-    /// were started.
-    pub fn release_detached_writes(&self) {
-        self.hold.send_replace(false);
-    }
-
     /// Sets the node's own addresses (what [`AddressBackend::node_addresses`] reports).
     pub fn set_node_addresses(&self, addresses: impl IntoIterator<Item = IpAddr>) {
         lock(&self.state).node_addresses = addresses.into_iter().collect();
@@ -379,22 +366,6 @@ impl AddressBackend for MemoryAddressBackend {
             node_addresses: state.node_addresses.clone(),
         };
         Some(Box::pin(std::future::ready(Ok(read))))
-    }
-
-    fn write_detached(
-        &self,
-        bind: Vec<IpAddr>,
-        unbind: Vec<IpAddr>,
-    ) -> Option<PendingAddressWrites> {
-        let mut backend = self.clone();
-        let mut held = self.hold.subscribe();
-        Some(Box::pin(async move {
-            // A sender that is gone holds nothing.
-            let _ = held.wait_for(|hold| !*hold).await;
-            let bound = backend.add_addresses(&bind).await;
-            let unbound = backend.remove_addresses(&unbind).await;
-            (bound, unbound)
-        }))
     }
 
     async fn ensure_link(&mut self) -> Result<(), BackendError> {

@@ -286,17 +286,6 @@ pub struct LinkRead {
 pub type PendingLinkRead =
     Pin<Box<dyn Future<Output = Result<LinkRead, BackendError>> + Send + 'static>>;
 
-/// Binds and unbinds of addresses that borrow nothing of their backend
-/// ([`AddressBackend::write_detached`]): one result per address bound, then one per address
-/// unbound.
-pub type PendingAddressWrites = Pin<
-    Box<
-        dyn Future<Output = (Vec<Result<(), BackendError>>, Vec<Result<(), BackendError>>)>
-            + Send
-            + 'static,
-    >,
->;
-
 /// Manages the dummy link and the service addresses bound on it (/32 or /128).
 pub trait AddressBackend: Send {
     /// Name of the link.
@@ -359,21 +348,6 @@ pub trait AddressBackend: Send {
             }
             results
         }
-    }
-
-    /// Binds `bind`, then unbinds `unbind`, as [`AddressBackend::add_addresses`] and
-    /// [`AddressBackend::remove_addresses`] do, in a future that borrows nothing of the
-    /// backend: the reconciler runs it on a task of its own, so that an incremental sync
-    /// returns once its IPVS writes are answered (see
-    /// [`Reconciler::detach_address_writes`](crate::reconciler::Reconciler::detach_address_writes)).
-    /// `None` (the default): the backend cannot, and the sync writes them itself.
-    fn write_detached(
-        &self,
-        bind: Vec<IpAddr>,
-        unbind: Vec<IpAddr>,
-    ) -> Option<PendingAddressWrites> {
-        let _ = (bind, unbind);
-        None
     }
 
     /// The node's own addresses: every address on the node's interfaces except those on the

@@ -284,16 +284,12 @@ pub async fn run<I, A, N, C, O>(
     C: ConntrackBackend + Send + 'static,
     O: SyncObserver<Proxier<I, A, N, C>>,
 {
-    // Incremental syncs do not wait for their nftables update nor for their address writes;
-    // the loop syncs their answers when they end, and waits for the last ones before it
-    // returns.
+    // Incremental syncs do not wait for their nftables update; the loop syncs its answer
+    // when it ends, and waits for the last one before it returns.
     proxier.detach_netfilter_updates(true);
-    proxier.detach_address_writes(true);
     drive(proxier, config, commands, observer, shutdown).await;
     proxier.detach_netfilter_updates(false);
-    proxier.detach_address_writes(false);
     proxier.finish_netfilter_update().await;
-    proxier.finish_address_writes().await;
 }
 
 /// [`run`]'s loop.
@@ -324,10 +320,8 @@ async fn drive<I, A, N, C, O>(
     // When the full sync whose repair goes on in slices started (between slices,
     // incremental syncs run: no change waits for the whole table to be compared).
     let mut repair_started: Option<Instant> = None;
-    // An incremental sync's nftables update and address writes run on after it; their end
-    // wakes the loop.
+    // An incremental sync's nftables update runs on after it; its end wakes the loop.
     let netfilter_update_ended = proxier.netfilter_update_ended();
-    let address_writes_ended = proxier.address_writes_ended();
     loop {
         while let Ok(command) = commands.rx.try_recv() {
             handle(
@@ -348,11 +342,6 @@ async fn drive<I, A, N, C, O>(
         // brings in the elements that waited for it (or, after a failure, replaces the
         // tables).
         if proxier.netfilter_update_finished() {
-            scheduler.request_sync();
-        }
-        // Detached address writes that answered: a sync takes the answers (a failed bind
-        // is then retried after its backoff).
-        if proxier.address_writes_finished() {
             scheduler.request_sync();
         }
         // A burst of address events is one re-read.
@@ -423,7 +412,6 @@ async fn drive<I, A, N, C, O>(
                 tokio::select! {
                     _ = tokio::time::sleep_until(at) => {}
                     _ = netfilter_update_ended.notified(), if proxier.netfilter_updating() => {}
-                    _ = address_writes_ended.notified(), if proxier.address_writes_pending() => {}
                     answer = SpawnedRead::answer(&mut full_read) => {
                         repair_started =
                             start_repair(proxier, answer, &mut scheduler, observer, &commands).await;

@@ -736,40 +736,6 @@ where
         self.netfilter.update_ended()
     }
 
-    /// Lets incremental syncs return once their IPVS writes are answered, their address
-    /// binds and unbinds on the dummy link still on their way (`true`; the [`driver`] does
-    /// while it runs), or makes every sync wait for them (`false`, the default). See
-    /// [`Reconciler::detach_address_writes`].
-    pub fn detach_address_writes(&mut self, detach: bool) {
-        self.reconciler.detach_address_writes(detach);
-    }
-
-    /// Whether detached address writes are on their way (or answered and not yet taken by
-    /// a sync).
-    pub fn address_writes_pending(&self) -> bool {
-        self.reconciler.address_writes_pending()
-    }
-
-    /// Whether the detached address writes have all answered (the next sync takes their
-    /// answers at once: ask for one).
-    pub fn address_writes_finished(&self) -> bool {
-        self.reconciler.address_writes_finished()
-    }
-
-    /// Notified each time detached address writes have answered (a permit is kept when
-    /// nobody waits): a loop waiting for something else wakes and runs a sync, which takes
-    /// their answers (and retries a failed bind after its backoff).
-    pub fn address_writes_ended(&self) -> std::sync::Arc<tokio::sync::Notify> {
-        self.reconciler.address_writes_ended()
-    }
-
-    /// Waits for the detached address writes on their way, if any, and takes their answers
-    /// (a failure is logged and recorded for a retry).
-    pub async fn finish_address_writes(&mut self) {
-        let report = self.reconciler.settle_address_writes().await;
-        log_errors(&report);
-    }
-
     /// Whether a full sync may read while incremental syncs go on: only after the first
     /// sync (before it, every sync is the first, full one).
     pub fn reads_concurrently(&self) -> bool {

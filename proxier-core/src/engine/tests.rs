@@ -306,20 +306,15 @@ proptest! {
     /// does, and a full sync after them writes nothing. Every full resync that finishes
     /// leaves the kernel as a fresh full sync of the state at that moment (no write of a
     /// change undone by a read older than it, no change lost), and the foreign virtual
-    /// server stays as it was. With `detached`, incremental syncs leave their address
-    /// writes on their way, as the driver has them: on this single-threaded runtime, whose
-    /// in-memory backends never make a sync wait, they stay unanswered across the syncs and
-    /// full reads that follow until a step waits for them.
+    /// server stays as it was.
     #[test]
     fn incremental_syncs_converge_like_a_fresh_full_sync(
         steps in prop::collection::vec(step(), 1..40),
         slice in 1usize..4,
-        detached in any::<bool>(),
     ) {
         let rt = runtime();
         let (mut incremental, ipvs, addresses) = memory_proxier();
         incremental.config.reconciler.repair_slice = slice;
-        incremental.detach_address_writes(detached);
         let (foreign_key, foreign_vs) = foreign();
         ipvs.insert_virtual_server(foreign_key, foreign_vs.clone());
         let mut udp = [false; 4];
@@ -391,8 +386,6 @@ proptest! {
         }
         let last = rt.block_on(incremental.sync(SyncKind::Incremental)).unwrap();
         prop_assert!(last.is_complete(), "{:?}", last.ipvs.errors);
-        rt.block_on(incremental.finish_address_writes());
-        prop_assert!(!incremental.address_writes_pending());
 
         let (fresh, fresh_ipvs, fresh_addresses) = fresh_kernel(&rt, &changes);
 

@@ -63,11 +63,9 @@ use crate::diff::{self, Changes, DrainPolicy, OwnedOp, Rejection, Scope};
 use crate::drain::{DEFAULT_DRAIN_TIMEOUT, DrainQueue};
 use crate::observed::{Forwarding, Observed, ObservedRealServer, ObservedVirtualServer};
 
-mod address_writes;
 mod repair;
 mod sorted_set;
 
-use address_writes::DetachedAddressWrites;
 use repair::Repair;
 use sorted_set::SortedVecSet;
 
@@ -344,23 +342,6 @@ type Failed = (Option<ServicePortName>, VirtualServerKey, ServiceSyncError);
 /// One result per address bound, then one per address unbound.
 type AddressResults = (Vec<Result<(), BackendError>>, Vec<Result<(), BackendError>>);
 
-/// The addresses a sync binds and unbinds, and whether it may leave them on their way.
-#[derive(Debug)]
-struct AddressChanges {
-    bind: Vec<IpAddr>,
-    unbind: Vec<IpAddr>,
-    detach: bool,
-}
-
-/// What a sync found before its own writes: the answers of detached address writes (their
-/// counts and errors), failed binds and reads, and whether an unbind failed.
-#[derive(Debug, Default)]
-struct Answered {
-    report: ReconcileReport,
-    failed: Vec<Failed>,
-    cleanup_failed: bool,
-}
-
 #[derive(Debug, Clone)]
 struct Failure {
     attempts: u32,
@@ -420,13 +401,6 @@ pub struct Reconciler<I, A> {
     /// Notified once the next batch of IPVS writes is answered
     /// ([`Reconciler::signal_ipvs_written`]).
     ipvs_written: Option<Arc<Notify>>,
-    /// Whether incremental syncs leave their address writes running
-    /// ([`Reconciler::detach_address_writes`]).
-    detach_addresses: bool,
-    /// Address writes incremental syncs left on their way.
-    address_writes: Option<DetachedAddressWrites>,
-    /// Notified each time detached address writes have answered.
-    address_writes_ended: Arc<Notify>,
     stats: ReconcilerStats,
 }
 
@@ -472,9 +446,6 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
             routes_touched_since_read: None,
             repair: None,
             ipvs_written: None,
-            detach_addresses: false,
-            address_writes: None,
-            address_writes_ended: Arc::new(Notify::new()),
             stats: ReconcilerStats::default(),
         }
     }
@@ -486,65 +457,6 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
     /// the caller also notifies when the sync returns.
     pub(crate) fn signal_ipvs_written(&mut self, signal: Option<Arc<Notify>>) {
         self.ipvs_written = signal;
-    }
-
-    /// Lets incremental syncs ([`Reconciler::sync_services`], [`Reconciler::tick`]) return
-    /// once their IPVS writes are answered, their address binds and unbinds still on their
-    /// way (`true`, where the backend can: [`AddressBackend::write_detached`]), or makes
-    /// every sync wait for them (`false`, the default). Detached writes run in the order
-    /// they were asked for; the next sync takes their answers (a failed bind is its service
-    /// ports' failure, retried with backoff), and any other step (a full sync, routes,
-    /// cleanup) waits for them first. A virtual server is then written before the address
-    /// it serves is bound: until the bind is answered, a new Service's ClusterIP is not yet
-    /// the node's own.
-    pub fn detach_address_writes(&mut self, detach: bool) {
-        self.detach_addresses = detach;
-    }
-
-    /// Whether detached address writes are on their way (or answered, their answers not yet
-    /// taken by a sync).
-    pub fn address_writes_pending(&self) -> bool {
-        self.address_writes.is_some()
-    }
-
-    /// Whether the detached address writes have all answered: the next sync takes their
-    /// answers at once (ask for one).
-    pub fn address_writes_finished(&self) -> bool {
-        self.address_writes
-            .as_ref()
-            .is_some_and(DetachedAddressWrites::is_finished)
-    }
-
-    /// Notified each time detached address writes have answered (a permit is kept when
-    /// nobody waits).
-    pub fn address_writes_ended(&self) -> Arc<Notify> {
-        Arc::clone(&self.address_writes_ended)
-    }
-
-    /// Waits for the detached address writes on their way, if any, and takes their
-    /// answers: a failed bind is recorded as its service ports' failure (retried), a failed
-    /// unbind as a cleanup error.
-    pub async fn settle_address_writes(&mut self) -> ReconcileReport {
-        self.answer_address_writes(true).await
-    }
-
-    /// [`Reconciler::settle_address_writes`], or without `wait` only once every detached
-    /// write has answered (nothing while one is on its way).
-    async fn answer_address_writes(&mut self, wait: bool) -> ReconcileReport {
-        let mut report = ReconcileReport::default();
-        let mut failed = Vec::new();
-        let cleanup_failed = self
-            .take_address_answers(wait, &mut report, &mut failed)
-            .await;
-        let report = self.settle_failures(
-            report,
-            failed,
-            &BTreeSet::new(),
-            Instant::now(),
-            cleanup_failed,
-        );
-        self.refresh_stats();
-        report
     }
 
     /// Counters for metrics.
@@ -622,14 +534,7 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
         // A new read supersedes a repair left unfinished.
         self.repair = None;
         self.touched_since_read = Some(HashSet::new());
-        // Addresses written by detached writes still on their way: the cache, which takes
-        // them as done, is newer than a read that may see them half done.
-        self.addresses_touched_since_read = Some(
-            self.address_writes
-                .iter()
-                .flat_map(DetachedAddressWrites::addresses)
-                .collect(),
-        );
+        self.addresses_touched_since_read = Some(HashSet::new());
         self.routes_touched_since_read = Some(BTreeSet::new());
         let table = self.ipvs.read_table();
         let link = self.addresses.read_link();
@@ -720,18 +625,10 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
             }
         }
         self.add_due_retries(now, &mut keys, &mut attempted);
-        // Routes are written in order with the addresses under them: none on their way.
-        let routes_change = self.routes_changed;
-        let mut report = if routes_change {
-            self.settle_address_writes().await
-        } else {
-            ReconcileReport::default()
-        };
         // New Service CIDR routes before the addresses under them are unbound, old ones
         // after the addresses under them are bound.
-        report += self.sync_changed_routes(true).await;
-        let detach = self.detach_addresses && !routes_change;
-        report += self.sync_keys(desired, keys, &attempted, now, detach).await;
+        let mut report = self.sync_changed_routes(true).await;
+        report += self.sync_keys(desired, keys, &attempted, now).await;
         report += self.sync_changed_routes(false).await;
         self.stats.incremental_syncs += 1;
         self.refresh_stats();
@@ -754,8 +651,7 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
             .collect();
         let mut attempted = BTreeSet::new();
         self.add_due_retries(now, &mut keys, &mut attempted);
-        let detach = self.detach_addresses;
-        let report = self.sync_keys(desired, keys, &attempted, now, detach).await;
+        let report = self.sync_keys(desired, keys, &attempted, now).await;
         self.stats.incremental_syncs += 1;
         self.refresh_stats();
         Ok(report)
@@ -768,8 +664,6 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
     /// virtual servers planned in this process; then the dummy link itself. Nothing in
     /// [`ReconcilerConfig::exclude_cidrs`] and nothing else is touched (`--cleanup`).
     pub async fn remove_owned(&mut self) -> CleanupReport {
-        // Nothing may bind behind the cleanup.
-        self.settle_address_writes().await;
         let mut report = CleanupReport::default();
         let link = self.addresses.link_name().to_owned();
         let link_addresses = match self.addresses.list_addresses().await {
@@ -973,10 +867,6 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
             .filter(|net| !wanted.contains(*net))
             .copied()
             .collect();
-        if !unwanted.is_empty() {
-            // The addresses under a route that goes must be bound first.
-            *report += self.settle_address_writes().await;
-        }
         for net in unwanted {
             if let Some(touched) = &mut self.routes_touched_since_read {
                 touched.insert(net);
@@ -1034,13 +924,9 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
 
     /// Applies a change of [`Reconciler::set_service_cidr_routes`] that no service port
     /// change carries: adds the new routes and removes the old ones. (With changed service
-    /// ports, [`Reconciler::sync_services`] does it around their writes.) Takes the answers
-    /// of detached address writes that have come.
+    /// ports, [`Reconciler::sync_services`] does it around their writes.)
     pub async fn sync_routes(&mut self) -> ReconcileReport {
-        // The answers of detached address writes, if they have come (a sync with nothing
-        // else to do is how the driver takes them); all of them before routes change.
-        let mut report = self.answer_address_writes(self.routes_changed).await;
-        report += self.sync_changed_routes(true).await;
+        let mut report = self.sync_changed_routes(true).await;
         report += self.sync_changed_routes(false).await;
         report
     }
@@ -1123,19 +1009,12 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
         keys: BTreeMap<VirtualServerKey, Option<ServicePortName>>,
         attempted: &BTreeSet<ServicePortName>,
         now: Instant,
-        detach: bool,
     ) -> ReconcileReport {
         if let Some(touched) = &mut self.touched_since_read {
             touched.extend(keys.keys().copied());
         }
-        // The answers of detached address writes: those that have come, or (a sync that
-        // does not detach its own) all of them.
-        let mut before = Answered::default();
-        before.cleanup_failed = self
-            .take_address_answers(!detach, &mut before.report, &mut before.failed)
-            .await;
         let read_started = std::time::Instant::now();
-        let mut read_errors: Vec<Failed> = std::mem::take(&mut before.failed);
+        let mut read_errors: Vec<Failed> = Vec::new();
         let mut unreadable = HashSet::new();
         // Re-read what the cache cannot answer: virtual servers whose last write failed,
         // and those losing real servers (deciding drain or delete needs fresh counts).
@@ -1270,14 +1149,8 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
             }
         }
         let diff = diff_started.elapsed();
-        before.failed = read_errors;
-        let addresses = AddressChanges {
-            bind,
-            unbind,
-            detach,
-        };
         let mut report = self
-            .apply(desired, changes, addresses, attempted, now, before)
+            .apply(desired, changes, bind, unbind, attempted, now, read_errors)
             .await;
         report.timings.read = read;
         report.timings.diff = diff;
@@ -1329,47 +1202,19 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
         );
     }
 
-    /// Writes a sync's changes: the IPVS writes as one batch and, beside them, the address
-    /// binds and unbinds (or, detached, started on their own task: the cache takes them as
-    /// done, and a later sync takes their answers); then records what failed. `before`
-    /// holds what the sync found before it wrote: answers of earlier detached writes and
-    /// reads that failed.
+    #[allow(clippy::too_many_arguments)]
     async fn apply(
         &mut self,
         desired: &Desired,
         changes: Changes,
-        addresses: AddressChanges,
+        bind: Vec<IpAddr>,
+        unbind: Vec<IpAddr>,
         attempted: &BTreeSet<ServicePortName>,
         now: Instant,
-        before: Answered,
+        mut failed: Vec<Failed>,
     ) -> ReconcileReport {
-        let Answered {
-            mut report,
-            mut failed,
-            mut cleanup_failed,
-        } = before;
-        let AddressChanges {
-            bind,
-            unbind,
-            detach,
-        } = addresses;
-        // Unbinding the link's last IPv4 address drops the IPv4 Service CIDR routes through
-        // it until they are restored: such a sync writes its addresses itself, binds first,
-        // and restores them at once.
-        let drops_routes = unbind.iter().any(IpAddr::is_ipv4)
-            && self.routed.iter().any(|net| matches!(net, IpNet::V4(_)));
-        let detach = detach && !drops_routes;
-        if !detach && self.address_writes.is_some() {
-            // Writes of its own go after those on their way.
-            cleanup_failed |= self
-                .take_address_answers(true, &mut report, &mut failed)
-                .await;
-        }
-        let detached = if detach && !(bind.is_empty() && unbind.is_empty()) {
-            self.addresses.write_detached(bind.clone(), unbind.clone())
-        } else {
-            None
-        };
+        let mut report = ReconcileReport::default();
+        let link = self.addresses.link_name().to_owned();
 
         // Addresses are bound and unbound while the IPVS writes go out (two sockets, two
         // kernel subsystems): neither waits for the other. At 10,000 addresses on the link
@@ -1377,47 +1222,45 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
         // adding one Service and deleting another spent more on the two address writes
         // than on all its IPVS writes.
         let mut contradicted = BTreeMap::new();
-        let answers = match detached {
-            Some(write) => {
-                for address in &bind {
-                    self.kernel.bound_addresses.insert(*address);
+        let (bound, unbound) = self
+            .apply_ops(
+                changes,
+                (&bind, &unbind),
+                now,
+                &mut report,
+                &mut failed,
+                Some(&mut contradicted),
+            )
+            .await;
+        for (address, result) in bind.into_iter().zip(bound) {
+            report.writes += 1;
+            let result = match result {
+                Err(BackendError::Exists) => Ok(()),
+                other => other,
+            };
+            self.count(OpKind::BindAddress, result.is_ok());
+            match result {
+                Ok(()) => {
+                    self.kernel.bound_addresses.insert(address);
                 }
-                for address in &unbind {
-                    self.kernel.bound_addresses.remove(address);
+                Err(source) => {
+                    let error = ServiceSyncError::Bind {
+                        address,
+                        link: link.clone(),
+                        source,
+                    };
+                    let keys: Vec<VirtualServerKey> = self
+                        .binders
+                        .get(&address)
+                        .map(|set| set.iter().copied().collect())
+                        .unwrap_or_default();
+                    for key in keys {
+                        let owner = self.winner(&key).cloned();
+                        failed.push((owner, key, error.clone()));
+                    }
                 }
-                self.address_writes = Some(DetachedAddressWrites::start(
-                    self.address_writes.take(),
-                    bind,
-                    unbind,
-                    write,
-                    Arc::clone(&self.address_writes_ended),
-                ));
-                self.apply_ops(
-                    changes,
-                    (&[], &[]),
-                    now,
-                    &mut report,
-                    &mut failed,
-                    Some(&mut contradicted),
-                )
-                .await;
-                None
             }
-            None => {
-                let (bound, unbound) = self
-                    .apply_ops(
-                        changes,
-                        (&bind, &unbind),
-                        now,
-                        &mut report,
-                        &mut failed,
-                        Some(&mut contradicted),
-                    )
-                    .await;
-                self.answer_binds(&bind, bound, &mut report, &mut failed);
-                Some((unbind, unbound))
-            }
-        };
+        }
 
         let retry_started = std::time::Instant::now();
         if !contradicted.is_empty() {
@@ -1461,72 +1304,10 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
         }
         report.timings.ipvs += retry_started.elapsed();
 
-        if let Some((unbind, unbound)) = answers {
-            let started = std::time::Instant::now();
-            cleanup_failed |= self
-                .answer_unbinds(&unbind, unbound, false, &mut report)
-                .await;
-            report.timings.addresses += started.elapsed();
-        }
-        self.settle_failures(report, failed, attempted, now, cleanup_failed)
-    }
-
-    /// Takes the kernel's answers to binding `bind` into the cache and the report; a failed
-    /// bind fails every virtual server that needs the address.
-    fn answer_binds(
-        &mut self,
-        bind: &[IpAddr],
-        results: Vec<Result<(), BackendError>>,
-        report: &mut ReconcileReport,
-        failed: &mut Vec<Failed>,
-    ) {
-        let link = self.addresses.link_name().to_owned();
-        for (address, result) in bind.iter().copied().zip(results) {
-            report.writes += 1;
-            let result = match result {
-                Err(BackendError::Exists) => Ok(()),
-                other => other,
-            };
-            self.count(OpKind::BindAddress, result.is_ok());
-            match result {
-                Ok(()) => {
-                    self.kernel.bound_addresses.insert(address);
-                }
-                Err(source) => {
-                    self.kernel.bound_addresses.remove(&address);
-                    let error = ServiceSyncError::Bind {
-                        address,
-                        link: link.clone(),
-                        source,
-                    };
-                    let keys: Vec<VirtualServerKey> = self
-                        .binders
-                        .get(&address)
-                        .map(|set| set.iter().copied().collect())
-                        .unwrap_or_default();
-                    for key in keys {
-                        let owner = self.winner(&key).cloned();
-                        failed.push((owner, key, error.clone()));
-                    }
-                }
-            }
-        }
-    }
-
-    /// Takes the kernel's answers to unbinding `unbind` into the cache and the report (a
-    /// failure is a cleanup error); restores the Service CIDR routes when the link's last
-    /// IPv4 address went, or (`detached` writes, whose later binds the cache already holds)
-    /// may have gone. Returns whether an unbind failed.
-    async fn answer_unbinds(
-        &mut self,
-        unbind: &[IpAddr],
-        results: Vec<Result<(), BackendError>>,
-        detached: bool,
-        report: &mut ReconcileReport,
-    ) -> bool {
-        let link = self.addresses.link_name().to_owned();
         let mut cleanup_failed = false;
-        for (address, result) in unbind.iter().copied().zip(results) {
+        let routes_started = std::time::Instant::now();
+        let unbinds_ipv4 = unbind.iter().any(IpAddr::is_ipv4);
+        for (address, result) in unbind.into_iter().zip(unbound) {
             report.writes += 1;
             report.deletes += 1;
             let result = match result {
@@ -1539,7 +1320,6 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
                     self.kernel.bound_addresses.remove(&address);
                 }
                 Err(source) => {
-                    self.kernel.bound_addresses.insert(address);
                     cleanup_failed = true;
                     let error = ServiceSyncError::Unbind {
                         address,
@@ -1552,58 +1332,11 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
                 }
             }
         }
-        if unbind.iter().any(IpAddr::is_ipv4)
-            && (detached || !self.kernel.bound_addresses.iter().any(IpAddr::is_ipv4))
-        {
-            self.restore_ipv4_routes(&link, report).await;
+        if unbinds_ipv4 && !self.kernel.bound_addresses.iter().any(IpAddr::is_ipv4) {
+            self.restore_ipv4_routes(&link, &mut report).await;
         }
-        cleanup_failed
-    }
+        report.timings.addresses += routes_started.elapsed();
 
-    /// Takes the answers of the detached address writes into the cache and `report`: all
-    /// of them, waiting for those on their way (`wait`), or only once every one has come.
-    /// Failed binds go to `failed`; returns whether an unbind failed.
-    async fn take_address_answers(
-        &mut self,
-        wait: bool,
-        report: &mut ReconcileReport,
-        failed: &mut Vec<Failed>,
-    ) -> bool {
-        let Some(writes) = self
-            .address_writes
-            .take_if(|writes| wait || writes.is_finished())
-        else {
-            return false;
-        };
-        let started = std::time::Instant::now();
-        let mut cleanup_failed = false;
-        for batch in writes.answers().await {
-            let (bound, unbound) = batch.results.unwrap_or_else(|| {
-                let error = BackendError::Other("the address write ended without an answer".into());
-                (
-                    vec![Err(error.clone()); batch.bind.len()],
-                    vec![Err(error); batch.unbind.len()],
-                )
-            });
-            self.answer_binds(&batch.bind, bound, report, failed);
-            cleanup_failed |= self
-                .answer_unbinds(&batch.unbind, unbound, true, report)
-                .await;
-        }
-        report.timings.addresses += started.elapsed();
-        cleanup_failed
-    }
-
-    /// Records a sync's failures (each service port's for its retry, the others as cleanup
-    /// errors) and forgets those of the service ports it `attempted` without one.
-    fn settle_failures(
-        &mut self,
-        mut report: ReconcileReport,
-        failed: Vec<Failed>,
-        attempted: &BTreeSet<ServicePortName>,
-        now: Instant,
-        cleanup_failed: bool,
-    ) -> ReconcileReport {
         let failed_services: HashSet<ServicePortName> = failed
             .iter()
             .filter_map(|(owner, ..)| owner.clone())

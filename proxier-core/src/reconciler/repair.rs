@@ -17,10 +17,7 @@ use std::ops::Bound;
 use ipnet::IpNet;
 use tokio::time::Instant;
 
-use super::{
-    AddressChanges, Answered, FullRead, RETIRED_LISTINGS, ReconcileError, ReconcileReport,
-    Reconciler,
-};
+use super::{FullRead, RETIRED_LISTINGS, ReconcileError, ReconcileReport, Reconciler};
 use crate::backend::{AddressBackend, IpvsBackend};
 use crate::desired::{Desired, ServicePortName, VirtualServerKey, VirtualServerRole};
 use crate::diff::{self, Changes, Rejection};
@@ -84,15 +81,6 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
         sliced: bool,
     ) -> Result<Option<ReconcileReport>, ReconcileError> {
         self.repair = None;
-        // A whole repair writes its addresses itself: detached writes answer first. Slices
-        // chain theirs after them (the addresses on their way count as touched since the
-        // read began: the cache, which takes them as done, is merged over the read).
-        let whole = !self.synced || !sliced;
-        let answered = if whole {
-            self.settle_address_writes().await
-        } else {
-            ReconcileReport::default()
-        };
         let now = Instant::now();
         self.drains_checked_at = now;
         let table = read
@@ -103,17 +91,15 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
         let read_started = std::time::Instant::now();
         let links = self.merge_links(read.link).await?;
         let read_time = table.took + read_started.elapsed();
-        if whole {
-            let mut report = answered;
-            report += self
+        if !self.synced || !sliced {
+            let mut report = self
                 .repair_whole(desired, table.virtual_servers, links, now)
                 .await;
             report.timings.read = read_time;
             return Ok(Some(report));
         }
 
-        let mut report = answered;
-        report += links.report;
+        let mut report = links.report;
         report.timings.read = read_time;
         let drift = self
             .kernel
@@ -247,8 +233,7 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
         }
         self.touched_since_read = Some(touched);
         let diff = diff_started.elapsed();
-        let detach = self.detach_addresses;
-        let mut report = self.sync_keys(desired, keys, &attempted, now, detach).await;
+        let mut report = self.sync_keys(desired, keys, &attempted, now).await;
         report.timings.diff += diff;
         repair.report += report;
         self.repair = Some(repair);
@@ -295,20 +280,14 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
                 .apply(
                     desired,
                     Changes::default(),
-                    AddressChanges {
-                        bind,
-                        unbind,
-                        detach: self.detach_addresses,
-                    },
+                    bind,
+                    unbind,
                     &BTreeSet::new(),
                     now,
-                    Answered::default(),
+                    Vec::new(),
                 )
                 .await;
         }
-        // A full sync ends with the kernel converged: the address writes of the slices and
-        // of the syncs between them answer first.
-        repair.report += self.settle_address_writes().await;
         // Routes that go only now: the addresses under them were bound by the slices. A
         // change of the configured routes since the repair began (synced or not) is the
         // incremental syncs' to apply.
@@ -512,14 +491,11 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
             .apply(
                 desired,
                 plan.changes,
-                AddressChanges {
-                    bind: plan.bind,
-                    unbind: plan.unbind,
-                    detach: false,
-                },
+                plan.bind,
+                plan.unbind,
                 &attempted,
                 now,
-                Answered::default(),
+                Vec::new(),
             )
             .await;
         // Routes that go only now: the addresses under them were bound by the writes above.
