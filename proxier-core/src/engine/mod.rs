@@ -32,13 +32,14 @@
 pub mod driver;
 mod report;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::net::IpAddr;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
+use foldhash::{HashMap, HashMapExt};
 use ipnet::IpNet;
 use tokio::time::Instant;
 
@@ -454,7 +455,10 @@ where
             return self.refresh_routes() || changed;
         }
         let changed = !dirty.is_empty();
-        self.dirty.extend(dirty);
+        // A re-plan of every port is due (the first sync, new node facts): it covers these.
+        if !self.replan_all {
+            self.dirty.extend(dirty);
+        }
         changed
     }
 

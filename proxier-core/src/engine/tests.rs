@@ -814,6 +814,32 @@ fn an_incremental_sync_touches_only_the_changed_service() {
 }
 
 #[test]
+fn changes_applied_while_every_port_awaits_a_replan_are_planned_by_it() {
+    let rt = runtime();
+    let (mut proxier, ipvs, _) = memory_proxier();
+    proxier.apply(Change::UpsertService(web(1)));
+    let mut other = ServiceSpec::cluster_ip(1).model();
+    proxier.apply(Change::UpsertService(other.clone()));
+    rt.block_on(proxier.sync(SyncKind::Full)).unwrap();
+    // New node facts: the next sync re-plans every port, so the engine does not keep the
+    // changes that come meanwhile as dirty ports of their own.
+    proxier.apply(node_change(Some(11)));
+    other.cluster_ips = vec![IpAddr::V4(Ipv4Addr::new(10, 96, 0, 77))];
+    assert!(proxier.apply(Change::UpsertService(other)));
+    assert!(proxier.apply(Change::DeleteService(web(1).name.clone())));
+    assert!(proxier.has_pending_changes());
+    let report = rt.block_on(proxier.sync(SyncKind::Incremental)).unwrap();
+    assert!(report.replanned_all);
+    let addresses: BTreeSet<IpAddr> = ipvs.table().keys().map(|key| key.address).collect();
+    assert_eq!(
+        addresses,
+        BTreeSet::from([IpAddr::V4(Ipv4Addr::new(10, 96, 0, 77))]),
+        "the moved Service at its new ClusterIP, the deleted one gone"
+    );
+    assert!(!proxier.has_pending_changes());
+}
+
+#[test]
 fn a_node_change_replans_every_port() {
     let rt = runtime();
     let (mut proxier, _, _) = memory_proxier();

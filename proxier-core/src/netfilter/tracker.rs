@@ -11,10 +11,9 @@
 //! one compact list (what its next change must take back), and a count is kept only
 //! for the few elements more than one Service contributes (an element in the combined plan
 //! with no count has exactly one contributor).
-
-use std::collections::HashMap;
 use std::net::IpAddr;
 
+use foldhash::{HashMap, HashMapExt};
 use ipnet::IpNet;
 
 use super::plan::{AddrPort, FamilyPlan, NetfilterPlan, ProtoPort, SourceRange};
@@ -56,17 +55,10 @@ macro_rules! family_elements {
             $(out.extend(plan.$field.iter().map(|e| (plan.family, Element::$field(*e))));)*
         }
 
-        /// Whether `plan` holds `element`.
-        fn holds(plan: &FamilyPlan, element: &Element) -> bool {
+        /// Adds `element` to `plan`; returns whether it was not there yet.
+        fn insert(plan: &mut FamilyPlan, element: Element) -> bool {
             match element {
-                $(Element::$field(e) => plan.$field.contains(e),)*
-            }
-        }
-
-        /// Adds `element` to `plan`.
-        fn insert(plan: &mut FamilyPlan, element: Element) {
-            match element {
-                $(Element::$field(e) => { plan.$field.insert(e); })*
+                $(Element::$field(e) => plan.$field.insert(e),)*
             }
         }
 
@@ -218,11 +210,10 @@ impl NetfilterTracker {
         else {
             return;
         };
-        if holds(combined, &element) {
+        if !insert(combined, element) {
             *self.shared.entry((family, element)).or_insert(1) += 1;
             return;
         }
-        insert(combined, element);
         if !remove(removed, &element) {
             insert(added, element);
         }

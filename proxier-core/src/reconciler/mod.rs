@@ -40,7 +40,7 @@
 //! });
 //! ```
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::net::IpAddr;
 use std::ops::RangeInclusive;
@@ -48,6 +48,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 use ipnet::IpNet;
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -703,7 +704,7 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
         self.stats.table_reads = self.ipvs.table_reads();
         match listed {
             Ok(table) => {
-                let planned: HashSet<VirtualServerKey> = self
+                let planned: std::collections::HashSet<VirtualServerKey> = self
                     .claimants
                     .keys()
                     .chain(self.retired.keys())
@@ -931,10 +932,12 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
         report
     }
 
+    /// The ownership rule's view of this reconciler (its sets of previously planned
+    /// virtual servers are std's: the type [`Scope`] takes).
     fn scope<'s>(
         &'s self,
         link_addresses: &'s BTreeSet<IpAddr>,
-        previously_planned: &'s HashSet<VirtualServerKey>,
+        previously_planned: &'s std::collections::HashSet<VirtualServerKey>,
     ) -> Scope<'s> {
         Scope {
             exclude_cidrs: &self.config.exclude_cidrs,

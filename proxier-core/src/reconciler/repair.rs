@@ -10,10 +10,11 @@
 //! virtual server an incremental sync touched since the read began keeps its cached
 //! state, which is newer than the read, until the repair ends.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::ops::Bound;
 
+use foldhash::{HashSet, HashSetExt};
 use ipnet::IpNet;
 use tokio::time::Instant;
 
@@ -246,7 +247,7 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
     /// Whether a virtual server no service port plans is the proxier's to delete (the one
     /// ownership rule, [`crate::diff::Scope::owns`]).
     fn owns_unplanned(&self, key: &VirtualServerKey) -> bool {
-        let retired: HashSet<VirtualServerKey> = self
+        let retired: std::collections::HashSet<VirtualServerKey> = self
             .retired
             .contains_key(key)
             .then_some(*key)
@@ -416,7 +417,7 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
         }
 
         // Planned before, or retired and not yet seen deleted: still the proxier's.
-        let previously_planned: HashSet<VirtualServerKey> = self
+        let previously_planned: std::collections::HashSet<VirtualServerKey> = self
             .claimants
             .keys()
             .chain(self.retired.keys())
