@@ -137,9 +137,11 @@ pub enum StoreChange<K> {
 #[derive(Debug)]
 pub struct ObjectStore<K, T = K> {
     versions: BTreeMap<ObjectKey, Option<String>>,
-    /// The relist under way: each listed object's resource version and, unless it is the
-    /// version already known, what it converted to.
-    relist: Option<BTreeMap<ObjectKey, Listed<T>>>,
+    /// The relist under way, in the order the objects came: each listed object's resource
+    /// version and, unless it is the version already known, what it converted to. Sorted
+    /// once at `InitDone` rather than kept in a tree as it grows (an API server lists in key
+    /// order, and the sort of a sorted run is one pass).
+    relist: Option<Vec<(ObjectKey, Listed<T>)>>,
     listed: bool,
     kind: PhantomData<fn(K)>,
 }
@@ -190,7 +192,7 @@ impl<K: Resource, T> ObjectStore<K, T> {
         match event {
             Event::Init => {
                 // A new (re)list; an unfinished earlier one is dropped, the store stays.
-                self.relist = Some(BTreeMap::new());
+                self.relist = Some(Vec::new());
                 Vec::new()
             }
             Event::InitApply(obj) => {
@@ -201,21 +203,36 @@ impl<K: Resource, T> ObjectStore<K, T> {
                 let converted = (!self.known(&key, &obj)).then(|| convert(obj));
                 self.relist
                     .get_or_insert_default()
-                    .insert(key, Listed { version, converted });
+                    .push((key, Listed { version, converted }));
                 Vec::new()
             }
             Event::InitDone => {
-                let fresh = self.relist.take().unwrap_or_default();
+                let mut fresh = self.relist.take().unwrap_or_default();
+                // Stable: an object listed twice keeps its later copy (moved into the slot
+                // the dedup keeps).
+                fresh.sort_by(|a, b| a.0.cmp(&b.0));
+                fresh.dedup_by(|later, earlier| {
+                    let same = later.0 == earlier.0;
+                    if same {
+                        std::mem::swap(later, earlier);
+                    }
+                    same
+                });
+                let listed = |key: &ObjectKey| fresh.binary_search_by(|(k, _)| k.cmp(key)).is_ok();
                 let mut changes: Vec<StoreChange<T>> = (self.versions.keys())
-                    .filter(|key| !fresh.contains_key(*key))
+                    .filter(|key| !listed(key))
                     .map(|key| StoreChange::Delete(key.clone()))
                     .collect();
-                let mut versions = BTreeMap::new();
-                for (key, Listed { version, converted }) in fresh {
-                    versions.insert(key, version);
-                    changes.extend(converted.map(StoreChange::Upsert));
-                }
-                self.versions = versions;
+                let mut upserts = Vec::new();
+                // Sorted and unique: collected into the tree in one pass.
+                self.versions = fresh
+                    .into_iter()
+                    .map(|(key, Listed { version, converted })| {
+                        upserts.extend(converted.map(StoreChange::Upsert));
+                        (key, version)
+                    })
+                    .collect();
+                changes.append(&mut upserts);
                 self.listed = true;
                 changes
             }

@@ -179,6 +179,33 @@ fn relist_is_atomic_and_reported_as_a_diff() {
 }
 
 #[test]
+fn a_relist_in_any_order_with_an_object_twice_keeps_its_later_copy() {
+    let version = |s: &Service| s.metadata.resource_version.clone().unwrap_or_default();
+    let mut store = ObjectStore::<Service>::default();
+    store.apply(Event::Init);
+    for (name, rv) in [("c", "1"), ("a", "1"), ("b", "1"), ("a", "2")] {
+        store.apply(Event::InitApply(svc(name, rv)));
+    }
+    let changes = store.apply(Event::InitDone);
+    let upserts: Vec<(String, String)> = changes
+        .iter()
+        .map(|c| match c {
+            StoreChange::Upsert(s) => (s.metadata.name.clone().unwrap_or_default(), version(s)),
+            StoreChange::Delete(key) => panic!("nothing to delete: {key}"),
+        })
+        .collect();
+    assert_eq!(
+        upserts,
+        [("a", "2"), ("b", "1"), ("c", "1")].map(|(n, v)| (n.to_string(), v.to_string())),
+        "each object once, its later copy"
+    );
+    assert_eq!(store.len(), 3);
+    // The store knows the later version: the watch's next event at that version is no change.
+    assert!(store.apply(Event::Apply(svc("a", "2"))).is_empty());
+    assert_eq!(store.apply(Event::Apply(svc("a", "1"))).len(), 1);
+}
+
+#[test]
 fn unchanged_resource_version_is_not_a_change() {
     let mut store = ObjectStore::<Service>::default();
     store.apply(Event::Init);
