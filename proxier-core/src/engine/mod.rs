@@ -694,12 +694,17 @@ where
     /// the sync that applies it.
     fn replan_pending(&mut self) {
         let mut report = SyncReport::default();
-        let (changed, before) = self.replan(&mut report);
+        let (mut changed, before) = self.replan(&mut report);
         let ahead = self.planned_ahead.get_or_insert_default();
-        ahead.changed.extend(changed);
-        for (port, old) in before {
-            // The plan a port had before the first re-plan is the one it had before the sync.
-            ahead.before.entry(port).or_insert(old);
+        ahead.changed.append(&mut changed);
+        if ahead.before.is_empty() {
+            ahead.before = before;
+        } else {
+            for (port, old) in before {
+                // The plan a port had before the first re-plan is the one it had before the
+                // sync.
+                ahead.before.entry(port).or_insert(old);
+            }
         }
         ahead.replanned_all |= report.replanned_all;
         ahead.health_checks_changed |= report.health_checks_changed;
@@ -1028,16 +1033,25 @@ where
         } else {
             std::mem::take(&mut self.dirty)
         };
-        let mut by_service: BTreeMap<ServiceName, Vec<ServicePortName>> = BTreeMap::new();
+        // The names are sorted, so each Service's ports come one after the other.
+        let mut by_service: Vec<ServicePorts> = Vec::new();
         for name in names {
-            by_service.entry(name.service()).or_default().push(name);
+            match by_service.last_mut() {
+                Some((service, ports))
+                    if service.namespace == name.namespace && service.name == name.name =>
+                {
+                    ports.push(name);
+                }
+                _ => by_service.push((name.service(), vec![name])),
+            }
         }
         // The planner reads its own copy of the node and the settings, so that the plans
         // of a chunk of Services are applied as soon as they are made.
         let (node, config) = (self.node.clone(), self.config.planner.clone());
         let planner = Planner::new(&node, &config);
-        let mut changed = DirtyPorts::new();
-        let mut before = BTreeMap::new();
+        // Filled in the names' order, so collected into their trees in one pass at the end.
+        let mut changed = Vec::new();
+        let mut before = Vec::new();
         let mut health_changed = false;
         let mut services = by_service.into_iter().peekable();
         while services.peek().is_some() {
@@ -1048,7 +1062,7 @@ where
             }
         }
         report.health_checks_changed = health_changed;
-        (changed, before)
+        (changed.into_iter().collect(), before.into_iter().collect())
     }
 
     /// Applies the plan of Service `name` (`None`: it is gone): each of `ports`, its ports
@@ -1061,8 +1075,8 @@ where
         name: &ServiceName,
         ports: Vec<ServicePortName>,
         plan: Option<ServicePlan>,
-        changed: &mut DirtyPorts,
-        before: &mut BTreeMap<ServicePortName, Option<ServicePortPlan>>,
+        changed: &mut Vec<ServicePortName>,
+        before: &mut Vec<(ServicePortName, Option<ServicePortPlan>)>,
     ) -> bool {
         let (mut port_plans, netfilter, health_check, no_local_endpoints) = match plan {
             Some(plan) => (
@@ -1085,8 +1099,8 @@ where
             if let Some(old) = &old {
                 self.account(old, false);
             }
-            changed.insert(port.clone());
-            before.insert(port, old);
+            changed.push(port.clone());
+            before.push((port, old));
         }
         self.netfilter_plan.set_service(name, netfilter);
 
