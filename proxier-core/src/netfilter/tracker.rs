@@ -11,6 +11,7 @@
 //! one compact list (what its next change must take back), and a count is kept only
 //! for the few elements more than one Service contributes (an element in the combined plan
 //! with no count has exactly one contributor).
+
 use std::net::IpAddr;
 
 use foldhash::{HashMap, HashMapExt};
