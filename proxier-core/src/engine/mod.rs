@@ -694,18 +694,13 @@ where
     /// the sync that applies it.
     fn replan_pending(&mut self) {
         let mut report = SyncReport::default();
-        let (mut changed, before) = self.replan(&mut report);
+        let (mut changed, mut before) = self.replan(&mut report);
         let ahead = self.planned_ahead.get_or_insert_default();
         ahead.changed.append(&mut changed);
-        if ahead.before.is_empty() {
-            ahead.before = before;
-        } else {
-            for (port, old) in before {
-                // The plan a port had before the first re-plan is the one it had before the
-                // sync.
-                ahead.before.entry(port).or_insert(old);
-            }
-        }
+        // The plan a port had before the first re-plan is the one it had before the sync:
+        // the entries already ahead are appended last, so theirs win.
+        before.append(&mut ahead.before);
+        ahead.before = before;
         ahead.replanned_all |= report.replanned_all;
         ahead.health_checks_changed |= report.health_checks_changed;
     }
