@@ -1016,6 +1016,10 @@ where
         DirtyPorts,
         BTreeMap<ServicePortName, Option<ServicePortPlan>>,
     ) {
+        // Elements that come and go are kept only for an incremental nftables update; while
+        // the tables are to be written whole (a start, a failure), the whole plan is enough.
+        let incremental = self.netfilter.tracks_changes();
+        self.netfilter_plan.record_changes(incremental);
         let names: DirtyPorts = if std::mem::take(&mut self.replan_all) {
             report.replanned_all = true;
             self.dirty.clear();

@@ -1447,6 +1447,46 @@ async fn an_incremental_sync_does_not_wait_for_its_nftables_update_and_later_ele
     );
 }
 
+#[tokio::test]
+async fn after_the_tables_failed_to_be_written_whole_changes_go_as_updates_again() {
+    let (mut proxier, nft, _ipvs) = detached_proxier();
+    let whole = |script: &String| script.contains("table ip ipvs-proxier {");
+    proxier.apply(Change::UpsertService(web(1)));
+    nft.tables.lock().await.fail_next = Some("refused".to_owned());
+    let first = proxier.sync(SyncKind::Full).await.unwrap();
+    assert!(first.netfilter_error.is_some() && nft.scripts().await.is_empty());
+
+    // Changes while the tables are to be written whole are in the next whole write.
+    proxier.apply(Change::UpsertService(ServiceSpec::cluster_ip(1).model()));
+    let second = proxier.sync(SyncKind::Incremental).await.unwrap();
+    assert!(second.is_complete() && second.netfilter_written);
+    let scripts = nft.scripts().await;
+    assert!(whole(&scripts[0]) && scripts[0].contains("10.96.0.2 . tcp . 80"));
+
+    // From then on a change is an update of its own elements, and the digest the tables
+    // carry stays the whole plan's.
+    proxier.apply(Change::UpsertService(ServiceSpec::cluster_ip(2).model()));
+    proxier.apply(Change::DeleteService(
+        ServiceSpec::cluster_ip(1).model().name,
+    ));
+    let third = proxier.sync(SyncKind::Incremental).await.unwrap();
+    assert!(third.is_complete() && third.netfilter_written);
+    let scripts = nft.scripts().await;
+    let update = scripts.last().unwrap();
+    assert!(!whole(update), "an update, not a rewrite: {update}");
+    assert!(update.contains("10.96.0.3 . tcp . 80") && update.contains("10.96.0.2 . tcp . 80"));
+    assert!(
+        !update.contains("10.96.0.1 "),
+        "only what changed: {update}"
+    );
+    assert_eq!(
+        proxier.netfilter.digest(),
+        Some(
+            netfilter::plan_digest(proxier.netfilter_plan(), proxier.netfilter.options()).unwrap()
+        )
+    );
+}
+
 /// Waits (at most 10 s, else panics) until `done`.
 async fn wait_for(what: &str, done: impl Fn() -> bool) {
     let waited = tokio::time::timeout(Duration::from_secs(10), async {

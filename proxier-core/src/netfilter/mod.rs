@@ -553,6 +553,13 @@ impl<B: NetfilterBackend> Netfilter<B> {
         self.digest = None;
     }
 
+    /// Whether the next [`Netfilter::sync_changes`] can be an incremental update (the tables
+    /// hold what it was last given, or an update of them is on its way), rather than writing
+    /// the tables whole from the plan.
+    pub(crate) fn tracks_changes(&self) -> bool {
+        self.tracked_in_sync || self.in_flight.is_some()
+    }
+
     /// The digest the tables hold ([`digest`]) while they hold what
     /// [`Netfilter::sync_changes`] was last given; `None` before that or after a failure.
     pub fn digest(&self) -> Option<u64> {

@@ -114,6 +114,9 @@ pub struct NetfilterTracker {
     /// element appears once, as each set of a plan holds it at most once.
     services: HashMap<ServiceName, Box<[(AddressFamily, Element)]>>,
     changes: PlanChanges,
+    /// Whether elements coming and going are kept in `changes` (see
+    /// [`NetfilterTracker::record_changes`]).
+    recording: bool,
 }
 
 impl NetfilterTracker {
@@ -128,8 +131,24 @@ impl NetfilterTracker {
                 added: empty.clone(),
                 removed: empty.clone(),
             },
+            recording: true,
             empty,
         }
+    }
+
+    /// Whether the elements that come and go are kept for the next
+    /// [`NetfilterTracker::take_changes`] (the default). Off while no incremental update
+    /// can follow (the tables are to be written whole from [`NetfilterTracker::plan`]: at a
+    /// start, after a failure), so that a first picture of 10,000 Services does not also
+    /// build a second copy of every element as `added`; turning it off forgets what was kept.
+    pub fn record_changes(&mut self, on: bool) {
+        if !on && self.recording {
+            self.changes = PlanChanges {
+                added: self.empty.clone(),
+                removed: self.empty.clone(),
+            };
+        }
+        self.recording = on;
     }
 
     /// The whole plan: every element some Service needs.
@@ -215,7 +234,7 @@ impl NetfilterTracker {
             *self.shared.entry((family, element)).or_insert(1) += 1;
             return;
         }
-        if !remove(removed, &element) {
+        if self.recording && !remove(removed, &element) {
             insert(added, element);
         }
     }
@@ -234,7 +253,7 @@ impl NetfilterTracker {
             }
             return;
         }
-        if remove(combined, element) && !remove(added, element) {
+        if remove(combined, element) && self.recording && !remove(added, element) {
             insert(removed, *element);
         }
     }
@@ -351,6 +370,27 @@ mod tests {
         assert_eq!(bound(tracker.plan()), ["10.0.0.1"]);
     }
 
+    #[test]
+    fn while_not_recording_the_plan_moves_and_changes_count_from_when_it_resumes() {
+        let (a, b) = (ServiceName::new("ns", "a"), ServiceName::new("ns", "b"));
+        let mut tracker = NetfilterTracker::new(empty());
+        tracker.set_service(&a, Some(with_ips(&["10.0.0.1"])));
+        // Off: what was kept is forgotten, and nothing more is kept; the plan still moves.
+        tracker.record_changes(false);
+        tracker.set_service(&b, Some(with_ips(&["10.0.0.2"])));
+        tracker.set_service(&a, None);
+        assert!(tracker.take_changes().is_empty());
+        assert_eq!(bound(tracker.plan()), ["10.0.0.2"]);
+
+        // On again: changes against the plan as it was when recording resumed.
+        tracker.record_changes(true);
+        tracker.set_service(&a, Some(with_ips(&["10.0.0.1"])));
+        tracker.set_service(&b, None);
+        let changes = tracker.take_changes();
+        assert_eq!(bound(&changes.added), ["10.0.0.1"]);
+        assert_eq!(bound(&changes.removed), ["10.0.0.2"]);
+        assert_eq!(bound(tracker.plan()), ["10.0.0.1"]);
+    }
     #[test]
     fn the_combined_plan_equals_the_union_of_the_services() {
         let mut tracker = NetfilterTracker::new(empty());
