@@ -16,13 +16,22 @@ use std::fmt::Write as _;
 
 use super::plan::{FamilyPlan, NetfilterPlan};
 use super::render::{
-    DIGEST_SET, RenderError, RenderOptions, nft_family, render_replace, set_contents,
+    DIGEST_SET, RenderError, RenderOptions, RenderedSets, nft_family, render_replace,
 };
 use super::tracker::PlanChanges;
 use crate::model::AddressFamily;
 
 /// The digest of the tables that `plan` renders to with `options`.
 pub fn plan_digest(plan: &NetfilterPlan, options: &RenderOptions) -> Result<u64, RenderError> {
+    digest_with(plan, options, &RenderedSets::of(plan))
+}
+
+/// [`plan_digest`] with `plan`'s sets already rendered (`sets`, of the same plan).
+pub(super) fn digest_with(
+    plan: &NetfilterPlan,
+    options: &RenderOptions,
+    sets: &RenderedSets,
+) -> Result<u64, RenderError> {
     let mut rules = NetfilterPlan::default();
     for family in AddressFamily::ALL {
         if let Some(family_plan) = plan.family(family) {
@@ -35,7 +44,7 @@ pub fn plan_digest(plan: &NetfilterPlan, options: &RenderOptions) -> Result<u64,
         }
     }
     let rules = mix(fnv1a(render_replace(&rules, options)?.as_bytes()));
-    Ok(rules.wrapping_add(elements_sum(plan)))
+    Ok(rules.wrapping_add(sets_sum(sets)))
 }
 
 /// `digest` after the update `changes` (elements added and deleted).
@@ -83,13 +92,15 @@ pub fn parse_digest(listing: &str) -> Option<u64> {
 /// The sum of the hashes of every set element of `plan`, each hashed with its family and
 /// set.
 fn elements_sum(plan: &NetfilterPlan) -> u64 {
+    sets_sum(&RenderedSets::of(plan))
+}
+
+/// [`elements_sum`] of the plan `sets` were rendered from.
+fn sets_sum(sets: &RenderedSets) -> u64 {
     let mut sum = 0u64;
     for family in AddressFamily::ALL {
-        let Some(family_plan) = plan.family(family) else {
-            continue;
-        };
         let fam = nft_family(family);
-        for set in set_contents(family_plan) {
+        for set in sets.family(family) {
             for element in &set.elements {
                 let mut hash = fnv1a(fam.as_bytes());
                 hash = fnv1a_continue(hash, &[0]);

@@ -135,7 +135,8 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use crate::model::AddressFamily;
-use render::nft_family;
+use digest::digest_with;
+use render::{RenderedSets, nft_family, render_replace_with};
 
 /// How long a resync's listing of the tables ([`Netfilter::check_tables`]) may take before
 /// it is abandoned (a listing future is dropped then).
@@ -351,7 +352,9 @@ impl<B: NetfilterBackend> Netfilter<B> {
         self.tracked_in_sync = false;
         self.digest = None;
         let started = std::time::Instant::now();
-        let digest = plan_digest(plan, &self.options)?;
+        // The sets rendered once, for the digest and (unless the tables hold it) the script.
+        let sets = RenderedSets::of(plan);
+        let digest = digest_with(plan, &self.options, &sets)?;
         let digested = started.elapsed();
         if self.replaced.is_none() && self.tables_hold(plan, digest).await {
             // A restart: the tables a previous run left already hold this plan.
@@ -366,7 +369,7 @@ impl<B: NetfilterBackend> Netfilter<B> {
             );
             return Ok(false);
         }
-        let mut script = render_replace(plan, &self.options)?;
+        let mut script = render_replace_with(plan, &self.options, &sets)?;
         script.push_str(&render_digest(plan, &self.options, digest));
         self.backend.apply(&script).await?;
         self.tracked_in_sync = true;

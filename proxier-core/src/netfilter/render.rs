@@ -125,15 +125,49 @@ pub fn render_replace(
     plan: &NetfilterPlan,
     options: &RenderOptions,
 ) -> Result<String, RenderError> {
+    render_replace_with(plan, options, &RenderedSets::of(plan))
+}
+
+/// [`render_replace`] with `plan`'s sets already rendered (`sets`, of the same plan).
+pub(super) fn render_replace_with(
+    plan: &NetfilterPlan,
+    options: &RenderOptions,
+    sets: &RenderedSets,
+) -> Result<String, RenderError> {
     options.validate()?;
     let mut out = String::new();
     for family in AddressFamily::ALL {
         remove_table(&mut out, family, &options.table_name);
         if let Some(family_plan) = plan.family(family) {
-            render_table(&mut out, family_plan, options);
+            render_table(&mut out, family_plan, sets.family(family), options);
         }
     }
     Ok(out)
+}
+
+/// Every set of each family a plan has, with its elements rendered: what both the script
+/// that replaces the tables and their digest (`super::digest`) are made of, rendered once
+/// when a sync needs both.
+pub(super) struct RenderedSets(Vec<(AddressFamily, Vec<SetContent>)>);
+
+impl RenderedSets {
+    /// The sets of every family `plan` has.
+    pub(super) fn of(plan: &NetfilterPlan) -> RenderedSets {
+        RenderedSets(
+            AddressFamily::ALL
+                .into_iter()
+                .filter_map(|family| Some((family, set_contents(plan.family(family)?))))
+                .collect(),
+        )
+    }
+
+    /// The sets of `family` (none when the plan does not have it).
+    pub(super) fn family(&self, family: AddressFamily) -> &[SetContent] {
+        self.0
+            .iter()
+            .find(|(f, _)| *f == family)
+            .map_or(&[], |(_, sets)| sets.as_slice())
+    }
 }
 
 /// Renders the script that removes the proxier's tables of both families (and everything in
@@ -181,7 +215,7 @@ impl Syntax {
     }
 }
 
-fn render_table(out: &mut String, plan: &FamilyPlan, options: &RenderOptions) {
+fn render_table(out: &mut String, plan: &FamilyPlan, sets: &[SetContent], options: &RenderOptions) {
     let s = Syntax::of(plan.family);
     let fam = s.family;
     let mark = format!("{:#010x}", options.masquerade_mark);
@@ -190,17 +224,17 @@ fn render_table(out: &mut String, plan: &FamilyPlan, options: &RenderOptions) {
     let _ = writeln!(out, "table {fam} {} {{", options.table_name);
 
     // Sets (the ipsets of kube-proxy's IPVS mode).
-    for content in set_contents(plan) {
+    for content in sets {
         set(
             out,
             content.name,
             &content.key_type,
             content.interval,
-            content.elements.into_iter().collect(),
+            &content.elements,
         );
     }
     // What the tables hold, as one number (filled by the caller: `super::digest`).
-    set(out, DIGEST_SET, "mark . mark", false, Vec::new());
+    set(out, DIGEST_SET, "mark . mark", false, &BTreeSet::new());
 
     // Masquerade marking, for packets from pods (prerouting) and from the node (output).
     let mark_it = format!("meta mark set meta mark | {mark}");
@@ -570,14 +604,21 @@ pub fn render_update(
     Ok(out)
 }
 
-fn set(out: &mut String, name: &str, key_type: &str, interval: bool, elements: Vec<String>) {
+fn set(out: &mut String, name: &str, key_type: &str, interval: bool, elements: &BTreeSet<String>) {
     let _ = writeln!(out, "  set {name} {{");
     let _ = writeln!(out, "    type {key_type};");
     if interval {
         let _ = writeln!(out, "    flags interval;");
     }
     if !elements.is_empty() {
-        let _ = writeln!(out, "    elements = {{ {} }};", elements.join(", "));
+        out.push_str("    elements = { ");
+        for (i, element) in elements.iter().enumerate() {
+            if i > 0 {
+                out.push_str(", ");
+            }
+            out.push_str(element);
+        }
+        out.push_str(" };\n");
     }
     let _ = writeln!(out, "  }}");
 }
