@@ -1,8 +1,10 @@
 //! Scale benchmark of the whole daemon, run inside the test VM by
 //! `cargo xtask vm-bench proxier [--services N] [--endpoints M] [--source kube|file|both]
-//! [--changes K] [--small S] [--bind-service-cidrs]` (default 10,000 x 5, both sources, 100
-//! changes, 100 services; `--bind-service-cidrs` runs the daemon with the ClusterIP range
-//! taken whole by one local route instead of an address per ClusterIP).
+//! [--changes K] [--small S] [--bind-service-cidrs] [--dump-breakdown]` (default 10,000 x 5,
+//! both sources, 100 changes, 100 services; `--bind-service-cidrs` runs the daemon with the
+//! ClusterIP range taken whole by one local route instead of an address per ClusterIP;
+//! `--dump-breakdown` also times a service dump alone, the best-effort read and `ipvsadm -Sn`
+//! of the programmed kernel).
 //!
 //! 1. Floors and reference, each in a fresh network namespace: `ipvsadm -R` of the table plus
 //!    `ip -batch` binding the N ClusterIPs (the reference); the library's own `batch` of the
@@ -30,6 +32,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
+use futures::StreamExt as _;
 use ipvs_netlink::IpvsHandle;
 use ipvs_proxier_tests::Netns;
 use ipvs_proxier_tests::bench::api::ApiInNetns;
@@ -91,6 +94,9 @@ struct Args {
     /// Run the daemon with `--bind-service-cidrs` over the ClusterIP range
     /// ([`ROUTED_CIDR`]): one local route instead of an address per ClusterIP.
     routed: bool,
+    /// Also time the parts of a table read and `ipvsadm -Sn` of the programmed kernel
+    /// (`--dump-breakdown`): whose a read's growth with the table's size is.
+    dump_breakdown: bool,
 }
 
 /// The CIDR holding every ClusterIP of the bench ([`cluster::vip`]: 10.100-103.x.y).
@@ -106,6 +112,7 @@ fn parse_args() -> anyhow::Result<Args> {
         runtime_probe: false,
         floors_only: false,
         routed: false,
+        dump_breakdown: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -118,6 +125,7 @@ fn parse_args() -> anyhow::Result<Args> {
             "--runtime-probe" => a.runtime_probe = true,
             "--floors-only" => a.floors_only = true,
             "--bind-service-cidrs" => a.routed = true,
+            "--dump-breakdown" => a.dump_breakdown = true,
             "--source" => {
                 a.sources = match value()?.as_str() {
                     "file" => vec![SourceKind::File],
@@ -339,6 +347,8 @@ struct SourceRun {
     adoption_ops: String,
     dump_table: Duration,
     dump_addresses: Duration,
+    /// With `--dump-breakdown`.
+    dump_parts: Option<DumpParts>,
     rss_adopted_mib: f64,
     /// File source: the one change; kube: the K changes.
     changes: Vec<Duration>,
@@ -377,6 +387,44 @@ fn wait_programmed(
             bail!("table never matched the reference; missing {missing:?}, extra {extra:?}");
         }
     }
+}
+
+/// The parts of reading a programmed table, each timed alone on the same kernel.
+#[derive(Debug, Clone, Copy)]
+struct DumpParts {
+    /// One dump of the services alone (no destinations): the dump the kernel resumes by
+    /// walking its service table from the start for every message.
+    services: Duration,
+    /// The library's best-effort read: one service dump, then every service's destinations.
+    best_effort: Duration,
+    /// `ipvsadm -Sn`: the reference tool's read of the same table (one service dump and
+    /// a destination dump per service, printed).
+    ipvsadm: Duration,
+}
+
+/// Times [`DumpParts`] in `ns` (programmed).
+fn dump_parts(ns: &Netns) -> anyhow::Result<DumpParts> {
+    let (services, best_effort) = ns.block_on(|| async {
+        let handle = IpvsHandle::new().await?;
+        let t = Instant::now();
+        let listed: Vec<_> = handle.services().collect().await;
+        let services = t.elapsed();
+        ensure!(
+            !listed.is_empty() && listed.iter().all(Result::is_ok),
+            "the service dump failed or was empty"
+        );
+        let t = Instant::now();
+        let table = handle.table_best_effort().await?;
+        let best_effort = t.elapsed();
+        ensure!(table.len() == listed.len(), "the reads disagree");
+        anyhow::Ok((services, best_effort))
+    })?;
+    let ipvsadm = timed(ns, "ipvsadm -Sn")?;
+    Ok(DumpParts {
+        services,
+        best_effort,
+        ipvsadm,
+    })
 }
 
 /// Times the library's `table()` and a dump of `kube-ipvs0`'s addresses and local routes
@@ -544,6 +592,18 @@ fn run_source(
         secs(dump_table),
         secs(dump_addresses)
     );
+    let dump_parts = if a.dump_breakdown {
+        let parts = dump_parts(&ns)?;
+        println!(
+            "table read parts: service dump alone {:.2} s, best-effort table {:.2} s, ipvsadm -Sn {:.2} s",
+            secs(parts.services),
+            secs(parts.best_effort),
+            secs(parts.ipvsadm)
+        );
+        Some(parts)
+    } else {
+        None
+    };
     let mut daemon = BenchDaemon::start(&ns, &source, &log(2), "1h", &extra)?;
     let (adopt_sync, adopted_at) = daemon.wait_sync(1, timeout)?;
     let adoption = adopted_at - daemon.started;
@@ -631,6 +691,7 @@ fn run_source(
         adoption_ops,
         dump_table,
         dump_addresses,
+        dump_parts,
         rss_adopted_mib: mib(rss_adopted),
         change_failed: metrics::failed(&delta),
         change_ops: metrics::describe(&delta),
@@ -723,6 +784,11 @@ fn json_report(
                 "adoption_phases": r.adoption_phases.to_json(),
                 "dump_table_s": secs(r.dump_table),
                 "dump_addresses_s": secs(r.dump_addresses),
+                "dump_parts": r.dump_parts.map(|p| json!({
+                    "services_s": secs(p.services),
+                    "best_effort_s": secs(p.best_effort),
+                    "ipvsadm_s": secs(p.ipvsadm),
+                })),
                 "rss_adopted_mib": r.rss_adopted_mib,
                 "rss_after_changes_mib": r.rss_after_changes_mib,
                 "changes": report::percentiles(Percentiles::of(&r.changes)),
