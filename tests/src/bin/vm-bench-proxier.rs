@@ -43,7 +43,7 @@ use ipvs_proxier_tests::bench::metrics;
 use ipvs_proxier_tests::bench::phases::{LogEvent, Phases, SYNC_DONE};
 use ipvs_proxier_tests::bench::report;
 use proxier_core::backend::{AddressBackend, KernelAddressBackend};
-use serde_json::json;
+use serde_json::{Value, json};
 
 /// Messages of the daemon's start-up events, echoed from its log after the first start.
 const STARTUP_EVENTS: [&str; 6] = [
@@ -97,6 +97,10 @@ struct Args {
     /// Also time the parts of a table read and `ipvsadm -Sn` of the programmed kernel
     /// (`--dump-breakdown`): whose a read's growth with the table's size is.
     dump_breakdown: bool,
+    /// Turn the kernel's IPVS rate estimation off in the daemon's namespace
+    /// (`--no-rate-estimation`: `net.ipv4.vs.run_estimation=0`), to tell its periodic walk
+    /// of every estimator from the daemon's own work in the changes' tail.
+    no_rate_estimation: bool,
 }
 
 /// The CIDR holding every ClusterIP of the bench ([`cluster::vip`]: 10.100-103.x.y).
@@ -113,6 +117,7 @@ fn parse_args() -> anyhow::Result<Args> {
         floors_only: false,
         routed: false,
         dump_breakdown: false,
+        no_rate_estimation: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -126,6 +131,7 @@ fn parse_args() -> anyhow::Result<Args> {
             "--floors-only" => a.floors_only = true,
             "--bind-service-cidrs" => a.routed = true,
             "--dump-breakdown" => a.dump_breakdown = true,
+            "--no-rate-estimation" => a.no_rate_estimation = true,
             "--source" => {
                 a.sources = match value()?.as_str() {
                     "file" => vec![SourceKind::File],
@@ -355,6 +361,8 @@ struct SourceRun {
     change_ops: String,
     change_failed: u64,
     rss_after_changes_mib: f64,
+    /// The slowest changes (kube source: with when each was made).
+    slowest_changes: Vec<SlowChange>,
 }
 
 fn mib(kib: u64) -> f64 {
@@ -387,6 +395,34 @@ fn wait_programmed(
             bail!("table never matched the reference; missing {missing:?}, extra {extra:?}");
         }
     }
+}
+
+/// One of the slowest changes of a run.
+#[derive(Debug, Clone, Copy)]
+struct SlowChange {
+    /// Its place among the changes (0-based).
+    index: usize,
+    /// When it was made, seconds since the first change.
+    at_s: f64,
+    /// How long it took, event to kernel.
+    ms: f64,
+}
+
+/// The three slowest of `changes`, slowest first (`made_at`: when each was made; empty
+/// when unknown).
+fn slowest_changes(changes: &[Duration], made_at: &[Duration]) -> Vec<SlowChange> {
+    let mut all: Vec<SlowChange> = changes
+        .iter()
+        .enumerate()
+        .map(|(index, took)| SlowChange {
+            index,
+            at_s: made_at.get(index).map_or(f64::NAN, Duration::as_secs_f64),
+            ms: took.as_secs_f64() * 1e3,
+        })
+        .collect();
+    all.sort_by(|a, b| b.ms.total_cmp(&a.ms));
+    all.truncate(3);
+    all
 }
 
 /// The parts of reading a programmed table, each timed alone on the same kernel.
@@ -447,17 +483,19 @@ fn dump_floor(ns: &Netns) -> anyhow::Result<(Duration, Duration, usize)> {
     })
 }
 
-/// K single-endpoint changes through the API double, each timed to the kernel.
+/// K single-endpoint changes through the API double, each timed to the kernel: when it was
+/// made (since the first) and how long it took.
 fn kube_changes(
     ns: &Netns,
     api: &ApiInNetns,
     services: usize,
     m: usize,
     count: usize,
-) -> anyhow::Result<Vec<Duration>> {
+) -> anyhow::Result<Vec<(Duration, Duration)>> {
     ns.block_on(|| async {
         let handle = IpvsHandle::new().await?;
         let mut samples = Vec::with_capacity(count);
+        let first = Instant::now();
         for k in 0..count {
             let i = (k * 7919) % services;
             let mut endpoints = cluster::initial_endpoints(i, m);
@@ -469,7 +507,7 @@ fn kube_changes(
             let seen =
                 wait_for_destination(&handle, &key, IpAddr::V4(new), Duration::from_secs(60))
                     .await?;
-            samples.push(seen - t);
+            samples.push((t - first, seen - t));
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         Ok(samples)
@@ -485,6 +523,10 @@ fn run_source(
 ) -> anyhow::Result<SourceRun> {
     println!("--- {} source ---", kind.name());
     let ns = fresh_ns()?;
+    if a.no_rate_estimation {
+        sh(&ns, "sysctl -qw net.ipv4.vs.run_estimation=0")?;
+        println!("IPVS rate estimation off in the daemon's namespace");
+    }
     let source_path = dir.join("vm-bench-proxier.yaml");
     let m = a.endpoints;
     let mut api = None;
@@ -634,6 +676,8 @@ fn run_source(
 
     // Endpoint changes.
     let before = metrics::netlink_ops(&metrics::scrape(&ns, METRICS)?);
+    // When each change was made, since the first (kube source).
+    let mut made_at = Vec::new();
     let changes = match kind {
         SourceKind::File => {
             let text = cluster::source_file(a.services, |i| {
@@ -660,7 +704,9 @@ fn run_source(
             let Some(api) = &api else {
                 bail!("kube source without its double");
             };
-            kube_changes(&ns, api, a.services, m, a.changes)?
+            let timed = kube_changes(&ns, api, a.services, m, a.changes)?;
+            made_at = timed.iter().map(|(at, _)| *at).collect();
+            timed.into_iter().map(|(_, took)| took).collect()
         }
     };
     std::thread::sleep(Duration::from_millis(500));
@@ -673,6 +719,14 @@ fn run_source(
         Percentiles::of(&changes).map_or("none".into(), |p| p.to_string()),
         metrics::describe(&delta)
     );
+    // Which changes the tail is made of (in order of the changes, 0-based), and the syncs
+    // that took longest while they ran.
+    let slowest = slowest_changes(&changes, &made_at);
+    let described: Vec<String> = slowest
+        .iter()
+        .map(|c| format!("#{} made at {:.2} s: {:.1} ms", c.index, c.at_s, c.ms))
+        .collect();
+    println!("  slowest changes: {}", described.join(", "));
     for sync in daemon.syncs().iter().rev().take(2).rev() {
         println!("  last syncs: {sync}");
     }
@@ -697,6 +751,7 @@ fn run_source(
         change_ops: metrics::describe(&delta),
         changes,
         rss_after_changes_mib: mib(rss_after),
+        slowest_changes: slowest,
     })
 }
 
@@ -715,7 +770,10 @@ fn small_latency(a: &Args, dir: &Path) -> anyhow::Result<Vec<Duration>> {
         &[],
     )?;
     daemon.wait_sync(1, Duration::from_secs(300))?;
-    let samples = kube_changes(&ns, &api, a.small, a.endpoints, a.changes)?;
+    let samples: Vec<Duration> = kube_changes(&ns, &api, a.small, a.endpoints, a.changes)?
+        .into_iter()
+        .map(|(_, took)| took)
+        .collect();
     daemon.stop();
     Ok(samples)
 }
@@ -793,6 +851,11 @@ fn json_report(
                 "rss_after_changes_mib": r.rss_after_changes_mib,
                 "changes": report::percentiles(Percentiles::of(&r.changes)),
                 "change_failed_ops": r.change_failed,
+                "slowest_changes": r.slowest_changes.iter().map(|c| json!({
+                    "index": c.index,
+                    "at_s": if c.at_s.is_finite() { json!(c.at_s) } else { Value::Null },
+                    "ms": c.ms,
+                })).collect::<Vec<_>>(),
             })
         })
         .collect();
@@ -803,6 +866,7 @@ fn json_report(
         "changes": a.changes,
         "small": a.small,
         "bind_service_cidrs": a.routed,
+        "no_rate_estimation": a.no_rate_estimation,
         "floors": {
             "ipvsadm_restore_s": secs(floors.ipvsadm_restore),
             "ip_batch_s": secs(floors.ip_batch),
