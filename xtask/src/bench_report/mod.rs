@@ -126,7 +126,7 @@ pub fn run(options: &Options, config: &VmConfig) -> Result<ExitCode> {
     if options.bind_service_cidrs {
         soak_args.push("--bind-service-cidrs".to_owned());
     }
-    let scale_args = [
+    let mut scale_args = [
         scale::proxier_args(
             scale::BASE_SERVICES,
             options.dests,
@@ -139,7 +139,16 @@ pub fn run(options: &Options, config: &VmConfig) -> Result<ExitCode> {
             options.changes,
             options.small,
         ),
+        scale::proxier_args(
+            options.services,
+            options.dests,
+            options.changes,
+            options.small,
+        ),
     ];
+    // The large size again with the kernel's IPVS rate estimation off: whose the changes'
+    // tail is.
+    scale_args[2].push("--no-rate-estimation".to_owned());
     let runs: Vec<(&str, &[String])> = if options.traffic_only {
         vec![("traffic", &traffic_args[..])]
     } else if options.scale_only {
@@ -151,6 +160,7 @@ pub fn run(options: &Options, config: &VmConfig) -> Result<ExitCode> {
         vec![
             ("proxier", &scale_args[0][..]),
             ("proxier", &scale_args[1][..]),
+            ("proxier", &scale_args[2][..]),
         ]
     } else if options.soak_only {
         vec![("soak", &soak_args[..])]
@@ -190,7 +200,7 @@ pub fn run(options: &Options, config: &VmConfig) -> Result<ExitCode> {
                 &page,
                 scale::BEGIN,
                 scale::END,
-                &scale::section(&facts, &reports[0], &reports[1])?,
+                &scale::section(&facts, &reports[0], &reports[1], reports.get(2))?,
             )
         } else if options.traffic_only {
             splice(

@@ -216,30 +216,77 @@ const DUMP_PARTS: [(&str, &str); 3] = [
     ),
 ];
 
-/// What the reads' growth says, when the run timed their parts: the verified read's growth
-/// beside the reference tool's on the same kernel, and the kernel's two structures behind
-/// both (`None` without the parts).
+/// What the reads' growth says, when the run timed their parts: how much longer than linear
+/// growth from the base size would give each read took (seconds: the readers differ by a
+/// factor of five in size, so their ratios hide a cost they all pay), and the kernel's
+/// structure behind it (`None` without the parts).
 fn reading_the_table(rows: &[Row], scale: f64) -> Option<String> {
-    let growth = |name: &str| rows.iter().find(|r| r.name == name).map(Row::growth);
-    let verified = growth("library: verified `table()` of the programmed kernel")?;
-    let services = growth(DUMP_PARTS[0].0)?;
-    let best_effort = growth(DUMP_PARTS[1].0)?;
-    let ipvsadm = growth(DUMP_PARTS[2].0)?;
+    let beyond = |name: &str| {
+        rows.iter()
+            .find(|r| r.name == name)
+            .map(|r| match r.large - scale * r.base {
+                more if more > 0.0 => secs(more),
+                _ => "nothing".to_owned(),
+            })
+    };
+    let verified = beyond("library: verified `table()` of the programmed kernel")?;
+    let services = beyond(DUMP_PARTS[0].0)?;
+    let best_effort = beyond(DUMP_PARTS[1].0)?;
+    let ipvsadm = beyond(DUMP_PARTS[2].0)?;
     Some(format!(
-        "Reading the table, for a cluster {scale:.1} × as large: the verified `table()` took {verified:.2} ×, the best-effort read {best_effort:.2} ×, `ipvsadm -Sn` of the same kernel {ipvsadm:.2} ×, one service dump alone {services:.2} ×. \
-         Whatever grows faster than the table in every client is the kernel's: it keeps a namespace's \
-         IPVS services in one hash table of a fixed 256 buckets (`IP_VS_SVC_TAB_BITS` 8 in \
-         `net/netfilter/ipvs/ip_vs_ctl.c` of this guest's kernel), so each destination dump, which \
-         first finds its service, walks a chain that grows with the table; and it resumes a \
-         service dump that spans many messages by walking that table from its first service \
-         for each message, a walk that grows with the table too. The verified read makes two \
-         service dumps more than the best-effort one (`ipvs_netlink::IpvsHandle::table_verified`).\n"
+        "Reading the table: beyond what linear growth from the smaller size would give, `ipvsadm -Sn` took {ipvsadm} more, the verified `table()` {verified}, the best-effort read {best_effort}, one service dump alone {services}. \
+         Every reader pays such a cost, which is the kernel's: it resumes a service dump that \
+         spans many messages by walking the namespace's service table from its first service \
+         for each message (`ip_vs_genl_dump_services` in `net/netfilter/ipvs/ip_vs_ctl.c`; the \
+         table has a fixed 256 buckets, `IP_VS_SVC_TAB_BITS` 8, in this guest's kernel), so a \
+         dump's walking grows with the table's size times the number of its messages. The \
+         library asks for the largest messages the kernel makes (32 KiB); the verified read makes \
+         two service dumps more than the best-effort one \
+         (`ipvs_netlink::IpvsHandle::table_verified`).\n"
+    ))
+}
+
+/// The slowest endpoint changes of the large run, with when each was made (absent from
+/// reports of runs before they were kept), and what spaces them.
+fn slowest_changes(run: &Value, services: f64) -> Option<String> {
+    let slowest = run["slowest_changes"].as_array()?;
+    let listed: Vec<String> = slowest
+        .iter()
+        .filter_map(|c| {
+            Some(format!(
+                "#{} made {:.2} s after the first, {:.1} ms",
+                c["index"].as_u64()?,
+                c["at_s"].as_f64()?,
+                c["ms"].as_f64()?
+            ))
+        })
+        .collect();
+    if listed.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "The slowest endpoint changes at {}: {}. \
+         A change that replaces an endpoint adds and deletes an IPVS destination, and the kernel \
+         of this guest (6.1) takes the lock those need for the whole of its rate estimation, \
+         which walks every service's and destination's estimator in one go every 2 seconds \
+         (`estimation_timer` in `net/netfilter/ipvs/ip_vs_est.c`; 300,000 estimators at 50,000 \
+         Services × 5); kernels from 6.2 estimate in kernel threads, a slice of the estimators \
+         at a time. `vm-bench proxier --no-rate-estimation` runs the same benchmark with \
+         `net.ipv4.vs.run_estimation=0` in the daemon's namespace, to tell the two apart.\n",
+        thousands(services),
+        listed.join("; ")
     ))
 }
 
 /// The section from the two `vm-bench proxier` reports (10,000 Services, then the large
-/// size), `facts` being this run's.
-pub fn section(facts: &Facts, base: &Value, large: &Value) -> Result<String> {
+/// size) and, when run, the large size's again with the kernel's rate estimation off
+/// (`quiet`), `facts` being this run's.
+pub fn section(
+    facts: &Facts,
+    base: &Value,
+    large: &Value,
+    quiet: Option<&Value>,
+) -> Result<String> {
     let base_services = num(base, "services")?;
     let services = num(large, "services")?;
     ensure!(
@@ -345,6 +392,26 @@ pub fn section(facts: &Facts, base: &Value, large: &Value) -> Result<String> {
     if let Some(text) = reading_the_table(&rows, scale) {
         let _ = writeln!(out, "{text}");
     }
+    if let Some(text) = slowest_changes(kube(large)?, services) {
+        let _ = writeln!(out, "{text}");
+    }
+    if let Some(quiet) = quiet {
+        ensure!(
+            quiet["no_rate_estimation"].as_bool() == Some(true)
+                && num(quiet, "services")? == services,
+            "the third scale run must be the large size with --no-rate-estimation"
+        );
+        let run = kube(quiet)?;
+        let _ = writeln!(
+            out,
+            "The same benchmark at {} in a third boot, with `net.ipv4.vs.run_estimation=0` in the daemon's namespace: one endpoint change p50 {:.1} ms, p99 {:.1} ms ({:.2} × the {} figure with estimation on).\n",
+            thousands(services),
+            num(run, "changes.p50_ms")?,
+            num(run, "changes.p99_ms")?,
+            num(run, "changes.p99_ms")? / num(kube(base)?, "changes.p99_ms")?,
+            thousands(base_services)
+        );
+    }
     out.push_str(SCALE_TEXT);
     let _ = writeln!(out, "{END}");
     Ok(out)
@@ -409,7 +476,7 @@ mod tests {
         };
         let base = with_parts(10_000.0, [0.1, 1.0, 6.0]);
         let large = with_parts(50_000.0, [2.5, 7.0, 45.0]);
-        let section = section(&facts(), &base, &large).unwrap();
+        let section = section(&facts(), &base, &large, None).unwrap();
         assert!(
             section.contains(
                 "| reference: `ipvsadm -Sn` of the programmed kernel | 6.00 s | 45.0 s | 7.50 × |"
@@ -417,7 +484,7 @@ mod tests {
             "{section}"
         );
         assert!(
-            section.contains("the verified `table()` took 5.00 ×, the best-effort read 7.00 ×, `ipvsadm -Sn` of the same kernel 7.50 ×, one service dump alone 25.00 ×"),
+            section.contains("`ipvsadm -Sn` took 15.0 s more, the verified `table()` nothing, the best-effort read 2.00 s, one service dump alone 2.00 s."),
             "{section}"
         );
         let worse = section.split("worst first").nth(1).unwrap();
@@ -430,9 +497,33 @@ mod tests {
             &facts(),
             &report(10_000.0, 10.0, 70.0, 40.0),
             &report(50_000.0, 50.0, 300.0, 40.0),
+            None,
         )
         .unwrap();
         assert!(!plain.contains("ipvsadm -Sn") && !plain.contains("Reading the table"));
+    }
+
+    #[test]
+    fn the_slowest_changes_and_the_run_without_rate_estimation_are_told() {
+        let base = report(10_000.0, 10.0, 70.0, 40.0);
+        let mut large = report(50_000.0, 50.0, 300.0, 150.0);
+        large["sources"][0]["slowest_changes"] = json!([
+            {"index": 83, "at_s": 2.8, "ms": 176.7},
+            {"index": 26, "at_s": 0.9, "ms": 166.2},
+        ]);
+        let mut quiet = report(50_000.0, 50.0, 300.0, 30.0);
+        quiet["no_rate_estimation"] = json!(true);
+        let text = section(&facts(), &base, &large, Some(&quiet)).unwrap();
+        assert!(
+            text.contains("The slowest endpoint changes at 50,000: #83 made 2.80 s after the first, 176.7 ms; #26 made 0.90 s after the first, 166.2 ms."),
+            "{text}"
+        );
+        assert!(
+            text.contains("one endpoint change p50 10.0 ms, p99 30.0 ms (0.75 × the 10,000 figure with estimation on)"),
+            "{text}"
+        );
+        // A third run that is not the large size without estimation is refused.
+        assert!(section(&facts(), &base, &large, Some(&large)).is_err());
     }
 
     #[test]
@@ -442,6 +533,7 @@ mod tests {
             &facts(),
             &report(10_000.0, 10.0, 70.0, 40.0),
             &report(50_000.0, 100.0, 300.0, 120.0),
+            None,
         )
         .unwrap();
         assert!(section.starts_with(BEGIN) && section.trim_end().ends_with(END));
@@ -471,8 +563,16 @@ mod tests {
     fn a_scale_run_without_route_mode_or_below_the_base_is_refused() {
         let mut address_mode = report(50_000.0, 1.0, 1.0, 1.0);
         address_mode["bind_service_cidrs"] = json!(false);
-        assert!(section(&facts(), &report(10_000.0, 1.0, 1.0, 1.0), &address_mode).is_err());
+        assert!(
+            section(
+                &facts(),
+                &report(10_000.0, 1.0, 1.0, 1.0),
+                &address_mode,
+                None
+            )
+            .is_err()
+        );
         let small = report(5_000.0, 1.0, 1.0, 1.0);
-        assert!(section(&facts(), &report(10_000.0, 1.0, 1.0, 1.0), &small).is_err());
+        assert!(section(&facts(), &report(10_000.0, 1.0, 1.0, 1.0), &small, None).is_err());
     }
 }
