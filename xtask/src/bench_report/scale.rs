@@ -305,15 +305,25 @@ pub fn section(
     );
     let _ = writeln!(
         out,
-        "This section alone was written by `{}`, run started {}, commit {}, guest kernel {}, {} MiB; the rest of the page comes from the runs its header and sections name. Two boots: the same benchmark at {} and at {} Services × {} endpoints, kube source, the daemon taking the ClusterIP range with one local route (`--bind-service-cidrs`, as the reference and the floor do in these runs).\n",
+        "This section alone was written by `{}`, run started {}, commit {}, guest kernel {}, {} MiB; the rest of the page comes from the runs its header and sections name. {}: the same benchmark at {} and at {} Services × {} endpoints, kube source, the daemon taking the ClusterIP range with one local route (`--bind-service-cidrs`, as the reference and the floor do in these runs){}.\n",
         facts.command,
         facts.date,
         facts.commit,
         facts.guest_kernel,
         facts.memory_mib,
+        if quiet.is_some() {
+            "Three boots"
+        } else {
+            "Two boots"
+        },
         thousands(base_services),
         thousands(services),
-        num(large, "endpoints")?
+        num(large, "endpoints")?,
+        if quiet.is_some() {
+            ", and the larger again without the kernel's IPVS rate estimation (below)"
+        } else {
+            ""
+        }
     );
     let _ = writeln!(
         out,
@@ -404,10 +414,11 @@ pub fn section(
         let run = kube(quiet)?;
         let _ = writeln!(
             out,
-            "The same benchmark at {} in a third boot, with `net.ipv4.vs.run_estimation=0` in the daemon's namespace: one endpoint change p50 {:.1} ms, p99 {:.1} ms ({:.2} × the {} figure with estimation on).\n",
+            "The same benchmark at {} in a third boot, with `net.ipv4.vs.run_estimation=0` in the daemon's namespace: one endpoint change p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms ({:.2} × the {} figure with estimation on).\n",
             thousands(services),
             num(run, "changes.p50_ms")?,
             num(run, "changes.p99_ms")?,
+            num(run, "changes.max_ms")?,
             num(run, "changes.p99_ms")? / num(kube(base)?, "changes.p99_ms")?,
             thousands(base_services)
         );
@@ -513,16 +524,18 @@ mod tests {
         ]);
         let mut quiet = report(50_000.0, 50.0, 300.0, 30.0);
         quiet["no_rate_estimation"] = json!(true);
+        quiet["sources"][0]["changes"]["max_ms"] = json!(31.0);
         let text = section(&facts(), &base, &large, Some(&quiet)).unwrap();
         assert!(
             text.contains("The slowest endpoint changes at 50,000: #83 made 2.80 s after the first, 176.7 ms; #26 made 0.90 s after the first, 166.2 ms."),
             "{text}"
         );
         assert!(
-            text.contains("one endpoint change p50 10.0 ms, p99 30.0 ms (0.75 × the 10,000 figure with estimation on)"),
+            text.contains("one endpoint change p50 10.0 ms, p99 30.0 ms, max 31.0 ms (0.75 × the 10,000 figure with estimation on)"),
             "{text}"
         );
         // A third run that is not the large size without estimation is refused.
+        assert!(text.contains("Three boots:"), "{text}");
         assert!(section(&facts(), &base, &large, Some(&large)).is_err());
     }
 
