@@ -143,10 +143,7 @@ impl NetfilterTracker {
     /// build a second copy of every element as `added`; turning it off forgets what was kept.
     pub fn record_changes(&mut self, on: bool) {
         if !on && self.recording {
-            self.changes = PlanChanges {
-                added: self.empty.clone(),
-                removed: self.empty.clone(),
-            };
+            self.take_changes();
         }
         self.recording = on;
     }
@@ -391,6 +388,7 @@ mod tests {
         assert_eq!(bound(&changes.removed), ["10.0.0.2"]);
         assert_eq!(bound(tracker.plan()), ["10.0.0.1"]);
     }
+
     #[test]
     fn the_combined_plan_equals_the_union_of_the_services() {
         let mut tracker = NetfilterTracker::new(empty());
