@@ -151,7 +151,7 @@ fn rows(base: &Value, large: &Value) -> Result<Vec<Row>> {
         );
     }
     both(
-        "library: verified `table()` of the programmed kernel",
+        VERIFIED_TABLE,
         num(b, "dump_table_s")?,
         num(l, "dump_table_s")?,
         Unit::Seconds,
@@ -203,6 +203,9 @@ fn rows(base: &Value, large: &Value) -> Result<Vec<Row>> {
     Ok(rows)
 }
 
+/// The row of the library's verified read of the programmed table.
+const VERIFIED_TABLE: &str = "library: verified `table()` of the programmed kernel";
+
 /// The table-read rows of `--dump-breakdown`: name, key under `dump_parts`.
 const DUMP_PARTS: [(&str, &str); 3] = [
     (
@@ -229,7 +232,7 @@ fn reading_the_table(rows: &[Row], scale: f64) -> Option<String> {
                 _ => "nothing".to_owned(),
             })
     };
-    let verified = beyond("library: verified `table()` of the programmed kernel")?;
+    let verified = beyond(VERIFIED_TABLE)?;
     let services = beyond(DUMP_PARTS[0].0)?;
     let best_effort = beyond(DUMP_PARTS[1].0)?;
     let ipvsadm = beyond(DUMP_PARTS[2].0)?;
@@ -295,6 +298,13 @@ pub fn section(
     );
     let scale = services / base_services;
     let rows = rows(base, large)?;
+    let (boots, third) = match quiet {
+        Some(_) => (
+            "Three boots",
+            ", and the larger again without the kernel's IPVS rate estimation (below)",
+        ),
+        None => ("Two boots", ""),
+    };
     let mut out = String::new();
     let _ = writeln!(out, "{BEGIN}");
     let _ = writeln!(
@@ -311,19 +321,11 @@ pub fn section(
         facts.commit,
         facts.guest_kernel,
         facts.memory_mib,
-        if quiet.is_some() {
-            "Three boots"
-        } else {
-            "Two boots"
-        },
+        boots,
         thousands(base_services),
         thousands(services),
         num(large, "endpoints")?,
-        if quiet.is_some() {
-            ", and the larger again without the kernel's IPVS rate estimation (below)"
-        } else {
-            ""
-        }
+        third
     );
     let _ = writeln!(
         out,
