@@ -14,6 +14,7 @@
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
+use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
@@ -160,6 +161,13 @@ impl Drop for FakeApiServer {
 }
 
 type Body = BoxBody<Bytes, Infallible>;
+
+/// How much of a watch's events the double hands to the connection at once while more
+/// wait: the size of the buffer Go's HTTP/1.1 server writes a response through
+/// (`bufferBeforeChunkingSize` in net/http), which the API server's watch handler flushes
+/// only when no event waits. A streaming list's initial events therefore reach the client
+/// in pieces of this size, not an event each; a change that comes alone goes alone.
+const BUFFERED_WRITE: usize = 2048;
 
 fn full(status: u16, value: &Value) -> hyper::Response<Body> {
     full_text(status, value.to_string())
@@ -393,12 +401,11 @@ fn handle(state: &Arc<Mutex<State>>, path: &str, query: &str) -> hyper::Response
             let message = "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan";
             return full(422, &status_object(422, "Invalid", message));
         }
-        let mut sent = 0;
+        // Every current object, then the bookmark, queued at once.
+        let mut initial = String::new();
         for ((k, _), (obj, text)) in &st.objects {
             if *k == kind && q.matches(obj) {
-                let line = format!("{{\"type\":\"ADDED\",\"object\":{text}}}\n");
-                sent += line.len() as u64;
-                let _ = tx.send(Bytes::from(line));
+                let _ = writeln!(initial, "{{\"type\":\"ADDED\",\"object\":{text}}}");
             }
         }
         let (api_version, list_kind) = kind.list_kind();
@@ -406,9 +413,8 @@ fn handle(state: &Arc<Mutex<State>>, path: &str, query: &str) -> hyper::Response
             "apiVersion": api_version, "kind": list_kind.trim_end_matches("List"),
             "metadata": {"resourceVersion": st.resource_version.to_string(),
                          "annotations": {"k8s.io/initial-events-end": "true"}}}});
-        let line = format!("{bookmark}\n");
-        sent += line.len() as u64;
-        let _ = tx.send(Bytes::from(line));
+        let _ = writeln!(initial, "{bookmark}");
+        let sent = send_buffered(&tx, initial);
         *st.bytes_served.entry(kind).or_default() += sent;
         st.watchers.push((kind, q, tx));
         return event_stream(rx);
@@ -419,18 +425,30 @@ fn handle(state: &Arc<Mutex<State>>, path: &str, query: &str) -> hyper::Response
         let _ = tx.send(Bytes::from(format!("{gone}\n")));
         drop(tx);
     } else {
-        let mut sent = 0;
+        // The changes since `since`, queued at once.
+        let mut missed = String::new();
         for (k, rv, event) in &st.log {
             if *k == kind && *rv > since && q.matches(&event["object"]) {
-                let line = format!("{event}\n");
-                sent += line.len() as u64;
-                let _ = tx.send(Bytes::from(line));
+                let _ = writeln!(missed, "{event}");
             }
         }
+        let sent = send_buffered(&tx, missed);
         *st.bytes_served.entry(kind).or_default() += sent;
         st.watchers.push((kind, q, tx));
     }
     event_stream(rx)
+}
+
+/// Sends `events` (lines) that were queued at once as the API server's writer would: in
+/// pieces of [`BUFFERED_WRITE`] bytes, a line split across two pieces wherever the buffer
+/// filled. Returns the bytes sent.
+fn send_buffered(tx: &mpsc::UnboundedSender<Bytes>, events: String) -> u64 {
+    let events = Bytes::from(events);
+    for start in (0..events.len()).step_by(BUFFERED_WRITE) {
+        let end = (start + BUFFERED_WRITE).min(events.len());
+        let _ = tx.send(events.slice(start..end));
+    }
+    events.len() as u64
 }
 
 fn event_stream(rx: mpsc::UnboundedReceiver<Bytes>) -> hyper::Response<Body> {
