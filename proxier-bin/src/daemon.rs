@@ -272,16 +272,36 @@ where
         let SourceHandle {
             mut events,
             synced: _,
+            mut services_ahead,
             task,
         } = start_source(settings).await?;
         tracing::info!(
             source = source_name(settings),
             "waiting for Services and EndpointSlices to sync"
         );
-        // A source's first batch is its complete first picture.
-        let first = tokio::select! {
-            batch = events.recv() => batch,
-            _ = shutdown.wait_for(|s| *s) => return Ok(()),
+        // A source's first batch is its complete first picture. The Services may come
+        // before it, their addresses then bound while the EndpointSlices come.
+        let first = loop {
+            tokio::select! {
+                batch = events.recv() => break batch,
+                services = async { services_ahead.as_mut().expect("guarded").await },
+                    if services_ahead.is_some() =>
+                {
+                    services_ahead = None;
+                    if let Ok(services) = services {
+                        let started = std::time::Instant::now();
+                        let count = feed.apply_first(&mut proxier, services);
+                        let addresses = proxier.bind_ahead().await;
+                        tracing::info!(
+                            changes = count,
+                            addresses,
+                            took = ?started.elapsed(),
+                            "Services listed before the EndpointSlices; binding their addresses ahead"
+                        );
+                    }
+                }
+                _ = shutdown.wait_for(|s| *s) => return Ok(()),
+            }
         };
         rest = Some((events, task));
         first.ok_or(DaemonError::SourceEnded(source_name(settings)))?

@@ -13,7 +13,7 @@ use netlink_packet_route::route::{
 };
 use rtnetlink::{AddressMessageBuilder, Handle, LinkDummy, LinkUnspec, RouteMessageBuilder};
 
-use super::{AddressBackend, BackendError, LinkRead, PendingLinkRead};
+use super::{AddressBackend, BackendError, LinkRead, PendingBind, PendingLinkRead};
 
 /// Maps an rtnetlink error to a [`BackendError`] by its errno.
 fn map_error(error: rtnetlink::Error) -> BackendError {
@@ -342,6 +342,22 @@ impl AddressBackend for KernelAddressBackend {
             Some(index) => local_routes(&self.handle, index).await,
             None => Ok(BTreeSet::new()),
         }
+    }
+
+    /// Binds on a connection of its own, opened here (in this thread's network namespace),
+    /// pipelined as [`AddressBackend::add_addresses`]. `None` when the socket cannot be
+    /// opened.
+    fn bind_detached(&self, addresses: Vec<IpAddr>) -> Option<PendingBind> {
+        let mut backend = match KernelAddressBackend::connect(self.link.clone()) {
+            Ok(backend) => backend,
+            Err(error) => {
+                tracing::warn!(%error, "cannot open an rtnetlink socket to bind addresses ahead");
+                return None;
+            }
+        };
+        Some(Box::pin(
+            async move { backend.add_addresses(&addresses).await },
+        ))
     }
 
     /// Reads on a socket of its own, opened here (in this thread's network namespace, as

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use ipnet::IpNet;
 
 use super::{
-    AddressBackend, BackendError, DEFAULT_DUMMY_LINK, IpvsBackend, IpvsOp, LinkRead,
+    AddressBackend, BackendError, DEFAULT_DUMMY_LINK, IpvsBackend, IpvsOp, LinkRead, PendingBind,
     PendingLinkRead, PendingTableRead, TableRead,
 };
 use crate::desired::{RealServerKey, SortedMap, VirtualServerKey};
@@ -366,6 +366,14 @@ impl AddressBackend for MemoryAddressBackend {
             node_addresses: state.node_addresses.clone(),
         };
         Some(Box::pin(std::future::ready(Ok(read))))
+    }
+
+    /// On the same link (the clones share it), one address at a time.
+    fn bind_detached(&self, addresses: Vec<IpAddr>) -> Option<PendingBind> {
+        let mut link = self.clone();
+        Some(Box::pin(
+            async move { link.add_addresses(&addresses).await },
+        ))
     }
 
     async fn ensure_link(&mut self) -> Result<(), BackendError> {

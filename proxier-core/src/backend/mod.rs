@@ -286,6 +286,11 @@ pub struct LinkRead {
 pub type PendingLinkRead =
     Pin<Box<dyn Future<Output = Result<LinkRead, BackendError>> + Send + 'static>>;
 
+/// A binding of addresses that borrows nothing of its backend
+/// ([`AddressBackend::bind_detached`]): one result per address, in order.
+pub type PendingBind =
+    Pin<Box<dyn Future<Output = Vec<Result<(), BackendError>>> + Send + 'static>>;
+
 /// Manages the dummy link and the service addresses bound on it (/32 or /128).
 pub trait AddressBackend: Send {
     /// Name of the link.
@@ -295,6 +300,15 @@ pub trait AddressBackend: Send {
     /// borrowing the backend, so a full resync reads them beside incremental syncs (with
     /// the IPVS table). `None` (the default): the full sync reads them when it finishes.
     fn read_link(&self) -> Option<PendingLinkRead> {
+        None
+    }
+
+    /// Binds `addresses` on the link (which must exist) without borrowing the backend, as
+    /// [`AddressBackend::add_addresses`] does, so a start binds its ClusterIPs while the
+    /// rest of its picture is still being fetched ([`crate::Reconciler::bind_ahead`]).
+    /// `None` (the default): the backend cannot, and the first sync binds them.
+    fn bind_detached(&self, addresses: Vec<IpAddr>) -> Option<PendingBind> {
+        let _ = addresses;
         None
     }
 

@@ -637,6 +637,24 @@ where
         self.read_ahead = Some(read.spawn_in_background(READ_AHEAD_THREAD, READ_AHEAD_NICE));
     }
 
+    /// Binds the addresses the changes applied so far plan on the dummy link (the
+    /// Services' ClusterIPs, external and load-balancer IPs), ahead of the first sync and
+    /// on a task of its own ([`Reconciler::bind_ahead`]): for a caller that has the
+    /// Services' complete list before the EndpointSlices', so that a start's longest write,
+    /// binding thousands of ClusterIPs one at a time in the kernel, runs while the rest of
+    /// its picture comes. Plans what was applied first (as the first sync would, and it
+    /// re-plans only what changes after). Only onto a link that holds no address yet (a
+    /// fresh start); returns how many addresses are on their way. Does nothing after the
+    /// first sync.
+    pub async fn bind_ahead(&mut self) -> usize {
+        if self.synced_once {
+            return 0;
+        }
+        self.plan_ahead().await;
+        let addresses: Vec<IpAddr> = self.bound.keys().copied().collect();
+        self.reconciler.bind_ahead(addresses).await
+    }
+
     /// The read begun by [`Proxier::read_ahead`], when there is one young enough for the
     /// first sync.
     async fn take_read_ahead(&mut self) -> Option<KernelRead> {

@@ -598,6 +598,149 @@ async fn the_first_sync_plans_while_the_read_begun_ahead_runs_and_adopts_what_it
     );
 }
 
+/// One ready endpoint (10.244.0.1:8080, on this node) for Service `id`.
+fn one_endpoint(id: u8) -> Change {
+    let slice = SliceSpec {
+        service: id,
+        slice: 0,
+        endpoints: vec![(1, true, true)],
+    };
+    Change::UpsertSlice(slice.model(false))
+}
+
+/// How many times each of `addresses` was bound.
+fn binds_of(addresses: &MemoryAddressBackend, of: &[IpAddr]) -> Vec<usize> {
+    let ops = addresses.applied_ops();
+    of.iter()
+        .map(|address| {
+            ops.iter()
+                .filter(|op| **op == AddressOp::Add(*address))
+                .count()
+        })
+        .collect()
+}
+
+/// A start binds the addresses of the Services it has before their endpoints come: each is
+/// bound once, the first sync takes them as bound (writing its IPVS rules meanwhile, then
+/// counting their answers as its writes) and leaves the kernel as a start without binding
+/// ahead would, a Service added after the binding began included.
+#[tokio::test]
+async fn addresses_bound_ahead_are_bound_once_and_adopted_by_the_first_sync() {
+    let (mut ahead, ipvs, addresses) = memory_proxier();
+    ahead.read_ahead();
+    for id in 0..3 {
+        ahead.apply(Change::UpsertService(ServiceSpec::cluster_ip(id).model()));
+    }
+    assert_eq!(ahead.bind_ahead().await, 3, "three ClusterIPs on their way");
+    ahead.apply(Change::UpsertService(ServiceSpec::cluster_ip(3).model()));
+    for id in 0..4 {
+        ahead.apply(one_endpoint(id));
+    }
+    let report = ahead.sync(SyncKind::Full).await.unwrap();
+    assert!(report.is_complete(), "{report}");
+    assert_eq!(
+        report.ipvs.writes,
+        4 + 4 + 4,
+        "4 binds, 4 virtual servers, 4 real servers"
+    );
+    let all = [ip(1), ip(2), ip(3), ip(4)];
+    assert_eq!(
+        binds_of(&addresses, &all),
+        [1, 1, 1, 1],
+        "{:?}",
+        addresses.applied_ops()
+    );
+    assert_eq!(addresses.addresses(), all.into_iter().collect());
+
+    let (mut plain, plain_ipvs, plain_addresses) = memory_proxier();
+    add_cluster_ip_services(&mut plain, 4);
+    plain.sync(SyncKind::Full).await.unwrap();
+    assert_eq!(ipvs.table(), plain_ipvs.table());
+    assert_eq!(addresses.addresses(), plain_addresses.addresses());
+
+    let again = ahead.sync(SyncKind::Full).await.unwrap();
+    assert_eq!(again.ipvs.writes, 0, "nothing left to write: {again}");
+}
+
+/// A Service deleted while its address was being bound ahead: the first sync waits for
+/// the binding before it unbinds the address, which is gone at the end.
+#[tokio::test]
+async fn an_address_bound_ahead_that_the_first_sync_no_longer_plans_is_unbound() {
+    let (mut proxier, _, addresses) = memory_proxier();
+    for id in 0..3 {
+        proxier.apply(Change::UpsertService(ServiceSpec::cluster_ip(id).model()));
+    }
+    assert_eq!(proxier.bind_ahead().await, 3);
+    proxier.apply(Change::DeleteService(service_name(2)));
+    let report = proxier.sync(SyncKind::Full).await.unwrap();
+    assert!(report.is_complete(), "{report}");
+    assert_eq!(addresses.addresses(), [ip(1), ip(2)].into_iter().collect());
+    let ops = addresses.applied_ops();
+    let bound = ops.iter().position(|op| *op == AddressOp::Add(ip(3)));
+    let unbound = ops.iter().position(|op| *op == AddressOp::Remove(ip(3)));
+    assert!(
+        bound < unbound && bound.is_some(),
+        "bound, then unbound: {ops:?}"
+    );
+}
+
+/// An address the kernel refused to bind ahead is a failed bind of the first sync, for
+/// the Service that plans it, retried (incrementally, from the cache) once its backoff is
+/// over.
+#[tokio::test(start_paused = true)]
+async fn an_address_refused_ahead_is_a_failed_bind_of_the_first_sync() {
+    let (mut proxier, _, addresses) = memory_proxier();
+    add_cluster_ip_services(&mut proxier, 2);
+    addresses.fail_address(ip(2), BackendError::Other("refused".into()));
+    assert_eq!(proxier.bind_ahead().await, 2);
+    let report = proxier.sync(SyncKind::Full).await.unwrap();
+    assert_eq!(report.ipvs.failed, 1, "{report}");
+    assert!(
+        report.ipvs.errors.iter().any(|(owner, _)| owner
+            .as_ref()
+            .is_some_and(|port| port.service() == service_name(1))),
+        "the failure is Service 1's: {report}"
+    );
+    assert_eq!(addresses.addresses(), [ip(1)].into_iter().collect());
+    addresses.clear_failure(&ip(2));
+    tokio::time::advance(Duration::from_secs(2)).await;
+    let report = proxier.sync(SyncKind::Incremental).await.unwrap();
+    assert!(report.is_complete(), "{report}");
+    assert_eq!(addresses.addresses(), [ip(1), ip(2)].into_iter().collect());
+}
+
+/// A restart finds its addresses bound: nothing is bound ahead, and the first sync adopts
+/// the kernel with no write.
+#[tokio::test]
+async fn a_link_already_holding_addresses_is_not_bound_ahead() {
+    let backends = Backends::in_memory();
+    let (ipvs, addresses) = (backends.ipvs.clone(), backends.addresses.clone());
+    let proxier_on = || {
+        let backends = Backends {
+            ipvs: ipvs.clone(),
+            addresses: addresses.clone(),
+            ..Backends::in_memory()
+        };
+        Proxier::new(ProxierConfig::new(NODE, Config::default()), backends).unwrap()
+    };
+    let mut first = proxier_on();
+    add_cluster_ip_services(&mut first, 3);
+    first.sync(SyncKind::Full).await.unwrap();
+    let ops = addresses.applied_ops().len();
+
+    let mut restarted = proxier_on();
+    for id in 0..3 {
+        restarted.apply(Change::UpsertService(ServiceSpec::cluster_ip(id).model()));
+    }
+    assert_eq!(restarted.bind_ahead().await, 0);
+    for id in 0..3 {
+        restarted.apply(one_endpoint(id));
+    }
+    let report = restarted.sync(SyncKind::Full).await.unwrap();
+    assert_eq!(report.ipvs.writes, 0, "{report}");
+    assert_eq!(addresses.applied_ops().len(), ops, "no address written");
+}
+
 /// A start judges the nftables tables a previous run left by what its full sync's read
 /// listed beside the IPVS table (so adopting them costs no listing of its own): a table
 /// deleted after that read goes unseen by the first sync (and is found by the next full

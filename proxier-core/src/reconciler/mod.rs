@@ -402,7 +402,33 @@ pub struct Reconciler<I, A> {
     /// Notified once the next batch of IPVS writes is answered
     /// ([`Reconciler::signal_ipvs_written`]).
     ipvs_written: Option<Arc<Notify>>,
+    /// Addresses being bound ahead of the first sync ([`Reconciler::bind_ahead`]).
+    binding_ahead: Option<BindingAhead>,
     stats: ReconcilerStats,
+}
+
+/// Addresses being bound ahead of the first sync, on a task of their own.
+#[derive(Debug)]
+struct BindingAhead {
+    /// Sorted; the task's results are in the same order.
+    addresses: Vec<IpAddr>,
+    task: tokio::task::JoinHandle<Vec<Result<(), BackendError>>>,
+}
+
+impl BindingAhead {
+    /// The results, one per address (every one failed when the task did not end).
+    async fn results(self) -> (Vec<IpAddr>, Vec<Result<(), BackendError>>) {
+        let results = match self.task.await {
+            Ok(results) => results,
+            Err(error) => vec![
+                Err(BackendError::Other(format!(
+                    "the binding ahead ended: {error}"
+                )));
+                self.addresses.len()
+            ],
+        };
+        (self.addresses, results)
+    }
 }
 
 /// A full sync's reads ([`Reconciler::begin_full_sync`]): the IPVS table and, when the
@@ -447,6 +473,7 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
             routes_touched_since_read: None,
             repair: None,
             ipvs_written: None,
+            binding_ahead: None,
             stats: ReconcilerStats::default(),
         }
     }
@@ -458,6 +485,46 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
     /// the caller also notifies when the sync returns.
     pub(crate) fn signal_ipvs_written(&mut self, signal: Option<Arc<Notify>>) {
         self.ipvs_written = signal;
+    }
+
+    /// Binds `addresses` on the dummy link ahead of the first sync, on a task of its own
+    /// ([`AddressBackend::bind_detached`]), so that a start binds its ClusterIPs, its
+    /// longest write, while the rest of its picture is still coming. Only onto a link that
+    /// holds no address yet (created here when missing): a restart or a takeover finds its
+    /// addresses bound and leaves them to the first sync's comparison. The first sync takes
+    /// these addresses as bound, writes its IPVS rules meanwhile, then counts the answers as
+    /// its own writes: one that failed is a failed bind of that sync, retried as any other,
+    /// and one the sync no longer plans is unbound by it. Returns how many are on their way;
+    /// 0 after the first sync, when a binding is already ahead, or when the link cannot be
+    /// read (the first sync binds them then). Needs a Tokio runtime.
+    pub async fn bind_ahead(&mut self, mut addresses: Vec<IpAddr>) -> usize {
+        if self.synced || self.binding_ahead.is_some() || addresses.is_empty() {
+            return 0;
+        }
+        let link = self.addresses.link_name().to_owned();
+        if let Err(error) = self.addresses.ensure_link().await {
+            tracing::warn!(%link, %error, "not binding ahead: the link cannot be created");
+            return 0;
+        }
+        match self.addresses.list_addresses().await {
+            Ok(present) if present.is_empty() => {}
+            Ok(_) => return 0,
+            Err(error) => {
+                tracing::warn!(%link, %error, "not binding ahead: the link cannot be listed");
+                return 0;
+            }
+        }
+        addresses.sort_unstable();
+        addresses.dedup();
+        let Some(binding) = self.addresses.bind_detached(addresses.clone()) else {
+            return 0;
+        };
+        let count = addresses.len();
+        self.binding_ahead = Some(BindingAhead {
+            addresses,
+            task: tokio::spawn(binding),
+        });
+        count
     }
 
     /// Counters for metrics.
@@ -1225,6 +1292,19 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
         // adding one Service and deleting another spent more on the two address writes
         // than on all its IPVS writes.
         let mut contradicted = BTreeMap::new();
+        // Addresses bound ahead of the first sync: answered after this sync's writes, or
+        // before them when one of them is to be unbound (the unbinding must come last).
+        let mut ahead = self.binding_ahead.take();
+        let mut answered_ahead = (Vec::new(), Vec::new());
+        if let Some(binding) = ahead.take_if(|binding| {
+            unbind
+                .iter()
+                .any(|address| binding.addresses.binary_search(address).is_ok())
+        }) {
+            let started = std::time::Instant::now();
+            answered_ahead = binding.results().await;
+            report.timings.addresses += started.elapsed();
+        }
         let (bound, unbound) = self
             .apply_ops(
                 changes,
@@ -1235,7 +1315,17 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
                 Some(&mut contradicted),
             )
             .await;
-        for (address, result) in bind.into_iter().zip(bound) {
+        if let Some(binding) = ahead {
+            let started = std::time::Instant::now();
+            answered_ahead = binding.results().await;
+            report.timings.addresses += started.elapsed();
+        }
+        let (bound_ahead, answers_ahead) = answered_ahead;
+        for (address, result) in bound_ahead
+            .into_iter()
+            .zip(answers_ahead)
+            .chain(bind.into_iter().zip(bound))
+        {
             report.writes += 1;
             let result = match result {
                 Err(BackendError::Exists) => Ok(()),
@@ -1247,6 +1337,8 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
                     self.kernel.bound_addresses.insert(address);
                 }
                 Err(source) => {
+                    // Taken as bound while it was being bound ahead.
+                    self.kernel.bound_addresses.remove(&address);
                     let error = ServiceSyncError::Bind {
                         address,
                         link: link.clone(),

@@ -403,9 +403,14 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
                 None => virtual_servers.remove(&key),
             };
         }
+        let mut bound_addresses = links.bound_addresses;
+        // Being bound ahead of this (first) sync: taken as bound, answered by its writes.
+        if let Some(ahead) = &self.binding_ahead {
+            bound_addresses.extend(ahead.addresses.iter().copied());
+        }
         let fresh = Observed {
             virtual_servers,
-            bound_addresses: links.bound_addresses,
+            bound_addresses,
         };
         let mut route_report = links.report;
         let diff_started = std::time::Instant::now();

@@ -413,6 +413,7 @@ pub fn spawn(config: FileSourceConfig) -> SourceHandle {
     SourceHandle {
         events: rx,
         synced: synced_rx,
+        services_ahead: None,
         task,
     }
 }

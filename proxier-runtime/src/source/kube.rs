@@ -35,7 +35,7 @@ use kube::api::Api;
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::{WatchStreamExt, watcher as make_watcher};
 use serde::de::DeserializeOwned;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use super::lean::{LeanService, LeanSlice, READ_ANNOTATIONS};
 use super::{EVENT_CHANNEL_CAPACITY, ObjectKey, SourceBatch, SourceHandle};
@@ -294,7 +294,7 @@ impl KubeSourceState {
     /// state follows none).
     pub fn new(service_cidrs: bool) -> Self {
         KubeSourceState {
-            picture: FirstPicture::new(service_cidrs),
+            picture: FirstPicture::new(service_cidrs, None),
             ..KubeSourceState::default()
         }
     }
@@ -431,12 +431,19 @@ struct FirstPicture {
     follows_service_cidrs: bool,
     first: SourceBatch,
     synced: bool,
+    /// Where the Services go once listed, when the EndpointSlices are not yet
+    /// ([`SourceHandle::services_ahead`]).
+    ahead: Option<oneshot::Sender<SourceBatch>>,
 }
 
 impl FirstPicture {
-    fn new(follows_service_cidrs: bool) -> FirstPicture {
+    fn new(
+        follows_service_cidrs: bool,
+        ahead: Option<oneshot::Sender<SourceBatch>>,
+    ) -> FirstPicture {
         FirstPicture {
             follows_service_cidrs,
+            ahead,
             ..FirstPicture::default()
         }
     }
@@ -454,12 +461,18 @@ impl FirstPicture {
             return (!batch.is_empty()).then_some(batch);
         }
         self.first.append(batch);
-        if self.services_listed
-            && self.slices_listed
-            && (!self.follows_service_cidrs || self.service_cidrs_listed)
-        {
+        let services_ready =
+            self.services_listed && (!self.follows_service_cidrs || self.service_cidrs_listed);
+        if services_ready && self.slices_listed {
             self.synced = true;
+            // Too late to be ahead of anything.
+            self.ahead = None;
             return Some(std::mem::take(&mut self.first));
+        }
+        if services_ready && let Some(ahead) = self.ahead.take() {
+            let _ = ahead.send(SourceBatch {
+                changes: self.first.changes.clone(),
+            });
         }
         None
     }
@@ -809,7 +822,8 @@ pub fn spawn(client: kube::Client, config: KubeSourceConfig) -> SourceHandle {
     let (nodes, nodes_task) = on_own_task(kind_changes(nodes, Watched::Node));
     let (service_cidrs, service_cidrs_task) =
         on_own_task(kind_changes(service_cidrs, Watched::ServiceCidrs));
-    let picture = FirstPicture::new(config.service_cidrs);
+    let (ahead_tx, ahead_rx) = oneshot::channel();
+    let picture = FirstPicture::new(config.service_cidrs, Some(ahead_tx));
     let task = tokio::spawn(run(
         Watches {
             services,
@@ -825,6 +839,7 @@ pub fn spawn(client: kube::Client, config: KubeSourceConfig) -> SourceHandle {
     SourceHandle {
         events: rx,
         synced: synced_rx,
+        services_ahead: Some(ahead_rx),
         task,
     }
 }
@@ -1034,6 +1049,74 @@ mod tests {
             handovers(events),
             [(true, 2, 2), (true, 2, 1), (true, 1, 1)],
             "a's new version, then b's deletion"
+        );
+    }
+
+    fn one_change() -> SourceBatch {
+        SourceBatch {
+            changes: vec![proxier_core::Change::DeleteNode],
+        }
+    }
+
+    #[test]
+    fn the_services_go_ahead_when_they_list_before_the_endpoint_slices() {
+        let (tx, mut ahead) = oneshot::channel();
+        let mut picture = FirstPicture::new(false, Some(tx));
+        assert!(picture.deliver(Watched::Node, true, one_change()).is_none());
+        assert!(
+            ahead.try_recv().is_err(),
+            "nothing before the Services list"
+        );
+        assert!(
+            picture
+                .deliver(Watched::Services, true, one_change())
+                .is_none()
+        );
+        let sent = ahead.try_recv().expect("the Services, once listed");
+        assert_eq!(sent.changes.len(), 2, "with the Node listed before them");
+        let first = picture.deliver(Watched::Slices, true, one_change());
+        assert_eq!(
+            first.map(|batch| batch.changes.len()),
+            Some(3),
+            "the first batch has all"
+        );
+    }
+
+    #[test]
+    fn nothing_goes_ahead_of_slices_listed_first_or_of_service_cidrs_still_listing() {
+        let (tx, mut ahead) = oneshot::channel();
+        let mut picture = FirstPicture::new(false, Some(tx));
+        assert!(
+            picture
+                .deliver(Watched::Slices, true, one_change())
+                .is_none()
+        );
+        assert!(
+            picture
+                .deliver(Watched::Services, true, one_change())
+                .is_some()
+        );
+        assert!(ahead.try_recv().is_err(), "complete at once: nothing ahead");
+
+        let (tx, mut ahead) = oneshot::channel();
+        let mut picture = FirstPicture::new(true, Some(tx));
+        assert!(
+            picture
+                .deliver(Watched::Services, true, one_change())
+                .is_none()
+        );
+        assert!(
+            ahead.try_recv().is_err(),
+            "ServiceCIDRs decide which ClusterIPs are bound"
+        );
+        assert!(
+            picture
+                .deliver(Watched::ServiceCidrs, true, one_change())
+                .is_none()
+        );
+        assert_eq!(
+            ahead.try_recv().map(|batch| batch.changes.len()).ok(),
+            Some(2)
         );
     }
 

@@ -22,7 +22,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use proxier_core::model::{NodeContext, ServiceName, SliceKey};
 use proxier_core::{Change, k8s};
 
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
 /// Namespace and name of an object.
@@ -176,6 +176,13 @@ pub struct SourceHandle {
     /// EndpointSlices both listed, and ServiceCIDRs when followed), before it sends the batch that completes it: whoever
     /// receives that batch sees it `true`. Nothing should be programmed before.
     pub synced: watch::Receiver<bool>,
+    /// The first picture's Services (with what else had listed by then: the Node,
+    /// ServiceCIDRs when followed), sent once they are listed if the EndpointSlices are
+    /// not yet, for binding their addresses ahead of the first sync
+    /// ([`Proxier::bind_ahead`](proxier_core::Proxier::bind_ahead)). The first batch on
+    /// `events` holds them all the same; nothing comes (the sender is dropped) when
+    /// everything listed at once. `None` for a source that reads its picture whole.
+    pub services_ahead: Option<oneshot::Receiver<SourceBatch>>,
     /// The source's task; aborting it stops the source.
     pub task: JoinHandle<()>,
 }
