@@ -642,17 +642,25 @@ where
     /// on a task of its own ([`Reconciler::bind_ahead`]): for a caller that has the
     /// Services' complete list before the EndpointSlices', so that a start's longest write,
     /// binding thousands of ClusterIPs one at a time in the kernel, runs while the rest of
-    /// its picture comes. Plans what was applied first (as the first sync would, and it
-    /// re-plans only what changes after). Only onto a link that holds no address yet (a
-    /// fresh start); returns how many addresses are on their way. Does nothing after the
-    /// first sync.
+    /// its picture comes. The addresses are decided from the Services alone
+    /// ([`Planner::bound_addresses`], on the node's addresses read now), without planning
+    /// their ports, which the first sync does once the endpoints are in. Only onto a link
+    /// that holds no address yet (a fresh start); returns how many addresses are on their
+    /// way. Does nothing after the first sync.
     pub async fn bind_ahead(&mut self) -> usize {
         if self.synced_once {
             return 0;
         }
-        self.plan_ahead().await;
-        let addresses: Vec<IpAddr> = self.bound.keys().copied().collect();
-        self.reconciler.bind_ahead(addresses).await
+        self.refresh_node_addresses().await;
+        let planner = Planner::new(&self.node, &self.config.planner);
+        let addresses: BTreeSet<IpAddr> = self
+            .state
+            .services()
+            .flat_map(|service| planner.bound_addresses(service))
+            .collect();
+        self.reconciler
+            .bind_ahead(addresses.into_iter().collect())
+            .await
     }
 
     /// The read begun by [`Proxier::read_ahead`], when there is one young enough for the

@@ -406,6 +406,12 @@ proptest! {
         prop_assert_eq!(incremental.netfilter.digest(), Some(whole));
         prop_assert_eq!(incremental.health_checks(), &health_checks(state, node));
         prop_assert_eq!(incremental.no_local_endpoints(), services_without_local_endpoints(state, node));
+        // The addresses decided from the Services alone (to bind them ahead of a start)
+        // are those the plans bind.
+        let planner = Planner::new(node, config);
+        let from_services: std::collections::BTreeSet<IpAddr> =
+            state.services().flat_map(|service| planner.bound_addresses(service)).collect();
+        prop_assert_eq!(from_services, incremental.desired().bound_addresses());
 
         ipvs.take_applied_ops();
         addresses.take_applied_ops();

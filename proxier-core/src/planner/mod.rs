@@ -308,13 +308,47 @@ impl<'a> Planner<'a> {
             self.plan_family(context, port, family, &family_endpoints, &mut plan);
             each_family(index, &family_endpoints);
         }
-        // Whether every planned ClusterIP lies in a routed Service CIDR (none planned: no).
-        plan.cluster_ips_routed = !context.families.is_empty()
+        plan.cluster_ips_routed = self.cluster_ips_routed(context);
+        plan
+    }
+
+    /// Whether every ClusterIP of the Service lies in a routed Service CIDR (none
+    /// planned: no): its ClusterIPs are then not bound one by one.
+    fn cluster_ips_routed(&self, context: &ServiceContext) -> bool {
+        !context.families.is_empty()
             && context
                 .families
                 .iter()
-                .all(|family| self.config.is_routed(family.addresses.cluster_ip));
-        plan
+                .all(|family| self.config.is_routed(family.addresses.cluster_ip))
+    }
+
+    /// The addresses the plans of `service`'s ports bind on the dummy link (what
+    /// [`ServicePortPlan::bound_addresses`] gives over them), decided from the Service alone,
+    /// without its endpoints: its ClusterIPs unless routed, its external and load-balancer
+    /// IPs, none the node holds itself. For binding a start's addresses before the
+    /// EndpointSlices are in ([`crate::Proxier::bind_ahead`]).
+    pub fn bound_addresses(&self, service: &Service) -> Vec<IpAddr> {
+        if service.ports.is_empty() {
+            return Vec::new();
+        }
+        let context = self.context(service);
+        let routed = self.cluster_ips_routed(&context);
+        let node_owned: Vec<IpAddr> = context
+            .families
+            .iter()
+            .flat_map(|family| family.node_owned.iter().copied())
+            .collect();
+        let mut addresses = Vec::new();
+        for family in &context.families {
+            let own = &family.addresses;
+            if !routed {
+                addresses.push(own.cluster_ip);
+            }
+            // Externally accessible whatever the port: these make it so.
+            addresses.extend(own.external_ips.iter().chain(&own.load_balancer_ips));
+        }
+        addresses.retain(|address| !node_owned.contains(address));
+        addresses
     }
 
     fn plan_family(

@@ -170,6 +170,16 @@ fn one_pass_over_a_service_plans_its_ports_netfilter_elements_and_health_check()
         plan.ports[&http].node_owned_addresses,
         BTreeSet::from([ip("192.168.1.10")])
     );
+    // Decided from the Service alone: what its ports' plans bind, not the node's address.
+    let bound: BTreeSet<IpAddr> = Planner::new(&node, &config)
+        .bound_addresses(web)
+        .into_iter()
+        .collect();
+    let planned: BTreeSet<IpAddr> = (plan.ports.values())
+        .flat_map(ServicePortPlan::bound_addresses)
+        .collect();
+    assert_eq!(bound, planned);
+    assert!(!bound.contains(&ip("192.168.1.10")), "{bound:?}");
 
     // nftables: what the Service alone contributes.
     assert_eq!(
