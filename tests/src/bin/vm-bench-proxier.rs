@@ -46,10 +46,11 @@ use proxier_core::backend::{AddressBackend, KernelAddressBackend};
 use serde_json::{Value, json};
 
 /// Messages of the daemon's start-up events, echoed from its log after the first start.
-const STARTUP_EVENTS: [&str; 6] = [
+const STARTUP_EVENTS: [&str; 7] = [
     "sysctls and IPVS timeouts set",
     "source file loaded",
     "first list received",
+    "Services listed before the EndpointSlices; binding their addresses ahead",
     "Services and EndpointSlices synced",
     "first picture applied",
     SYNC_DONE,

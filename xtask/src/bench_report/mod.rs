@@ -908,7 +908,9 @@ What the rows measure:
 - **phases**: the source's first picture, applying it to the engine, then the sync's steps
   (planning, kernel read, diff, address and IPVS writes, nftables, conntrack) as the daemon
   logs them. Address and IPVS writes run in parallel with nftables, so the steps add up to
-  more than the sync's total.
+  more than the sync's total. A kube start that has the Services' list before the
+  EndpointSlices' begins binding their addresses then, before the sync: its address ops are
+  the part of the binding left when the sync's writes begin.
 - **goals and status**: the daemon's goals, judged on this run's same-run ratios.
 
 The soak benchmark (churn under traffic, RSS growth, change latency with full resyncs) has
