@@ -114,6 +114,15 @@ async fn main() -> anyhow::Result<()> {
     let client = kube::client(args.kubeconfig.as_deref(), args.master.as_deref()).await?;
     let hostname = args.node.clone();
     let mut source = kube::spawn(client, kube::KubeSourceConfig::new(hostname));
+    // Services listed before the EndpointSlices: their addresses are bound meanwhile (a
+    // fresh start's longest write); nothing comes when both list at once.
+    if let Some(ahead) = source.services_ahead.take()
+        && let Ok(services) = ahead.await
+    {
+        observer.feed().apply_first(&mut proxier, services);
+        let addresses = proxier.bind_ahead().await;
+        tracing::info!(addresses, "Services listed; binding their addresses ahead");
+    }
     let first = source
         .events
         .recv()
