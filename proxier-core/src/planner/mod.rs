@@ -308,47 +308,31 @@ impl<'a> Planner<'a> {
             self.plan_family(context, port, family, &family_endpoints, &mut plan);
             each_family(index, &family_endpoints);
         }
-        plan.cluster_ips_routed = self.cluster_ips_routed(context);
-        plan
-    }
-
-    /// Whether every ClusterIP of the Service lies in a routed Service CIDR (none
-    /// planned: no): its ClusterIPs are then not bound one by one.
-    fn cluster_ips_routed(&self, context: &ServiceContext) -> bool {
-        !context.families.is_empty()
+        // Whether every planned ClusterIP lies in a routed Service CIDR (none planned: no).
+        plan.cluster_ips_routed = !context.families.is_empty()
             && context
                 .families
                 .iter()
-                .all(|family| self.config.is_routed(family.addresses.cluster_ip))
+                .all(|family| self.config.is_routed(family.addresses.cluster_ip));
+        plan
     }
 
-    /// The addresses the plans of `service`'s ports bind on the dummy link (what
-    /// [`ServicePortPlan::bound_addresses`] gives over them), decided from the Service alone,
-    /// without its endpoints: its ClusterIPs unless routed, its external and load-balancer
-    /// IPs, none the node holds itself. For binding a start's addresses before the
-    /// EndpointSlices are in ([`crate::Proxier::bind_ahead`]).
-    pub fn bound_addresses(&self, service: &Service) -> Vec<IpAddr> {
-        if service.ports.is_empty() {
-            return Vec::new();
-        }
+    /// The addresses the plans of `service`'s ports bind on the dummy link
+    /// ([`ServicePortPlan::bound_addresses`]), decided without its endpoints: each port is
+    /// planned with none, which changes which real servers it has, not which addresses it
+    /// binds. For binding a start's addresses before the EndpointSlices are in
+    /// ([`crate::Proxier::bind_ahead`]).
+    pub fn bound_addresses(&self, service: &Service) -> BTreeSet<IpAddr> {
         let context = self.context(service);
-        let routed = self.cluster_ips_routed(&context);
-        let node_owned: Vec<IpAddr> = context
-            .families
+        service
+            .ports
             .iter()
-            .flat_map(|family| family.node_owned.iter().copied())
-            .collect();
-        let mut addresses = Vec::new();
-        for family in &context.families {
-            let own = &family.addresses;
-            if !routed {
-                addresses.push(own.cluster_ip);
-            }
-            // Externally accessible whatever the port: these make it so.
-            addresses.extend(own.external_ips.iter().chain(&own.load_balancer_ips));
-        }
-        addresses.retain(|address| !node_owned.contains(address));
-        addresses
+            .flat_map(|port| {
+                self.plan_port_endpoints(&context, port, &[], |_, _| {})
+                    .bound_addresses()
+                    .collect::<Vec<_>>()
+            })
+            .collect()
     }
 
     fn plan_family(
