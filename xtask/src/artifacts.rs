@@ -114,13 +114,56 @@ impl TestSelection {
     }
 }
 
-/// The selected test binaries (`cargo test --workspace --no-run` by default).
-pub fn build_test_binaries(
-    workspace: &Workspace,
-    selection: &TestSelection,
-) -> Result<Vec<Executable>> {
+/// The packages whose programs go into the VM beside the daemon ([`build_test_programs`]).
+const PROGRAM_PACKAGES: [&str; 2] = ["ipvs-proxier-tests", "ipvs-proxier-examples"];
+
+/// What one `cargo test --no-run` produced: the test binaries, and the programs cargo built
+/// beside them (a package's binaries are built whenever one of its integration tests is).
+#[derive(Debug, Clone, Default)]
+pub struct TestBuild {
+    /// The test binaries.
+    pub tests: Vec<Executable>,
+    /// The programs (`bin` targets) built for the tests.
+    pub programs: Vec<Executable>,
+}
+
+impl TestBuild {
+    fn from_executables(executables: Vec<Executable>) -> TestBuild {
+        let (tests, programs) = executables.into_iter().partition(|e| e.is_test);
+        TestBuild { tests, programs }
+    }
+
+    /// The daemon, if the test build made it.
+    pub fn proxier(&self) -> Option<&Executable> {
+        self.programs
+            .iter()
+            .find(|e| e.target_name == "ipvs-proxier")
+    }
+
+    /// The programs [`build_test_programs`] would build, if the test build made them: taking
+    /// them from it spares a second build of the dependencies with other features (cargo
+    /// unifies a dependency's features over what one invocation builds, so `cargo build -p`
+    /// of one package compiles another copy of each dependency whose features differ, and a
+    /// CI machine's disk holds every copy).
+    pub fn test_programs(&self) -> Option<Vec<Executable>> {
+        let programs: Vec<Executable> = self
+            .programs
+            .iter()
+            .filter(|e| PROGRAM_PACKAGES.contains(&e.package.as_str()))
+            .cloned()
+            .collect();
+        let complete = PROGRAM_PACKAGES
+            .iter()
+            .all(|package| programs.iter().any(|e| e.package == *package));
+        complete.then_some(programs)
+    }
+}
+
+/// The selected test binaries (`cargo test --workspace --no-run` by default), with the
+/// programs built beside them.
+pub fn build_test_binaries(workspace: &Workspace, selection: &TestSelection) -> Result<TestBuild> {
     let all = cargo_executables(workspace, &selection.cargo_args())?;
-    Ok(all.into_iter().filter(|e| e.is_test).collect())
+    Ok(TestBuild::from_executables(all))
 }
 
 /// Build profile of the programs put into the VM.
@@ -155,14 +198,11 @@ pub fn build_proxier(workspace: &Workspace, profile: Profile) -> Result<Executab
 /// The programs in `tests/src/bin/` (benchmarks and helpers) and `examples/src/bin/` (the
 /// example programs, which VM tests run: they land next to `ipvs-proxier`, on the guest's PATH).
 pub fn build_test_programs(workspace: &Workspace, profile: Profile) -> Result<Vec<Executable>> {
-    let mut args = vec![
-        "build",
-        "-p",
-        "ipvs-proxier-tests",
-        "-p",
-        "ipvs-proxier-examples",
-        "--bins",
-    ];
+    let mut args = vec!["build"];
+    for package in PROGRAM_PACKAGES {
+        args.extend(["-p", package]);
+    }
+    args.push("--bins");
     args.extend(profile.flag());
     cargo_executables(workspace, &args)
 }
@@ -214,6 +254,44 @@ not json"#;
             .unwrap();
         assert_eq!(smoke.package, "ipvs-proxier-tests");
         assert!(smoke.is_test);
+    }
+
+    fn program(package: &str, name: &str) -> Executable {
+        Executable {
+            target_name: name.to_owned(),
+            package: package.to_owned(),
+            path: PathBuf::from(format!("/w/target/debug/{name}")),
+            is_test: false,
+        }
+    }
+
+    #[test]
+    fn a_test_build_gives_its_programs_only_when_it_made_those_of_every_program_package() {
+        let test = Executable {
+            is_test: true,
+            ..program("ipvs-proxier-tests", "kernel_smoke")
+        };
+        let everything = TestBuild::from_executables(vec![
+            test.clone(),
+            program("proxier-bin", "ipvs-proxier"),
+            program("ipvs-proxier-tests", "vm-bench-ipvs"),
+            program("ipvs-proxier-examples", "cni-proxier"),
+        ]);
+        assert_eq!(everything.tests, std::slice::from_ref(&test));
+        assert_eq!(everything.proxier().unwrap().package, "proxier-bin");
+        let names: Vec<String> = everything
+            .test_programs()
+            .unwrap()
+            .into_iter()
+            .map(|e| e.target_name)
+            .collect();
+        assert_eq!(names, ["vm-bench-ipvs", "cni-proxier"]);
+
+        // `--test kernel_smoke -p ipvs-proxier-tests`: the examples' programs were not built.
+        let some =
+            TestBuild::from_executables(vec![test, program("ipvs-proxier-tests", "vm-bench-ipvs")]);
+        assert!(some.proxier().is_none());
+        assert!(some.test_programs().is_none());
     }
 
     #[test]

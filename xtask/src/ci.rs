@@ -4,6 +4,7 @@
 //! kernel tests in a VM.
 
 use std::ffi::OsString;
+use std::path::Path;
 use std::process::{Command, ExitCode};
 use std::time::Instant;
 
@@ -238,15 +239,18 @@ pub fn full_test(config: &VmConfig) -> Result<ExitCode> {
             .envs(step.env.iter().cloned()))?;
         if !status {
             println!(
-                "xtask: FAILED at step '{}' ({shown}); fix it and run `cargo xtask test` again",
+                "xtask: FAILED at step '{}' ({shown}){}; fix it and run `cargo xtask test` \
+                 again",
                 step.name,
+                free_disk(&workspace.target_dir)
             );
             return Ok(ExitCode::FAILURE);
         }
         println!(
-            "xtask: == {} passed in {:.1}s",
+            "xtask: == {} passed in {:.1}s{}",
             step.name,
-            step_started.elapsed().as_secs_f64()
+            step_started.elapsed().as_secs_f64(),
+            free_disk(&workspace.target_dir)
         );
         if step.name == PUBLIC_API_AFTER && !public_api_step(&workspace)? {
             return Ok(ExitCode::FAILURE);
@@ -260,9 +264,35 @@ pub fn full_test(config: &VmConfig) -> Result<ExitCode> {
             started.elapsed().as_secs_f64()
         );
     } else {
-        println!("xtask: FAILED at step 'kernel tests' (cargo xtask vm-test)");
+        println!(
+            "xtask: FAILED at step 'kernel tests' (cargo xtask vm-test){}",
+            free_disk(&workspace.target_dir)
+        );
     }
     Ok(code)
+}
+
+/// `", N GiB free on the target directory's disk"`, or nothing when `df` cannot tell: a step
+/// that fails for want of disk then says so beside its own error.
+fn free_disk(target_dir: &Path) -> String {
+    let Ok(output) = Command::new("df").arg("-Pk").arg(target_dir).output() else {
+        return String::new();
+    };
+    match free_kib(&String::from_utf8_lossy(&output.stdout)) {
+        Some(kib) => format!(", {:.1} GiB free for target/", kib as f64 / 1024.0 / 1024.0),
+        None => String::new(),
+    }
+}
+
+/// The available KiB in `df -Pk`'s output (its second line's fourth column).
+fn free_kib(df_output: &str) -> Option<u64> {
+    df_output
+        .lines()
+        .nth(1)?
+        .split_whitespace()
+        .nth(3)?
+        .parse()
+        .ok()
 }
 
 /// The "public API" step: the snapshots in `xtask/public-api/` must match the sources.
@@ -308,4 +338,17 @@ fn run(command: &mut Command) -> Result<bool> {
         .status()
         .with_context(|| format!("running {command:?}"))?;
     Ok(status.success())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn free_space_is_read_from_df_portable_output() {
+        let df = "Filesystem     1024-blocks      Used Available Capacity Mounted on\n\
+                  /dev/vda        263174212  82903624  13631488      86% /\n";
+        assert_eq!(free_kib(df), Some(13_631_488));
+        assert_eq!(free_kib("df: /nowhere: No such file or directory\n"), None);
+    }
 }

@@ -289,16 +289,23 @@ pub fn vm_test(
     let mut timings = Timings::default();
 
     let started = Instant::now();
-    let tests = artifacts::build_test_binaries(workspace, selection)?;
-    let proxier = match artifacts::build_proxier(workspace, Profile::Debug) {
-        Ok(proxier) => Some(proxier),
-        Err(err) if !selection.is_everything() => {
-            println!("xtask: warning: {err:#}; IPVS_PROXIER_BIN will point to a missing file");
-            None
-        }
-        Err(err) => return Err(err),
+    let build = artifacts::build_test_binaries(workspace, selection)?;
+    let proxier = match build.proxier() {
+        Some(proxier) => Some(proxier.clone()),
+        None => match artifacts::build_proxier(workspace, Profile::Debug) {
+            Ok(proxier) => Some(proxier),
+            Err(err) if !selection.is_everything() => {
+                println!("xtask: warning: {err:#}; IPVS_PROXIER_BIN will point to a missing file");
+                None
+            }
+            Err(err) => return Err(err),
+        },
     };
-    let programs = artifacts::build_test_programs(workspace, Profile::Debug)?;
+    let programs = match build.test_programs() {
+        Some(programs) => programs,
+        None => artifacts::build_test_programs(workspace, Profile::Debug)?,
+    };
+    let tests = build.tests;
     timings.cargo_build = started.elapsed();
 
     let mut files: Vec<PathBuf> = tests.iter().map(|t| t.path.clone()).collect();
