@@ -288,7 +288,11 @@ where
                     if services_ahead.is_some() =>
                 {
                     services_ahead = None;
-                    if let Ok(services) = services {
+                    // A restart or a takeover finds its link full: its first batch applies
+                    // the Services, and its first sync compares the addresses.
+                    if let Ok(services) = services
+                        && proxier.can_bind_ahead().await
+                    {
                         let started = std::time::Instant::now();
                         let count = feed.apply_first(&mut proxier, services);
                         let addresses = proxier.bind_ahead().await;

@@ -706,6 +706,62 @@ fn address_backend_routes_service_cidrs_as_local() {
 }
 
 #[test]
+fn address_backend_tells_whether_the_link_holds_an_address_from_the_first_it_finds() {
+    // A restart is told by a link that holds addresses (its ClusterIPs); the link-local
+    // address the kernel gives a link that is up is not one. The answer stops the dump at
+    // the first address, so the link here holds more than one dump message carries: the
+    // backend's own socket must be left whole by it.
+    require_kernel!();
+    let netns = node();
+    netns.block_on(|| async {
+        let mut backend = KernelAddressBackend::connect("kube-ipvs0").unwrap();
+        assert_eq!(backend.holds_addresses().await, Ok(false), "no link");
+        backend.ensure_link().await.unwrap();
+    });
+    // Link-local addresses of both families, as the kernel gives a link that goes up.
+    netns.sh_ok(
+        "ip addr add fe80::1234/64 dev kube-ipvs0 nodad \
+         && ip addr add 169.254.7.7/16 dev kube-ipvs0",
+    );
+    let shown = netns.sh_ok("ip -o addr show dev kube-ipvs0");
+    assert!(
+        shown.contains("fe80::1234") && shown.contains("169.254.7.7"),
+        "{shown}"
+    );
+    netns.block_on(|| async {
+        let mut backend = KernelAddressBackend::connect("kube-ipvs0").unwrap();
+        assert_eq!(
+            backend.holds_addresses().await,
+            Ok(false),
+            "link-local alone"
+        );
+    });
+    let batch: String = (0..2000)
+        .map(|i| {
+            format!(
+                "addr add 10.96.{}.{}/32 dev kube-ipvs0\n",
+                i / 250,
+                i % 250 + 1
+            )
+        })
+        .collect();
+    netns.sh_ok(&format!("printf '{batch}' | ip -batch -"));
+    netns.block_on(|| async {
+        let mut backend = KernelAddressBackend::connect("kube-ipvs0").unwrap();
+        for _ in 0..3 {
+            assert_eq!(backend.holds_addresses().await, Ok(true));
+        }
+        assert_eq!(backend.list_addresses().await.map(|a| a.len()), Ok(2000));
+        backend.remove_address(ip("10.96.0.1")).await.unwrap();
+        assert_eq!(backend.holds_addresses().await, Ok(true));
+    });
+    let left = link_addresses(&netns);
+    assert!(!left.contains("10.96.0.1/32"));
+    let vips = left.iter().filter(|a| a.starts_with("10.96.")).count();
+    assert_eq!(vips, 1999, "{left:?}");
+}
+
+#[test]
 fn address_backend_reads_the_nodes_own_addresses() {
     // The node's addresses serve NodePorts. On a point-to-point address the kernel reports
     // the peer as IFA_ADDRESS and the node's own as IFA_LOCAL: the node's is the one wanted

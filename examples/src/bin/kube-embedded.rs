@@ -115,9 +115,11 @@ async fn main() -> anyhow::Result<()> {
     let hostname = args.node.clone();
     let mut source = kube::spawn(client, kube::KubeSourceConfig::new(hostname));
     // Services listed before the EndpointSlices: their addresses are bound meanwhile (a
-    // fresh start's longest write); nothing comes when both list at once.
+    // fresh start's longest write); nothing comes when both list at once, and a restart
+    // (its link already full) leaves them to the first batch.
     if let Some(ahead) = source.services_ahead.take()
         && let Ok(services) = ahead.await
+        && proxier.can_bind_ahead().await
     {
         observer.feed().apply_first(&mut proxier, services);
         let addresses = proxier.bind_ahead().await;

@@ -291,6 +291,29 @@ impl AddressBackend for KernelAddressBackend {
         }
     }
 
+    /// On a connection of its own whose address dump the kernel filters by link, closed at
+    /// the first address: the kernel stops the dump there, instead of sending a link full of
+    /// ClusterIPs (10,000 at a restart) to be decoded and dropped.
+    async fn holds_addresses(&mut self) -> Result<bool, BackendError> {
+        let (connection, handle, _) = filtering_connection()?;
+        let link = self.link.clone();
+        driven(connection, async move {
+            let Some(index) = link_index(&handle, &link).await? else {
+                return Ok(false);
+            };
+            let mut messages = addresses_of_link(&handle, index).execute();
+            while let Some(message) = messages.try_next().await.map_err(map_error)? {
+                if message.header.index == index
+                    && local_address(&message).is_some_and(|address| !is_link_local(&address))
+                {
+                    return Ok(true);
+                }
+            }
+            Ok(false)
+        })
+        .await
+    }
+
     async fn add_address(&mut self, address: IpAddr) -> Result<(), BackendError> {
         let index = self.require_index().await?;
         let result = self

@@ -321,6 +321,13 @@ pub trait AddressBackend: Send {
         &mut self,
     ) -> impl Future<Output = Result<BTreeSet<IpAddr>, BackendError>> + Send;
 
+    /// Whether the link holds any address [`AddressBackend::list_addresses`] would list (an
+    /// absent link holds none): what [`crate::Reconciler::bind_ahead`] asks before binding
+    /// onto a link. The default lists them all; the kernel backend stops at the first.
+    fn holds_addresses(&mut self) -> impl Future<Output = Result<bool, BackendError>> + Send {
+        async move { Ok(!self.list_addresses().await?.is_empty()) }
+    }
+
     /// Binds `address` as a host address (/32 or /128).
     fn add_address(
         &mut self,

@@ -648,7 +648,7 @@ where
     /// that holds no address yet (a fresh start); returns how many addresses are on their
     /// way. Does nothing after the first sync.
     pub async fn bind_ahead(&mut self) -> usize {
-        if self.synced_once {
+        if !self.can_bind_ahead().await {
             return 0;
         }
         self.refresh_node_addresses().await;
@@ -661,6 +661,15 @@ where
         self.reconciler
             .bind_ahead(addresses.into_iter().collect())
             .await
+    }
+
+    /// Whether [`Proxier::bind_ahead`] would bind anything now: before the first sync, onto
+    /// a link that holds no address ([`Reconciler::can_bind_ahead`]). A cheap question (the
+    /// link's first address answers it), for a caller to ask before it applies the Services
+    /// it would bind ahead: a restart finds its link full and leaves them to its first
+    /// batch.
+    pub async fn can_bind_ahead(&mut self) -> bool {
+        !self.synced_once && self.reconciler.can_bind_ahead().await
     }
 
     /// The read begun by [`Proxier::read_ahead`], when there is one young enough for the

@@ -637,7 +637,9 @@ async fn addresses_bound_ahead_are_bound_once_and_adopted_by_the_first_sync() {
     for id in 0..3 {
         ahead.apply(Change::UpsertService(ServiceSpec::cluster_ip(id).model()));
     }
+    assert!(ahead.can_bind_ahead().await);
     assert_eq!(ahead.bind_ahead().await, 3, "three ClusterIPs on their way");
+    assert!(!ahead.can_bind_ahead().await, "one binding ahead at a time");
     ahead.apply(Change::UpsertService(ServiceSpec::cluster_ip(3).model()));
     for id in 0..4 {
         ahead.apply(one_endpoint(id));
@@ -730,11 +732,17 @@ async fn a_link_already_holding_addresses_is_not_bound_ahead() {
         Proxier::new(ProxierConfig::new(NODE, Config::default()), backends).unwrap()
     };
     let mut first = proxier_on();
+    assert!(first.can_bind_ahead().await, "a fresh start on a bare link");
     add_cluster_ip_services(&mut first, 3);
     first.sync(SyncKind::Full).await.unwrap();
+    assert!(!first.can_bind_ahead().await, "synced");
     let ops = addresses.applied_ops().len();
 
     let mut restarted = proxier_on();
+    assert!(
+        !restarted.can_bind_ahead().await,
+        "a restart's link is full"
+    );
     for id in 0..3 {
         restarted.apply(Change::UpsertService(ServiceSpec::cluster_ip(id).model()));
     }

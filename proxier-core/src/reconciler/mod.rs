@@ -490,7 +490,7 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
     /// Binds `addresses` on the dummy link ahead of the first sync, on a task of its own
     /// ([`AddressBackend::bind_detached`]), so that a start binds its ClusterIPs, its
     /// longest write, while the rest of its picture is still coming. Only onto a link that
-    /// holds no address yet (created here when missing): a restart or a takeover finds its
+    /// holds no address yet ([`Reconciler::can_bind_ahead`]; created here when missing): a restart or a takeover finds its
     /// addresses bound and leaves them to the first sync's comparison. The first sync takes
     /// these addresses as bound, writes its IPVS rules meanwhile, then counts the answers as
     /// its own writes: one that failed is a failed bind of that sync, retried as any other,
@@ -498,21 +498,13 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
     /// 0 after the first sync, when a binding is already ahead, or when the link cannot be
     /// read (the first sync binds them then). Needs a Tokio runtime.
     pub async fn bind_ahead(&mut self, mut addresses: Vec<IpAddr>) -> usize {
-        if self.synced || self.binding_ahead.is_some() || addresses.is_empty() {
+        if addresses.is_empty() || !self.can_bind_ahead().await {
             return 0;
         }
         let link = self.addresses.link_name().to_owned();
         if let Err(error) = self.addresses.ensure_link().await {
             tracing::warn!(%link, %error, "not binding ahead: the link cannot be created");
             return 0;
-        }
-        match self.addresses.list_addresses().await {
-            Ok(present) if present.is_empty() => {}
-            Ok(_) => return 0,
-            Err(error) => {
-                tracing::warn!(%link, %error, "not binding ahead: the link cannot be listed");
-                return 0;
-            }
         }
         addresses.sort_unstable();
         addresses.dedup();
@@ -525,6 +517,25 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
             task: tokio::spawn(binding),
         });
         count
+    }
+
+    /// Whether [`Reconciler::bind_ahead`] would bind now: no sync has run, nothing is
+    /// being bound ahead already, and the link holds no address
+    /// ([`AddressBackend::holds_addresses`]; an absent link holds none): a fresh start, not
+    /// a restart or a takeover, whose link is full. Cheap, so that a caller asks before it
+    /// decides the addresses.
+    pub async fn can_bind_ahead(&mut self) -> bool {
+        if self.synced || self.binding_ahead.is_some() {
+            return false;
+        }
+        match self.addresses.holds_addresses().await {
+            Ok(holds) => !holds,
+            Err(error) => {
+                let link = self.addresses.link_name();
+                tracing::warn!(%link, %error, "not binding ahead: the link cannot be listed");
+                false
+            }
+        }
     }
 
     /// Counters for metrics.
