@@ -490,13 +490,14 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
     /// Binds `addresses` on the dummy link ahead of the first sync, on a task of its own
     /// ([`AddressBackend::bind_detached`]), so that a start binds its ClusterIPs, its
     /// longest write, while the rest of its picture is still coming. Only onto a link that
-    /// holds no address yet ([`Reconciler::can_bind_ahead`]; created here when missing): a restart or a takeover finds its
-    /// addresses bound and leaves them to the first sync's comparison. The first sync takes
-    /// these addresses as bound, writes its IPVS rules meanwhile, then counts the answers as
-    /// its own writes: one that failed is a failed bind of that sync, retried as any other,
-    /// and one the sync no longer plans is unbound by it. Returns how many are on their way;
-    /// 0 after the first sync, when a binding is already ahead, or when the link cannot be
-    /// read (the first sync binds them then). Needs a Tokio runtime.
+    /// holds no address yet ([`Reconciler::can_bind_ahead`]; created here when missing): a
+    /// restart or a takeover finds its addresses bound and leaves them to the first sync's
+    /// comparison. The first sync takes these addresses as bound, writes its IPVS rules
+    /// meanwhile, then counts the answers as its own writes: one that failed is a failed
+    /// bind of that sync, retried as any other, and one the sync no longer plans is unbound
+    /// by it. Returns how many are on their way; 0 after the first sync, when a binding is
+    /// already ahead, or when the link cannot be read (the first sync binds them then).
+    /// Needs a Tokio runtime.
     pub async fn bind_ahead(&mut self, mut addresses: Vec<IpAddr>) -> usize {
         if addresses.is_empty() || !self.can_bind_ahead().await {
             return 0;
