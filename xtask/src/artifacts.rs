@@ -114,6 +114,9 @@ impl TestSelection {
     }
 }
 
+/// The daemon's binary target (package `proxier-bin`).
+const DAEMON: &str = "ipvs-proxier";
+
 /// The packages whose programs go into the VM beside the daemon ([`build_test_programs`]).
 const PROGRAM_PACKAGES: [&str; 2] = ["ipvs-proxier-tests", "ipvs-proxier-examples"];
 
@@ -135,9 +138,7 @@ impl TestBuild {
 
     /// The daemon, if the test build made it.
     pub fn proxier(&self) -> Option<&Executable> {
-        self.programs
-            .iter()
-            .find(|e| e.target_name == "ipvs-proxier")
+        self.programs.iter().find(|e| e.target_name == DAEMON)
     }
 
     /// The programs [`build_test_programs`] would build, if the test build made them: taking
@@ -186,12 +187,12 @@ impl Profile {
 
 /// The `ipvs-proxier` daemon binary.
 pub fn build_proxier(workspace: &Workspace, profile: Profile) -> Result<Executable> {
-    let mut args = vec!["build", "-p", "proxier-bin", "--bin", "ipvs-proxier"];
+    let mut args = vec!["build", "-p", "proxier-bin", "--bin", DAEMON];
     args.extend(profile.flag());
     let found = cargo_executables(workspace, &args)?;
     found
         .into_iter()
-        .find(|e| e.target_name == "ipvs-proxier")
+        .find(|e| e.target_name == DAEMON)
         .context("cargo build -p proxier-bin produced no ipvs-proxier executable")
 }
 

@@ -303,9 +303,7 @@ impl AddressBackend for KernelAddressBackend {
             };
             let mut messages = addresses_of_link(&handle, index).execute();
             while let Some(message) = messages.try_next().await.map_err(map_error)? {
-                if message.header.index == index
-                    && local_address(&message).is_some_and(|address| !is_link_local(&address))
-                {
+                if bound_address(&message, index).is_some() {
                     return Ok(true);
                 }
             }
@@ -596,16 +594,21 @@ async fn link_addresses(handle: &Handle, index: u32) -> Result<BTreeSet<IpAddr>,
     let mut messages = addresses_of_link(handle, index).execute();
     let mut addresses = BTreeSet::new();
     while let Some(message) = messages.try_next().await.map_err(map_error)? {
-        if message.header.index != index {
-            continue;
-        }
-        if let Some(address) = local_address(&message)
-            && !is_link_local(&address)
-        {
-            addresses.insert(address);
-        }
+        addresses.extend(bound_address(&message, index));
     }
     Ok(addresses)
+}
+
+/// The address `message` reports bound on the link with index `index`: none for another
+/// link's (a kernel that does not filter dumps sends every link's) or a link-local one.
+fn bound_address(
+    message: &netlink_packet_route::address::AddressMessage,
+    index: u32,
+) -> Option<IpAddr> {
+    if message.header.index != index {
+        return None;
+    }
+    local_address(message).filter(|address| !is_link_local(address))
 }
 
 /// The `local` routes through the link with index `index` but those for its own addresses.

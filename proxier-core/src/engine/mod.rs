@@ -653,14 +653,13 @@ where
         }
         self.refresh_node_addresses().await;
         let planner = Planner::new(&self.node, &self.config.planner);
-        let addresses: BTreeSet<IpAddr> = self
+        // The reconciler sorts them and drops repeats (a ClusterIP of several Services).
+        let addresses: Vec<IpAddr> = self
             .state
             .services()
             .flat_map(|service| planner.bound_addresses(service))
             .collect();
-        self.reconciler
-            .bind_ahead(addresses.into_iter().collect())
-            .await
+        self.reconciler.bind_ahead(addresses).await
     }
 
     /// Whether [`Proxier::bind_ahead`] would bind anything now: before the first sync, onto

@@ -324,15 +324,12 @@ impl<'a> Planner<'a> {
     /// ([`crate::Proxier::bind_ahead`]).
     pub fn bound_addresses(&self, service: &Service) -> BTreeSet<IpAddr> {
         let context = self.context(service);
-        service
-            .ports
-            .iter()
-            .flat_map(|port| {
-                self.plan_port_endpoints(&context, port, &[], |_, _| {})
-                    .bound_addresses()
-                    .collect::<Vec<_>>()
-            })
-            .collect()
+        let mut addresses = BTreeSet::new();
+        for port in &service.ports {
+            let plan = self.plan_port_endpoints(&context, port, &[], |_, _| {});
+            addresses.extend(plan.bound_addresses());
+        }
+        addresses
     }
 
     fn plan_family(
