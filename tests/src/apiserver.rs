@@ -9,8 +9,15 @@
 //! [`FakeApiServer::refuse_streaming_lists`], as one without it (422 Invalid), or, after
 //! [`FakeApiServer::ignore_streaming_lists`], as a plain watch (no end bookmark). It counts the
 //! bytes of every response body it sends, by kind ([`FakeApiServer::bytes_served`]).
+//!
+//! A list of Services or EndpointSlices whose request accepts
+//! `application/vnd.kubernetes.protobuf` is answered in that encoding ([`protobuf`]), in
+//! pages of `limit` objects with a `continue` token as the real server pages; every other
+//! answer is JSON, whole.
 
 #![allow(dead_code)]
+
+pub mod protobuf;
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -69,14 +76,21 @@ struct State {
     /// double little of the CPU they share (a real API server serves lists from its cache,
     /// on another machine).
     objects: BTreeMap<(Kind, String), (Value, String)>,
+    /// The protobuf encoding of stored Services and EndpointSlices, made at the first
+    /// protobuf list that serves them (and dropped when they change).
+    encoded: BTreeMap<(Kind, String), Vec<u8>>,
     /// (kind, resourceVersion, event) for watch replay.
     log: Vec<(Kind, u64, Value)>,
     watchers: Vec<(Kind, Query, mpsc::UnboundedSender<Bytes>)>,
     outage: bool,
+    /// The status every request gets during an outage: 503, or 500 (`set_failing`).
+    outage_status: u16,
     refuse_streaming_lists: bool,
     ignore_streaming_lists: bool,
     /// Bytes of response bodies sent, by kind.
     bytes_served: BTreeMap<Kind, u64>,
+    /// List pages served in protobuf, by kind.
+    protobuf_pages: BTreeMap<Kind, usize>,
     requests: Vec<String>,
     /// Watches from a resourceVersion older than this get 410 Gone.
     compacted_at: u64,
@@ -90,6 +104,8 @@ struct Query {
     resource_version: Option<u64>,
     label_selector: Option<String>,
     field_selector: Option<String>,
+    limit: Option<usize>,
+    continue_token: Option<String>,
 }
 
 impl Query {
@@ -103,6 +119,8 @@ impl Query {
                 "resourceVersion" => q.resource_version = v.parse().ok(),
                 "labelSelector" => q.label_selector = Some(v.into_owned()),
                 "fieldSelector" => q.field_selector = Some(v.into_owned()),
+                "limit" => q.limit = v.parse().ok().filter(|n| *n > 0),
+                "continue" => q.continue_token = Some(v.into_owned()),
                 _ => {}
             }
         }
@@ -208,7 +226,17 @@ impl FakeApiServer {
                 let st = Arc::clone(&st);
                 tokio::spawn(async move {
                     let service = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-                        let resp = handle(&st, req.uri().path(), req.uri().query().unwrap_or(""));
+                        let protobuf = req
+                            .headers()
+                            .get(hyper::header::ACCEPT)
+                            .and_then(|accept| accept.to_str().ok())
+                            .is_some_and(|accept| accept.contains(protobuf::CONTENT_TYPE));
+                        let resp = handle(
+                            &st,
+                            req.uri().path(),
+                            req.uri().query().unwrap_or(""),
+                            protobuf,
+                        );
                         async move { Ok::<_, Infallible>(resp) }
                     });
                     let _ = http1::Builder::new()
@@ -241,6 +269,7 @@ impl FakeApiServer {
         } else {
             "ADDED"
         };
+        st.encoded.remove(&key);
         st.objects.insert(key, (obj.clone(), obj.to_string()));
         let event = json!({"type": kind_of_event, "object": obj});
         notify(&mut st, kind, rv, event);
@@ -249,6 +278,7 @@ impl FakeApiServer {
     /// Deletes an object (by namespace/name) and notifies watchers.
     pub fn delete(&self, kind: Kind, namespace: &str, name: &str) {
         let mut st = self.lock();
+        st.encoded.remove(&(kind, format!("{namespace}/{name}")));
         let Some((mut obj, _)) = st.objects.remove(&(kind, format!("{namespace}/{name}"))) else {
             panic!("no {kind:?} {namespace}/{name} to delete");
         };
@@ -277,6 +307,7 @@ impl FakeApiServer {
         st.resource_version += 1;
         obj["metadata"]["resourceVersion"] = json!(st.resource_version.to_string());
         let text = obj.to_string();
+        st.encoded.remove(&(kind, key_of(&obj)));
         st.objects.insert((kind, key_of(&obj)), (obj, text));
     }
 
@@ -284,6 +315,7 @@ impl FakeApiServer {
     pub fn delete_silently(&self, kind: Kind, namespace: &str, name: &str) {
         let mut st = self.lock();
         st.resource_version += 1;
+        st.encoded.remove(&(kind, format!("{namespace}/{name}")));
         st.objects.remove(&(kind, format!("{namespace}/{name}")));
     }
 
@@ -291,9 +323,17 @@ impl FakeApiServer {
     pub fn set_outage(&self, on: bool) {
         let mut st = self.lock();
         st.outage = on;
+        st.outage_status = 503;
         if on {
             st.watchers.clear(); // dropping the senders ends the streams
         }
+    }
+
+    /// Every request fails with 500 Internal Error (which kube's client does not retry, as
+    /// it retries a 503) until `set_outage(false)`; watches end.
+    pub fn set_failing(&self) {
+        self.set_outage(true);
+        self.lock().outage_status = 500;
     }
 
     /// From now on, refuse streaming lists as an API server without the WatchList feature
@@ -307,6 +347,26 @@ impl FakeApiServer {
     /// resourceVersion asked for, and no `initial-events-end` bookmark.
     pub fn ignore_streaming_lists(&self) {
         self.lock().ignore_streaming_lists = true;
+    }
+
+    /// Encodes every stored Service and EndpointSlice in protobuf now, as a real API server's
+    /// cache holds its objects ready to serve: a benchmark's first protobuf list then costs
+    /// the double no more than a JSON one (an object that changes later is encoded again
+    /// when a list next serves it).
+    pub fn prepare_protobuf(&self) {
+        let mut st = self.lock();
+        let keys: Vec<(Kind, String)> = st
+            .objects
+            .keys()
+            .filter(|(kind, _)| matches!(kind, Kind::Service | Kind::EndpointSlice))
+            .cloned()
+            .collect();
+        encode_protobuf(&mut st, &keys);
+    }
+
+    /// List pages served in protobuf so far for `kind`.
+    pub fn protobuf_pages(&self, kind: Kind) -> usize {
+        self.lock().protobuf_pages.get(&kind).copied().unwrap_or(0)
     }
 
     /// Bytes of response bodies sent so far for `kind`: list responses and watch event lines.
@@ -357,19 +417,33 @@ fn watch_list_refusal() -> Value {
            "code": 422})
 }
 
-fn handle(state: &Arc<Mutex<State>>, path: &str, query: &str) -> hyper::Response<Body> {
+fn handle(
+    state: &Arc<Mutex<State>>,
+    path: &str,
+    query: &str,
+    protobuf: bool,
+) -> hyper::Response<Body> {
     let mut st = state.lock().expect("double state");
     st.requests.push(format!("{path}?{query}"));
     if st.outage {
-        return full(
-            503,
-            &status_object(503, "ServiceUnavailable", "the double is down"),
-        );
+        return match st.outage_status {
+            500 => full(
+                500,
+                &status_object(500, "InternalError", "the double is failing"),
+            ),
+            _ => full(
+                503,
+                &status_object(503, "ServiceUnavailable", "the double is down"),
+            ),
+        };
     }
     let Some(kind) = Kind::from_path(path) else {
         return full(404, &status_object(404, "NotFound", "unknown path"));
     };
     let q = Query::parse(query);
+    if !q.watch && protobuf && matches!(kind, Kind::Service | Kind::EndpointSlice) {
+        return protobuf_list(&mut st, kind, &q);
+    }
     if !q.watch {
         let (api_version, list_kind) = kind.list_kind();
         let items: Vec<&str> = st
@@ -437,6 +511,67 @@ fn handle(state: &Arc<Mutex<State>>, path: &str, query: &str) -> hyper::Response
         st.watchers.push((kind, q, tx));
     }
     event_stream(rx)
+}
+
+/// A list of `kind` in protobuf: the objects after the `continue` token (the last key of the
+/// page before), at most `limit` of them, with a token when more remain.
+fn protobuf_list(st: &mut State, kind: Kind, q: &Query) -> hyper::Response<Body> {
+    use std::ops::Bound;
+    let start = match &q.continue_token {
+        Some(after) => Bound::Excluded((kind, after.clone())),
+        None => Bound::Included((kind, String::new())),
+    };
+    let limit = q.limit.unwrap_or(usize::MAX);
+    let mut keys: Vec<(Kind, String)> = st
+        .objects
+        .range((start, Bound::Unbounded))
+        .take_while(|((k, _), _)| *k == kind)
+        .filter(|(_, (obj, _))| q.matches(obj))
+        .map(|(key, _)| key.clone())
+        .take(limit.saturating_add(1))
+        .collect();
+    let more = keys.len() > limit;
+    keys.truncate(limit);
+    encode_protobuf(st, &keys);
+    let items: Vec<&[u8]> = keys.iter().map(|key| st.encoded[key].as_slice()).collect();
+    let continue_token = more
+        .then(|| keys.last().map(|(_, key)| key.as_str()))
+        .flatten();
+    let (api_version, list_kind) = kind.list_kind();
+    let body = protobuf::list_body(
+        api_version,
+        list_kind,
+        &st.resource_version.to_string(),
+        continue_token,
+        &items,
+    );
+    *st.bytes_served.entry(kind).or_default() += body.len() as u64;
+    *st.protobuf_pages.entry(kind).or_default() += 1;
+    let mut resp = hyper::Response::new(
+        Full::new(Bytes::from(body))
+            .map_err(|never| match never {})
+            .boxed(),
+    );
+    resp.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static(protobuf::CONTENT_TYPE),
+    );
+    resp
+}
+
+/// Encodes in protobuf those of `keys` (Services and EndpointSlices) not encoded since they
+/// last changed.
+fn encode_protobuf(st: &mut State, keys: &[(Kind, String)]) {
+    for key in keys {
+        if !st.encoded.contains_key(key) {
+            let obj = &st.objects[key].0;
+            let encoded = match key.0 {
+                Kind::Service => protobuf::service(obj),
+                _ => protobuf::endpoint_slice(obj),
+            };
+            st.encoded.insert(key.clone(), encoded);
+        }
+    }
 }
 
 /// Sends `events` (lines) that were queued at once as the API server's writer would: in

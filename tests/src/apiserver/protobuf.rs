@@ -1,0 +1,449 @@
+//! The API server double's protobuf encoding (`application/vnd.kubernetes.protobuf`) of the
+//! Services and EndpointSlices it stores as JSON: every field the API's `generated.proto`
+//! declares for them (managed fields, owner and Pod references included), so that a reader
+//! skips what a real server sends. A JSON field the encoder does not know is a panic: the
+//! double never serves less than it stores.
+//!
+//! Like the Go encoder, strings that are not pointers are written even when empty (name,
+//! generateName, namespace, uid, resourceVersion of every object's metadata).
+
+use serde_json::{Map, Value};
+
+/// Kubernetes' protobuf content type.
+pub const CONTENT_TYPE: &str = "application/vnd.kubernetes.protobuf";
+
+/// A whole list body: the magic, then `runtime.Unknown` holding the list (`kind`:
+/// `ServiceList`, `EndpointSliceList`) of the encoded `items`.
+pub fn list_body(
+    api_version: &str,
+    kind: &str,
+    resource_version: &str,
+    continue_token: Option<&str>,
+    items: &[&[u8]],
+) -> Vec<u8> {
+    let mut list_meta = Vec::new();
+    string(&mut list_meta, 2, resource_version);
+    if let Some(token) = continue_token {
+        string(&mut list_meta, 3, token);
+    }
+    let mut list = Vec::new();
+    bytes(&mut list, 1, &list_meta);
+    for item in items {
+        bytes(&mut list, 2, item);
+    }
+    let mut type_meta = Vec::new();
+    string(&mut type_meta, 1, api_version);
+    string(&mut type_meta, 2, kind);
+    let mut unknown = Vec::new();
+    bytes(&mut unknown, 1, &type_meta);
+    bytes(&mut unknown, 2, &list);
+    string(&mut unknown, 3, "");
+    string(&mut unknown, 4, "");
+    let mut body = b"k8s\0".to_vec();
+    body.extend_from_slice(&unknown);
+    body
+}
+
+/// A v1 Service.
+pub fn service(obj: &Value) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (key, value) in fields(obj, "Service") {
+        match key.as_str() {
+            "apiVersion" | "kind" => {}
+            "metadata" => bytes(&mut out, 1, &object_meta(value)),
+            "spec" => bytes(&mut out, 2, &service_spec(value)),
+            "status" => bytes(&mut out, 3, &service_status(value)),
+            other => unknown("Service", other),
+        }
+    }
+    out
+}
+
+/// A discovery.k8s.io/v1 EndpointSlice.
+pub fn endpoint_slice(obj: &Value) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (key, value) in fields(obj, "EndpointSlice") {
+        match key.as_str() {
+            "apiVersion" | "kind" => {}
+            "metadata" => bytes(&mut out, 1, &object_meta(value)),
+            "endpoints" => {
+                for endpoint in array(value) {
+                    bytes(&mut out, 2, &slice_endpoint(endpoint));
+                }
+            }
+            "ports" => {
+                for port in array(value) {
+                    bytes(&mut out, 3, &endpoint_port(port));
+                }
+            }
+            "addressType" => string(&mut out, 4, text(value)),
+            other => unknown("EndpointSlice", other),
+        }
+    }
+    out
+}
+
+fn object_meta(meta: &Value) -> Vec<u8> {
+    let mut out = Vec::new();
+    // The Go encoder writes these strings whatever their value.
+    for (number, key) in [
+        (1, "name"),
+        (2, "generateName"),
+        (3, "namespace"),
+        (5, "uid"),
+    ] {
+        string(&mut out, number, meta[key].as_str().unwrap_or(""));
+    }
+    string(&mut out, 6, meta["resourceVersion"].as_str().unwrap_or(""));
+    for (key, value) in fields(meta, "ObjectMeta") {
+        match key.as_str() {
+            "name" | "generateName" | "namespace" | "uid" | "resourceVersion" => {}
+            "generation" => varint_field(&mut out, 7, number(value) as u64),
+            "creationTimestamp" => bytes(&mut out, 8, &time(value)),
+            "deletionTimestamp" => bytes(&mut out, 9, &time(value)),
+            "deletionGracePeriodSeconds" => varint_field(&mut out, 10, number(value) as u64),
+            "labels" => map(&mut out, 11, value),
+            "annotations" => map(&mut out, 12, value),
+            "ownerReferences" => {
+                for reference in array(value) {
+                    bytes(&mut out, 13, &owner_reference(reference));
+                }
+            }
+            "finalizers" => strings(&mut out, 14, value),
+            "managedFields" => {
+                for entry in array(value) {
+                    bytes(&mut out, 17, &managed_fields_entry(entry));
+                }
+            }
+            other => unknown("ObjectMeta", other),
+        }
+    }
+    out
+}
+
+fn owner_reference(reference: &Value) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (key, value) in fields(reference, "OwnerReference") {
+        match key.as_str() {
+            "kind" => string(&mut out, 1, text(value)),
+            "name" => string(&mut out, 3, text(value)),
+            "uid" => string(&mut out, 4, text(value)),
+            "apiVersion" => string(&mut out, 5, text(value)),
+            "controller" => boolean(&mut out, 6, value),
+            "blockOwnerDeletion" => boolean(&mut out, 7, value),
+            other => unknown("OwnerReference", other),
+        }
+    }
+    out
+}
+
+fn managed_fields_entry(entry: &Value) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (key, value) in fields(entry, "ManagedFieldsEntry") {
+        match key.as_str() {
+            "manager" => string(&mut out, 1, text(value)),
+            "operation" => string(&mut out, 2, text(value)),
+            "apiVersion" => string(&mut out, 3, text(value)),
+            "time" => bytes(&mut out, 4, &time(value)),
+            "fieldsType" => string(&mut out, 6, text(value)),
+            "fieldsV1" => {
+                let mut raw = Vec::new();
+                bytes(&mut raw, 1, value.to_string().as_bytes());
+                bytes(&mut out, 7, &raw);
+            }
+            "subresource" => string(&mut out, 8, text(value)),
+            other => unknown("ManagedFieldsEntry", other),
+        }
+    }
+    out
+}
+
+fn service_spec(spec: &Value) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (key, value) in fields(spec, "ServiceSpec") {
+        match key.as_str() {
+            "ports" => {
+                for port in array(value) {
+                    bytes(&mut out, 1, &service_port(port));
+                }
+            }
+            "selector" => map(&mut out, 2, value),
+            "clusterIP" => string(&mut out, 3, text(value)),
+            "type" => string(&mut out, 4, text(value)),
+            "externalIPs" => strings(&mut out, 5, value),
+            "sessionAffinity" => string(&mut out, 7, text(value)),
+            "loadBalancerIP" => string(&mut out, 8, text(value)),
+            "loadBalancerSourceRanges" => strings(&mut out, 9, value),
+            "externalName" => string(&mut out, 10, text(value)),
+            "externalTrafficPolicy" => string(&mut out, 11, text(value)),
+            "healthCheckNodePort" => varint_field(&mut out, 12, number(value) as u64),
+            "publishNotReadyAddresses" => boolean(&mut out, 13, value),
+            "sessionAffinityConfig" => {
+                let mut config = Vec::new();
+                if let Some(timeout) = value["clientIP"].get("timeoutSeconds") {
+                    let mut client_ip = Vec::new();
+                    varint_field(&mut client_ip, 1, number(timeout) as u64);
+                    bytes(&mut config, 1, &client_ip);
+                }
+                bytes(&mut out, 14, &config);
+            }
+            "ipFamilyPolicy" => string(&mut out, 17, text(value)),
+            "clusterIPs" => strings(&mut out, 18, value),
+            "ipFamilies" => strings(&mut out, 19, value),
+            "allocateLoadBalancerNodePorts" => boolean(&mut out, 20, value),
+            "loadBalancerClass" => string(&mut out, 21, text(value)),
+            "internalTrafficPolicy" => string(&mut out, 22, text(value)),
+            "trafficDistribution" => string(&mut out, 23, text(value)),
+            other => unknown("ServiceSpec", other),
+        }
+    }
+    out
+}
+
+fn service_port(port: &Value) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (key, value) in fields(port, "ServicePort") {
+        match key.as_str() {
+            "name" => string(&mut out, 1, text(value)),
+            "protocol" => string(&mut out, 2, text(value)),
+            "port" => varint_field(&mut out, 3, number(value) as u64),
+            "targetPort" => {
+                let mut target = Vec::new();
+                match value {
+                    Value::String(name) => {
+                        varint_field(&mut target, 1, 1);
+                        string(&mut target, 3, name);
+                    }
+                    other => {
+                        varint_field(&mut target, 1, 0);
+                        varint_field(&mut target, 2, number(other) as u64);
+                    }
+                }
+                bytes(&mut out, 4, &target);
+            }
+            "nodePort" => varint_field(&mut out, 5, number(value) as u64),
+            "appProtocol" => string(&mut out, 6, text(value)),
+            other => unknown("ServicePort", other),
+        }
+    }
+    out
+}
+
+fn service_status(status: &Value) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (key, value) in fields(status, "ServiceStatus") {
+        match key.as_str() {
+            "loadBalancer" => {
+                let mut load_balancer = Vec::new();
+                for ingress in value.get("ingress").map(array).unwrap_or_default() {
+                    let mut entry = Vec::new();
+                    for (key, value) in fields(ingress, "LoadBalancerIngress") {
+                        match key.as_str() {
+                            "ip" => string(&mut entry, 1, text(value)),
+                            "hostname" => string(&mut entry, 2, text(value)),
+                            "ipMode" => string(&mut entry, 3, text(value)),
+                            "ports" => {
+                                for port in array(value) {
+                                    let mut status = Vec::new();
+                                    varint_field(&mut status, 1, number(&port["port"]) as u64);
+                                    string(&mut status, 2, port["protocol"].as_str().unwrap_or(""));
+                                    bytes(&mut entry, 4, &status);
+                                }
+                            }
+                            other => unknown("LoadBalancerIngress", other),
+                        }
+                    }
+                    bytes(&mut load_balancer, 1, &entry);
+                }
+                bytes(&mut out, 1, &load_balancer);
+            }
+            "conditions" => {
+                for condition in array(value) {
+                    let mut encoded = Vec::new();
+                    for (key, value) in fields(condition, "Condition") {
+                        match key.as_str() {
+                            "type" => string(&mut encoded, 1, text(value)),
+                            "status" => string(&mut encoded, 2, text(value)),
+                            "observedGeneration" => {
+                                varint_field(&mut encoded, 3, number(value) as u64)
+                            }
+                            "lastTransitionTime" => bytes(&mut encoded, 4, &time(value)),
+                            "reason" => string(&mut encoded, 5, text(value)),
+                            "message" => string(&mut encoded, 6, text(value)),
+                            other => unknown("Condition", other),
+                        }
+                    }
+                    bytes(&mut out, 2, &encoded);
+                }
+            }
+            other => unknown("ServiceStatus", other),
+        }
+    }
+    out
+}
+
+fn slice_endpoint(endpoint: &Value) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (key, value) in fields(endpoint, "Endpoint") {
+        match key.as_str() {
+            "addresses" => strings(&mut out, 1, value),
+            "conditions" => {
+                let mut conditions = Vec::new();
+                for (key, value) in fields(value, "EndpointConditions") {
+                    let number = match key.as_str() {
+                        "ready" => 1,
+                        "serving" => 2,
+                        "terminating" => 3,
+                        other => unknown("EndpointConditions", other),
+                    };
+                    boolean(&mut conditions, number, value);
+                }
+                bytes(&mut out, 2, &conditions);
+            }
+            "hostname" => string(&mut out, 3, text(value)),
+            "targetRef" => {
+                let mut reference = Vec::new();
+                for (key, value) in fields(value, "ObjectReference") {
+                    let number = match key.as_str() {
+                        "kind" => 1,
+                        "namespace" => 2,
+                        "name" => 3,
+                        "uid" => 4,
+                        "apiVersion" => 5,
+                        "resourceVersion" => 6,
+                        "fieldPath" => 7,
+                        other => unknown("ObjectReference", other),
+                    };
+                    string(&mut reference, number, text(value));
+                }
+                bytes(&mut out, 4, &reference);
+            }
+            "deprecatedTopology" => map(&mut out, 5, value),
+            "nodeName" => string(&mut out, 6, text(value)),
+            "zone" => string(&mut out, 7, text(value)),
+            "hints" => {
+                let mut hints = Vec::new();
+                for (key, value) in fields(value, "EndpointHints") {
+                    let number = match key.as_str() {
+                        "forZones" => 1,
+                        "forNodes" => 2,
+                        other => unknown("EndpointHints", other),
+                    };
+                    for entry in array(value) {
+                        let mut named = Vec::new();
+                        string(&mut named, 1, entry["name"].as_str().unwrap_or(""));
+                        bytes(&mut hints, number, &named);
+                    }
+                }
+                bytes(&mut out, 8, &hints);
+            }
+            other => unknown("Endpoint", other),
+        }
+    }
+    out
+}
+
+fn endpoint_port(port: &Value) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (key, value) in fields(port, "EndpointPort") {
+        match key.as_str() {
+            "name" => string(&mut out, 1, text(value)),
+            "protocol" => string(&mut out, 2, text(value)),
+            "port" => varint_field(&mut out, 3, number(value) as u64),
+            "appProtocol" => string(&mut out, 4, text(value)),
+            other => unknown("EndpointPort", other),
+        }
+    }
+    out
+}
+
+/// `metav1.Time`: seconds since the epoch of an RFC 3339 UTC time (`2026-01-01T00:00:00Z`).
+fn time(value: &Value) -> Vec<u8> {
+    let text = text(value);
+    let parse = |range: std::ops::Range<usize>| -> i64 {
+        text.get(range)
+            .and_then(|digits| digits.parse().ok())
+            .unwrap_or_else(|| panic!("the double's protobuf encoder: time {text:?}"))
+    };
+    let (year, month, day) = (parse(0..4), parse(5..7), parse(8..10));
+    let (hour, minute, second) = (parse(11..13), parse(14..16), parse(17..19));
+    // Days from the civil date (proleptic Gregorian), March-based years.
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let year_of_era = y - era * 400;
+    let day_of_year = (153 * ((month + 9) % 12) + 2) / 5 + day - 1;
+    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
+    let days = era * 146_097 + day_of_era - 719_468;
+    let mut out = Vec::new();
+    varint_field(
+        &mut out,
+        1,
+        (days * 86_400 + hour * 3600 + minute * 60 + second) as u64,
+    );
+    out
+}
+
+fn fields<'a>(value: &'a Value, message: &str) -> &'a Map<String, Value> {
+    value
+        .as_object()
+        .unwrap_or_else(|| panic!("the double's protobuf encoder: {message} is not an object"))
+}
+
+fn array(value: &Value) -> &[Value] {
+    value.as_array().map(Vec::as_slice).unwrap_or_default()
+}
+
+fn text(value: &Value) -> &str {
+    value.as_str().unwrap_or("")
+}
+
+fn number(value: &Value) -> i64 {
+    value.as_i64().unwrap_or(0)
+}
+
+fn unknown(message: &str, field: &str) -> ! {
+    panic!("the double's protobuf encoder does not know {message}.{field}")
+}
+
+fn varint(out: &mut Vec<u8>, mut value: u64) {
+    while value >= 0x80 {
+        out.push((value as u8) | 0x80);
+        value >>= 7;
+    }
+    out.push(value as u8);
+}
+
+fn varint_field(out: &mut Vec<u8>, number: u32, value: u64) {
+    varint(out, u64::from(number) << 3);
+    varint(out, value);
+}
+
+fn bytes(out: &mut Vec<u8>, number: u32, value: &[u8]) {
+    varint(out, (u64::from(number) << 3) | 2);
+    varint(out, value.len() as u64);
+    out.extend_from_slice(value);
+}
+
+fn string(out: &mut Vec<u8>, number: u32, value: &str) {
+    bytes(out, number, value.as_bytes());
+}
+
+fn strings(out: &mut Vec<u8>, number: u32, value: &Value) {
+    for entry in array(value) {
+        string(out, number, text(entry));
+    }
+}
+
+fn boolean(out: &mut Vec<u8>, number: u32, value: &Value) {
+    varint_field(out, number, u64::from(value.as_bool().unwrap_or(false)));
+}
+
+/// A `map<string, string>`: one entry message (key 1, value 2) per pair, in key order.
+fn map(out: &mut Vec<u8>, number: u32, value: &Value) {
+    for (key, entry) in value.as_object().into_iter().flatten() {
+        let mut pair = Vec::new();
+        string(&mut pair, 1, key);
+        string(&mut pair, 2, text(entry));
+        bytes(out, number, &pair);
+    }
+}
