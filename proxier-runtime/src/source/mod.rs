@@ -12,6 +12,10 @@ pub mod kube;
 pub mod lean;
 #[cfg(feature = "file")]
 pub mod manifests;
+#[cfg(feature = "kube")]
+pub mod protobuf;
+#[cfg(feature = "kube")]
+mod protobuf_watch;
 
 use std::fmt;
 

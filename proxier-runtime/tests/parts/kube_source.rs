@@ -2,7 +2,9 @@
 //! are sent, nothing is reported before Services and EndpointSlices have both listed, changes
 //! become events, and watch expiry (410 Gone) and API outages never make it forget objects.
 //! With streaming lists (the default) the source sees the same, and falls back to paginated
-//! lists when the API server refuses them or ignores them (no end bookmark).
+//! lists when the API server refuses them or ignores them (no end bookmark). With protobuf
+//! lists, Services and EndpointSlices list in pages of protobuf, watches stay JSON, and the
+//! picture and changes are those of JSON lists.
 
 use std::time::Duration;
 
@@ -277,6 +279,29 @@ async fn initial_sync_uses_kube_proxy_selectors_and_sends_one_snapshot() {
     }
 }
 
+/// Deletes Service `gone` and adds `shop/new` without telling the watches, then expires them
+/// (410 Gone): only a relist reveals the two, and it reports just them.
+async fn relist_reveals_silent_changes(api: &FakeApiServer, source: &mut SourceHandle, gone: &str) {
+    api.delete_silently(Kind::Service, "shop", gone);
+    api.apply_silently(
+        Kind::Service,
+        service("shop", "new", "10.96.0.22", json!({})),
+    );
+    api.expire_watches();
+    let mut seen = Vec::new();
+    while seen.len() < 2 {
+        seen.extend(described(&next_batch(source).await));
+    }
+    seen.sort();
+    assert_eq!(
+        seen,
+        [
+            format!("service delete shop/{gone}"),
+            "service upsert shop/new".to_owned()
+        ]
+    );
+}
+
 async fn synced_source(api: &FakeApiServer) -> SourceHandle {
     let mut source = start(api).await;
     next_batch(&mut source).await; // the first picture
@@ -336,28 +361,25 @@ async fn expired_watch_relists_and_reports_only_the_difference() {
     no_batch_for(&mut source, Duration::from_millis(300)).await;
 
     // Changes the watch never saw, then 410 Gone: only a relist reveals them.
-    api.delete_silently(Kind::Service, "shop", "gone");
-    api.apply_silently(
-        Kind::Service,
-        service("shop", "new", "10.96.0.22", json!({})),
-    );
-    api.expire_watches();
-
-    let mut seen = Vec::new();
-    while seen.len() < 2 {
-        seen.extend(described(&next_batch(&mut source).await));
-    }
-    seen.sort();
-    assert_eq!(
-        seen,
-        vec!["service delete shop/gone", "service upsert shop/new"]
-    );
+    relist_reveals_silent_changes(&api, &mut source, "gone").await;
     // "keep" did not change: no change for it.
     no_batch_for(&mut source, Duration::from_millis(500)).await;
 }
 
 #[tokio::test]
 async fn api_outage_keeps_known_objects() {
+    outage_keeps_known_objects(ListMode::Paginated).await;
+}
+
+#[tokio::test]
+async fn api_outage_keeps_known_objects_with_protobuf_lists() {
+    outage_keeps_known_objects(ListMode::Protobuf).await;
+}
+
+/// An outage (watches end and fail to restart, 503), then failures whose watches expired
+/// first (410 Gone, then 500 Internal Error, which kube's client does not retry: a relist
+/// fails), in `mode`: nothing known is deleted, and a change after recovery arrives.
+async fn outage_keeps_known_objects(mode: ListMode) {
     let api = FakeApiServer::start().await;
     api.apply(
         Kind::Service,
@@ -367,12 +389,39 @@ async fn api_outage_keeps_known_objects() {
         Kind::EndpointSlice,
         slice("shop", "web-1", "web", "10.244.1.5", json!({})),
     );
-    let mut source = synced_source(&api).await;
+    let mut source = start_with(&api, mode).await;
+    next_batch(&mut source).await; // the first picture
     no_batch_for(&mut source, Duration::from_millis(300)).await;
 
     api.set_outage(true);
     // Failing relists and watches must not turn into deletions.
     no_batch_for(&mut source, Duration::from_secs(3)).await;
+    api.set_outage(false);
+    // Back, then expired and down again at once: the relist fails until the end.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while api.open_watches(Kind::Service) == 0 || api.open_watches(Kind::EndpointSlice) == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the watches reopen after the outage"
+        );
+        no_batch_for(&mut source, Duration::from_millis(100)).await;
+    }
+    let before = api.requests().len();
+    api.expire_watches();
+    api.set_failing();
+    // Failing until a relist of Services has failed (after the watcher's backoff).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !api.requests()[before..]
+        .iter()
+        .any(|r| r.starts_with("/api/v1/services?") && !r.contains("watch=true"))
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "a relist during the outage"
+        );
+        no_batch_for(&mut source, Duration::from_millis(100)).await;
+    }
+    no_batch_for(&mut source, Duration::from_millis(500)).await;
     api.set_outage(false);
     api.apply(
         Kind::Service,
@@ -535,22 +584,7 @@ async fn streaming_relist_after_expiry_reports_only_the_difference() {
     next_batch(&mut source).await;
     no_batch_for(&mut source, Duration::from_millis(300)).await;
 
-    api.delete_silently(Kind::Service, "shop", "gone");
-    api.apply_silently(
-        Kind::Service,
-        service("shop", "new", "10.96.0.22", json!({})),
-    );
-    api.expire_watches();
-
-    let mut seen = Vec::new();
-    while seen.len() < 2 {
-        seen.extend(described(&next_batch(&mut source).await));
-    }
-    seen.sort();
-    assert_eq!(
-        seen,
-        vec!["service delete shop/gone", "service upsert shop/new"]
-    );
+    relist_reveals_silent_changes(&api, &mut source, "gone").await;
     no_batch_for(&mut source, Duration::from_millis(500)).await;
     let (streaming, lists) = streaming_and_lists(&api, "/api/v1/services?");
     assert_eq!((streaming, lists), (2, 0), "the relist streams too");
@@ -641,4 +675,148 @@ async fn a_server_that_ignores_streaming_lists_gets_paginated_lists_after_the_si
     // The plain watch's events and the list's are one picture, not two.
     assert_listed_after_one_streaming_list(&api, &source, &first, "ignored");
     assert_stays_on_paginated_lists(&api, &mut source).await;
+}
+
+/// A Service and a slice with every field a conversion reads set (load-balancer ingress with
+/// an IP mode, affinity timeout, external IPs, source ranges, health-check port, traffic
+/// policies, hints, zone, each condition, a read annotation), beside what is not read.
+fn rich_objects(api: &FakeApiServer) {
+    api.apply(
+        Kind::Service,
+        json!({"apiVersion": "v1", "kind": "Service",
+               "metadata": {"name": "lb", "namespace": "shop", "uid": "u-1",
+                            "creationTimestamp": "2026-01-01T00:00:00Z",
+                            "labels": {"app": "lb"},
+                            "annotations": {"ipvs.proxier.io/scheduler": "wrr", "other": "x"},
+                            "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": "p",
+                                                 "uid": "u", "controller": true}],
+                            "managedFields": [{"manager": "kubectl", "operation": "Apply",
+                                               "time": "2026-01-01T00:00:00Z",
+                                               "fieldsType": "FieldsV1",
+                                               "fieldsV1": {"f:spec": {"f:ports": {}}}}]},
+               "spec": {"type": "LoadBalancer", "clusterIP": "10.96.0.50",
+                        "clusterIPs": ["10.96.0.50"], "ipFamilies": ["IPv4"],
+                        "ipFamilyPolicy": "SingleStack", "selector": {"app": "lb"},
+                        "externalIPs": ["192.0.2.80"],
+                        "loadBalancerSourceRanges": ["198.51.100.0/24"],
+                        "externalTrafficPolicy": "Local", "internalTrafficPolicy": "Cluster",
+                        "healthCheckNodePort": 32000, "sessionAffinity": "ClientIP",
+                        "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 600}},
+                        "allocateLoadBalancerNodePorts": true,
+                        "ports": [{"name": "http", "port": 80, "protocol": "TCP",
+                                   "targetPort": "web", "nodePort": 30080, "appProtocol": "http"},
+                                  {"name": "dns", "port": 53, "protocol": "UDP",
+                                   "targetPort": 5353, "nodePort": 30053}]},
+               "status": {"loadBalancer": {"ingress": [
+                   {"ip": "203.0.113.7", "ipMode": "Proxy"},
+                   {"ip": "203.0.113.8", "hostname": "lb.example",
+                    "ports": [{"port": 80, "protocol": "TCP"}]}]},
+                   "conditions": [{"type": "Ready", "status": "True", "reason": "Up",
+                                   "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}}),
+    );
+    api.apply(
+        Kind::EndpointSlice,
+        json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+               "addressType": "IPv4",
+               "metadata": {"name": "lb-1", "namespace": "shop",
+                            "labels": {"kubernetes.io/service-name": "lb",
+                                       "endpointslice.kubernetes.io/managed-by": "controller"},
+                            "annotations": {"endpoints.kubernetes.io/last-change-trigger-time":
+                                            "2026-01-01T00:00:01Z"}},
+               "endpoints": [
+                   {"addresses": ["10.244.1.5"],
+                    "conditions": {"ready": true, "serving": true, "terminating": false},
+                    "nodeName": "node-a", "zone": "z1", "hostname": "h",
+                    "targetRef": {"kind": "Pod", "namespace": "shop", "name": "p1", "uid": "u1"},
+                    "hints": {"forZones": [{"name": "z1"}], "forNodes": [{"name": "node-a"}]}},
+                   {"addresses": ["10.244.2.5"],
+                    "conditions": {"ready": false, "serving": true, "terminating": true},
+                    "nodeName": "node-b", "zone": "z2"},
+                   {"addresses": ["10.244.3.5"], "nodeName": "node-c"}],
+               "ports": [{"name": "http", "port": 8080, "protocol": "TCP", "appProtocol": "http"},
+                         {"name": "dns", "port": 5353, "protocol": "UDP"}]}),
+    );
+}
+
+#[tokio::test]
+async fn protobuf_lists_give_the_same_picture_and_changes_as_json_lists() {
+    let json_api = populated_double().await;
+    rich_objects(&json_api);
+    let mut json_source = start_with(&json_api, ListMode::Paginated).await;
+    let json_first = first_picture(&mut json_source).await;
+    let json_later = later_changes(&json_api, &mut json_source).await;
+
+    let protobuf_api = populated_double().await;
+    rich_objects(&protobuf_api);
+    let mut protobuf_source = start_with(&protobuf_api, ListMode::Protobuf).await;
+    let protobuf_first = first_picture(&mut protobuf_source).await;
+    let protobuf_later = later_changes(&protobuf_api, &mut protobuf_source).await;
+
+    let names: Vec<&str> = protobuf_first.iter().map(|(d, _)| d.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "node update node-a",
+            "service upsert shop/lb",
+            "service upsert shop/web",
+            "slice upsert shop/lb-1",
+            "slice upsert shop/web-1"
+        ],
+        "kube-proxy's selectors apply to protobuf lists too"
+    );
+    assert_eq!(protobuf_first, json_first);
+    assert_eq!(protobuf_later, json_later);
+    assert_eq!(protobuf_api.protobuf_pages(Kind::Service), 1);
+    assert_eq!(protobuf_api.protobuf_pages(Kind::EndpointSlice), 1);
+    assert_eq!(json_api.protobuf_pages(Kind::Service), 0);
+    assert_eq!(
+        streaming_and_lists(&protobuf_api, "/api/v1/nodes?"),
+        (0, 1),
+        "the Node lists paginated, in JSON"
+    );
+}
+
+#[tokio::test]
+async fn protobuf_lists_come_in_pages_and_relist_after_expiry() {
+    let api = FakeApiServer::start().await;
+    for i in 0..1201 {
+        api.apply_silently(
+            Kind::Service,
+            service("shop", &format!("svc-{i:04}"), "10.96.0.20", json!({})),
+        );
+    }
+    let mut source = start_with(&api, ListMode::Protobuf).await;
+    let first = next_batch(&mut source).await;
+    let upserts = described(&first)
+        .iter()
+        .filter(|c| c.starts_with("service upsert shop/svc-"))
+        .count();
+    assert_eq!(upserts, 1201);
+    assert_eq!(api.protobuf_pages(Kind::Service), 3, "pages of 500");
+    assert!(
+        api.requests()
+            .iter()
+            .any(|r| r.starts_with("/api/v1/services?") && r.contains("continue=")),
+        "{:?}",
+        api.requests()
+    );
+    no_batch_for(&mut source, Duration::from_millis(300)).await;
+
+    // A change the watch (JSON) carries.
+    api.apply(
+        Kind::Service,
+        service("shop", "svc-0000", "10.96.0.21", json!({})),
+    );
+    assert_eq!(
+        described(&next_batch(&mut source).await),
+        ["service upsert shop/svc-0000"]
+    );
+    // Changes the watch never saw, then 410 Gone: the protobuf relist reveals them.
+    relist_reveals_silent_changes(&api, &mut source, "svc-0001").await;
+    assert_eq!(
+        api.protobuf_pages(Kind::Service),
+        6,
+        "the relist in protobuf too"
+    );
+    no_batch_for(&mut source, Duration::from_millis(500)).await;
 }

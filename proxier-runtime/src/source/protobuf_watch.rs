@@ -1,0 +1,324 @@
+//! A watcher whose lists come in Kubernetes' protobuf encoding ([`super::protobuf`]): the
+//! same events as kube-runtime's paginated watcher (`Init`, one `InitApply` per object,
+//! `InitDone`, then `Apply` and `Delete` from a watch that resumes at the list's
+//! resourceVersion; a 410 Gone relists), for the two kinds whose lists are large (Services
+//! and EndpointSlices).
+//!
+//! Only the lists ask for protobuf: they are where a restart spends its CPU (every object at
+//! once), while a watch carries one change at a time and stays on kube's JSON decoding. An API
+//! server that answers a list in JSON anyway is read as JSON. Errors are kube-runtime's
+//! watcher errors, so the caller's backoff treats them alike.
+
+use std::fmt::Debug;
+use std::iter::Flatten;
+use std::time::Duration;
+
+use futures::stream::BoxStream;
+use futures::{Stream, StreamExt};
+use http::header::{ACCEPT, CONTENT_TYPE};
+use kube::api::{ListParams, ObjectList, WatchEvent, WatchParams};
+use kube::core::Status;
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+
+use super::protobuf::{PROTOBUF_CONTENT_TYPE, ProtobufError, read_list};
+
+/// Objects asked for in one list request (kube-runtime's default page).
+const PAGE_SIZE: u32 = 500;
+
+/// How long a watch may stay silent before it is taken for dead and reopened: the server
+/// ends a watch after its timeout (kube's default asks for 290 s), so a longer silence means
+/// the connection is gone.
+const WATCH_IDLE: Duration = Duration::from_secs(290 + 30);
+
+/// Where the watcher is.
+enum State<K, W> {
+    /// Nothing listed: list from the start.
+    Empty,
+    /// A list read: its objects to hand out (page by page, as they came: never moved into
+    /// one collection), then its resourceVersion to watch from.
+    Listed {
+        objects: Flatten<std::vec::IntoIter<Vec<K>>>,
+        resource_version: String,
+    },
+    /// Listed and handed out: open a watch from `resource_version`.
+    Resume { resource_version: String },
+    /// A watch open.
+    Watching {
+        resource_version: String,
+        stream: BoxStream<'static, kube::Result<WatchEvent<W>>>,
+    },
+}
+
+/// The watch of one kind (`W` as kube decodes its watch events, converted to `K`), its lists
+/// asked for in protobuf and read by `decode`; `config` gives the selectors.
+pub(crate) fn protobuf_list_watcher<W, K>(
+    client: kube::Client,
+    api: Api<W>,
+    config: watcher::Config,
+    decode: fn(&[u8]) -> Result<K, ProtobufError>,
+) -> impl Stream<Item = watcher::Result<Event<K>>> + Send
+where
+    W: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+    K: From<W> + Send + 'static,
+{
+    let watch_params = WatchParams {
+        label_selector: config.label_selector.clone(),
+        field_selector: config.field_selector.clone(),
+        timeout: config.timeout,
+        bookmarks: config.bookmarks,
+        ..WatchParams::default()
+    };
+    let list_params = ListParams {
+        label_selector: config.label_selector,
+        field_selector: config.field_selector,
+        limit: Some(PAGE_SIZE),
+        ..ListParams::default()
+    };
+    let context = Context {
+        client,
+        api,
+        list_params,
+        watch_params,
+        decode,
+    };
+    futures::stream::unfold((context, State::Empty), |(context, state)| async move {
+        let (event, state) = step(&context, state).await;
+        Some((event, (context, state)))
+    })
+}
+
+/// What every step needs.
+struct Context<W, K> {
+    client: kube::Client,
+    api: Api<W>,
+    list_params: ListParams,
+    watch_params: WatchParams,
+    decode: fn(&[u8]) -> Result<K, ProtobufError>,
+}
+
+/// Advances the watcher to its next event.
+async fn step<W, K>(
+    context: &Context<W, K>,
+    mut state: State<K, W>,
+) -> (watcher::Result<Event<K>>, State<K, W>)
+where
+    W: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+    K: From<W> + Send + 'static,
+{
+    loop {
+        state = match state {
+            State::Empty => match list_all(context).await {
+                Ok((pages, resource_version)) => {
+                    let listed = State::Listed {
+                        objects: pages.into_iter().flatten(),
+                        resource_version,
+                    };
+                    return (Ok(Event::Init), listed);
+                }
+                Err(error) => return (Err(watcher::Error::InitialListFailed(error)), State::Empty),
+            },
+            State::Listed {
+                mut objects,
+                resource_version,
+            } => match objects.next() {
+                Some(object) => {
+                    let listed = State::Listed {
+                        objects,
+                        resource_version,
+                    };
+                    return (Ok(Event::InitApply(object)), listed);
+                }
+                None => return (Ok(Event::InitDone), State::Resume { resource_version }),
+            },
+            State::Resume { resource_version } => {
+                match context
+                    .api
+                    .watch(&context.watch_params, &resource_version)
+                    .await
+                {
+                    Ok(stream) => State::Watching {
+                        resource_version,
+                        stream: stream.boxed(),
+                    },
+                    Err(kube::Error::Api(status)) if status.code == 410 => {
+                        return (
+                            Err(watcher::Error::WatchStartFailed(kube::Error::Api(status))),
+                            State::Empty,
+                        );
+                    }
+                    Err(error) => {
+                        return (
+                            Err(watcher::Error::WatchStartFailed(error)),
+                            State::Resume { resource_version },
+                        );
+                    }
+                }
+            }
+            State::Watching {
+                resource_version,
+                mut stream,
+            } => {
+                let next = tokio::time::timeout(WATCH_IDLE, stream.next())
+                    .await
+                    .ok()
+                    .flatten();
+                match next {
+                    Some(Ok(WatchEvent::Added(object) | WatchEvent::Modified(object))) => {
+                        let Some(resource_version) = object.resource_version() else {
+                            return (Err(watcher::Error::NoResourceVersion), State::Empty);
+                        };
+                        let watching = State::Watching {
+                            resource_version,
+                            stream,
+                        };
+                        return (Ok(Event::Apply(object.into())), watching);
+                    }
+                    Some(Ok(WatchEvent::Deleted(object))) => {
+                        let Some(resource_version) = object.resource_version() else {
+                            return (Err(watcher::Error::NoResourceVersion), State::Empty);
+                        };
+                        let watching = State::Watching {
+                            resource_version,
+                            stream,
+                        };
+                        return (Ok(Event::Delete(object.into())), watching);
+                    }
+                    Some(Ok(WatchEvent::Bookmark(bookmark))) => State::Watching {
+                        resource_version: bookmark.metadata.resource_version,
+                        stream,
+                    },
+                    Some(Ok(WatchEvent::Error(status))) => {
+                        // 410 Gone: the resourceVersion is too old to resume from; relist.
+                        let next = if status.code == 410 {
+                            State::Empty
+                        } else {
+                            State::Watching {
+                                resource_version,
+                                stream,
+                            }
+                        };
+                        return (Err(watcher::Error::WatchError(status)), next);
+                    }
+                    Some(Err(error)) => {
+                        let watching = State::Watching {
+                            resource_version,
+                            stream,
+                        };
+                        return (Err(watcher::Error::WatchFailed(error)), watching);
+                    }
+                    None => State::Resume { resource_version },
+                }
+            }
+        };
+    }
+}
+
+/// Lists every page: the objects of each and the resourceVersion to watch from.
+async fn list_all<W, K>(context: &Context<W, K>) -> kube::Result<(Vec<Vec<K>>, String)>
+where
+    W: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+    K: From<W>,
+{
+    let mut pages = Vec::new();
+    let mut params = context.list_params.clone();
+    loop {
+        let page = list_page(context, &params).await?;
+        pages.push(page.objects);
+        match page.continue_token {
+            Some(token) => params.continue_token = Some(token),
+            None => {
+                let resource_version = page.resource_version.ok_or_else(|| {
+                    invalid(format!(
+                        "list of {} without a resourceVersion",
+                        context.api.resource_url()
+                    ))
+                })?;
+                return Ok((pages, resource_version));
+            }
+        }
+    }
+}
+
+/// One page of a list.
+struct Page<K> {
+    objects: Vec<K>,
+    resource_version: Option<String>,
+    continue_token: Option<String>,
+}
+
+/// Asks for one page in protobuf (JSON accepted) and reads it in what the server chose.
+async fn list_page<W, K>(context: &Context<W, K>, params: &ListParams) -> kube::Result<Page<K>>
+where
+    W: Resource + Clone + DeserializeOwned + Debug,
+    K: From<W>,
+{
+    let mut request = kube::core::Request::new(context.api.resource_url())
+        .list(params)
+        .map_err(kube::Error::BuildRequest)?;
+    request.headers_mut().insert(
+        ACCEPT,
+        http::HeaderValue::from_str(&format!("{PROTOBUF_CONTENT_TYPE}, application/json"))
+            .map_err(|e| invalid(e.to_string()))?,
+    );
+    let response = context
+        .client
+        .send(request.map(kube::client::Body::from))
+        .await?;
+    let status = response.status();
+    let protobuf = response
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|value| value.starts_with(PROTOBUF_CONTENT_TYPE));
+    let body = response.into_body().collect_bytes().await?;
+    if !status.is_success() {
+        return Err(api_error(status.as_u16(), &body));
+    }
+    if protobuf {
+        let list = read_list(&body).map_err(|e| protobuf_error(context, e))?;
+        let mut objects = Vec::with_capacity(list.items.len());
+        for item in &list.items {
+            objects.push((context.decode)(item).map_err(|e| protobuf_error(context, e))?);
+        }
+        return Ok(Page {
+            objects,
+            resource_version: list.resource_version,
+            continue_token: list.continue_token,
+        });
+    }
+    let list: ObjectList<W> = serde_json::from_slice(&body).map_err(kube::Error::SerdeError)?;
+    Ok(Page {
+        objects: list.items.into_iter().map(K::from).collect(),
+        resource_version: list.metadata.resource_version.filter(|s| !s.is_empty()),
+        continue_token: list.metadata.continue_.filter(|s| !s.is_empty()),
+    })
+}
+
+/// A failed request as kube reports one: the server's `Status` when the body is one (in
+/// JSON; an API server sends its errors in JSON when asked for protobuf too), else the body
+/// as the message.
+fn api_error(code: u16, body: &[u8]) -> kube::Error {
+    let status = serde_json::from_slice::<Status>(body).unwrap_or_else(|_| {
+        Status::failure(
+            String::from_utf8_lossy(body).trim(),
+            "Failed to parse error data",
+        )
+        .with_code(code)
+    });
+    kube::Error::Api(Box::new(status))
+}
+
+fn protobuf_error<W: Resource, K>(context: &Context<W, K>, error: ProtobufError) -> kube::Error {
+    invalid(format!(
+        "reading the protobuf list of {}: {error}",
+        context.api.resource_url()
+    ))
+}
+
+fn invalid(message: String) -> kube::Error {
+    kube::Error::Api(Box::new(
+        Status::failure(&message, "InvalidResponse").with_code(0),
+    ))
+}
