@@ -88,6 +88,17 @@ pub struct Cli {
     #[serde(skip)]
     pub api_streaming_lists: Option<bool>,
 
+    /// The content type asked of the API server for the lists of Services and EndpointSlices:
+    /// `application/vnd.kubernetes.protobuf` (paginated lists in protobuf, a fraction of
+    /// JSON's decoding CPU; watches stay JSON) or `application/json` (the default here; unlike
+    /// kube-proxy, whose default is protobuf).
+    #[arg(long, value_name = "TYPE")]
+    #[serde(
+        rename = "clientConnection.contentType",
+        deserialize_with = "file::text"
+    )]
+    pub kube_api_content_type: Option<String>,
+
     /// Use this name instead of the machine's hostname to identify this node.
     #[arg(long, value_name = "NAME")]
     #[serde(rename = "hostnameOverride", deserialize_with = "file::text")]

@@ -87,7 +87,9 @@ pub(crate) async fn start_source(settings: &Settings) -> Result<SourceHandle, Da
             source::kube::spawn(
                 client,
                 source::kube::KubeSourceConfig {
-                    list_mode: if settings.api_streaming_lists {
+                    list_mode: if settings.api_protobuf_lists {
+                        source::kube::ListMode::Protobuf
+                    } else if settings.api_streaming_lists {
                         source::kube::ListMode::Streaming
                     } else {
                         source::kube::ListMode::Paginated

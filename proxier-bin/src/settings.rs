@@ -106,6 +106,9 @@ pub struct Settings {
     pub source: SourceSettings,
     /// With the API server source: streaming lists (the default) instead of paginated ones.
     pub api_streaming_lists: bool,
+    /// With the API server source: Services and EndpointSlices listed in protobuf
+    /// (`--kube-api-content-type=application/vnd.kubernetes.protobuf`), paginated.
+    pub api_protobuf_lists: bool,
     /// With the API server source: watch ServiceCIDR objects and route their ranges
     /// (`--bind-service-cidrs=auto`).
     pub follow_service_cidrs: bool,
@@ -566,9 +569,28 @@ pub fn resolve(
         .map_err(|e| invalid("--dummy-interface", e.to_string()))?
         .to_string();
 
+    let content_type = origin(
+        ("--kube-api-content-type", &cli.kube_api_content_type),
+        ("clientConnection.contentType", &file.kube_api_content_type),
+    );
+    let api_protobuf_lists = match content_type.as_ref().map(|(o, v)| (*o, v.trim())) {
+        None | Some((_, "" | "application/json")) => false,
+        Some((_, "application/vnd.kubernetes.protobuf")) => true,
+        Some((source, other)) => {
+            return Err(invalid(
+                source,
+                format!(
+                    "{other:?} is not a content type the API server serves lists in: \
+                     application/vnd.kubernetes.protobuf or application/json"
+                ),
+            ));
+        }
+    };
+
     Ok(Settings {
         source,
         api_streaming_lists: cli.api_streaming_lists.unwrap_or(true),
+        api_protobuf_lists,
         follow_service_cidrs,
         hostname,
         planner,

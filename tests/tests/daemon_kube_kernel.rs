@@ -17,7 +17,7 @@ use std::io::Write as _;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use ipvs_proxier_tests::apiserver::Kind;
+use ipvs_proxier_tests::apiserver::{FakeApiServer, Kind};
 use ipvs_proxier_tests::bench::api::ApiInNetns;
 use ipvs_proxier_tests::{Background, Netns, proxier_bin, require_kernel};
 use serde_json::{Value, json};
@@ -76,11 +76,16 @@ struct Daemon {
 
 impl Daemon {
     fn start(node: &Netns, master: &str) -> Daemon {
+        Daemon::start_with(node, master, "")
+    }
+
+    /// [`Daemon::start`] with more flags.
+    fn start_with(node: &Netns, master: &str, flags: &str) -> Daemon {
         let log = std::env::temp_dir().join(format!("daemon-kube-{}.log", node.name()));
         let pid = node.sh_ok(&format!(
             "{bin} --master {master} --hostname-override node-a \
              --metrics-bind-address 127.0.0.1:10249 --healthz-bind-address 127.0.0.1:10256 \
-             --ipvs-sync-period 5s -v 2 >{log} 2>&1 </dev/null & echo $!",
+             --ipvs-sync-period 5s -v 2 {flags} >{log} 2>&1 </dev/null & echo $!",
             bin = proxier_bin().display(),
             log = log.display()
         ));
@@ -268,6 +273,32 @@ impl Topology {
     }
 }
 
+/// Web's slice gets pod-b through a watch event: both real servers, both pods answer.
+/// Returns web's lines.
+fn add_pod_b_to_web(topo: &Topology, daemon: &Daemon, api: &FakeApiServer) -> Vec<String> {
+    api.apply(
+        Kind::EndpointSlice,
+        slice("web-1", "web", 8080, &[POD_A, POD_B]),
+    );
+    let web_ab = ipvs_lines("10.96.0.50", 80, 8080, &[POD_A, POD_B]);
+    topo.wait_lines(daemon, "web with pod-a and pod-b programmed", &web_ab);
+    topo.wait_answers(daemon, "10.96.0.50", 80, &["pod-a", "pod-b"]);
+    web_ab
+}
+
+/// Service api and its slice added without telling the watches, which then expire (410
+/// Gone): only the relist the daemon must do can show it; programmed, pod-b answers.
+/// Returns api's lines.
+fn relist_shows_api(topo: &Topology, daemon: &Daemon, api: &FakeApiServer) -> Vec<String> {
+    api.apply_silently(Kind::Service, service("api", "10.96.0.51", 80, 8080));
+    api.apply_silently(Kind::EndpointSlice, slice("api-1", "api", 8080, &[POD_B]));
+    api.expire_watches();
+    let api_b = ipvs_lines("10.96.0.51", 80, 8080, &[POD_B]);
+    topo.wait_lines(daemon, "api (seen only by the relist) programmed", &api_b);
+    topo.wait_answers(daemon, "10.96.0.51", 80, &["pod-b"]);
+    api_b
+}
+
 #[test]
 fn daemon_driven_by_the_api_double_programs_the_kernel_and_traffic_flows() {
     require_kernel!();
@@ -297,23 +328,12 @@ fn daemon_driven_by_the_api_double_programs_the_kernel_and_traffic_flows() {
     topo.wait_answers(&daemon, "10.96.0.50", 80, &["pod-a"]);
 
     // 2. A second endpoint through a watch event: both real servers, both pods answer.
-    api.apply(
-        Kind::EndpointSlice,
-        slice("web-1", "web", 8080, &[POD_A, POD_B]),
-    );
-    let web_ab = ipvs_lines("10.96.0.50", 80, 8080, &[POD_A, POD_B]);
-    topo.wait_lines(&daemon, "web with pod-a and pod-b programmed", &web_ab);
-    topo.wait_answers(&daemon, "10.96.0.50", 80, &["pod-a", "pod-b"]);
+    let web_ab = add_pod_b_to_web(&topo, &daemon, api);
 
     // 3. A change the watches never report (compacted away), then the watches expire (410
     // Gone): only the relist the daemon must do can show it.
     let before_expiry = api.requests().len();
-    api.apply_silently(Kind::Service, service("api", "10.96.0.51", 80, 8080));
-    api.apply_silently(Kind::EndpointSlice, slice("api-1", "api", 8080, &[POD_B]));
-    api.expire_watches();
-    let api_b = ipvs_lines("10.96.0.51", 80, 8080, &[POD_B]);
-    topo.wait_lines(&daemon, "api (seen only by the relist) programmed", &api_b);
-    topo.wait_answers(&daemon, "10.96.0.51", 80, &["pod-b"]);
+    let api_b = relist_shows_api(&topo, &daemon, api);
     let after_expiry = api.requests();
     assert!(
         after_expiry[before_expiry..]
@@ -435,4 +455,41 @@ fn daemon_driven_by_the_api_double_programs_the_kernel_and_traffic_flows() {
 
     assert!(daemon.running(), "daemon still running at the end");
     note(&format!("whole scenario took {:?}", started.elapsed()));
+}
+
+#[test]
+fn daemon_on_protobuf_lists_programs_the_kernel_and_relists_in_protobuf() {
+    require_kernel!();
+    let topo = Topology::new();
+    let api_in_node =
+        ApiInNetns::start(&topo.node).expect("the API double started in the node netns");
+    let api = api_in_node.api();
+    api.apply(Kind::Node, node_object("node-a", NODE_IP));
+    api.apply(Kind::Service, service("web", "10.96.0.50", 80, 8080));
+    api.apply(Kind::EndpointSlice, slice("web-1", "web", 8080, &[POD_A]));
+
+    let daemon = Daemon::start_with(
+        &topo.node,
+        &api.url(),
+        "--kube-api-content-type=application/vnd.kubernetes.protobuf",
+    );
+
+    // Listed in protobuf: programmed, and the pod answers.
+    let web_a = ipvs_lines("10.96.0.50", 80, 8080, &[POD_A]);
+    topo.wait_lines(&daemon, "web with pod-a programmed", &web_a);
+    topo.wait_answers(&daemon, "10.96.0.50", 80, &["pod-a"]);
+    assert_eq!(api.protobuf_pages(Kind::Service), 1, "{:?}", api.requests());
+    assert_eq!(api.protobuf_pages(Kind::EndpointSlice), 1);
+
+    // A change through the (JSON) watch.
+    let web_ab = add_pod_b_to_web(&topo, &daemon, api);
+
+    // What only a relist shows, then 410 Gone: the relist is a protobuf list again.
+    relist_shows_api(&topo, &daemon, api);
+    assert_eq!(api.protobuf_pages(Kind::Service), 2, "{:?}", api.requests());
+    let table = topo.ipvs_set();
+    for line in &web_ab {
+        assert!(table.contains(line), "{line} lost after relist: {table:?}");
+    }
+    assert!(daemon.running(), "daemon still running at the end");
 }

@@ -508,3 +508,52 @@ fn bind_service_cidrs_auto_follows_service_cidr_objects_with_strict_arp_and_the_
         "{error}"
     );
 }
+
+#[test]
+fn the_api_content_type_picks_protobuf_lists_from_the_flag_or_the_file() {
+    let protobuf = "application/vnd.kubernetes.protobuf";
+    assert!(
+        !resolve(&cli(&[]), None, "n")
+            .expect("valid")
+            .api_protobuf_lists
+    );
+    let s = resolve(
+        &cli(&[&format!("--kube-api-content-type={protobuf}")]),
+        None,
+        "n",
+    )
+    .expect("valid");
+    assert!(s.api_protobuf_lists);
+    let in_file = file(&format!("clientConnection:\n  contentType: {protobuf}\n"));
+    assert!(
+        resolve(&cli(&[]), Some(&in_file), "n")
+            .expect("valid")
+            .api_protobuf_lists
+    );
+    // The flag wins over the file; kubeadm's blank value is the default.
+    let s = resolve(
+        &cli(&["--kube-api-content-type=application/json"]),
+        Some(&in_file),
+        "n",
+    )
+    .expect("valid");
+    assert!(!s.api_protobuf_lists);
+    let blank = file("clientConnection:\n  contentType: \"\"\n");
+    assert!(
+        !resolve(&cli(&[]), Some(&blank), "n")
+            .expect("valid")
+            .api_protobuf_lists
+    );
+
+    let err = resolve(
+        &cli(&[]),
+        Some(&file("clientConnection:\n  contentType: text/yaml\n")),
+        "n",
+    )
+    .expect_err("not a list encoding");
+    let message = err.to_string();
+    assert!(
+        message.contains("clientConnection.contentType") && message.contains("text/yaml"),
+        "{message}"
+    );
+}

@@ -102,6 +102,10 @@ struct Args {
     /// (`--no-rate-estimation`: `net.ipv4.vs.run_estimation=0`), to tell its periodic walk
     /// of every estimator from the daemon's own work in the changes' tail.
     no_rate_estimation: bool,
+    /// The kube source lists Services and EndpointSlices in protobuf
+    /// (`--kube-api-content-type=application/vnd.kubernetes.protobuf`); the double encodes
+    /// them once after filling, as a real server's cache holds them.
+    protobuf: bool,
 }
 
 /// The CIDR holding every ClusterIP of the bench ([`cluster::vip`]: 10.100-103.x.y).
@@ -119,6 +123,7 @@ fn parse_args() -> anyhow::Result<Args> {
         routed: false,
         dump_breakdown: false,
         no_rate_estimation: false,
+        protobuf: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -133,6 +138,7 @@ fn parse_args() -> anyhow::Result<Args> {
             "--bind-service-cidrs" => a.routed = true,
             "--dump-breakdown" => a.dump_breakdown = true,
             "--no-rate-estimation" => a.no_rate_estimation = true,
+            "--protobuf" => a.protobuf = true,
             "--source" => {
                 a.sources = match value()?.as_str() {
                     "file" => vec![SourceKind::File],
@@ -142,7 +148,7 @@ fn parse_args() -> anyhow::Result<Args> {
                 }
             }
             other => bail!(
-                "unknown argument {other} (use --services N --endpoints M --source kube|file|both --changes K --small S --bind-service-cidrs)"
+                "unknown argument {other} (use --services N --endpoints M --source kube|file|both --changes K --small S --bind-service-cidrs --protobuf)"
             ),
         }
     }
@@ -549,6 +555,9 @@ fn run_source(
             let double = ApiInNetns::start(&ns)?;
             let t = Instant::now();
             double.fill(a.services, m);
+            if a.protobuf {
+                double.api().prepare_protobuf();
+            }
             println!(
                 "API double: {} Services + {} EndpointSlices, filled in {:.2} s",
                 a.services,
@@ -581,11 +590,14 @@ fn run_source(
 
     // Start to programmed.
     let routed_flag = format!("--bind-service-cidrs={ROUTED_CIDR}");
-    let extra: Vec<&str> = if a.routed {
+    let mut extra: Vec<&str> = if a.routed {
         vec![&routed_flag, "--ipvs-strict-arp"]
     } else {
         Vec::new()
     };
+    if a.protobuf && matches!(kind, SourceKind::Kube) {
+        extra.push("--kube-api-content-type=application/vnd.kubernetes.protobuf");
+    }
     let mut daemon = BenchDaemon::start(&ns, &source, &log(1), "1h", &extra)?;
     let (n, programmed_at) = wait_programmed(&mut daemon, &ns, &floors.table, timeout)?;
     let program = programmed_at - daemon.started;
