@@ -10,7 +10,6 @@
 //! watcher errors, so the caller's backoff treats them alike.
 
 use std::fmt::Debug;
-use std::iter::Flatten;
 use std::time::Duration;
 
 use futures::stream::BoxStream;
@@ -36,11 +35,13 @@ const WATCH_IDLE: Duration = Duration::from_secs(290 + 30);
 enum State<K, W> {
     /// Nothing listed: list from the start.
     Empty,
-    /// A list read: its objects to hand out (page by page, as they came: never moved into
-    /// one collection), then its resourceVersion to watch from.
-    Listed {
-        objects: Flatten<std::vec::IntoIter<Vec<K>>>,
-        resource_version: String,
+    /// Listing: the page being handed out, then the next one (`continue_token`), or, after
+    /// the last, the list's resourceVersion to watch from. One page is held at a time, as
+    /// kube-runtime's paginated watcher holds it.
+    Paging {
+        objects: std::vec::IntoIter<K>,
+        continue_token: Option<String>,
+        resource_version: Option<String>,
     },
     /// Listed and handed out: open a watch from `resource_version`.
     Resume { resource_version: String },
@@ -109,29 +110,51 @@ where
 {
     loop {
         state = match state {
-            State::Empty => match list_all(context).await {
-                Ok((pages, resource_version)) => {
-                    let listed = State::Listed {
-                        objects: pages.into_iter().flatten(),
-                        resource_version,
-                    };
-                    return (Ok(Event::Init), listed);
-                }
-                Err(error) => return (Err(watcher::Error::InitialListFailed(error)), State::Empty),
-            },
-            State::Listed {
+            State::Empty => {
+                let paging = State::Paging {
+                    objects: Vec::new().into_iter(),
+                    continue_token: None,
+                    resource_version: None,
+                };
+                return (Ok(Event::Init), paging);
+            }
+            State::Paging {
                 mut objects,
+                continue_token,
                 resource_version,
-            } => match objects.next() {
-                Some(object) => {
-                    let listed = State::Listed {
+            } => {
+                if let Some(object) = objects.next() {
+                    let paging = State::Paging {
                         objects,
+                        continue_token,
                         resource_version,
                     };
-                    return (Ok(Event::InitApply(object)), listed);
+                    return (Ok(Event::InitApply(object)), paging);
                 }
-                None => return (Ok(Event::InitDone), State::Resume { resource_version }),
-            },
+                if continue_token.is_none()
+                    && let Some(resource_version) = resource_version
+                {
+                    return (Ok(Event::InitDone), State::Resume { resource_version });
+                }
+                let mut params = context.list_params.clone();
+                params.continue_token = continue_token;
+                match list_page(context, &params).await {
+                    Ok(page)
+                        if page.continue_token.is_none() && page.resource_version.is_none() =>
+                    {
+                        return (Err(watcher::Error::NoResourceVersion), State::Empty);
+                    }
+                    Ok(page) => State::Paging {
+                        objects: page.objects.into_iter(),
+                        continue_token: page.continue_token,
+                        resource_version: page.resource_version,
+                    },
+                    // The list starts over (a new `Init`): its pages so far are dropped.
+                    Err(error) => {
+                        return (Err(watcher::Error::InitialListFailed(error)), State::Empty);
+                    }
+                }
+            }
             State::Resume { resource_version } => {
                 match context
                     .api
@@ -212,32 +235,6 @@ where
                 }
             }
         };
-    }
-}
-
-/// Lists every page: the objects of each and the resourceVersion to watch from.
-async fn list_all<W, K>(context: &Context<W, K>) -> kube::Result<(Vec<Vec<K>>, String)>
-where
-    W: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
-    K: From<W>,
-{
-    let mut pages = Vec::new();
-    let mut params = context.list_params.clone();
-    loop {
-        let page = list_page(context, &params).await?;
-        pages.push(page.objects);
-        match page.continue_token {
-            Some(token) => params.continue_token = Some(token),
-            None => {
-                let resource_version = page.resource_version.ok_or_else(|| {
-                    invalid(format!(
-                        "list of {} without a resourceVersion",
-                        context.api.resource_url()
-                    ))
-                })?;
-                return Ok((pages, resource_version));
-            }
-        }
     }
 }
 
