@@ -26,6 +26,9 @@ use super::protobuf::{PROTOBUF_CONTENT_TYPE, ProtobufError, read_list};
 /// Objects asked for in one list request (kube-runtime's default page).
 const PAGE_SIZE: u32 = 500;
 
+/// What a list asks for: protobuf, or JSON from a server that does not serve it.
+const LIST_ACCEPT: &str = "application/vnd.kubernetes.protobuf, application/json";
+
 /// How long a watch may stay silent before it is taken for dead and reopened: the server
 /// ends a watch after its timeout (kube's default asks for 290 s), so a longer silence means
 /// the connection is gone.
@@ -189,24 +192,10 @@ where
                     .flatten();
                 match next {
                     Some(Ok(WatchEvent::Added(object) | WatchEvent::Modified(object))) => {
-                        let Some(resource_version) = object.resource_version() else {
-                            return (Err(watcher::Error::NoResourceVersion), State::Empty);
-                        };
-                        let watching = State::Watching {
-                            resource_version,
-                            stream,
-                        };
-                        return (Ok(Event::Apply(object.into())), watching);
+                        return changed(object, Event::Apply, stream);
                     }
                     Some(Ok(WatchEvent::Deleted(object))) => {
-                        let Some(resource_version) = object.resource_version() else {
-                            return (Err(watcher::Error::NoResourceVersion), State::Empty);
-                        };
-                        let watching = State::Watching {
-                            resource_version,
-                            stream,
-                        };
-                        return (Ok(Event::Delete(object.into())), watching);
+                        return changed(object, Event::Delete, stream);
                     }
                     Some(Ok(WatchEvent::Bookmark(bookmark))) => State::Watching {
                         resource_version: bookmark.metadata.resource_version,
@@ -238,6 +227,29 @@ where
     }
 }
 
+/// A watched object's change as `event`, the watch going on from its resourceVersion (a
+/// change without one starts over with a list).
+fn changed<W, K>(
+    object: W,
+    event: fn(K) -> Event<K>,
+    stream: BoxStream<'static, kube::Result<WatchEvent<W>>>,
+) -> (watcher::Result<Event<K>>, State<K, W>)
+where
+    W: Resource,
+    K: From<W>,
+{
+    match object.resource_version() {
+        Some(resource_version) => (
+            Ok(event(object.into())),
+            State::Watching {
+                resource_version,
+                stream,
+            },
+        ),
+        None => (Err(watcher::Error::NoResourceVersion), State::Empty),
+    }
+}
+
 /// One page of a list.
 struct Page<K> {
     objects: Vec<K>,
@@ -254,11 +266,9 @@ where
     let mut request = kube::core::Request::new(context.api.resource_url())
         .list(params)
         .map_err(kube::Error::BuildRequest)?;
-    request.headers_mut().insert(
-        ACCEPT,
-        http::HeaderValue::from_str(&format!("{PROTOBUF_CONTENT_TYPE}, application/json"))
-            .map_err(|e| invalid(e.to_string()))?,
-    );
+    request
+        .headers_mut()
+        .insert(ACCEPT, http::HeaderValue::from_static(LIST_ACCEPT));
     let response = context
         .client
         .send(request.map(kube::client::Body::from))
