@@ -58,6 +58,11 @@ impl Kind {
         }
     }
 
+    /// Whether its lists are served in protobuf to a request that accepts it.
+    fn in_protobuf(self) -> bool {
+        matches!(self, Kind::Service | Kind::EndpointSlice)
+    }
+
     fn list_kind(self) -> (&'static str, &'static str) {
         match self {
             Kind::Service => ("v1", "ServiceList"),
@@ -82,9 +87,8 @@ struct State {
     /// (kind, resourceVersion, event) for watch replay.
     log: Vec<(Kind, u64, Value)>,
     watchers: Vec<(Kind, Query, mpsc::UnboundedSender<Bytes>)>,
-    outage: bool,
-    /// The status every request gets during an outage: 503, or 500 (`set_failing`).
-    outage_status: u16,
+    /// During an outage, what every request gets: (status, reason, message).
+    outage: Option<(u16, &'static str, &'static str)>,
     refuse_streaming_lists: bool,
     ignore_streaming_lists: bool,
     /// Bytes of response bodies sent, by kind.
@@ -94,6 +98,21 @@ struct State {
     requests: Vec<String>,
     /// Watches from a resourceVersion older than this get 410 Gone.
     compacted_at: u64,
+}
+
+impl State {
+    /// Stores `obj` (and its JSON text) under `key`; its protobuf encoding, if any, is stale.
+    fn store(&mut self, key: (Kind, String), obj: Value) {
+        self.encoded.remove(&key);
+        let text = obj.to_string();
+        self.objects.insert(key, (obj, text));
+    }
+
+    /// Removes the object under `key` with its encodings; returns it.
+    fn forget(&mut self, key: &(Kind, String)) -> Option<Value> {
+        self.encoded.remove(key);
+        self.objects.remove(key).map(|(obj, _)| obj)
+    }
 }
 
 #[derive(Debug, Clone, Default)]
@@ -269,8 +288,7 @@ impl FakeApiServer {
         } else {
             "ADDED"
         };
-        st.encoded.remove(&key);
-        st.objects.insert(key, (obj.clone(), obj.to_string()));
+        st.store(key, obj.clone());
         let event = json!({"type": kind_of_event, "object": obj});
         notify(&mut st, kind, rv, event);
     }
@@ -278,8 +296,7 @@ impl FakeApiServer {
     /// Deletes an object (by namespace/name) and notifies watchers.
     pub fn delete(&self, kind: Kind, namespace: &str, name: &str) {
         let mut st = self.lock();
-        st.encoded.remove(&(kind, format!("{namespace}/{name}")));
-        let Some((mut obj, _)) = st.objects.remove(&(kind, format!("{namespace}/{name}"))) else {
+        let Some(mut obj) = st.forget(&(kind, format!("{namespace}/{name}"))) else {
             panic!("no {kind:?} {namespace}/{name} to delete");
         };
         st.resource_version += 1;
@@ -306,24 +323,20 @@ impl FakeApiServer {
         let mut st = self.lock();
         st.resource_version += 1;
         obj["metadata"]["resourceVersion"] = json!(st.resource_version.to_string());
-        let text = obj.to_string();
-        st.encoded.remove(&(kind, key_of(&obj)));
-        st.objects.insert((kind, key_of(&obj)), (obj, text));
+        st.store((kind, key_of(&obj)), obj);
     }
 
     /// Deletes without telling watchers (see [`FakeApiServer::apply_silently`]).
     pub fn delete_silently(&self, kind: Kind, namespace: &str, name: &str) {
         let mut st = self.lock();
         st.resource_version += 1;
-        st.encoded.remove(&(kind, format!("{namespace}/{name}")));
-        st.objects.remove(&(kind, format!("{namespace}/{name}")));
+        st.forget(&(kind, format!("{namespace}/{name}")));
     }
 
     /// While on, every request fails with 503 and open watches are cut.
     pub fn set_outage(&self, on: bool) {
         let mut st = self.lock();
-        st.outage = on;
-        st.outage_status = 503;
+        st.outage = on.then_some((503, "ServiceUnavailable", "the double is down"));
         if on {
             st.watchers.clear(); // dropping the senders ends the streams
         }
@@ -333,7 +346,7 @@ impl FakeApiServer {
     /// it retries a 503) until `set_outage(false)`; watches end.
     pub fn set_failing(&self) {
         self.set_outage(true);
-        self.lock().outage_status = 500;
+        self.lock().outage = Some((500, "InternalError", "the double is failing"));
     }
 
     /// From now on, refuse streaming lists as an API server without the WatchList feature
@@ -358,7 +371,7 @@ impl FakeApiServer {
         let keys: Vec<(Kind, String)> = st
             .objects
             .keys()
-            .filter(|(kind, _)| matches!(kind, Kind::Service | Kind::EndpointSlice))
+            .filter(|(kind, _)| kind.in_protobuf())
             .cloned()
             .collect();
         encode_protobuf(&mut st, &keys);
@@ -425,23 +438,14 @@ fn handle(
 ) -> hyper::Response<Body> {
     let mut st = state.lock().expect("double state");
     st.requests.push(format!("{path}?{query}"));
-    if st.outage {
-        return match st.outage_status {
-            500 => full(
-                500,
-                &status_object(500, "InternalError", "the double is failing"),
-            ),
-            _ => full(
-                503,
-                &status_object(503, "ServiceUnavailable", "the double is down"),
-            ),
-        };
+    if let Some((code, reason, message)) = st.outage {
+        return full(code, &status_object(code, reason, message));
     }
     let Some(kind) = Kind::from_path(path) else {
         return full(404, &status_object(404, "NotFound", "unknown path"));
     };
     let q = Query::parse(query);
-    if !q.watch && protobuf && matches!(kind, Kind::Service | Kind::EndpointSlice) {
+    if !q.watch && protobuf && kind.in_protobuf() {
         return protobuf_list(&mut st, kind, &q);
     }
     if !q.watch {
@@ -567,7 +571,8 @@ fn encode_protobuf(st: &mut State, keys: &[(Kind, String)]) {
             let obj = &st.objects[key].0;
             let encoded = match key.0 {
                 Kind::Service => protobuf::service(obj),
-                _ => protobuf::endpoint_slice(obj),
+                Kind::EndpointSlice => protobuf::endpoint_slice(obj),
+                other => panic!("the double encodes no {other:?} in protobuf"),
             };
             st.encoded.insert(key.clone(), encoded);
         }
