@@ -12,6 +12,7 @@ use anyhow::{Context, bail};
 use crate::{Netns, proxier_bin};
 
 use super::cluster::NODE;
+use super::cpu::ProcessCpu;
 use super::phases::{self, LogEvent, Phases};
 
 /// Where the daemon's metrics listen, in its namespace.
@@ -130,11 +131,18 @@ impl BenchDaemon {
         timeout: Duration,
     ) -> anyhow::Result<(LogEvent, Instant)> {
         let deadline = Instant::now() + timeout;
+        // The log is read again only when it grew: the daemon's CPUs are the ones this
+        // loop would take.
+        let mut read_length = None;
         loop {
-            let mut syncs = self.syncs();
-            syncs.retain(|l| filter(l));
-            if syncs.len() >= n {
-                return Ok((syncs.swap_remove(n - 1), Instant::now()));
+            let length = std::fs::metadata(&self.log).map(|m| m.len()).ok();
+            if length.is_none() || length != read_length {
+                read_length = length;
+                let mut syncs = self.syncs();
+                syncs.retain(|l| filter(l));
+                if syncs.len() >= n {
+                    return Ok((syncs.swap_remove(n - 1), Instant::now()));
+                }
             }
             if let Some(status) = self.child.try_wait()? {
                 bail!("the daemon exited ({status}); log:\n{}", self.log());
@@ -183,21 +191,12 @@ impl BenchDaemon {
 
     /// CPU time used so far (user and system, from `/proc/PID/stat`), in seconds.
     pub fn cpu_seconds(&self) -> anyhow::Result<f64> {
-        let stat = self.proc_file("stat")?;
-        // After the command name (in parentheses, which may hold spaces): fields 3 on;
-        // utime and stime are fields 14 and 15, in clock ticks (100 per second on Linux).
-        let rest = stat
-            .rsplit_once(')')
-            .map(|(_, rest)| rest)
-            .context("malformed /proc/PID/stat")?;
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        let ticks = |i: usize| -> anyhow::Result<f64> {
-            Ok(fields
-                .get(i)
-                .context("short /proc/PID/stat")?
-                .parse::<f64>()?)
-        };
-        Ok((ticks(11)? + ticks(12)?) / 100.0)
+        Ok(self.cpu()?.total())
+    }
+
+    /// CPU time used so far, user and system apart.
+    pub fn cpu(&self) -> anyhow::Result<ProcessCpu> {
+        ProcessCpu::of(&self.child.id().to_string())
     }
 
     fn proc_file(&self, name: &str) -> std::io::Result<String> {

@@ -1,7 +1,10 @@
 //! Scale benchmark of the whole daemon, run inside the test VM by
-//! `cargo xtask vm-bench proxier [--services N] [--endpoints M] [--source kube|file|both]
-//! [--changes K] [--small S] [--bind-service-cidrs] [--dump-breakdown]` (default 10,000 x 5,
-//! both sources, 100 changes, 100 services; `--bind-service-cidrs` runs the daemon with the
+//! `cargo xtask vm-bench proxier [--services N] [--endpoints M]
+//! [--source kube|kube-protobuf|file|both|all] [--protobuf] [--changes K] [--small S]
+//! [--bind-service-cidrs] [--dump-breakdown]` (default 10,000 x 5, the file and kube sources,
+//! 100 changes, 100 services; `kube-protobuf` is the kube source listing Services and
+//! EndpointSlices in protobuf (`--kube-api-content-type`), `all` runs it after the other two,
+//! `--protobuf` makes every kube run one; `--bind-service-cidrs` runs the daemon with the
 //! ClusterIP range taken whole by one local route instead of an address per ClusterIP;
 //! `--dump-breakdown` also times a service dump alone, the best-effort read and `ipvsadm -Sn`
 //! of the programmed kernel).
@@ -13,8 +16,8 @@
 //!    table (checked against `ipvsadm -Sn` of the reference), with the per-phase breakdown
 //!    of its first sync; its RSS after convergence; restart adoption (the daemon killed and
 //!    started again on the programmed kernel: time to its first sync, its phases, its kernel
-//!    writes, expected none) against the library's `table()` plus an address dump of the
-//!    same kernel; then endpoint changes: for the file source one rewrite of the file, for
+//!    writes, expected none, and its CPU time, with the machine's) against the library's
+//!    `table()` plus an address dump of the same kernel (and the read's CPU time); then endpoint changes: for the file source one rewrite of the file, for
 //!    the kube source (the API server double serving the same N Services and EndpointSlices
 //!    inside the VM) K single-endpoint changes, each timed from the API change to the new
 //!    destination showing in the kernel.
@@ -37,6 +40,7 @@ use ipvs_netlink::IpvsHandle;
 use ipvs_proxier_tests::Netns;
 use ipvs_proxier_tests::bench::api::ApiInNetns;
 use ipvs_proxier_tests::bench::cluster::{self, ENDPOINT_ROUTE};
+use ipvs_proxier_tests::bench::cpu::{MachineCpu, ProcessCpu};
 use ipvs_proxier_tests::bench::daemon::{BenchDaemon, METRICS, Source};
 use ipvs_proxier_tests::bench::latency::{Percentiles, wait_for_destination};
 use ipvs_proxier_tests::bench::metrics;
@@ -71,6 +75,8 @@ const GOAL_SCALING: f64 = 2.0;
 enum SourceKind {
     File,
     Kube,
+    /// The kube source with protobuf lists.
+    KubeProtobuf,
 }
 
 impl SourceKind {
@@ -78,7 +84,13 @@ impl SourceKind {
         match self {
             SourceKind::File => "file",
             SourceKind::Kube => "kube",
+            SourceKind::KubeProtobuf => "kube-protobuf",
         }
+    }
+
+    /// Whether the daemon reads the API server double.
+    fn kube(self) -> bool {
+        self != SourceKind::File
     }
 }
 
@@ -102,10 +114,6 @@ struct Args {
     /// (`--no-rate-estimation`: `net.ipv4.vs.run_estimation=0`), to tell its periodic walk
     /// of every estimator from the daemon's own work in the changes' tail.
     no_rate_estimation: bool,
-    /// The kube source lists Services and EndpointSlices in protobuf
-    /// (`--kube-api-content-type=application/vnd.kubernetes.protobuf`); the double encodes
-    /// them once after filling, as a real server's cache holds them.
-    protobuf: bool,
 }
 
 /// The CIDR holding every ClusterIP of the bench ([`cluster::vip`]: 10.100-103.x.y).
@@ -123,8 +131,8 @@ fn parse_args() -> anyhow::Result<Args> {
         routed: false,
         dump_breakdown: false,
         no_rate_estimation: false,
-        protobuf: false,
     };
+    let mut protobuf = false;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut value = || args.next().with_context(|| format!("{arg} needs a value"));
@@ -138,19 +146,29 @@ fn parse_args() -> anyhow::Result<Args> {
             "--bind-service-cidrs" => a.routed = true,
             "--dump-breakdown" => a.dump_breakdown = true,
             "--no-rate-estimation" => a.no_rate_estimation = true,
-            "--protobuf" => a.protobuf = true,
+            "--protobuf" => protobuf = true,
             "--source" => {
                 a.sources = match value()?.as_str() {
                     "file" => vec![SourceKind::File],
                     "kube" => vec![SourceKind::Kube],
+                    "kube-protobuf" => vec![SourceKind::KubeProtobuf],
                     "both" => vec![SourceKind::File, SourceKind::Kube],
-                    other => bail!("--source {other}: use kube, file or both"),
+                    "all" => vec![SourceKind::File, SourceKind::Kube, SourceKind::KubeProtobuf],
+                    other => bail!("--source {other}: use kube, kube-protobuf, file, both or all"),
                 }
             }
             other => bail!(
-                "unknown argument {other} (use --services N --endpoints M --source kube|file|both --changes K --small S --bind-service-cidrs --protobuf)"
+                "unknown argument {other} (use --services N --endpoints M --source kube|kube-protobuf|file|both|all --changes K --small S --bind-service-cidrs --protobuf)"
             ),
         }
+    }
+    if protobuf {
+        for kind in &mut a.sources {
+            if *kind == SourceKind::Kube {
+                *kind = SourceKind::KubeProtobuf;
+            }
+        }
+        a.sources.dedup();
     }
     ensure!(
         (1..=250).contains(&a.endpoints) && (1..=250_000).contains(&a.services),
@@ -359,7 +377,10 @@ struct SourceRun {
     adoption_writes: u64,
     adoption_ops: String,
     dump_table: Duration,
+    /// The CPU time of that read.
+    dump_table_cpu: ProcessCpu,
     dump_addresses: Duration,
+    adoption_cpu: AdoptionCpu,
     /// With `--dump-breakdown`.
     dump_parts: Option<DumpParts>,
     rss_adopted_mib: f64,
@@ -472,12 +493,15 @@ fn dump_parts(ns: &Netns) -> anyhow::Result<DumpParts> {
 
 /// Times the library's `table()` and a dump of `kube-ipvs0`'s addresses and local routes
 /// in `ns`.
-fn dump_floor(ns: &Netns) -> anyhow::Result<(Duration, Duration, usize)> {
+fn dump_floor(ns: &Netns) -> anyhow::Result<DumpFloor> {
     ns.block_on(|| async {
         let handle = IpvsHandle::new().await?;
+        // This process's CPU time: the read's threads (the API double in it is idle).
+        let cpu = ProcessCpu::of("self")?;
         let t = Instant::now();
         let table = handle.table().await?;
         let table_time = t.elapsed();
+        let table_cpu = ProcessCpu::of("self")? - cpu;
         let mut link = KernelAddressBackend::connect("kube-ipvs0")?;
         let t = Instant::now();
         let addresses = link.list_addresses().await?;
@@ -486,8 +510,38 @@ fn dump_floor(ns: &Netns) -> anyhow::Result<(Duration, Duration, usize)> {
         let address_time = t.elapsed();
         let link_empty = addresses.is_empty() && routes.is_empty();
         ensure!(!table.is_empty() && !link_empty, "nothing programmed");
-        Ok((table_time, address_time, addresses.len()))
+        Ok(DumpFloor {
+            table: table_time,
+            table_cpu,
+            addresses: address_time,
+            bound: addresses.len(),
+        })
     })
+}
+
+/// What reading the programmed kernel costs the library alone.
+struct DumpFloor {
+    /// A verified `table()`.
+    table: Duration,
+    /// Its CPU time (its threads, user and system).
+    table_cpu: ProcessCpu,
+    /// A dump of the link's addresses and routes.
+    addresses: Duration,
+    /// Addresses on the link.
+    bound: usize,
+}
+
+/// Where the CPU went while the daemon adopted the kernel (from its start to its first
+/// sync seen).
+struct AdoptionCpu {
+    /// The daemon's, all its threads.
+    daemon: ProcessCpu,
+    /// This process's: the API double serving the lists, and the wait for the sync.
+    harness: f64,
+    /// The share of the machine's CPUs busy (0 to 1), all processes.
+    busy: f64,
+    /// The machine's CPUs.
+    cpus: usize,
 }
 
 /// K single-endpoint changes through the API double, each timed to the kernel: when it was
@@ -551,11 +605,12 @@ fn run_source(
             );
             Source::File(source_path.clone())
         }
-        SourceKind::Kube => {
+        SourceKind::Kube | SourceKind::KubeProtobuf => {
             let double = ApiInNetns::start(&ns)?;
             let t = Instant::now();
             double.fill(a.services, m);
-            if a.protobuf {
+            if kind == SourceKind::KubeProtobuf {
+                // Encoded once after filling, as a real server's cache holds them.
                 double.api().prepare_protobuf();
             }
             println!(
@@ -595,7 +650,7 @@ fn run_source(
     } else {
         Vec::new()
     };
-    if a.protobuf && matches!(kind, SourceKind::Kube) {
+    if kind == SourceKind::KubeProtobuf {
         extra.push("--kube-api-content-type=application/vnd.kubernetes.protobuf");
     }
     let mut daemon = BenchDaemon::start(&ns, &source, &log(1), "1h", &extra)?;
@@ -641,11 +696,14 @@ fn run_source(
     // Restart adoption, against the library's reads of the same kernel.
     daemon.stop();
     drop(daemon);
-    let (dump_table, dump_addresses, bound) = dump_floor(&ns)?;
+    let floor = dump_floor(&ns)?;
     println!(
-        "library table() {:.2} s + address dump ({bound} addresses) {:.3} s",
-        secs(dump_table),
-        secs(dump_addresses)
+        "library table() {:.2} s ({:.2} s user + {:.2} s system CPU) + address dump ({} addresses) {:.3} s",
+        secs(floor.table),
+        floor.table_cpu.user,
+        floor.table_cpu.system,
+        floor.bound,
+        secs(floor.addresses)
     );
     let dump_parts = if a.dump_breakdown {
         let parts = dump_parts(&ns)?;
@@ -659,9 +717,24 @@ fn run_source(
     } else {
         None
     };
+    let (machine, harness) = (MachineCpu::now()?, ProcessCpu::of("self")?);
     let mut daemon = BenchDaemon::start(&ns, &source, &log(2), "1h", &extra)?;
     let (adopt_sync, adopted_at) = daemon.wait_sync(1, timeout)?;
     let adoption = adopted_at - daemon.started;
+    let adoption_cpu = AdoptionCpu {
+        daemon: daemon.cpu()?,
+        harness: (ProcessCpu::of("self")? - harness).total(),
+        busy: MachineCpu::now()?.busy_share_since(machine),
+        cpus: std::thread::available_parallelism().map_or(1, std::num::NonZero::get),
+    };
+    println!(
+        "adoption CPU: the daemon {:.2} s user + {:.2} s system, the API double and this harness {:.2} s; the machine's {} CPUs {:.0} % busy",
+        adoption_cpu.daemon.user,
+        adoption_cpu.daemon.system,
+        adoption_cpu.harness,
+        adoption_cpu.cpus,
+        adoption_cpu.busy * 100.0
+    );
     let adoption_phases = daemon.phases(1);
     let scraped = metrics::scrape(&ns, METRICS)?;
     let ops = metrics::netlink_ops(&scraped);
@@ -713,7 +786,7 @@ fn run_source(
             })?;
             vec![seen]
         }
-        SourceKind::Kube => {
+        SourceKind::Kube | SourceKind::KubeProtobuf => {
             let Some(api) = &api else {
                 bail!("kube source without its double");
             };
@@ -756,8 +829,10 @@ fn run_source(
         adoption_phases,
         adoption_writes,
         adoption_ops,
-        dump_table,
-        dump_addresses,
+        dump_table: floor.table,
+        dump_table_cpu: floor.table_cpu,
+        dump_addresses: floor.addresses,
+        adoption_cpu,
         dump_parts,
         rss_adopted_mib: mib(rss_adopted),
         change_failed: metrics::failed(&delta),
@@ -824,7 +899,7 @@ fn main() -> anyhow::Result<()> {
     for kind in &a.sources {
         runs.push(run_source(*kind, &a, &floors, &dir, timeout)?);
     }
-    let small = if a.sources.contains(&SourceKind::Kube) {
+    let small = if a.sources.iter().any(|kind| kind.kube()) {
         Some(small_latency(&a, &dir)?)
     } else {
         None
@@ -854,7 +929,18 @@ fn json_report(
                 "adoption_writes": r.adoption_writes,
                 "adoption_phases": r.adoption_phases.to_json(),
                 "dump_table_s": secs(r.dump_table),
+                "dump_table_cpu": {
+                    "user_s": r.dump_table_cpu.user,
+                    "system_s": r.dump_table_cpu.system,
+                },
                 "dump_addresses_s": secs(r.dump_addresses),
+                "adoption_cpu": {
+                    "daemon_user_s": r.adoption_cpu.daemon.user,
+                    "daemon_system_s": r.adoption_cpu.daemon.system,
+                    "harness_s": r.adoption_cpu.harness,
+                    "machine_busy": r.adoption_cpu.busy,
+                    "cpus": r.adoption_cpu.cpus,
+                },
                 "dump_parts": r.dump_parts.map(|p| json!({
                     "services_s": secs(p.services),
                     "best_effort_s": secs(p.best_effort),
@@ -910,6 +996,20 @@ fn print_report(
             secs(r.dump_table),
             secs(r.dump_addresses),
             r.adoption_ops
+        );
+        let _ = writeln!(
+            out,
+            "  {} adoption CPU: daemon {:.2} s ({:.2} user + {:.2} system), double and harness {:.2} s, {:.0} % of {} CPUs busy; table() alone {:.2} s ({:.2} user + {:.2} system)",
+            r.kind.name(),
+            r.adoption_cpu.daemon.total(),
+            r.adoption_cpu.daemon.user,
+            r.adoption_cpu.daemon.system,
+            r.adoption_cpu.harness,
+            r.adoption_cpu.busy * 100.0,
+            r.adoption_cpu.cpus,
+            r.dump_table_cpu.total(),
+            r.dump_table_cpu.user,
+            r.dump_table_cpu.system
         );
         let _ = writeln!(
             out,
@@ -998,7 +1098,7 @@ fn print_report(
         .join(", "),
         met(adoption_ok)
     );
-    let kube = runs.iter().find(|r| r.kind == SourceKind::Kube);
+    let kube = runs.iter().find(|r| r.kind.kube());
     let big = kube.and_then(|r| Percentiles::of(&r.changes));
     let small = small.and_then(Percentiles::of);
     let latency_cell = |r: &SourceRun| match r.kind {
@@ -1006,7 +1106,7 @@ fn print_report(
             "{:.3} s (file rewrite, re-read whole)",
             r.changes.first().map_or(0.0, |d| secs(*d))
         ),
-        SourceKind::Kube => match (big, small) {
+        SourceKind::Kube | SourceKind::KubeProtobuf => match (Percentiles::of(&r.changes), small) {
             (Some(b), Some(s)) => format!(
                 "at {}: p50 {:.1} ms / p99 {:.1} ms; at {}: p50 {:.1} / p99 {:.1} ms",
                 a.services,
