@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use proxier_core::backend::{AddressBackend, IpvsBackend, MemoryAddressBackend};
 use proxier_core::conntrack::ConntrackBackend;
-use proxier_core::engine::driver::{self, ProxierHandle, SyncObserver};
+use proxier_core::engine::driver::{self, ProxierHandle, SyncObserver, SyncOutcome};
 use proxier_core::netfilter::NetfilterBackend;
 use proxier_core::takeover::KubeProxyTakeover;
 use proxier_core::{Backends, EngineError, KernelProxier, Proxier, ProxierConfig, SyncKind};
@@ -330,6 +330,10 @@ where
     if let Some((events, _task)) = rest {
         tokio::spawn(feed::forward(events, handle.clone(), feed));
     }
+    let mut observer = SettlesAfterFirstSync {
+        inner: observer,
+        settled: false,
+    };
     driver::run(
         &mut proxier,
         settings.driver,
@@ -340,6 +344,27 @@ where
     .await;
     drop(handle);
     Ok(())
+}
+
+/// An observer that ends the allocator's start ([`crate::allocator::settle`]) once the
+/// first sync is done, whatever its outcome: the start's burst of allocations is over.
+struct SettlesAfterFirstSync<O> {
+    inner: O,
+    settled: bool,
+}
+
+impl<P, O: SyncObserver<P>> SyncObserver<P> for SettlesAfterFirstSync<O> {
+    fn queued(&mut self) {
+        self.inner.queued();
+    }
+
+    fn synced(&mut self, proxier: &P, outcome: &SyncOutcome<'_>) {
+        self.inner.synced(proxier, outcome);
+        if !self.settled {
+            self.settled = true;
+            crate::allocator::settle();
+        }
+    }
 }
 
 /// How `--once` shows its single sync.

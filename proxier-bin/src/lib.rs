@@ -3,6 +3,7 @@
 //! engine is `proxier-core`; the sources, health servers, metrics and the dry run's plan
 //! printer are `proxier-runtime`.
 
+pub mod allocator;
 pub mod cli;
 pub mod config;
 pub mod daemon;

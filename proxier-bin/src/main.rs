@@ -13,35 +13,15 @@ use proxier_bin::settings::{Settings, resolve, system_hostname};
 
 /// mimalloc instead of glibc's malloc: glibc kept the transient memory of the first sync and
 /// of every full resync in per-thread arenas (RSS at the peak, and creeping up under churn);
-/// mimalloc hands freed pages back to the kernel.
+/// mimalloc hands freed pages back to the kernel ([`proxier_bin::allocator`] says when).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// mimalloc's `mi_option_arena_eager_commit` (the fifth option of `mi_option_e` in
-/// mimalloc.h, v3): whether an arena is committed whole when it is reserved.
-const MI_OPTION_ARENA_EAGER_COMMIT: libmimalloc_sys::mi_option_t = 4;
-/// mimalloc's `mi_option_purge_delay` (the sixteenth option of `mi_option_e` in mimalloc.h,
-/// v2 and v3): milliseconds between freeing memory and returning it to the kernel.
-const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
-
 /// Sets mimalloc's options before the first allocation, which reserves the arena: `main`
 /// runs after the standard library's start-up has allocated, too late for an arena option.
-///
-/// - Arenas are committed on demand, slice by slice, not eagerly (Linux's default with
-///   overcommit): at 10,000 Services the settled RSS was about 2.5 MiB lower (host,
-///   dry run against the API double, eight pairs).
-/// - Freed memory goes back to the kernel at once, not 1 s later (mimalloc v3's default):
-///   a sync frees its transient memory while the next allocations come, and with the delay
-///   they took fresh pages while the freed ones still counted, so the first sync peaked
-///   higher and the RSS read after it held pages about to be returned.
+/// See [`proxier_bin::allocator`].
 extern "C" fn set_allocator_options() {
-    // SAFETY: sets two of mimalloc's process-wide options, which it reads when it reserves
-    // an arena or schedules a purge; no memory is touched, and nothing allocates yet.
-    #[allow(unsafe_code)]
-    unsafe {
-        libmimalloc_sys::mi_option_set(MI_OPTION_ARENA_EAGER_COMMIT, 0);
-        libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 0);
-    }
+    proxier_bin::allocator::set_start_options();
 }
 
 /// Runs [`set_allocator_options`] as an ELF constructor, before the Rust runtime starts.
@@ -129,6 +109,7 @@ fn settings_of(cli: &Cli) -> Result<Settings, ExitCode> {
 fn async_runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
+        .on_thread_park(proxier_bin::allocator::collect_after_settle)
         .enable_all()
         .build()
         .map_err(|error| {
