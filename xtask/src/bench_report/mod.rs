@@ -395,7 +395,7 @@ fn met_by(verdicts: &[(&str, bool)]) -> String {
 /// A column's title for a source of `vm-bench-proxier`'s report.
 fn source_title(source: &str) -> String {
     match source {
-        "kube-protobuf" => "kube source, protobuf lists".to_owned(),
+        "kube-protobuf" => "kube source (protobuf lists)".to_owned(),
         other => format!("{other} source"),
     }
 }
@@ -1059,7 +1059,7 @@ mod tests {
         let page = render(&facts(), &ipvs, &proxier, &traffic).unwrap();
         assert!(
             page.contains(
-                "| file source | kube source | kube source, protobuf lists | goal | status |"
+                "| file source | kube source | kube source (protobuf lists) | goal | status |"
             ),
             "{page}"
         );
