@@ -31,9 +31,10 @@ thread_local! {
 }
 
 /// How long freed memory is kept before it goes back to the kernel until the first sync is
-/// done (mimalloc v3's own default). In the VM at 10,000 Services, a restart's adoption
-/// handing it back at once took 5.81 s of the daemon's CPU time (2.93 s of it in the
-/// kernel) and 3.54 s; keeping it, 4.68 s (2.14 s) and 2.89 s.
+/// done (mimalloc v3's own default). In the VM at 10,000 Services (kube source, protobuf
+/// lists), a restart's adoption handing it back at once took 5.81 s of the daemon's CPU time
+/// (2.93 s of it in the kernel) and 3.54 s; keeping it, 4.3–4.9 s (1.9–2.1 s) and
+/// 2.7–3.0 s (CHANGELOG).
 pub const START_PURGE_DELAY_MS: std::ffi::c_long = 1000;
 
 /// Sets mimalloc's options for the start; call before the first allocation, which reserves

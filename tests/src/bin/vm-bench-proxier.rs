@@ -17,10 +17,11 @@
 //!    of its first sync; its RSS after convergence; restart adoption (the daemon killed and
 //!    started again on the programmed kernel: time to its first sync, its phases, its kernel
 //!    writes, expected none, and its CPU time, with the machine's) against the library's
-//!    `table()` plus an address dump of the same kernel (and the read's CPU time); then endpoint changes: for the file source one rewrite of the file, for
-//!    the kube source (the API server double serving the same N Services and EndpointSlices
-//!    inside the VM) K single-endpoint changes, each timed from the API change to the new
-//!    destination showing in the kernel.
+//!    `table()` plus an address dump of the same kernel (and the read's CPU time); then
+//!    endpoint changes: for the file source one rewrite of the file, for the kube source
+//!    (the API server double serving the same N Services and EndpointSlices inside the VM)
+//!    K single-endpoint changes, each timed from the API change to the new destination
+//!    showing in the kernel.
 //! 3. The same K kube-source changes on a cluster of S services, for the scaling ratio.
 //!
 //! Times under TCG are only meaningful as ratios against ipvsadm and the library in the same
