@@ -1005,12 +1005,17 @@ mod tests {
         }
     }
 
+    /// The page rendered from the test reports, with `proxier` as the daemon's.
+    fn page_with(proxier: &str) -> String {
+        let ipvs: Value = serde_json::from_str(IPVS).unwrap();
+        let proxier: Value = serde_json::from_str(proxier).unwrap();
+        let traffic: Value = serde_json::from_str(TRAFFIC).unwrap();
+        render(&facts(), &ipvs, &proxier, &traffic).unwrap()
+    }
+
     #[test]
     fn the_page_shows_every_figure_with_its_same_run_ratio() {
-        let ipvs: Value = serde_json::from_str(IPVS).unwrap();
-        let proxier: Value = serde_json::from_str(PROXIER).unwrap();
-        let traffic: Value = serde_json::from_str(TRAFFIC).unwrap();
-        let page = render(&facts(), &ipvs, &proxier, &traffic).unwrap();
+        let page = page_with(PROXIER);
         assert!(page.starts_with("# Benchmarks\n"));
         assert!(page.contains("`cargo xtask bench-report --services 300 --dests 3`"));
         assert!(page.contains("300 TCP services × 3 masquerading destinations (1,200 rules)"));
@@ -1053,10 +1058,7 @@ mod tests {
 
     #[test]
     fn the_protobuf_column_and_the_adoption_cpu_row_come_from_the_report() {
-        let ipvs: Value = serde_json::from_str(IPVS).unwrap();
-        let proxier: Value = serde_json::from_str(PROXIER_ALL).unwrap();
-        let traffic: Value = serde_json::from_str(TRAFFIC).unwrap();
-        let page = render(&facts(), &ipvs, &proxier, &traffic).unwrap();
+        let page = page_with(PROXIER_ALL);
         assert!(
             page.contains(
                 "| file source | kube source | kube source (protobuf lists) | goal | status |"
@@ -1075,8 +1077,7 @@ mod tests {
         );
         assert!(page.contains("| kube-protobuf: adoption |"), "{page}");
         // The older report has no CPU time: no row.
-        let older: Value = serde_json::from_str(PROXIER).unwrap();
-        let page = render(&facts(), &ipvs, &older, &traffic).unwrap();
+        let page = page_with(PROXIER);
         assert!(!page.contains("restart adoption: CPU time"), "{page}");
     }
 
