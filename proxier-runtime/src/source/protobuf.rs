@@ -174,9 +174,14 @@ fn object_meta(message: &[u8]) -> Result<ObjectMeta, ProtobufError> {
                 meta.labels.get_or_insert_default().insert(key, value);
             }
             (12, v) => {
-                let (key, value) = map_entry(v.bytes(M, "annotations")?, M, "annotations")?;
-                if READ_ANNOTATIONS.contains(&key.as_str()) {
-                    meta.annotations.get_or_insert_default().insert(key, value);
+                // Only the annotations the conversions read are kept: the others (kubectl's
+                // last-applied configuration, the whole object again) are not copied.
+                let (key, value) = map_entry_bytes(v.bytes(M, "annotations")?, M, "annotations")?;
+                let key = utf8(key, M, "annotations")?;
+                if READ_ANNOTATIONS.contains(&key) {
+                    meta.annotations
+                        .get_or_insert_default()
+                        .insert(key.to_owned(), utf8(value, M, "annotations")?.to_owned());
                 }
             }
             _ => {}
@@ -208,15 +213,37 @@ fn map_entry(
     owner: &'static str,
     field: &'static str,
 ) -> Result<(String, String), ProtobufError> {
-    let (mut key, mut value) = (String::new(), String::new());
+    let (key, value) = map_entry_bytes(message, owner, field)?;
+    Ok((
+        utf8(key, owner, field)?.to_owned(),
+        utf8(value, owner, field)?.to_owned(),
+    ))
+}
+
+/// A map entry's key and value as the wire carries them (empty when absent).
+fn map_entry_bytes<'a>(
+    message: &'a [u8],
+    owner: &'static str,
+    field: &'static str,
+) -> Result<(&'a [u8], &'a [u8]), ProtobufError> {
+    let (mut key, mut value): (&[u8], &[u8]) = (&[], &[]);
     for entry in Fields::new(message, owner) {
         match entry? {
-            (1, v) => key = v.string(owner, field)?,
-            (2, v) => value = v.string(owner, field)?,
+            (1, v) => key = v.bytes(owner, field)?,
+            (2, v) => value = v.bytes(owner, field)?,
             _ => {}
         }
     }
     Ok((key, value))
+}
+
+/// `bytes` as text, or the error that names the field.
+fn utf8<'a>(
+    bytes: &'a [u8],
+    message: &'static str,
+    field: &'static str,
+) -> Result<&'a str, ProtobufError> {
+    std::str::from_utf8(bytes).map_err(|_| ProtobufError::Utf8 { message, field })
 }
 
 fn service_spec(message: &[u8]) -> Result<ServiceSpec, ProtobufError> {
@@ -462,10 +489,7 @@ impl<'a> Wire<'a> {
     }
 
     fn string(self, message: &'static str, field: &'static str) -> Result<String, ProtobufError> {
-        let bytes = self.bytes(message, field)?;
-        std::str::from_utf8(bytes)
-            .map(str::to_owned)
-            .map_err(|_| ProtobufError::Utf8 { message, field })
+        utf8(self.bytes(message, field)?, message, field).map(str::to_owned)
     }
 
     /// An optional string: empty is `None`, as JSON's `omitempty` leaves it out.
@@ -509,6 +533,14 @@ impl<'a> Fields<'a> {
     }
 
     fn varint(&mut self) -> Option<u64> {
+        // Most varints on this wire are one byte: field keys, the lengths of names and
+        // addresses, ports below 128, flags.
+        if let Some((&byte, rest)) = self.rest.split_first()
+            && byte < 0x80
+        {
+            self.rest = rest;
+            return Some(u64::from(byte));
+        }
         let mut value = 0u64;
         for (i, byte) in self.rest.iter().take(10).enumerate() {
             value |= u64::from(byte & 0x7f) << (7 * i);
@@ -733,6 +765,29 @@ mod tests {
         let deletion = meta.deletion_timestamp.expect("deletion timestamp").0;
         assert_eq!(deletion.as_second(), 1_767_225_600);
         assert_eq!(deletion.subsec_nanosecond(), 5);
+    }
+
+    #[test]
+    fn lengths_and_numbers_of_one_byte_and_of_several_decode_alike() {
+        // 127 is the last one-byte varint, 128 the first of two; 65535 takes three.
+        for (length, port) in [(1, 1u64), (127, 127), (128, 128), (300, 65535)] {
+            let name = "n".repeat(length);
+            let port_message = Message::default().varint(3, port).string(2, "TCP");
+            let spec = Message::default().message(1, port_message);
+            let service = Message::default()
+                .message(1, Message::default().string(1, &name))
+                .message(2, spec);
+            let service = decode_service(&service.0).expect("decodes");
+            assert_eq!(service.metadata.name.as_deref(), Some(name.as_str()));
+            let ports = service.spec.expect("spec").ports.expect("ports");
+            assert_eq!(i64::from(ports[0].port), port as i64, "{length}");
+        }
+        // A length whose second byte is missing.
+        let torn = [0x0a, 0x80];
+        assert!(matches!(
+            decode_service(&torn),
+            Err(ProtobufError::Truncated { .. })
+        ));
     }
 
     fn list_body(list: Message) -> Vec<u8> {
