@@ -345,6 +345,17 @@ fn num(report: &Value, path: &str) -> Result<f64> {
         .with_context(|| format!("the report has no number at {path}"))
 }
 
+/// The numbers of the array at `key`, when the report has one.
+fn runs_of(report: &Value, key: &str) -> Option<Vec<f64>> {
+    report[key].as_array()?.iter().map(Value::as_f64).collect()
+}
+
+/// Seconds as `1.23, 1.25, 1.31 s`.
+fn list_secs(runs: &[f64]) -> String {
+    let parts: Vec<String> = runs.iter().map(|s| format!("{s:.2}")).collect();
+    format!("{} s", parts.join(", "))
+}
+
 /// `12,345`.
 fn thousands(n: f64) -> String {
     let digits = format!("{:.0}", n);
@@ -790,8 +801,19 @@ fn proxier_section(out: &mut String, p: &Value) -> Result<()> {
         let writes = num(s, "adoption_writes")?;
         let ok = writes == 0.0 && adoption <= GOAL_ADOPTION_VS_DUMPS * dumps;
         verdicts.push((name.as_str(), ok));
+        // Reports since the adoption and its dumps were each run three times give every
+        // run; the figures are the median run's.
+        let runs = match (runs_of(s, "adoption_runs_s"), runs_of(s, "dump_runs_s")) {
+            (Some(adoptions), Some(dumps)) if adoptions.len() > 1 => format!(
+                "; medians of {} runs, adoption {}, dumps {}",
+                adoptions.len(),
+                list_secs(&adoptions),
+                list_secs(&dumps)
+            ),
+            _ => String::new(),
+        };
         cells.push(format!(
-            "{}, {writes:.0} writes ({:.2} × dumps: `table()` {} + address dump {})",
+            "{}, {writes:.0} writes ({:.2} × dumps: `table()` {} + address dump {}{runs})",
             secs(adoption),
             adoption / dumps,
             secs(num(s, "dump_table_s")?),
