@@ -1103,6 +1103,27 @@ mod tests {
         assert!(!page.contains("restart adoption: CPU time"), "{page}");
     }
 
+    /// `cargo xtask vm-bench proxier --source all` (10,000 x 5, as `bench-report` runs it),
+    /// each adoption and dump pair run three times.
+    const PROXIER_MEDIANS: &str = include_str!("../testdata/proxier-report-10000x5-medians.json");
+
+    #[test]
+    fn the_adoption_is_the_median_run_with_every_run_beside_it() {
+        let page = page_with(PROXIER_MEDIANS);
+        // kube: adoptions 3.588, 3.414, 3.532 s; dump pairs 1.398, 1.170 (table() 1.025 +
+        // addresses 0.145), 1.133 s: the medians 3.532 / 1.170 = 3.02.
+        assert!(
+            page.contains(
+                "3.53 s, 0 writes (3.02 × dumps: `table()` 1.02 s + address dump 0.14 s; \
+                 medians of 3 runs, adoption 3.59, 3.41, 3.53 s, dumps 1.40, 1.17, 1.13 s)"
+            ),
+            "{page}"
+        );
+        // The older report has one run of each: no runs listed.
+        let page = page_with(PROXIER_ALL);
+        assert!(!page.contains("medians of"), "{page}");
+    }
+
     #[test]
     fn a_goal_met_by_some_sources_names_each() {
         assert_eq!(
