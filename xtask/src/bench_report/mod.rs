@@ -958,11 +958,13 @@ What the rows measure:
 - **restart adoption**: the daemon killed and started again on the table it programmed; timed
   to its first sync, which must write nothing (read from the daemon's metrics and its sync
   event). Compared with what reading that kernel costs the library alone: a verified
-  `table()` plus a dump of the link's addresses. **CPU time**: the daemon's user and system
-  time from its start to that sync, that of the benchmark's own process meanwhile (the API
-  double serving the lists, and the wait), the share of the VM's CPUs busy over that time
-  (all processes), and the CPU time of the library's `table()` alone (system: the kernel's
-  work of the dumps, one per service for its destinations).
+  `table()` plus a dump of the link's addresses. Each is run three times (the daemon stopped
+  and started again between adoptions) and the median run shown, every run's time beside
+  it. **CPU time**, of the median runs: the daemon's user and system time from its start to
+  that sync, that of the benchmark's own process meanwhile (the API double serving the
+  lists, and the wait), the share of the VM's CPUs busy over that time (all processes), and
+  the CPU time of the library's `table()` alone (system: the kernel's work of the dumps, one
+  per service for its destinations).
 - **RSS**: `VmRSS` of the daemon 2 s after each step (peak: `VmHWM`). The daemon uses mimalloc
   and turns transparent huge pages off for itself.
 - **one endpoint change**: kube source: one endpoint of one Service replaced through the API
