@@ -586,6 +586,82 @@ fn list_secs(runs: &[Duration]) -> String {
     format!("{} s", parts.join(", "))
 }
 
+/// ADOPTION_ROUNDS restart adoptions of the programmed kernel, each a fresh daemon (the one
+/// before stopped) whose first sync must write nothing; `log(n)` names the n-th daemon's log
+/// (from 2). Returns them in the order run and the last daemon, still running.
+fn restart_adoptions(
+    ns: &Netns,
+    source: &Source,
+    log: &dyn Fn(u32) -> PathBuf,
+    extra: &[&str],
+    timeout: Duration,
+) -> anyhow::Result<(Vec<Adoption>, BenchDaemon)> {
+    let mut adoptions = Vec::new();
+    let mut last: Option<BenchDaemon> = None;
+    for round in 0..ADOPTION_ROUNDS {
+        if let Some(mut previous) = last.take() {
+            previous.stop();
+        }
+        let (machine, harness) = (MachineCpu::now()?, ProcessCpu::of("self")?);
+        let log_n = 2 + u32::try_from(round)?;
+        let mut daemon = BenchDaemon::start(ns, source, &log(log_n), "1h", extra)?;
+        let (adopt_sync, adopted_at) = daemon.wait_sync(1, timeout)?;
+        let took = adopted_at - daemon.started;
+        let cpu = AdoptionCpu {
+            daemon: daemon.cpu()?,
+            harness: (ProcessCpu::of("self")? - harness).total(),
+            busy: MachineCpu::now()?.busy_share_since(machine),
+            cpus: std::thread::available_parallelism().map_or(1, std::num::NonZero::get),
+        };
+        let phases = daemon.phases(1);
+        let scraped = metrics::scrape(ns, METRICS)?;
+        let ops = metrics::netlink_ops(&scraped);
+        let writes: u64 = ops.values().sum();
+        let described = metrics::describe(&ops);
+        // Which whole-table reads the adoption made (best-effort, verified).
+        let table_reads = metrics::samples(&scraped, "ipvs_proxier_ipvs_table_reads_total");
+        println!(
+            "adoption {}/{ADOPTION_ROUNDS}: adopted in {:.2} s, kernel ops {described}, IPVS table reads {table_reads:?}: {phases}",
+            round + 1,
+            secs(took)
+        );
+        println!(
+            "  adoption CPU: the daemon {:.2} s user + {:.2} s system, the API double and this harness {:.2} s; the machine's {} CPUs {:.0} % busy",
+            cpu.daemon.user,
+            cpu.daemon.system,
+            cpu.harness,
+            cpu.cpus,
+            cpu.busy * 100.0
+        );
+        if round == 0 {
+            for line in daemon.log().lines().filter(|line| {
+                LogEvent::parse(line).is_some_and(|e| {
+                    STARTUP_EVENTS.contains(&e.message()) || e.message() == NFTABLES_ADOPTED
+                })
+            }) {
+                println!("  daemon log: {line}");
+            }
+        }
+        ensure!(
+            adopt_sync.u64("writes") == Some(0) && writes == 0,
+            "restart adoption {} wrote to the kernel ({described}): {adopt_sync}",
+            round + 1
+        );
+        adoptions.push(Adoption {
+            took,
+            cpu,
+            phases,
+            writes,
+            ops: described,
+        });
+        last = Some(daemon);
+    }
+    let Some(daemon) = last else {
+        bail!("no adoption run");
+    };
+    Ok((adoptions, daemon))
+}
+
 /// K single-endpoint changes through the API double, each timed to the kernel: when it was
 /// made (since the first) and how long it took.
 fn kube_changes(
@@ -767,69 +843,7 @@ fn run_source(
     } else {
         None
     };
-    let mut adoptions = Vec::new();
-    let mut last: Option<BenchDaemon> = None;
-    for round in 0..ADOPTION_ROUNDS {
-        if let Some(mut previous) = last.take() {
-            previous.stop();
-        }
-        let (machine, harness) = (MachineCpu::now()?, ProcessCpu::of("self")?);
-        let log_n = 2 + u32::try_from(round)?;
-        let mut daemon = BenchDaemon::start(&ns, &source, &log(log_n), "1h", &extra)?;
-        let (adopt_sync, adopted_at) = daemon.wait_sync(1, timeout)?;
-        let took = adopted_at - daemon.started;
-        let cpu = AdoptionCpu {
-            daemon: daemon.cpu()?,
-            harness: (ProcessCpu::of("self")? - harness).total(),
-            busy: MachineCpu::now()?.busy_share_since(machine),
-            cpus: std::thread::available_parallelism().map_or(1, std::num::NonZero::get),
-        };
-        let phases = daemon.phases(1);
-        let scraped = metrics::scrape(&ns, METRICS)?;
-        let ops = metrics::netlink_ops(&scraped);
-        let writes: u64 = ops.values().sum();
-        let described = metrics::describe(&ops);
-        // Which whole-table reads the adoption made (best-effort, verified).
-        let table_reads = metrics::samples(&scraped, "ipvs_proxier_ipvs_table_reads_total");
-        println!(
-            "adoption {}/{ADOPTION_ROUNDS}: adopted in {:.2} s, kernel ops {described}, IPVS table reads {table_reads:?}: {phases}",
-            round + 1,
-            secs(took)
-        );
-        println!(
-            "  adoption CPU: the daemon {:.2} s user + {:.2} s system, the API double and this harness {:.2} s; the machine's {} CPUs {:.0} % busy",
-            cpu.daemon.user,
-            cpu.daemon.system,
-            cpu.harness,
-            cpu.cpus,
-            cpu.busy * 100.0
-        );
-        if round == 0 {
-            for line in daemon.log().lines().filter(|line| {
-                LogEvent::parse(line).is_some_and(|e| {
-                    STARTUP_EVENTS.contains(&e.message()) || e.message() == NFTABLES_ADOPTED
-                })
-            }) {
-                println!("  daemon log: {line}");
-            }
-        }
-        ensure!(
-            adopt_sync.u64("writes") == Some(0) && writes == 0,
-            "restart adoption {} wrote to the kernel ({described}): {adopt_sync}",
-            round + 1
-        );
-        adoptions.push(Adoption {
-            took,
-            cpu,
-            phases,
-            writes,
-            ops: described,
-        });
-        last = Some(daemon);
-    }
-    let Some(mut daemon) = last else {
-        bail!("no adoption run");
-    };
+    let (adoptions, mut daemon) = restart_adoptions(&ns, &source, &log, &extra, timeout)?;
     std::thread::sleep(Duration::from_secs(2));
     let (rss_adopted, _) = daemon.memory_kib()?;
     let adoption_runs: Vec<Duration> = adoptions.iter().map(|run| run.took).collect();
