@@ -828,39 +828,28 @@ fn proxier_section(out: &mut String, p: &Value) -> Result<()> {
     );
     // Where the adoption's CPU went (reports from before it was measured have none).
     if sources.iter().all(|s| s["adoption_cpu"].is_object()) {
-        let mut cells = Vec::new();
+        let (mut cells, mut floors) = (Vec::new(), Vec::new());
         for s in sources {
             let cpu = &s["adoption_cpu"];
             let read = &s["dump_table_cpu"];
             let (user, system) = (num(cpu, "daemon_user_s")?, num(cpu, "daemon_system_s")?);
+            let (harness, cpus) = (num(cpu, "harness_s")?, num(cpu, "cpus")?);
             let (read_user, read_system) = (num(read, "user_s")?, num(read, "system_s")?);
             cells.push(format!(
-                "daemon {} ({} user + {} system), API double {}; {:.0} % of {:.0} CPUs busy; `table()` alone {} ({} system)",
+                "daemon {} ({} user + {} system), API double {}; {:.0} % of {cpus:.0} CPUs busy; `table()` alone {} ({} system)",
                 secs(user + system),
                 secs(user),
                 secs(system),
-                secs(num(cpu, "harness_s")?),
+                secs(harness),
                 num(cpu, "machine_busy")? * 100.0,
-                num(cpu, "cpus")?,
                 secs(read_user + read_system),
                 secs(read_system)
             ));
-        }
-        let _ = writeln!(
-            out,
-            "| restart adoption: CPU time | {} | | |",
-            cells.join(" | ")
-        );
-        // How fast the adoption could be with that CPU time spread over every CPU: below
-        // the goal only when the CPU time itself is.
-        let mut cells = Vec::new();
-        for s in sources {
-            let cpu = &s["adoption_cpu"];
-            let spent =
-                num(cpu, "daemon_user_s")? + num(cpu, "daemon_system_s")? + num(cpu, "harness_s")?;
-            let floor = spent / num(cpu, "cpus")?;
+            // How fast the adoption could be with that CPU time spread over every CPU:
+            // below the goal only when the CPU time itself is.
+            let floor = (user + system + harness) / cpus;
             let dumps = num(s, "dump_table_s")? + num(s, "dump_addresses_s")?;
-            cells.push(format!(
+            floors.push(format!(
                 "{} = {:.2} × dumps (the adoption {:.2} × it)",
                 secs(floor),
                 floor / dumps,
@@ -869,8 +858,13 @@ fn proxier_section(out: &mut String, p: &Value) -> Result<()> {
         }
         let _ = writeln!(
             out,
-            "| restart adoption: CPU-bound floor, (daemon + API double) / CPUs | {} | | |",
+            "| restart adoption: CPU time | {} | | |",
             cells.join(" | ")
+        );
+        let _ = writeln!(
+            out,
+            "| restart adoption: CPU-bound floor, (daemon + API double) / CPUs | {} | | |",
+            floors.join(" | ")
         );
     }
 
