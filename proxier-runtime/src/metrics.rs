@@ -144,7 +144,7 @@ pub const METRICS: &[Metric] = &[
     labeled(WATCH_ERRORS_TOTAL, Counter, None, "API watch failures by kind"),
     metric(SOURCE_FILE_REJECTED_TOTAL, Counter, None, "Reads of the source file refused whole (the last good state stayed in force)"),
     // Labeled `verified`; both series exist from the start (see `register`).
-    labeled(IPVS_TABLE_READS_TOTAL, Counter, None, "Whole-table IPVS reads, by whether their repeated service dumps agreed"),
+    labeled(IPVS_TABLE_READS_TOTAL, Counter, None, "Whole-table IPVS reads, by whether their repeated service dumps agreed (best_effort: a single dump, at the first sync)"),
     metric(IPVS_DUMP_RETRIES_TOTAL, Counter, None, "IPVS service dumps repeated because IPVS changed in another network namespace meanwhile"),
     labeled(REST_CLIENT_REQUESTS_TOTAL, Counter, None, "Number of HTTP requests, partitioned by status code, method, and host."),
     labeled(REST_CLIENT_REQUEST_DURATION, Histogram, SECONDS, "Request latency in seconds. Broken down by verb, host and URL path.").with_buckets(rest_client_duration_buckets),
@@ -414,9 +414,10 @@ pub fn set_full_resync_drift_repaired(differences: usize) {
 
 /// Exports the IPVS backend's table-read counters (totals since start).
 pub fn set_table_reads(reads: proxier_core::backend::TableReads) {
-    let verified = reads.reads.saturating_sub(reads.unverified);
+    let verified = reads.verifying_reads().saturating_sub(reads.unverified);
     counter!(IPVS_TABLE_READS_TOTAL, "verified" => "true").absolute(verified);
     counter!(IPVS_TABLE_READS_TOTAL, "verified" => "false").absolute(reads.unverified);
+    counter!(IPVS_TABLE_READS_TOTAL, "verified" => "best_effort").absolute(reads.best_effort);
     counter!(IPVS_DUMP_RETRIES_TOTAL).absolute(reads.retries);
 }
 

@@ -85,7 +85,7 @@ fn full_syncs_under_foreign_ipvs_churn_never_fail_and_end_exact() {
          ipvsadm -C; done'",
     );
 
-    let (reports, contradictions, reads) = node.block_on(|| async {
+    let (reports, contradictions, reads, (adoption, adoption_reads)) = node.block_on(|| async {
         let backends = Backends::kernel("kube-ipvs0").await.unwrap();
         let config = ProxierConfig::new("node-a", Config::default());
         let mut proxier = Proxier::new(config, backends).unwrap();
@@ -108,8 +108,37 @@ fn full_syncs_under_foreign_ipvs_churn_never_fail_and_end_exact() {
         }
         // One more full sync with no change: whatever a skip left is repaired by now.
         reports.push(proxier.sync(SyncKind::Full).await.unwrap());
-        let stats = proxier.reconciler_stats();
-        (reports, stats.contradictions, stats.table_reads)
+        let (contradictions, table_reads) = {
+            let stats = proxier.reconciler_stats();
+            (stats.contradictions, stats.table_reads)
+        };
+        drop(proxier);
+
+        // A restart under the same churn adopts the kernel: its first sync reads best-effort
+        // (one dump, which the churn disturbs) and looks up each planned virtual server the
+        // read lacks, so it writes nothing.
+        let backends = Backends::kernel("kube-ipvs0").await.unwrap();
+        let config = ProxierConfig::new("node-a", Config::default());
+        let mut restarted = Proxier::new(config, backends).unwrap();
+        for i in 0..SERVICES {
+            let (svc, slice) = service(i);
+            restarted.apply(Change::UpsertService(svc));
+            restarted.apply(Change::UpsertSlice(slice));
+        }
+        for round in [1, 3, 5, 7] {
+            restarted.apply(Change::DeleteService(ServiceName::new(
+                "churn",
+                format!("svc-{round}"),
+            )));
+        }
+        let adoption = restarted.sync(SyncKind::Full).await.unwrap();
+        let adoption_reads = restarted.reconciler_stats().table_reads;
+        (
+            reports,
+            contradictions,
+            table_reads,
+            (adoption, adoption_reads),
+        )
     });
     let churn_pid = churn.last();
     churn.kill(churn_pid);
@@ -122,14 +151,33 @@ fn full_syncs_under_foreign_ipvs_churn_never_fail_and_end_exact() {
         contradictions
     );
     // Every full sync read the table once, verified (three dumps at least; how many more the
-    // churn forces depends on timing), and the counters the daemon exports say so.
+    // churn forces depends on timing), and the counters the daemon exports say so; the
+    // first one read best-effort before: that read lacked the whole plan (nothing was
+    // programmed yet), so the table was read again, verified.
+    assert_eq!(reads.best_effort, 1, "{reads:?}");
     assert_eq!(
-        reads.reads,
+        reads.verifying_reads(),
         u64::try_from(reports.len()).unwrap(),
         "{reads:?}"
     );
     assert_eq!(reads.unverified, 0, "{reads:?}");
-    assert_eq!(reads.dumps, 3 * reads.reads + reads.retries, "{reads:?}");
+    assert_eq!(
+        reads.dumps,
+        3 * reads.verifying_reads() + reads.retries + reads.best_effort,
+        "{reads:?}"
+    );
+    eprintln!(
+        "engine_dump_churn: adoption under churn: {} writes, table reads {adoption_reads:?}",
+        adoption.ipvs.writes
+    );
+    assert!(
+        adoption.is_complete(),
+        "the adoption failed: {:?} {:?}",
+        adoption.ipvs.errors,
+        adoption.netfilter_error
+    );
+    assert_eq!(adoption.ipvs.writes, 0, "the adoption wrote: {adoption:?}");
+    assert_eq!(adoption_reads.best_effort, 1, "{adoption_reads:?}");
     for (i, report) in reports.iter().enumerate() {
         assert!(
             report.is_complete(),

@@ -3,10 +3,12 @@
 //! Virtual servers map to tuple services; real servers to masquerading destinations.
 //! Firewall-mark services are never reported (the proxier does not own them).
 
+use std::collections::BTreeMap;
+
 use futures::TryStreamExt;
 use ipvs_netlink::{
     Destination, DestinationEntry, DestinationKey, IpvsHandle, NetnsTarget, Op, Service,
-    ServiceFlags, ServiceKey,
+    ServiceFlags, ServiceKey, Table,
 };
 
 use super::{BackendError, IpvsBackend, IpvsOp, PendingTableRead, TableRead, TableReads};
@@ -73,6 +75,23 @@ fn settings(service: &Service) -> VirtualServerSettings {
             .then_some(service.timeout),
         hash_source_port: service.flags.contains(ServiceFlags::SH_PORT),
     }
+}
+
+/// The tuple virtual servers of a table read, with their real servers.
+fn observed_table(table: &Table) -> BTreeMap<VirtualServerKey, ObservedVirtualServer> {
+    table
+        .iter()
+        .filter_map(|(entry, destinations)| {
+            let key = virtual_server_key(&entry.service.key)?;
+            Some((
+                key,
+                ObservedVirtualServer {
+                    settings: settings(&entry.service),
+                    real_servers: destinations.iter().map(real_server).collect(),
+                },
+            ))
+        })
+        .collect()
 }
 
 fn real_server(entry: &DestinationEntry) -> (RealServerKey, ObservedRealServer) {
@@ -153,11 +172,11 @@ impl KernelIpvsBackend {
 }
 
 impl IpvsBackend for KernelIpvsBackend {
-    /// The first read (start, adoption after a restart) uses the library's parallel dump
-    /// sockets; later ones run beside incremental syncs (full resyncs) and read on one
-    /// socket, leaving the other CPUs and the kernel's IPVS lock to the syncs.
+    /// The first verified read (start, adoption after a restart) uses the library's
+    /// parallel dump sockets; later ones run beside incremental syncs (full resyncs) and
+    /// read on one socket, leaving the other CPUs and the kernel's IPVS lock to the syncs.
     fn read_table(&self) -> PendingTableRead {
-        let handle = if self.reads.reads == 0 {
+        let handle = if self.reads.verifying_reads() == 0 {
             self.handle.clone()
         } else {
             self.handle.with_read_sockets(1)
@@ -173,31 +192,40 @@ impl IpvsBackend for KernelIpvsBackend {
                     "IPVS service dumps kept changing (churn in another network namespace?): using the merged table"
                 );
             }
-            let virtual_servers = read
-                .table
-                .iter()
-                .filter_map(|(entry, destinations)| {
-                    let key = virtual_server_key(&entry.service.key)?;
-                    Some((
-                        key,
-                        ObservedVirtualServer {
-                            settings: settings(&entry.service),
-                            real_servers: destinations.iter().map(real_server).collect(),
-                        },
-                    ))
-                })
-                .collect();
             Ok(TableRead {
-                virtual_servers,
+                virtual_servers: observed_table(&read.table),
                 dumps: read.attempts,
                 verified: read.verified,
+                best_effort: false,
+                took: started.elapsed(),
+            })
+        })
+    }
+
+    /// The library's best-effort read (one service dump, then every service's destinations)
+    /// on its parallel dump sockets: the verified read's two further service dumps saved at
+    /// the first full sync, when both CPUs are busy with the source's first picture too.
+    fn read_table_best_effort(&self) -> PendingTableRead {
+        let handle = self.handle.clone();
+        Box::pin(async move {
+            let started = std::time::Instant::now();
+            let table = handle.table_best_effort().await.map_err(map_error)?;
+            Ok(TableRead {
+                virtual_servers: observed_table(&table),
+                dumps: 1,
+                verified: false,
+                best_effort: true,
                 took: started.elapsed(),
             })
         })
     }
 
     fn record_read(&mut self, read: &TableRead) {
-        self.reads.record(read.dumps, read.verified);
+        if read.best_effort {
+            self.reads.record_best_effort();
+        } else {
+            self.reads.record(read.dumps, read.verified);
+        }
     }
 
     fn table_reads(&self) -> TableReads {

@@ -185,9 +185,8 @@ impl MemoryIpvsBackend {
     }
 }
 
-impl IpvsBackend for MemoryIpvsBackend {
-    /// The table as it is when the read starts (the stalest answer a kernel read may give).
-    fn read_table(&self) -> PendingTableRead {
+impl MemoryIpvsBackend {
+    fn read(&self, best_effort: bool) -> PendingTableRead {
         let mut state = lock(&self.state);
         state.list_calls += 1;
         let hidden = std::mem::take(&mut state.hidden_from_next_list);
@@ -196,9 +195,25 @@ impl IpvsBackend for MemoryIpvsBackend {
         Box::pin(std::future::ready(Ok(TableRead {
             virtual_servers: table,
             dumps: 0,
-            verified: true,
+            verified: !best_effort,
+            best_effort,
             took: std::time::Duration::ZERO,
         })))
+    }
+}
+
+impl IpvsBackend for MemoryIpvsBackend {
+    /// The table as it is when the read starts (the stalest answer a kernel read may give).
+    fn read_table(&self) -> PendingTableRead {
+        self.read(false)
+    }
+
+    /// As the kernel backend's: flagged best-effort (the first full sync then reads each
+    /// planned virtual server it lacks alone), and like [`IpvsBackend::read_table`] it
+    /// leaves out what [`MemoryIpvsBackend::hide_from_next_list`] hid, as a disturbed dump
+    /// would.
+    fn read_table_best_effort(&self) -> PendingTableRead {
+        self.read(true)
     }
 
     async fn get_virtual_server(

@@ -185,6 +185,9 @@ pub struct TableReads {
     pub dumps: u64,
     /// Dumps beyond the undisturbed [`TableReads::UNDISTURBED_DUMPS`] per read.
     pub retries: u64,
+    /// Of the reads, best-effort ones: a single dump, not verified
+    /// ([`IpvsBackend::read_table_best_effort`], made when adopting the kernel at start).
+    pub best_effort: u64,
 }
 
 impl TableReads {
@@ -198,6 +201,19 @@ impl TableReads {
         self.dumps += u64::from(dumps);
         self.retries += u64::from(dumps.saturating_sub(Self::UNDISTURBED_DUMPS));
     }
+
+    /// Counts one best-effort read ([`IpvsBackend::read_table_best_effort`]): one dump,
+    /// neither verified nor a failed verification.
+    pub fn record_best_effort(&mut self) {
+        self.reads += 1;
+        self.best_effort += 1;
+        self.dumps += 1;
+    }
+
+    /// Reads made with repeated dumps: all but the best-effort ones.
+    pub fn verifying_reads(&self) -> u64 {
+        self.reads - self.best_effort
+    }
 }
 
 /// One whole-table read: every tuple virtual server with its real servers, and how the
@@ -210,6 +226,9 @@ pub struct TableRead {
     pub dumps: u32,
     /// Whether the dumps agreed (always true for exact backends).
     pub verified: bool,
+    /// A best-effort read ([`IpvsBackend::read_table_best_effort`]): one dump, which may
+    /// have skipped virtual servers that exist; `verified` is then false.
+    pub best_effort: bool,
     /// How long the read took, from its first poll to its answer.
     pub took: Duration,
 }
@@ -230,6 +249,16 @@ pub trait IpvsBackend: Send {
     /// was at some moment between its start and its end; hand the result to
     /// [`IpvsBackend::record_read`] to count it.
     fn read_table(&self) -> PendingTableRead;
+
+    /// A cheaper [`IpvsBackend::read_table`] that may miss virtual servers that exist (the
+    /// kernel backend's single service dump, which churn in another network namespace can
+    /// disturb) but never shows one that does not: what the first full sync reads, each
+    /// planned virtual server the read lacks then read alone before it is created
+    /// ([`IpvsBackend::get_virtual_server`]). Backends whose reads are exact keep the
+    /// default, [`IpvsBackend::read_table`].
+    fn read_table_best_effort(&self) -> PendingTableRead {
+        self.read_table()
+    }
 
     /// Counts a finished [`IpvsBackend::read_table`] in [`IpvsBackend::table_reads`].
     fn record_read(&mut self, read: &TableRead) {

@@ -616,7 +616,13 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
         self.touched_since_read = Some(HashSet::new());
         self.addresses_touched_since_read = Some(HashSet::new());
         self.routes_touched_since_read = Some(BTreeSet::new());
-        let table = self.ipvs.read_table();
+        // The first full sync reads best-effort and confirms what the read lacks
+        // ([`Reconciler::confirm_best_effort`]); a resync's repair trusts its read whole.
+        let table = if self.synced {
+            self.ipvs.read_table()
+        } else {
+            self.ipvs.read_table_best_effort()
+        };
         let link = self.addresses.read_link();
         Box::pin(async move {
             let started = std::time::Instant::now();

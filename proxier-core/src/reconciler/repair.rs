@@ -19,10 +19,14 @@ use ipnet::IpNet;
 use tokio::time::Instant;
 
 use super::{FullRead, RETIRED_LISTINGS, ReconcileError, ReconcileReport, Reconciler};
-use crate::backend::{AddressBackend, IpvsBackend};
+use crate::backend::{AddressBackend, IpvsBackend, TableRead};
 use crate::desired::{Desired, ServicePortName, VirtualServerKey, VirtualServerRole};
 use crate::diff::{self, Changes, Rejection};
 use crate::observed::{Observed, ObservedVirtualServer};
+
+/// At most this many planned virtual servers missing from the first full sync's
+/// best-effort read are looked up one by one; more, and the table is read again, verified.
+const CONFIRM_ONE_BY_ONE: usize = 256;
 
 /// A full sync's repair in progress.
 #[derive(Debug)]
@@ -84,10 +88,13 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
         self.repair = None;
         let now = Instant::now();
         self.drains_checked_at = now;
-        let table = read
+        let mut table = read
             .table
             .map_err(|source| ReconcileError::ListVirtualServers { source })?;
         self.ipvs.record_read(&table);
+        if table.best_effort {
+            table = self.confirm_best_effort(desired, table).await?;
+        }
         self.stats.table_reads = self.ipvs.table_reads();
         let read_started = std::time::Instant::now();
         let links = self.merge_links(read.link).await?;
@@ -141,6 +148,54 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
             report,
         });
         Ok(None)
+    }
+
+    /// Completes a best-effort read ([`IpvsBackend::read_table_best_effort`]) where it
+    /// lacks a planned virtual server, which a disturbed dump may have skipped: creating
+    /// one that exists would fail. Up to [`CONFIRM_ONE_BY_ONE`] missing ones are read alone
+    /// (an exact lookup each); more (a first start, most of the plan missing), or a lookup
+    /// failing, and the table is read again, verified. A virtual server the read skipped
+    /// that no one plans is deleted by the next full sync, whose read is verified.
+    async fn confirm_best_effort(
+        &mut self,
+        desired: &Desired,
+        mut table: TableRead,
+    ) -> Result<TableRead, ReconcileError> {
+        let missing: BTreeSet<VirtualServerKey> = desired
+            .virtual_servers()
+            .map(|(_, key, _)| *key)
+            .filter(|key| !table.virtual_servers.contains_key(key))
+            .collect();
+        if missing.is_empty() {
+            return Ok(table);
+        }
+        if missing.len() <= CONFIRM_ONE_BY_ONE {
+            let mut confirmed = true;
+            for key in missing {
+                match self.ipvs.get_virtual_server(&key).await {
+                    Ok(Some(vs)) => {
+                        table.virtual_servers.insert(key, vs);
+                    }
+                    Ok(None) => {}
+                    Err(_) => {
+                        confirmed = false;
+                        break;
+                    }
+                }
+            }
+            if confirmed {
+                return Ok(table);
+            }
+        }
+        let started = std::time::Instant::now();
+        let mut verified = self
+            .ipvs
+            .read_table()
+            .await
+            .map_err(|source| ReconcileError::ListVirtualServers { source })?;
+        self.ipvs.record_read(&verified);
+        verified.took = table.took + started.elapsed();
+        Ok(verified)
     }
 
     /// Repairs the next slice of a full sync's virtual servers (at most `max` of them, in

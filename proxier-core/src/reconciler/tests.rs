@@ -440,8 +440,9 @@ async fn incremental_sync_touches_only_the_dirty_service_and_reads_nothing_unnee
         vec![IpvsOp::AddRealServer(dns_key, rkey("10.1.0.10", 53), 1)]
     );
     assert_eq!(report.writes, 1);
-    // Adding needs no read: the cache answers.
-    assert_eq!(ipvs.read_calls(), (1, 0));
+    // Adding needs no read: the cache answers. (The first sync's best-effort read lacked
+    // the three planned virtual servers, and looked each up before creating it.)
+    assert_eq!(ipvs.read_calls(), (1, 3));
 
     // Removing the service: its virtual server goes and its VIP is unbound.
     want.services.remove(&dns);
@@ -986,7 +987,35 @@ async fn a_listing_failure_fails_the_whole_sync() {
 }
 
 #[tokio::test]
-async fn a_virtual_server_the_dump_skipped_is_re_read_not_failed() {
+async fn a_virtual_server_the_resync_dump_skipped_is_re_read_not_failed() {
+    let ipvs = MemoryIpvsBackend::new();
+    let addresses = MemoryAddressBackend::new();
+    let plan = two_services();
+    let mut reconciler = reconciler(&ipvs, &addresses);
+    reconciler.full_sync(&plan).await.unwrap();
+
+    // A resync (verified read, trusted whole) whose dump misses one virtual server that
+    // holds one real server too few.
+    let web = vkey("10.96.0.10", 80, Protocol::Tcp);
+    ipvs.clone()
+        .apply(&[IpvsOp::DeleteRealServer(web, rkey("10.1.0.3", 8080))])
+        .await;
+    ipvs.hide_from_next_list(web);
+    ipvs.take_applied_ops();
+    let report = reconciler.full_sync(&plan).await.unwrap();
+    assert_eq!(report.failed, 0, "{:?}", report.errors);
+    assert!(report.errors.is_empty());
+    assert_eq!(reconciler.stats().contradictions, 1);
+    assert_eq!(ipvs.table(), two_services_table());
+    // The adds the missing picture asked for, and nothing after the re-read.
+    let ops = ipvs.take_applied_ops();
+    assert_eq!(ops.len(), 3, "{ops:?}");
+    assert!(ops.iter().all(|op| *op.virtual_server() == web), "{ops:?}");
+    assert_eq!(reconciler.full_sync(&plan).await.unwrap().writes, 0);
+}
+
+#[tokio::test]
+async fn a_planned_virtual_server_the_adoption_read_skipped_is_looked_up_before_any_write() {
     let ipvs = MemoryIpvsBackend::new();
     let addresses = MemoryAddressBackend::new();
     let plan = two_services();
@@ -995,24 +1024,65 @@ async fn a_virtual_server_the_dump_skipped_is_re_read_not_failed() {
         .await
         .unwrap();
 
-    // A restart whose dump misses one virtual server that holds one real server too few.
+    // A restart whose best-effort read misses one virtual server that holds one real
+    // server too few: it is looked up alone, and only the real server is written.
     let web = vkey("10.96.0.10", 80, Protocol::Tcp);
     ipvs.clone()
         .apply(&[IpvsOp::DeleteRealServer(web, rkey("10.1.0.3", 8080))])
         .await;
     ipvs.hide_from_next_list(web);
     ipvs.take_applied_ops();
+    let calls = ipvs.read_calls();
     let mut restarted = reconciler(&ipvs, &addresses);
     let report = restarted.full_sync(&plan).await.unwrap();
-    assert_eq!(report.failed, 0, "{:?}", report.errors);
-    assert!(report.errors.is_empty());
-    assert_eq!(restarted.stats().contradictions, 1);
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    assert_eq!(restarted.stats().contradictions, 0);
+    assert_eq!(
+        ipvs.take_applied_ops(),
+        vec![IpvsOp::AddRealServer(web, rkey("10.1.0.3", 8080), 1)]
+    );
     assert_eq!(ipvs.table(), two_services_table());
-    // The adds the missing picture asked for, and nothing after the re-read.
-    let ops = ipvs.take_applied_ops();
-    assert_eq!(ops.len(), 3, "{ops:?}");
-    assert!(ops.iter().all(|op| *op.virtual_server() == web), "{ops:?}");
+    // One listing (the best-effort read) and one lookup (the skipped virtual server).
+    assert_eq!(ipvs.read_calls(), (calls.0 + 1, calls.1 + 1));
     assert_eq!(restarted.full_sync(&plan).await.unwrap().writes, 0);
+}
+
+#[tokio::test]
+async fn an_adoption_read_lacking_most_of_the_plan_is_read_again_verified() {
+    // Three hundred ClusterIP virtual servers, one real server each, programmed.
+    let services: Vec<(ServicePortName, ServicePortPlan)> = (0..300u16)
+        .map(|i| {
+            let address = format!("10.96.{}.{}", i / 200, i % 200 + 1);
+            (
+                spn(&format!("s{i}"), Protocol::Tcp),
+                plan(vec![(
+                    vkey(&address, 80, Protocol::Tcp),
+                    vs(VirtualServerRole::ClusterIp, &[("10.1.0.2", 8080)]),
+                )]),
+            )
+        })
+        .collect();
+    let many = desired(services);
+    let ipvs = MemoryIpvsBackend::new();
+    let addresses = MemoryAddressBackend::new();
+    reconciler(&ipvs, &addresses)
+        .full_sync(&many)
+        .await
+        .unwrap();
+    ipvs.take_applied_ops();
+
+    // A restart whose best-effort read lacks them all (more than are looked up one by
+    // one): the table is read again, whole, and nothing is written.
+    for key in ipvs.table().keys() {
+        ipvs.hide_from_next_list(*key);
+    }
+    let calls = ipvs.read_calls();
+    let mut restarted = reconciler(&ipvs, &addresses);
+    let report = restarted.full_sync(&many).await.unwrap();
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    assert_eq!(report.writes, 0);
+    assert!(ipvs.take_applied_ops().is_empty());
+    assert_eq!(ipvs.read_calls(), (calls.0 + 2, calls.1));
 }
 
 #[tokio::test]

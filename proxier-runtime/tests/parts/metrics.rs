@@ -199,15 +199,17 @@ fn typed_recorders_write_the_right_series() {
         set_no_local_endpoints(TrafficPolicy::Internal, 2);
         record_network_programming(Duration::from_millis(700));
         set_table_reads(proxier_core::backend::TableReads {
-            reads: 4,
+            reads: 5,
             unverified: 1,
-            dumps: 19,
+            dumps: 20,
             retries: 7,
+            best_effort: 1,
         });
     });
     for expected in [
         "ipvs_proxier_ipvs_table_reads_total{verified=\"true\"} 3",
         "ipvs_proxier_ipvs_table_reads_total{verified=\"false\"} 1",
+        "ipvs_proxier_ipvs_table_reads_total{verified=\"best_effort\"} 1",
         "ipvs_proxier_ipvs_dump_retries_total 7",
         "kubeproxy_sync_proxy_rules_service_changes_total 2",
         "kubeproxy_sync_proxy_rules_service_changes_pending 0",
