@@ -31,11 +31,15 @@ thread_local! {
 }
 
 /// How long freed memory is kept before it goes back to the kernel until the first sync is
-/// done (mimalloc v3's own default). In the VM at 10,000 Services (kube source, protobuf
-/// lists), a restart's adoption handing it back at once took 5.81 s of the daemon's CPU time
-/// (2.93 s of it in the kernel) and 3.54 s; keeping it, 4.3–4.9 s (1.9–2.1 s) and
-/// 2.7–3.0 s (CHANGELOG).
-pub const START_PURGE_DELAY_MS: std::ffi::c_long = 1000;
+/// done: longer than a restart's adoption at 10,000 Services takes (2–3 s in the VM), so
+/// nothing the adoption frees is handed back and faulted in again before it ends. In the VM
+/// at 10,000 Services (kube source, protobuf lists), a restart's adoption handing it back at
+/// once took 5.81 s of the daemon's CPU time (2.93 s of it in the kernel) and 3.54 s;
+/// keeping it 1 s (mimalloc v3's own default), 4.3–4.9 s (1.9–2.1 s) and 2.7–3.0 s. With
+/// the adoption's best-effort table read, 1 s: 4.35–4.70 s (1.81–2.09 s) and 2.74–2.95 s;
+/// 10 s: 3.88–3.93 s (1.48–1.67 s) and 2.41–2.46 s, and the same peak RSS at a first start
+/// (88.4 MiB against 88.1) (CHANGELOG).
+pub const START_PURGE_DELAY_MS: std::ffi::c_long = 10_000;
 
 /// Sets mimalloc's options for the start; call before the first allocation, which reserves
 /// the arena:
