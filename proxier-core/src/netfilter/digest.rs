@@ -16,22 +16,13 @@ use std::fmt::Write as _;
 
 use super::plan::{FamilyPlan, NetfilterPlan};
 use super::render::{
-    DIGEST_SET, RenderError, RenderOptions, RenderedSets, nft_family, render_replace,
+    DIGEST_SET, RenderError, RenderOptions, SetVisitor, nft_family, render_replace, visit_sets,
 };
 use super::tracker::PlanChanges;
 use crate::model::AddressFamily;
 
 /// The digest of the tables that `plan` renders to with `options`.
 pub fn plan_digest(plan: &NetfilterPlan, options: &RenderOptions) -> Result<u64, RenderError> {
-    digest_with(plan, options, &RenderedSets::of(plan))
-}
-
-/// [`plan_digest`] with `plan`'s sets already rendered (`sets`, of the same plan).
-pub(super) fn digest_with(
-    plan: &NetfilterPlan,
-    options: &RenderOptions,
-    sets: &RenderedSets,
-) -> Result<u64, RenderError> {
     let mut rules = NetfilterPlan::default();
     for family in AddressFamily::ALL {
         if let Some(family_plan) = plan.family(family) {
@@ -44,7 +35,7 @@ pub(super) fn digest_with(
         }
     }
     let rules = mix(fnv1a(render_replace(&rules, options)?.as_bytes()));
-    Ok(rules.wrapping_add(sets_sum(sets)))
+    Ok(rules.wrapping_add(elements_sum(plan)))
 }
 
 /// `digest` after the update `changes` (elements added and deleted).
@@ -90,28 +81,39 @@ pub fn parse_digest(listing: &str) -> Option<u64> {
 }
 
 /// The sum of the hashes of every set element of `plan`, each hashed with its family and
-/// set.
+/// set: the elements rendered one at a time ([`visit_sets`]), none kept.
 fn elements_sum(plan: &NetfilterPlan) -> u64 {
-    sets_sum(&RenderedSets::of(plan))
-}
-
-/// [`elements_sum`] of the plan `sets` were rendered from.
-fn sets_sum(sets: &RenderedSets) -> u64 {
-    let mut sum = 0u64;
+    let mut sum = ElementsSum::default();
     for family in AddressFamily::ALL {
-        let fam = nft_family(family);
-        for set in sets.family(family) {
-            for element in &set.elements {
-                let mut hash = fnv1a(fam.as_bytes());
-                hash = fnv1a_continue(hash, &[0]);
-                hash = fnv1a_continue(hash, set.name.as_bytes());
-                hash = fnv1a_continue(hash, &[0]);
-                hash = fnv1a_continue(hash, element.as_bytes());
-                sum = sum.wrapping_add(mix(hash));
-            }
+        if let Some(family_plan) = plan.family(family) {
+            sum.family = nft_family(family);
+            visit_sets(family_plan, &mut sum);
         }
     }
-    sum
+    sum.sum
+}
+
+/// [`elements_sum`]'s visitor: the family and set being walked, and the sum so far.
+#[derive(Default)]
+struct ElementsSum {
+    family: &'static str,
+    /// The hash of the family and the set's name, which each element's hash continues.
+    set: u64,
+    sum: u64,
+}
+
+impl SetVisitor for ElementsSum {
+    fn set(&mut self, name: &'static str, _key_type: &str, _interval: bool) {
+        let mut hash = fnv1a(self.family.as_bytes());
+        hash = fnv1a_continue(hash, &[0]);
+        hash = fnv1a_continue(hash, name.as_bytes());
+        self.set = fnv1a_continue(hash, &[0]);
+    }
+
+    fn element(&mut self, element: &str) {
+        let hash = fnv1a_continue(self.set, element.as_bytes());
+        self.sum = self.sum.wrapping_add(mix(hash));
+    }
 }
 
 const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;

@@ -135,8 +135,7 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use crate::model::AddressFamily;
-use digest::digest_with;
-use render::{RenderedSets, nft_family, render_replace_with};
+use render::nft_family;
 
 /// How long a resync's listing of the tables ([`Netfilter::check_tables`]) may take before
 /// it is abandoned (a listing future is dropped then).
@@ -352,9 +351,7 @@ impl<B: NetfilterBackend> Netfilter<B> {
         self.tracked_in_sync = false;
         self.digest = None;
         let started = std::time::Instant::now();
-        // The sets rendered once, for the digest and (unless the tables hold it) the script.
-        let sets = RenderedSets::of(plan);
-        let digest = digest_with(plan, &self.options, &sets)?;
+        let digest = plan_digest(plan, &self.options)?;
         let digested = started.elapsed();
         if self.replaced.is_none() && self.tables_hold(plan, digest).await {
             // A restart: the tables a previous run left already hold this plan.
@@ -369,7 +366,7 @@ impl<B: NetfilterBackend> Netfilter<B> {
             );
             return Ok(false);
         }
-        let mut script = render_replace_with(plan, &self.options, &sets)?;
+        let mut script = render_replace(plan, &self.options)?;
         script.push_str(&render_digest(plan, &self.options, digest));
         self.backend.apply(&script).await?;
         self.tracked_in_sync = true;

@@ -125,49 +125,15 @@ pub fn render_replace(
     plan: &NetfilterPlan,
     options: &RenderOptions,
 ) -> Result<String, RenderError> {
-    render_replace_with(plan, options, &RenderedSets::of(plan))
-}
-
-/// [`render_replace`] with `plan`'s sets already rendered (`sets`, of the same plan).
-pub(super) fn render_replace_with(
-    plan: &NetfilterPlan,
-    options: &RenderOptions,
-    sets: &RenderedSets,
-) -> Result<String, RenderError> {
     options.validate()?;
     let mut out = String::new();
     for family in AddressFamily::ALL {
         remove_table(&mut out, family, &options.table_name);
         if let Some(family_plan) = plan.family(family) {
-            render_table(&mut out, family_plan, sets.family(family), options);
+            render_table(&mut out, family_plan, &set_contents(family_plan), options);
         }
     }
     Ok(out)
-}
-
-/// Every set of each family a plan has, with its elements rendered: what both the script
-/// that replaces the tables and their digest (`super::digest`) are made of, rendered once
-/// when a sync needs both.
-pub(super) struct RenderedSets(Vec<(AddressFamily, Vec<SetContent>)>);
-
-impl RenderedSets {
-    /// The sets of every family `plan` has.
-    pub(super) fn of(plan: &NetfilterPlan) -> RenderedSets {
-        RenderedSets(
-            AddressFamily::ALL
-                .into_iter()
-                .filter_map(|family| Some((family, set_contents(plan.family(family)?))))
-                .collect(),
-        )
-    }
-
-    /// The sets of `family` (none when the plan does not have it).
-    pub(super) fn family(&self, family: AddressFamily) -> &[SetContent] {
-        self.0
-            .iter()
-            .find(|(f, _)| *f == family)
-            .map_or(&[], |(_, sets)| sets.as_slice())
-    }
 }
 
 /// Renders the script that removes the proxier's tables of both families (and everything in
@@ -245,7 +211,14 @@ fn render_table(out: &mut String, plan: &FamilyPlan, sets: &[SetContent], option
             let _ = writeln!(out, "    {dst_key} @cluster-ips {mark_it}");
         }
         ClusterIpMasquerade::OutsideCidrs(cidrs) => {
-            let list: Vec<String> = cidrs.iter().map(|n| net_elem(*n)).collect();
+            let list: Vec<String> = cidrs
+                .iter()
+                .map(|n| {
+                    let mut text = String::new();
+                    net_elem(&mut text, *n);
+                    text
+                })
+                .collect();
             let _ = writeln!(
                 out,
                 "    {fam} saddr != {{ {} }} {dst_key} @cluster-ips {mark_it}",
@@ -396,118 +369,190 @@ pub(super) struct SetContent {
     pub(super) elements: BTreeSet<String>,
 }
 
-/// Every set of a family's table with its elements, as rendered.
-pub(super) fn set_contents(plan: &FamilyPlan) -> Vec<SetContent> {
-    let s = Syntax::of(plan.family);
-    let addr = s.addr_type;
+/// What [`visit_sets`] shows each set of a family's table to.
+pub(super) trait SetVisitor {
+    /// A set begins: its name, its type and whether it holds intervals.
+    fn set(&mut self, name: &'static str, key_type: &str, interval: bool);
+    /// One element of the set last begun, as nft text.
+    fn element(&mut self, element: &str);
+}
+
+/// Shows every set of a family's table with its elements to `visitor`, in order, each
+/// element rendered into one buffer reused for all: the one definition of what the sets
+/// hold, for the script ([`set_contents`]) and for the digest, which hashes the elements
+/// without keeping them.
+pub(super) fn visit_sets(plan: &FamilyPlan, visitor: &mut impl SetVisitor) {
+    let addr = Syntax::of(plan.family).addr_type;
     let addr_port = format!("{addr} . inet_proto . inet_service");
-    let proto_port = "inet_proto . inet_service".to_owned();
-    let content = |name, key_type: &String, interval, elements: BTreeSet<String>| SetContent {
-        name,
-        key_type: key_type.clone(),
-        interval,
-        elements,
-    };
+    let proto_port = "inet_proto . inet_service";
     let with_addr = format!("{addr_port} . {addr}");
-    let mut sets = vec![
-        content(
-            set_name::CLUSTER_IPS,
-            &addr_port,
-            false,
-            elems(&plan.cluster_ips, addr_port_elem),
-        ),
-        content(
-            set_name::EXTERNAL_IPS,
-            &addr_port,
-            false,
-            elems(&plan.external_ips, addr_port_elem),
-        ),
-        content(
-            set_name::EXTERNAL_IPS_LOCAL,
-            &addr_port,
-            false,
-            elems(&plan.external_ips_local, addr_port_elem),
-        ),
-        content(
-            set_name::LOAD_BALANCER_IPS,
-            &addr_port,
-            false,
-            elems(&plan.load_balancer_ips, addr_port_elem),
-        ),
-        content(
-            set_name::LOAD_BALANCER_IPS_LOCAL,
-            &addr_port,
-            false,
-            elems(&plan.load_balancer_ips_local, addr_port_elem),
-        ),
-        content(
-            set_name::NODE_PORTS,
-            &proto_port,
-            false,
-            elems(&plan.node_ports, proto_port_elem),
-        ),
-        content(
-            set_name::NODE_PORTS_LOCAL,
-            &proto_port,
-            false,
-            elems(&plan.node_ports_local, proto_port_elem),
-        ),
-        content(
-            set_name::LOAD_BALANCER_FIREWALL,
-            &addr_port,
-            false,
-            elems(&plan.firewalled, addr_port_elem),
-        ),
-        content(
-            set_name::LOAD_BALANCER_SOURCE_RANGES,
-            &with_addr,
-            true,
-            plan.source_ranges
-                .iter()
-                .map(|r| format!("{} . {}", addr_port_elem(&r.target), net_elem(r.source)))
-                .collect(),
-        ),
-        content(
-            set_name::LOAD_BALANCER_NODE_ALLOWED,
-            &addr_port,
-            false,
-            elems(&plan.node_allowed, addr_port_elem),
-        ),
-        content(
-            set_name::HAIRPIN,
-            &with_addr,
-            false,
-            plan.hairpin
-                .iter()
-                .map(|e| format!("{} . {}", addr_port_elem(e), e.address))
-                .collect(),
-        ),
-        content(
-            set_name::HEALTH_CHECK_NODE_PORTS,
-            &"inet_service".to_owned(),
-            false,
-            plan.health_check_node_ports
-                .iter()
-                .map(u16::to_string)
-                .collect(),
-        ),
-        content(
-            set_name::SERVICE_IPS,
-            &addr.to_owned(),
-            false,
-            plan.bound_ips.iter().map(IpAddr::to_string).collect(),
-        ),
-    ];
+    let mut buf = String::with_capacity(64);
+    let mut sets = SetWriter {
+        visitor,
+        buf: &mut buf,
+    };
+    sets.each(
+        set_name::CLUSTER_IPS,
+        &addr_port,
+        false,
+        &plan.cluster_ips,
+        addr_port_elem,
+    );
+    sets.each(
+        set_name::EXTERNAL_IPS,
+        &addr_port,
+        false,
+        &plan.external_ips,
+        addr_port_elem,
+    );
+    sets.each(
+        set_name::EXTERNAL_IPS_LOCAL,
+        &addr_port,
+        false,
+        &plan.external_ips_local,
+        addr_port_elem,
+    );
+    sets.each(
+        set_name::LOAD_BALANCER_IPS,
+        &addr_port,
+        false,
+        &plan.load_balancer_ips,
+        addr_port_elem,
+    );
+    sets.each(
+        set_name::LOAD_BALANCER_IPS_LOCAL,
+        &addr_port,
+        false,
+        &plan.load_balancer_ips_local,
+        addr_port_elem,
+    );
+    sets.each(
+        set_name::NODE_PORTS,
+        proto_port,
+        false,
+        &plan.node_ports,
+        proto_port_elem,
+    );
+    sets.each(
+        set_name::NODE_PORTS_LOCAL,
+        proto_port,
+        false,
+        &plan.node_ports_local,
+        proto_port_elem,
+    );
+    sets.each(
+        set_name::LOAD_BALANCER_FIREWALL,
+        &addr_port,
+        false,
+        &plan.firewalled,
+        addr_port_elem,
+    );
+    sets.each(
+        set_name::LOAD_BALANCER_SOURCE_RANGES,
+        &with_addr,
+        true,
+        &plan.source_ranges,
+        |buf, range| {
+            addr_port_elem(buf, &range.target);
+            buf.push_str(" . ");
+            net_elem(buf, range.source);
+        },
+    );
+    sets.each(
+        set_name::LOAD_BALANCER_NODE_ALLOWED,
+        &addr_port,
+        false,
+        &plan.node_allowed,
+        addr_port_elem,
+    );
+    sets.each(
+        set_name::HAIRPIN,
+        &with_addr,
+        false,
+        &plan.hairpin,
+        |buf, e| {
+            addr_port_elem(buf, e);
+            buf.push_str(" . ");
+            push_ip(buf, e.address);
+        },
+    );
+    sets.each(
+        set_name::HEALTH_CHECK_NODE_PORTS,
+        "inet_service",
+        false,
+        &plan.health_check_node_ports,
+        |buf, port| push_decimal(buf, u32::from(*port)),
+    );
+    sets.each(
+        set_name::SERVICE_IPS,
+        addr,
+        false,
+        &plan.bound_ips,
+        |buf, ip| {
+            push_ip(buf, *ip);
+        },
+    );
     // Only the NodeCIDR mode has this set: the tables of the other modes stay as they were.
     if plan.cluster_ip_masquerade == ClusterIpMasquerade::OutsideNodePodCidrs {
-        sets.push(content(
+        sets.each(
             set_name::NODE_POD_CIDRS,
-            &addr.to_owned(),
+            addr,
             true,
-            plan.node_pod_cidrs.iter().map(|n| net_elem(*n)).collect(),
-        ));
+            &plan.node_pod_cidrs,
+            |buf, net| {
+                net_elem(buf, *net);
+            },
+        );
     }
+}
+
+/// [`visit_sets`]' walk: a visitor and the buffer each element is rendered into.
+struct SetWriter<'a, V> {
+    visitor: &'a mut V,
+    buf: &'a mut String,
+}
+
+impl<V: SetVisitor> SetWriter<'_, V> {
+    fn each<T>(
+        &mut self,
+        name: &'static str,
+        key_type: &str,
+        interval: bool,
+        items: &BTreeSet<T>,
+        write: impl Fn(&mut String, &T),
+    ) {
+        self.visitor.set(name, key_type, interval);
+        for item in items {
+            self.buf.clear();
+            write(self.buf, item);
+            self.visitor.element(self.buf);
+        }
+    }
+}
+
+/// Every set of a family's table with its elements, as rendered.
+pub(super) fn set_contents(plan: &FamilyPlan) -> Vec<SetContent> {
+    let mut sets = Vec::new();
+    visit_sets(plan, &mut sets);
     sets
+}
+
+/// Collects the sets whole ([`set_contents`]).
+impl SetVisitor for Vec<SetContent> {
+    fn set(&mut self, name: &'static str, key_type: &str, interval: bool) {
+        self.push(SetContent {
+            name,
+            key_type: key_type.to_owned(),
+            interval,
+            elements: BTreeSet::new(),
+        });
+    }
+
+    fn element(&mut self, element: &str) {
+        if let Some(set) = self.last_mut() {
+            set.elements.insert(element.to_owned());
+        }
+    }
 }
 
 /// Every element `plan` puts in a set that holds single values (the interval sets are left
@@ -623,10 +668,6 @@ fn set(out: &mut String, name: &str, key_type: &str, interval: bool, elements: &
     let _ = writeln!(out, "  }}");
 }
 
-fn elems<T>(items: &BTreeSet<T>, f: fn(&T) -> String) -> BTreeSet<String> {
-    items.iter().map(f).collect()
-}
-
 fn proto(protocol: Protocol) -> &'static str {
     match protocol {
         Protocol::Tcp => "tcp",
@@ -635,17 +676,61 @@ fn proto(protocol: Protocol) -> &'static str {
     }
 }
 
-fn addr_port_elem(e: &AddrPort) -> String {
-    format!("{} . {} . {}", e.address, proto(e.protocol), e.port)
+fn addr_port_elem(buf: &mut String, e: &AddrPort) {
+    push_ip(buf, e.address);
+    buf.push_str(" . ");
+    buf.push_str(proto(e.protocol));
+    buf.push_str(" . ");
+    push_decimal(buf, u32::from(e.port));
 }
 
-fn proto_port_elem(e: &ProtoPort) -> String {
-    format!("{} . {}", proto(e.protocol), e.port)
+fn proto_port_elem(buf: &mut String, e: &ProtoPort) {
+    buf.push_str(proto(e.protocol));
+    buf.push_str(" . ");
+    push_decimal(buf, u32::from(e.port));
 }
 
-fn net_elem(net: IpNet) -> String {
+fn net_elem(buf: &mut String, net: IpNet) {
     let net = net.trunc();
-    format!("{}/{}", net.addr(), net.prefix_len())
+    push_ip(buf, net.addr());
+    buf.push('/');
+    push_decimal(buf, u32::from(net.prefix_len()));
+}
+
+/// Appends `address` as its `Display` writes it; an IPv4 address without the formatting
+/// machinery (the sets hold tens of thousands, and the digest renders them all at a start).
+fn push_ip(buf: &mut String, address: IpAddr) {
+    match address {
+        IpAddr::V4(v4) => {
+            for (i, octet) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    buf.push('.');
+                }
+                push_decimal(buf, u32::from(octet));
+            }
+        }
+        IpAddr::V6(v6) => {
+            let _ = write!(buf, "{v6}");
+        }
+    }
+}
+
+/// Appends `n` in decimal, as `Display` writes it.
+fn push_decimal(buf: &mut String, mut n: u32) {
+    let mut digits = [0u8; 10];
+    let mut start = digits.len();
+    loop {
+        start -= 1;
+        // A digit: n % 10 is below 10.
+        digits[start] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for digit in &digits[start..] {
+        buf.push(char::from(*digit));
+    }
 }
 
 #[cfg(test)]

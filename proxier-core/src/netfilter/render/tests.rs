@@ -553,3 +553,35 @@ fn new_connections_to_a_bound_address_pass_on_its_service_ports_only() {
         "{script}"
     );
 }
+
+#[test]
+fn addresses_and_numbers_are_written_as_display_writes_them() {
+    let mut addresses: Vec<IpAddr> = ["0.0.0.0", "255.255.255.255", "10.96.0.1", "1.20.100.9"]
+        .into_iter()
+        .map(ip)
+        .collect();
+    // Every octet value in every position.
+    addresses.extend((0..=255u8).map(|o| IpAddr::from([o, 255 - o, o / 7, o.wrapping_mul(3)])));
+    addresses.extend(["::1", "fd00::10", "2001:db8::ff:1"].into_iter().map(ip));
+    for address in addresses {
+        let mut text = String::new();
+        push_ip(&mut text, address);
+        assert_eq!(text, address.to_string());
+    }
+    for n in [
+        0,
+        1,
+        9,
+        10,
+        99,
+        100,
+        30080,
+        65535,
+        u32::from(u16::MAX) + 1,
+        u32::MAX,
+    ] {
+        let mut text = String::from("x");
+        push_decimal(&mut text, n);
+        assert_eq!(text, format!("x{n}"));
+    }
+}
