@@ -199,6 +199,20 @@ impl BenchDaemon {
         ProcessCpu::of(&self.child.id().to_string())
     }
 
+    /// The page faults it took so far that needed no disk (`minflt` of `/proc/PID/stat`): in
+    /// the VM each costs kernel time, and a start faults in every page it allocates.
+    pub fn minor_faults(&self) -> anyhow::Result<u64> {
+        let stat = self.proc_file("stat")?;
+        let (_, rest) = stat
+            .rsplit_once(')')
+            .ok_or_else(|| anyhow::anyhow!("malformed /proc/PID/stat"))?;
+        // After the command: state, ppid, pgrp, session, tty_nr, tpgid, flags, minflt.
+        let field = rest.split_whitespace().nth(7);
+        field
+            .and_then(|f| f.parse().ok())
+            .ok_or_else(|| anyhow::anyhow!("malformed /proc/PID/stat: {stat}"))
+    }
+
     fn proc_file(&self, name: &str) -> std::io::Result<String> {
         std::fs::read_to_string(format!("/proc/{}/{name}", self.child.id()))
     }

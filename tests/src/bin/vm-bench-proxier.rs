@@ -626,9 +626,10 @@ fn restart_adoptions(
             secs(took)
         );
         println!(
-            "  adoption CPU: the daemon {:.2} s user + {:.2} s system, the API double and this harness {:.2} s; the machine's {} CPUs {:.0} % busy",
+            "  adoption CPU: the daemon {:.2} s user + {:.2} s system ({} page faults), the API double and this harness {:.2} s; the machine's {} CPUs {:.0} % busy",
             cpu.daemon.user,
             cpu.daemon.system,
+            daemon.minor_faults()?,
             cpu.harness,
             cpu.cpus,
             cpu.busy * 100.0
