@@ -38,17 +38,12 @@ thread_local! {
 /// keeping it 1 s (mimalloc v3's own default), 4.3–4.9 s (1.9–2.1 s) and 2.7–3.0 s. With
 /// the adoption's best-effort table read, 1 s: 4.35–4.70 s (1.81–2.09 s) and 2.74–2.95 s;
 /// 10 s: 3.88–3.93 s (1.48–1.67 s) and 2.41–2.46 s, and the same peak RSS at a first start
-/// (88.4 MiB against 88.1) (CHANGELOG). The file source keeps
-/// [`FILE_SOURCE_START_PURGE_DELAY_MS`] instead ([`set_start_purge_delay`]).
+/// (88.4 MiB against 88.1) (CHANGELOG). The file source pays for it at its first start: RSS
+/// 2 s after programmed 62.8–63.2 MiB (five runs, 3 or 10 s) against 55.9–59.2 (three runs,
+/// 1 s), with the same RSS after a restart's adoption and after changes (57.1–60.1 against
+/// 56.2–59.6); lowering the delay again once the source is known (before the runtime
+/// starts) did not bring it back (62.8 MiB).
 pub const START_PURGE_DELAY_MS: std::ffi::c_long = 10_000;
-
-/// The start's purge delay with the file source: mimalloc v3's default. Its first read
-/// parses the whole file on threads of their own (at 10,000 Services a 9.6 MiB file, over
-/// 100 MiB of parsed documents, freed when those threads have ended); kept 3 or 10 s, that
-/// memory was not reused by the first sync, which took fresh pages instead: in the VM, RSS
-/// 2 s after programmed 62.8–63.2 MiB (four runs) against 55.9–59.0 with 1 s, peaks 165–182
-/// MiB against 160–161.
-pub const FILE_SOURCE_START_PURGE_DELAY_MS: std::ffi::c_long = 1000;
 
 /// Sets mimalloc's options for the start; call before the first allocation, which reserves
 /// the arena:
@@ -64,17 +59,6 @@ pub fn set_start_options() {
     unsafe {
         libmimalloc_sys::mi_option_set(MI_OPTION_ARENA_EAGER_COMMIT, 0);
         libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, START_PURGE_DELAY_MS);
-    }
-}
-
-/// Sets how long freed memory is kept until the first sync is done (see
-/// [`START_PURGE_DELAY_MS`]), once the daemon knows its source; before [`settle`].
-pub fn set_start_purge_delay(milliseconds: std::ffi::c_long) {
-    // SAFETY: sets one of mimalloc's process-wide options, read when a purge is scheduled;
-    // no memory is touched.
-    #[allow(unsafe_code)]
-    unsafe {
-        libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, milliseconds);
     }
 }
 

@@ -9,7 +9,7 @@ use std::ffi::OsString;
 use proxier_bin::cli::{Cli, ExplainCli};
 use proxier_bin::config::{ConfigError, load_config_file};
 use proxier_bin::explain::parse_target;
-use proxier_bin::settings::{Settings, SourceSettings, resolve, system_hostname};
+use proxier_bin::settings::{Settings, resolve, system_hostname};
 
 /// mimalloc instead of glibc's malloc: glibc kept the transient memory of the first sync and
 /// of every full resync in per-thread arenas (RSS at the peak, and creeping up under churn);
@@ -51,11 +51,6 @@ fn main() -> ExitCode {
     };
     tracing::info!(hostname = %settings.hostname, source = ?settings.source,
         dry_run = settings.dry_run, mode = ?settings.run_mode, "starting ipvs-proxier");
-    if matches!(settings.source, SourceSettings::File { .. }) {
-        proxier_bin::allocator::set_start_purge_delay(
-            proxier_bin::allocator::FILE_SOURCE_START_PURGE_DELAY_MS,
-        );
-    }
 
     let runtime = match async_runtime() {
         Ok(runtime) => runtime,
