@@ -183,9 +183,9 @@ impl MemoryIpvsBackend {
         }
         Ok(())
     }
-}
 
-impl MemoryIpvsBackend {
+    /// The table as it is now, less what [`MemoryIpvsBackend::hide_from_next_list`] hid;
+    /// flagged best-effort or verified.
     fn read(&self, best_effort: bool) -> PendingTableRead {
         let mut state = lock(&self.state);
         state.list_calls += 1;
