@@ -15,7 +15,7 @@ use proxier_core::model::{
     Config, Endpoint, EndpointPort, EndpointSlice, Protocol, Service, ServiceName, ServicePortSpec,
     SliceKey,
 };
-use proxier_core::{Backends, Change, Proxier, ProxierConfig, SyncKind};
+use proxier_core::{Backends, Change, KernelProxier, Proxier, ProxierConfig, SyncKind};
 
 const SERVICES: u32 = 500;
 
@@ -44,6 +44,19 @@ fn service(i: u32) -> (Service, EndpointSlice) {
         trigger_time: None,
     };
     (Service::new(name, vec![vip], vec![port]), slice)
+}
+
+/// A proxier on this namespace's kernel with every Service and slice applied, not synced.
+async fn proxier_with_every_service() -> KernelProxier {
+    let backends = Backends::kernel("kube-ipvs0").await.unwrap();
+    let config = ProxierConfig::new("node-a", Config::default());
+    let mut proxier = Proxier::new(config, backends).unwrap();
+    for i in 0..SERVICES {
+        let (svc, slice) = service(i);
+        proxier.apply(Change::UpsertService(svc));
+        proxier.apply(Change::UpsertSlice(slice));
+    }
+    proxier
 }
 
 /// `ipvsadm -Sn` lines of what the first `n` services plan.
@@ -86,14 +99,7 @@ fn full_syncs_under_foreign_ipvs_churn_never_fail_and_end_exact() {
     );
 
     let (reports, contradictions, reads, (adoption, adoption_reads)) = node.block_on(|| async {
-        let backends = Backends::kernel("kube-ipvs0").await.unwrap();
-        let config = ProxierConfig::new("node-a", Config::default());
-        let mut proxier = Proxier::new(config, backends).unwrap();
-        for i in 0..SERVICES {
-            let (svc, slice) = service(i);
-            proxier.apply(Change::UpsertService(svc));
-            proxier.apply(Change::UpsertSlice(slice));
-        }
+        let mut proxier = proxier_with_every_service().await;
         let mut reports = vec![proxier.sync(SyncKind::Full).await.unwrap()];
         for round in 0..8 {
             // Every other round removes one Service, so a skipped stale entry is exercised
@@ -117,14 +123,7 @@ fn full_syncs_under_foreign_ipvs_churn_never_fail_and_end_exact() {
         // A restart under the same churn adopts the kernel: its first sync reads best-effort
         // (one dump, which the churn disturbs) and looks up each planned virtual server the
         // read lacks, so it writes nothing.
-        let backends = Backends::kernel("kube-ipvs0").await.unwrap();
-        let config = ProxierConfig::new("node-a", Config::default());
-        let mut restarted = Proxier::new(config, backends).unwrap();
-        for i in 0..SERVICES {
-            let (svc, slice) = service(i);
-            restarted.apply(Change::UpsertService(svc));
-            restarted.apply(Change::UpsertSlice(slice));
-        }
+        let mut restarted = proxier_with_every_service().await;
         for round in [1, 3, 5, 7] {
             restarted.apply(Change::DeleteService(ServiceName::new(
                 "churn",

@@ -986,6 +986,19 @@ async fn a_listing_failure_fails_the_whole_sync() {
     let _ = AddressOp::CreateLink;
 }
 
+/// Takes one real server from web's ClusterIP virtual server (of [`two_services`], programmed)
+/// and hides that virtual server from the next listing, as a disturbed dump would; forgets
+/// the ops so far. Returns its key.
+async fn skip_web_short_of_a_real_server(ipvs: &MemoryIpvsBackend) -> VirtualServerKey {
+    let web = vkey("10.96.0.10", 80, Protocol::Tcp);
+    ipvs.clone()
+        .apply(&[IpvsOp::DeleteRealServer(web, rkey("10.1.0.3", 8080))])
+        .await;
+    ipvs.hide_from_next_list(web);
+    ipvs.take_applied_ops();
+    web
+}
+
 #[tokio::test]
 async fn a_virtual_server_the_resync_dump_skipped_is_re_read_not_failed() {
     let ipvs = MemoryIpvsBackend::new();
@@ -996,12 +1009,7 @@ async fn a_virtual_server_the_resync_dump_skipped_is_re_read_not_failed() {
 
     // A resync (verified read, trusted whole) whose dump misses one virtual server that
     // holds one real server too few.
-    let web = vkey("10.96.0.10", 80, Protocol::Tcp);
-    ipvs.clone()
-        .apply(&[IpvsOp::DeleteRealServer(web, rkey("10.1.0.3", 8080))])
-        .await;
-    ipvs.hide_from_next_list(web);
-    ipvs.take_applied_ops();
+    let web = skip_web_short_of_a_real_server(&ipvs).await;
     let report = reconciler.full_sync(&plan).await.unwrap();
     assert_eq!(report.failed, 0, "{:?}", report.errors);
     assert!(report.errors.is_empty());
@@ -1026,12 +1034,7 @@ async fn a_planned_virtual_server_the_adoption_read_skipped_is_looked_up_before_
 
     // A restart whose best-effort read misses one virtual server that holds one real
     // server too few: it is looked up alone, and only the real server is written.
-    let web = vkey("10.96.0.10", 80, Protocol::Tcp);
-    ipvs.clone()
-        .apply(&[IpvsOp::DeleteRealServer(web, rkey("10.1.0.3", 8080))])
-        .await;
-    ipvs.hide_from_next_list(web);
-    ipvs.take_applied_ops();
+    let web = skip_web_short_of_a_real_server(&ipvs).await;
     let calls = ipvs.read_calls();
     let mut restarted = reconciler(&ipvs, &addresses);
     let report = restarted.full_sync(&plan).await.unwrap();
