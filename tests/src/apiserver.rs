@@ -13,7 +13,11 @@
 //! A list of Services or EndpointSlices whose request accepts
 //! `application/vnd.kubernetes.protobuf` is answered in that encoding ([`protobuf`]), in
 //! pages of `limit` objects with a `continue` token as the real server pages; every other
-//! answer is JSON, whole.
+//! list is JSON, whole. A watch (streaming lists included) of Services or EndpointSlices
+//! whose request accepts protobuf is answered in Kubernetes' protobuf watch encoding
+//! (`application/vnd.kubernetes.protobuf;stream=watch`: length-prefixed `WatchEvent` frames,
+//! [`protobuf::watch_frame`]), its 410 Gone as an ERROR frame; every other watch in JSON
+//! lines. Errors that end a request before it streams (404, 422, an outage) are JSON.
 
 #![allow(dead_code)]
 
@@ -63,6 +67,16 @@ impl Kind {
         matches!(self, Kind::Service | Kind::EndpointSlice)
     }
 
+    /// (apiVersion, kind) of one object.
+    fn object_kind(self) -> (&'static str, &'static str) {
+        match self {
+            Kind::Service => ("v1", "Service"),
+            Kind::EndpointSlice => ("discovery.k8s.io/v1", "EndpointSlice"),
+            Kind::Node => ("v1", "Node"),
+            Kind::ServiceCidr => ("networking.k8s.io/v1", "ServiceCIDR"),
+        }
+    }
+
     fn list_kind(self) -> (&'static str, &'static str) {
         match self {
             Kind::Service => ("v1", "ServiceList"),
@@ -82,11 +96,12 @@ struct State {
     /// on another machine).
     objects: BTreeMap<(Kind, String), (Value, String)>,
     /// The protobuf encoding of stored Services and EndpointSlices, made at the first
-    /// protobuf list that serves them (and dropped when they change).
+    /// protobuf list or streaming list that serves them, or by the change that a protobuf
+    /// watch is told of (and dropped when they change).
     encoded: BTreeMap<(Kind, String), Vec<u8>>,
     /// (kind, resourceVersion, event) for watch replay.
     log: Vec<(Kind, u64, Value)>,
-    watchers: Vec<(Kind, Query, mpsc::UnboundedSender<Bytes>)>,
+    watchers: Vec<Watcher>,
     /// During an outage, what every request gets: (status, reason, message).
     outage: Option<(u16, &'static str, &'static str)>,
     refuse_streaming_lists: bool,
@@ -95,6 +110,8 @@ struct State {
     bytes_served: BTreeMap<Kind, u64>,
     /// List pages served in protobuf, by kind.
     protobuf_pages: BTreeMap<Kind, usize>,
+    /// Watch requests answered in protobuf, by kind.
+    protobuf_watches: BTreeMap<Kind, usize>,
     requests: Vec<String>,
     /// Watches from a resourceVersion older than this get 410 Gone.
     compacted_at: u64,
@@ -113,6 +130,32 @@ impl State {
         self.encoded.remove(key);
         self.objects.remove(key).map(|(obj, _)| obj)
     }
+
+    /// Keeps `tx` to tell it of `kind`'s changes matching `query`, in protobuf frames or JSON
+    /// lines.
+    fn watch(
+        &mut self,
+        kind: Kind,
+        query: Query,
+        protobuf: bool,
+        tx: mpsc::UnboundedSender<Bytes>,
+    ) {
+        self.watchers.push(Watcher {
+            kind,
+            query,
+            protobuf,
+            tx,
+        });
+    }
+}
+
+/// An open watch.
+struct Watcher {
+    kind: Kind,
+    query: Query,
+    /// Whether it is answered in protobuf frames (else JSON lines).
+    protobuf: bool,
+    tx: mpsc::UnboundedSender<Bytes>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -312,8 +355,11 @@ impl FakeApiServer {
         st.log.clear();
         st.compacted_at = st.resource_version;
         let gone = json!({"type": "ERROR", "object": status_object(410, "Expired", "too old resource version")});
-        for (_, _, tx) in st.watchers.drain(..) {
-            let _ = tx.send(Bytes::from(format!("{gone}\n")));
+        let gone = Bytes::from(format!("{gone}\n"));
+        let gone_frame = Bytes::from(gone_frame());
+        for watcher in st.watchers.drain(..) {
+            let event = if watcher.protobuf { &gone_frame } else { &gone };
+            let _ = watcher.tx.send(event.clone());
         }
     }
 
@@ -382,7 +428,18 @@ impl FakeApiServer {
         self.lock().protobuf_pages.get(&kind).copied().unwrap_or(0)
     }
 
-    /// Bytes of response bodies sent so far for `kind`: list responses and watch event lines.
+    /// Watch requests of `kind` (streaming lists included) answered so far in protobuf frames
+    /// rather than JSON lines.
+    pub fn protobuf_watches(&self, kind: Kind) -> usize {
+        self.lock()
+            .protobuf_watches
+            .get(&kind)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Bytes of response bodies sent so far for `kind`: list responses and watch event lines
+    /// or frames (their length prefixes included).
     pub fn bytes_served(&self, kind: Kind) -> u64 {
         self.lock().bytes_served.get(&kind).copied().unwrap_or(0)
     }
@@ -397,23 +454,62 @@ impl FakeApiServer {
         let st = self.lock();
         st.watchers
             .iter()
-            .filter(|(k, _, tx)| *k == kind && !tx.is_closed())
+            .filter(|watcher| watcher.kind == kind && !watcher.tx.is_closed())
             .count()
     }
 }
 
 fn notify(st: &mut State, kind: Kind, rv: u64, event: Value) {
-    st.log.push((kind, rv, event.clone()));
     let line = Bytes::from(format!("{event}\n"));
+    // The object's protobuf encoding, made for the first protobuf watcher that gets it.
+    let mut message: Option<Vec<u8>> = None;
+    let mut frame: Option<Bytes> = None;
     let mut sent = 0;
-    st.watchers.retain(|(k, q, tx)| {
-        if *k != kind || !q.matches(&event["object"]) && event["type"] != "DELETED" {
-            return !tx.is_closed();
+    st.watchers.retain(|watcher| {
+        let q = &watcher.query;
+        if watcher.kind != kind || !q.matches(&event["object"]) && event["type"] != "DELETED" {
+            return !watcher.tx.is_closed();
         }
-        sent += line.len() as u64;
-        tx.send(line.clone()).is_ok()
+        let bytes = if watcher.protobuf {
+            frame.get_or_insert_with(|| {
+                let encoded = message.insert(encode_object(kind, &event["object"]));
+                Bytes::from(event_frame(kind, &event, encoded))
+            })
+        } else {
+            &line
+        };
+        sent += bytes.len() as u64;
+        watcher.tx.send(bytes.clone()).is_ok()
     });
     *st.bytes_served.entry(kind).or_default() += sent;
+    // The object stored is the one just encoded: keep its encoding for lists and watches.
+    if let Some(message) = message
+        && event["type"] != "DELETED"
+    {
+        let key = (kind, key_of(&event["object"]));
+        if st.objects.contains_key(&key) {
+            st.encoded.insert(key, message);
+        }
+    }
+    st.log.push((kind, rv, event));
+}
+
+/// A watch event (JSON `{"type": ..., "object": ...}` of `kind`) as a protobuf frame, its
+/// object's message `encoded`.
+fn event_frame(kind: Kind, event: &Value, encoded: &[u8]) -> Vec<u8> {
+    let (api_version, object_kind) = kind.object_kind();
+    protobuf::watch_frame(
+        event["type"].as_str().expect("an event type"),
+        &protobuf::object_body(api_version, object_kind, encoded),
+    )
+}
+
+/// The ERROR frame of a protobuf watch that is too old: 410 Gone, Expired.
+fn gone_frame() -> Vec<u8> {
+    protobuf::watch_frame(
+        "ERROR",
+        &protobuf::status_body(410, "Expired", "too old resource version"),
+    )
 }
 
 /// The refusal of a streaming list by an API server without the WatchList feature, as
@@ -468,6 +564,7 @@ fn handle(
         *st.bytes_served.entry(kind).or_default() += list.len() as u64;
         return full_text(200, list);
     }
+    let in_protobuf = protobuf && kind.in_protobuf();
     let (tx, rx) = mpsc::unbounded_channel::<Bytes>();
     if q.send_initial_events && !st.ignore_streaming_lists {
         // A streaming list: the state now (whatever resourceVersion asked for, as
@@ -478,6 +575,30 @@ fn handle(
         if q.resource_version_match.as_deref() != Some("NotOlderThan") {
             let message = "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan";
             return full(422, &status_object(422, "Invalid", message));
+        }
+        if in_protobuf {
+            *st.protobuf_watches.entry(kind).or_default() += 1;
+            let keys: Vec<(Kind, String)> = st
+                .objects
+                .range((kind, String::new())..)
+                .take_while(|((k, _), _)| *k == kind)
+                .filter(|(_, (obj, _))| q.matches(obj))
+                .map(|(key, _)| key.clone())
+                .collect();
+            encode_protobuf(&mut st, &keys);
+            let (api_version, object_kind) = kind.object_kind();
+            let mut initial = Vec::new();
+            for key in &keys {
+                let object = protobuf::object_body(api_version, object_kind, &st.encoded[key]);
+                initial.extend_from_slice(&protobuf::watch_frame("ADDED", &object));
+            }
+            let bookmark = protobuf::bookmark(&st.resource_version.to_string(), true);
+            let object = protobuf::object_body(api_version, object_kind, &bookmark);
+            initial.extend_from_slice(&protobuf::watch_frame("BOOKMARK", &object));
+            let sent = send_buffered(&tx, initial);
+            *st.bytes_served.entry(kind).or_default() += sent;
+            st.watch(kind, q, true, tx);
+            return event_stream(rx, true);
         }
         // Every current object, then the bookmark, queued at once.
         let mut initial = String::new();
@@ -494,10 +615,30 @@ fn handle(
         let _ = writeln!(initial, "{bookmark}");
         let sent = send_buffered(&tx, initial);
         *st.bytes_served.entry(kind).or_default() += sent;
-        st.watchers.push((kind, q, tx));
-        return event_stream(rx);
+        st.watch(kind, q, false, tx);
+        return event_stream(rx, false);
     }
     let since = q.resource_version.unwrap_or(0);
+    if in_protobuf {
+        *st.protobuf_watches.entry(kind).or_default() += 1;
+        if since < st.compacted_at {
+            let _ = tx.send(Bytes::from(gone_frame()));
+            drop(tx);
+        } else {
+            // The changes since `since`, queued at once.
+            let mut missed = Vec::new();
+            for (k, rv, event) in &st.log {
+                if *k == kind && *rv > since && q.matches(&event["object"]) {
+                    let encoded = encode_object(kind, &event["object"]);
+                    missed.extend_from_slice(&event_frame(kind, event, &encoded));
+                }
+            }
+            let sent = send_buffered(&tx, missed);
+            *st.bytes_served.entry(kind).or_default() += sent;
+            st.watch(kind, q, true, tx);
+        }
+        return event_stream(rx, true);
+    }
     if since < st.compacted_at {
         let gone = json!({"type": "ERROR", "object": status_object(410, "Expired", "too old resource version")});
         let _ = tx.send(Bytes::from(format!("{gone}\n")));
@@ -512,9 +653,9 @@ fn handle(
         }
         let sent = send_buffered(&tx, missed);
         *st.bytes_served.entry(kind).or_default() += sent;
-        st.watchers.push((kind, q, tx));
+        st.watch(kind, q, false, tx);
     }
-    event_stream(rx)
+    event_stream(rx, false)
 }
 
 /// A list of `kind` in protobuf: the objects after the `continue` token (the last key of the
@@ -568,22 +709,26 @@ fn protobuf_list(st: &mut State, kind: Kind, q: &Query) -> hyper::Response<Body>
 fn encode_protobuf(st: &mut State, keys: &[(Kind, String)]) {
     for key in keys {
         if !st.encoded.contains_key(key) {
-            let obj = &st.objects[key].0;
-            let encoded = match key.0 {
-                Kind::Service => protobuf::service(obj),
-                Kind::EndpointSlice => protobuf::endpoint_slice(obj),
-                other => panic!("the double encodes no {other:?} in protobuf"),
-            };
+            let encoded = encode_object(key.0, &st.objects[key].0);
             st.encoded.insert(key.clone(), encoded);
         }
     }
 }
 
-/// Sends `events` (lines) that were queued at once as the API server's writer would: in
-/// pieces of [`BUFFERED_WRITE`] bytes, a line split across two pieces wherever the buffer
-/// filled. Returns the bytes sent.
-fn send_buffered(tx: &mpsc::UnboundedSender<Bytes>, events: String) -> u64 {
-    let events = Bytes::from(events);
+/// The protobuf message of `obj`, a Service or an EndpointSlice.
+fn encode_object(kind: Kind, obj: &Value) -> Vec<u8> {
+    match kind {
+        Kind::Service => protobuf::service(obj),
+        Kind::EndpointSlice => protobuf::endpoint_slice(obj),
+        other => panic!("the double encodes no {other:?} in protobuf"),
+    }
+}
+
+/// Sends `events` (lines, or protobuf frames) that were queued at once as the API server's
+/// writer would: in pieces of [`BUFFERED_WRITE`] bytes, an event split across two pieces
+/// wherever the buffer filled. Returns the bytes sent.
+fn send_buffered(tx: &mpsc::UnboundedSender<Bytes>, events: impl Into<Bytes>) -> u64 {
+    let events: Bytes = events.into();
     for start in (0..events.len()).step_by(BUFFERED_WRITE) {
         let end = (start + BUFFERED_WRITE).min(events.len());
         let _ = tx.send(events.slice(start..end));
@@ -591,16 +736,260 @@ fn send_buffered(tx: &mpsc::UnboundedSender<Bytes>, events: String) -> u64 {
     events.len() as u64
 }
 
-fn event_stream(rx: mpsc::UnboundedReceiver<Bytes>) -> hyper::Response<Body> {
+/// The response of a watch: what `rx` receives, as JSON lines or (`protobuf`) frames.
+fn event_stream(rx: mpsc::UnboundedReceiver<Bytes>, protobuf: bool) -> hyper::Response<Body> {
     let stream = futures::stream::unfold(rx, |mut rx| async move {
         rx.recv()
             .await
             .map(|bytes| (Ok::<_, Infallible>(Frame::data(bytes)), rx))
     });
     let mut resp = hyper::Response::new(StreamBody::new(stream).boxed());
+    let content_type = if protobuf {
+        protobuf::WATCH_CONTENT_TYPE
+    } else {
+        "application/json"
+    };
     resp.headers_mut().insert(
         hyper::header::CONTENT_TYPE,
-        hyper::header::HeaderValue::from_static("application/json"),
+        hyper::header::HeaderValue::from_static(content_type),
     );
     resp
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use http_body_util::{BodyExt, Empty};
+    use hyper::body::{Bytes, Incoming};
+    use hyper_util::rt::TokioIo;
+    use serde_json::{Value, json};
+
+    use super::protobuf::wire;
+    use super::{FakeApiServer, Kind, protobuf};
+
+    const STREAMING_LIST: &str = "/api/v1/services?watch=1&sendInitialEvents=true\
+        &resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true";
+
+    fn service(name: &str, port: u16) -> Value {
+        json!({"apiVersion": "v1", "kind": "Service",
+               "metadata": {"name": name, "namespace": "default",
+                            "annotations": {"note": "x".repeat(100)}},
+               "spec": {"clusterIP": "10.96.0.10", "type": "ClusterIP",
+                        "ports": [{"name": "http", "port": port, "protocol": "TCP",
+                                   "targetPort": 8080}]}})
+    }
+
+    /// A watch's response: its Content-Type, and its body read frame by frame.
+    struct Watch {
+        content_type: String,
+        body: Incoming,
+        buffer: Vec<u8>,
+        received: u64,
+        chunks: usize,
+    }
+
+    impl Watch {
+        async fn open(api: &FakeApiServer, path: &str, accept: &str) -> Watch {
+            let stream = tokio::net::TcpStream::connect(api.addr)
+                .await
+                .expect("connect");
+            let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                .await
+                .expect("handshake");
+            tokio::spawn(conn);
+            let req = http::Request::get(path)
+                .header(http::header::HOST, api.addr.to_string())
+                .header(http::header::ACCEPT, accept)
+                .body(Empty::<Bytes>::new())
+                .expect("request");
+            let resp = sender.send_request(req).await.expect("response");
+            assert_eq!(resp.status(), 200);
+            let content_type = resp.headers()[http::header::CONTENT_TYPE]
+                .to_str()
+                .expect("text")
+                .to_owned();
+            Watch {
+                content_type,
+                body: resp.into_body(),
+                buffer: Vec::new(),
+                received: 0,
+                chunks: 0,
+            }
+        }
+
+        /// Reads until `buffer` holds a whole frame or the body ends.
+        async fn fill(&mut self) -> bool {
+            while wire::frame(&self.buffer).is_none() {
+                let frame = tokio::time::timeout(Duration::from_secs(5), self.body.frame())
+                    .await
+                    .expect("a frame within 5 s");
+                let Some(frame) = frame else {
+                    return false;
+                };
+                let data = frame.expect("body").into_data().expect("data");
+                self.received += data.len() as u64;
+                self.chunks += 1;
+                self.buffer.extend_from_slice(&data);
+            }
+            true
+        }
+
+        /// The next event: (type, apiVersion, kind, message).
+        async fn next(&mut self) -> (String, String, String, Vec<u8>) {
+            assert!(self.fill().await, "the watch ended");
+            let (event, taken) = wire::frame(&self.buffer).expect("a whole frame");
+            let next = (
+                event.event_type.to_owned(),
+                event.api_version.to_owned(),
+                event.kind.to_owned(),
+                event.message.to_vec(),
+            );
+            self.buffer.drain(..taken);
+            next
+        }
+
+        /// Whether the body ends with no more bytes.
+        async fn ends(&mut self) -> bool {
+            !self.fill().await && self.buffer.is_empty()
+        }
+    }
+
+    fn name_of(message: &[u8]) -> String {
+        wire::text(wire::one(message, 1), 1).to_owned()
+    }
+
+    #[tokio::test]
+    async fn a_streaming_list_accepting_protobuf_is_answered_in_frames() {
+        let api = FakeApiServer::start().await;
+        let names: Vec<String> = (0..20).map(|i| format!("svc-{i:02}")).collect();
+        for name in &names {
+            api.apply(Kind::Service, service(name, 80));
+        }
+        let accept = format!("{}, application/json", protobuf::CONTENT_TYPE);
+        let mut watch = Watch::open(&api, STREAMING_LIST, &accept).await;
+        assert_eq!(watch.content_type, protobuf::WATCH_CONTENT_TYPE);
+        assert_eq!(api.protobuf_watches(Kind::Service), 1);
+        assert_eq!(api.protobuf_watches(Kind::EndpointSlice), 0);
+        for name in &names {
+            let (event_type, api_version, kind, message) = watch.next().await;
+            assert_eq!((event_type.as_str(), api_version.as_str()), ("ADDED", "v1"));
+            assert_eq!(kind, "Service");
+            assert_eq!(&name_of(&message), name);
+        }
+        let (event_type, _, kind, message) = watch.next().await;
+        assert_eq!(
+            (event_type.as_str(), kind.as_str()),
+            ("BOOKMARK", "Service")
+        );
+        let meta = wire::one(&message, 1);
+        let rv = api.lock().resource_version.to_string();
+        assert_eq!(wire::text(meta, 6), rv);
+        assert_eq!(
+            wire::annotations(meta),
+            vec![(protobuf::INITIAL_EVENTS_END, "true")]
+        );
+        // The initial events came in pieces of the writer's buffer, frames split across
+        // them, and reassembled whole.
+        let pieces = (watch.received as usize).div_ceil(super::BUFFERED_WRITE);
+        assert!(pieces > 1);
+        assert!(watch.chunks > 1 && watch.chunks <= pieces);
+        assert!(watch.buffer.is_empty());
+
+        api.apply(Kind::Service, service("svc-00", 81));
+        let (event_type, _, _, message) = watch.next().await;
+        assert_eq!(event_type, "MODIFIED");
+        assert_eq!(name_of(&message), "svc-00");
+        let port = wire::one(wire::one(&message, 2), 1);
+        assert_eq!(wire::number(port, 3), 81);
+        // The object encoded for the watch is the one a list serves.
+        assert_eq!(
+            api.lock().encoded[&(Kind::Service, "default/svc-00".to_owned())],
+            message
+        );
+        api.apply(Kind::Service, service("new", 80));
+        let (event_type, _, _, message) = watch.next().await;
+        assert_eq!(
+            (event_type.as_str(), name_of(&message).as_str()),
+            ("ADDED", "new")
+        );
+        api.delete(Kind::Service, "default", "svc-01");
+        let (event_type, _, _, message) = watch.next().await;
+        assert_eq!(event_type, "DELETED");
+        assert_eq!(name_of(&message), "svc-01");
+        assert_eq!(api.bytes_served(Kind::Service), watch.received);
+
+        api.expire_watches();
+        let (event_type, api_version, kind, message) = watch.next().await;
+        assert_eq!(
+            (event_type.as_str(), api_version.as_str(), kind.as_str()),
+            ("ERROR", "v1", "Status")
+        );
+        assert_eq!(wire::number(&message, 6), 410);
+        assert_eq!(wire::text(&message, 4), "Expired");
+        assert!(watch.ends().await);
+    }
+
+    #[tokio::test]
+    async fn a_plain_watch_accepting_protobuf_replays_in_frames_and_json_stays_json() {
+        let api = FakeApiServer::start().await;
+        api.apply(Kind::Service, service("a", 80));
+        let since = api.lock().resource_version;
+        api.apply(Kind::Service, service("b", 80));
+        api.apply(Kind::Service, service("a", 81));
+        let path = format!("/api/v1/services?watch=1&resourceVersion={since}");
+        let mut watch = Watch::open(&api, &path, protobuf::CONTENT_TYPE).await;
+        assert_eq!(watch.content_type, protobuf::WATCH_CONTENT_TYPE);
+        let (event_type, _, _, message) = watch.next().await;
+        assert_eq!(
+            (event_type.as_str(), name_of(&message).as_str()),
+            ("ADDED", "b")
+        );
+        let (event_type, _, _, message) = watch.next().await;
+        assert_eq!(
+            (event_type.as_str(), name_of(&message).as_str()),
+            ("MODIFIED", "a")
+        );
+
+        // The same watch in JSON, and a Node watch that asks for protobuf, are JSON lines.
+        let mut json_watch = Watch::open(&api, &path, "application/json").await;
+        assert_eq!(json_watch.content_type, "application/json");
+        let chunk = json_watch
+            .body
+            .frame()
+            .await
+            .expect("a chunk")
+            .expect("body");
+        let data = chunk.into_data().expect("data");
+        let line = data.split(|b| *b == b'\n').next().expect("a line");
+        let first: Value = serde_json::from_slice(line).expect("a JSON event");
+        assert_eq!(first["type"], "ADDED");
+        let node_watch = Watch::open(&api, "/api/v1/nodes?watch=1", protobuf::CONTENT_TYPE).await;
+        assert_eq!(node_watch.content_type, "application/json");
+        assert_eq!(api.protobuf_watches(Kind::Service), 1);
+        assert_eq!(api.protobuf_watches(Kind::Node), 0);
+
+        // Too old: one ERROR frame, then the end.
+        api.expire_watches();
+        let mut gone = Watch::open(&api, &path, protobuf::CONTENT_TYPE).await;
+        let (event_type, _, kind, message) = gone.next().await;
+        assert_eq!((event_type.as_str(), kind.as_str()), ("ERROR", "Status"));
+        assert_eq!(wire::number(&message, 6), 410);
+        assert!(gone.ends().await);
+        assert_eq!(api.protobuf_watches(Kind::Service), 2);
+    }
+
+    #[tokio::test]
+    async fn an_ignored_streaming_list_is_a_plain_watch_in_frames() {
+        let api = FakeApiServer::start().await;
+        api.ignore_streaming_lists();
+        let mut watch = Watch::open(&api, STREAMING_LIST, protobuf::CONTENT_TYPE).await;
+        assert_eq!(watch.content_type, protobuf::WATCH_CONTENT_TYPE);
+        api.apply(Kind::Service, service("a", 80));
+        let (event_type, _, _, message) = watch.next().await;
+        assert_eq!(
+            (event_type.as_str(), name_of(&message).as_str()),
+            ("ADDED", "a")
+        );
+    }
 }

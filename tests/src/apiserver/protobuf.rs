@@ -12,6 +12,13 @@ use serde_json::{Map, Value};
 /// Kubernetes' protobuf content type.
 pub const CONTENT_TYPE: &str = "application/vnd.kubernetes.protobuf";
 
+/// The content type of a watch answered in protobuf: a stream of length-prefixed frames
+/// ([`watch_frame`]).
+pub const WATCH_CONTENT_TYPE: &str = "application/vnd.kubernetes.protobuf;stream=watch";
+
+/// The annotation of the bookmark that ends a streaming list's initial events.
+pub const INITIAL_EVENTS_END: &str = "k8s.io/initial-events-end";
+
 /// A whole list body: the magic, then `runtime.Unknown` holding the list (`kind`:
 /// `ServiceList`, `EndpointSliceList`) of the encoded `items`.
 pub fn list_body(
@@ -31,17 +38,68 @@ pub fn list_body(
     for item in items {
         bytes(&mut list, 2, item);
     }
+    object_body(api_version, kind, &list)
+}
+
+/// One object as a body of its own (a list's, or a watch event's object): the magic
+/// `k8s\0`, then `runtime.Unknown` {1: typeMeta {1: `api_version`, 2: `kind`}, 2: raw =
+/// `message` (the object's message bytes), 3: contentEncoding "", 4: contentType ""}.
+pub fn object_body(api_version: &str, kind: &str, message: &[u8]) -> Vec<u8> {
     let mut type_meta = Vec::new();
     string(&mut type_meta, 1, api_version);
     string(&mut type_meta, 2, kind);
     let mut unknown = Vec::new();
     bytes(&mut unknown, 1, &type_meta);
-    bytes(&mut unknown, 2, &list);
+    bytes(&mut unknown, 2, message);
     string(&mut unknown, 3, "");
     string(&mut unknown, 4, "");
     let mut body = b"k8s\0".to_vec();
     body.extend_from_slice(&unknown);
     body
+}
+
+/// One frame of a protobuf watch: the length of the `metav1.WatchEvent` that follows (a
+/// big-endian u32), then the event {1: type = `event_type` (`ADDED`, `MODIFIED`, `DELETED`,
+/// `BOOKMARK`, `ERROR`), 2: object = `runtime.RawExtension` {1: raw = `object`}}, where
+/// `object` is an [`object_body`].
+pub fn watch_frame(event_type: &str, object: &[u8]) -> Vec<u8> {
+    let mut raw_extension = Vec::new();
+    bytes(&mut raw_extension, 1, object);
+    let mut event = Vec::new();
+    string(&mut event, 1, event_type);
+    bytes(&mut event, 2, &raw_extension);
+    let length = u32::try_from(event.len()).expect("a watch event under 4 GiB");
+    let mut frame = Vec::with_capacity(4 + event.len());
+    frame.extend_from_slice(&length.to_be_bytes());
+    frame.extend_from_slice(&event);
+    frame
+}
+
+/// The message of a bookmark's object (a Service or an EndpointSlice: both hold their
+/// ObjectMeta in field 1): metadata only, with `resource_version` and, when
+/// `initial_events_end`, the annotation [`INITIAL_EVENTS_END`]: `"true"`. Wrap it with
+/// [`object_body`].
+pub fn bookmark(resource_version: &str, initial_events_end: bool) -> Vec<u8> {
+    let mut meta = serde_json::json!({"resourceVersion": resource_version});
+    if initial_events_end {
+        meta["annotations"] = serde_json::json!({INITIAL_EVENTS_END: "true"});
+    }
+    let mut out = Vec::new();
+    bytes(&mut out, 1, &object_meta(&meta));
+    out
+}
+
+/// A whole `metav1.Status` body (the object of an ERROR event): [`object_body`] of kind
+/// `Status`, `v1`, whose message is {1: metadata (an empty ListMeta), 2: status `Failure`,
+/// 3: `message`, 4: `reason`, 6: `code`}.
+pub fn status_body(code: u16, reason: &str, message: &str) -> Vec<u8> {
+    let mut status = Vec::new();
+    bytes(&mut status, 1, &[]);
+    string(&mut status, 2, "Failure");
+    string(&mut status, 3, message);
+    string(&mut status, 4, reason);
+    varint_field(&mut status, 6, u64::from(code));
+    object_body("v1", "Status", &status)
 }
 
 /// A v1 Service.
@@ -445,5 +503,227 @@ fn map(out: &mut Vec<u8>, number: u32, value: &Value) {
         string(&mut pair, 1, key);
         string(&mut pair, 2, text(entry));
         bytes(out, number, &pair);
+    }
+}
+
+/// A reader of the wire format, for tests: enough to take apart what the encoders write.
+#[cfg(test)]
+pub(crate) mod wire {
+    /// One field's value: a varint, or length-delimited bytes.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub(crate) enum Field<'a> {
+        Varint(u64),
+        Bytes(&'a [u8]),
+    }
+
+    fn varint(buf: &[u8], pos: &mut usize) -> u64 {
+        let mut value = 0;
+        for shift in (0..64).step_by(7) {
+            let byte = buf[*pos];
+            *pos += 1;
+            value |= u64::from(byte & 0x7f) << shift;
+            if byte < 0x80 {
+                return value;
+            }
+        }
+        panic!("a varint longer than 10 bytes");
+    }
+
+    /// Every field of the message `buf`, in order: (number, value). Panics on a wire type
+    /// other than varint and length-delimited, or on a truncated message.
+    pub(crate) fn fields(buf: &[u8]) -> Vec<(u64, Field<'_>)> {
+        let mut out = Vec::new();
+        let mut pos = 0;
+        while pos < buf.len() {
+            let tag = varint(buf, &mut pos);
+            let value = match tag & 7 {
+                0 => Field::Varint(varint(buf, &mut pos)),
+                2 => {
+                    let len = varint(buf, &mut pos) as usize;
+                    let value = &buf[pos..pos + len];
+                    pos += len;
+                    Field::Bytes(value)
+                }
+                other => panic!("wire type {other}"),
+            };
+            out.push((tag >> 3, value));
+        }
+        out
+    }
+
+    /// The bytes of every field `number` of `buf`.
+    pub(crate) fn all(buf: &[u8], number: u64) -> Vec<&[u8]> {
+        fields(buf)
+            .into_iter()
+            .filter(|(n, _)| *n == number)
+            .map(|(_, value)| match value {
+                Field::Bytes(bytes) => bytes,
+                Field::Varint(_) => panic!("field {number} is a varint"),
+            })
+            .collect()
+    }
+
+    /// The bytes of the one field `number` of `buf`.
+    pub(crate) fn one(buf: &[u8], number: u64) -> &[u8] {
+        match all(buf, number).as_slice() {
+            [value] => value,
+            other => panic!("field {number} occurs {} times", other.len()),
+        }
+    }
+
+    /// The text of the one field `number` of `buf`.
+    pub(crate) fn text(buf: &[u8], number: u64) -> &str {
+        std::str::from_utf8(one(buf, number)).expect("UTF-8")
+    }
+
+    /// The varint field `number` of `buf`.
+    pub(crate) fn number(buf: &[u8], number: u64) -> u64 {
+        let values: Vec<u64> = fields(buf)
+            .into_iter()
+            .filter(|(n, _)| *n == number)
+            .map(|(_, value)| match value {
+                Field::Varint(value) => value,
+                Field::Bytes(_) => panic!("field {number} is not a varint"),
+            })
+            .collect();
+        match values.as_slice() {
+            [value] => *value,
+            other => panic!("varint {number} occurs {} times", other.len()),
+        }
+    }
+
+    /// A watch event taken apart: its type, and its object's apiVersion, kind and message.
+    #[derive(Debug)]
+    pub(crate) struct Event<'a> {
+        pub event_type: &'a str,
+        pub api_version: &'a str,
+        pub kind: &'a str,
+        pub message: &'a [u8],
+    }
+
+    /// The first frame of `buf`, if whole, and the bytes it takes (prefix included).
+    pub(crate) fn frame(buf: &[u8]) -> Option<(Event<'_>, usize)> {
+        let length = u32::from_be_bytes(buf.get(..4)?.try_into().expect("4 bytes")) as usize;
+        let event = buf.get(4..4 + length)?;
+        let body = one(one(event, 2), 1);
+        let unknown = body.strip_prefix(b"k8s\0").expect("the magic");
+        let type_meta = one(unknown, 1);
+        assert_eq!(text(unknown, 3), "", "contentEncoding");
+        assert_eq!(text(unknown, 4), "", "contentType");
+        let event = Event {
+            event_type: text(event, 1),
+            api_version: text(type_meta, 1),
+            kind: text(type_meta, 2),
+            message: one(unknown, 2),
+        };
+        Some((event, 4 + length))
+    }
+
+    /// The annotations of an ObjectMeta message, as (key, value).
+    pub(crate) fn annotations(meta: &[u8]) -> Vec<(&str, &str)> {
+        all(meta, 12)
+            .into_iter()
+            .map(|pair| (text(pair, 1), text(pair, 2)))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::wire::{self, Field};
+    use super::*;
+    use serde_json::json;
+
+    fn service_json() -> Value {
+        json!({"apiVersion": "v1", "kind": "Service",
+               "metadata": {"name": "web", "namespace": "default", "resourceVersion": "7"},
+               "spec": {"clusterIP": "10.96.0.10", "type": "ClusterIP",
+                        "ports": [{"name": "http", "port": 80, "protocol": "TCP",
+                                   "targetPort": 8080}]}})
+    }
+
+    #[test]
+    fn a_frame_is_a_length_then_a_watch_event_of_the_wrapped_object() {
+        let message = service(&service_json());
+        let frame = watch_frame("ADDED", &object_body("v1", "Service", &message));
+        let length = u32::from_be_bytes(frame[..4].try_into().expect("4 bytes")) as usize;
+        assert_eq!(length, frame.len() - 4);
+        // WatchEvent: exactly type then object.
+        let fields = wire::fields(&frame[4..]);
+        assert_eq!(fields.len(), 2);
+        assert_eq!(fields[0], (1, Field::Bytes(b"ADDED")));
+        let (event, taken) = wire::frame(&frame).expect("a whole frame");
+        assert_eq!(taken, frame.len());
+        assert_eq!(event.event_type, "ADDED");
+        assert_eq!((event.api_version, event.kind), ("v1", "Service"));
+        assert_eq!(event.message, message.as_slice());
+        let meta = wire::one(event.message, 1);
+        assert_eq!(wire::text(meta, 1), "web");
+        assert_eq!(wire::text(meta, 3), "default");
+        assert_eq!(wire::text(meta, 6), "7");
+        // A frame cut short is not whole.
+        assert!(wire::frame(&frame[..frame.len() - 1]).is_none());
+        assert!(wire::frame(&frame[..3]).is_none());
+    }
+
+    #[test]
+    fn a_list_body_wraps_the_list_as_an_object_body_does() {
+        let message = service(&service_json());
+        let list = list_body("v1", "ServiceList", "9", Some("default/web"), &[&message]);
+        let unknown = list.strip_prefix(b"k8s\0").expect("the magic");
+        let type_meta = wire::one(unknown, 1);
+        assert_eq!(wire::text(type_meta, 2), "ServiceList");
+        let list_message = wire::one(unknown, 2);
+        assert_eq!(wire::text(wire::one(list_message, 1), 2), "9");
+        assert_eq!(wire::text(wire::one(list_message, 1), 3), "default/web");
+        assert_eq!(wire::all(list_message, 2), vec![message.as_slice()]);
+    }
+
+    #[test]
+    fn the_end_bookmark_holds_the_resource_version_and_the_annotation() {
+        let body = object_body(
+            "discovery.k8s.io/v1",
+            "EndpointSlice",
+            &bookmark("123", true),
+        );
+        let frame = watch_frame("BOOKMARK", &body);
+        let (event, _) = wire::frame(&frame).expect("a whole frame");
+        assert_eq!(event.event_type, "BOOKMARK");
+        assert_eq!(
+            (event.api_version, event.kind),
+            ("discovery.k8s.io/v1", "EndpointSlice")
+        );
+        // Metadata only.
+        assert_eq!(wire::fields(event.message).len(), 1);
+        let meta = wire::one(event.message, 1);
+        assert_eq!(wire::text(meta, 6), "123");
+        assert_eq!(wire::text(meta, 1), "");
+        assert_eq!(wire::annotations(meta), vec![(INITIAL_EVENTS_END, "true")]);
+        // A bookmark that ends nothing has no annotation.
+        let meta = wire::one(&bookmark("124", false), 1).to_vec();
+        assert_eq!(wire::text(&meta, 6), "124");
+        assert!(wire::annotations(&meta).is_empty());
+    }
+
+    #[test]
+    fn an_error_event_holds_a_status() {
+        let frame = watch_frame(
+            "ERROR",
+            &status_body(410, "Expired", "too old resource version"),
+        );
+        let (event, _) = wire::frame(&frame).expect("a whole frame");
+        assert_eq!(event.event_type, "ERROR");
+        assert_eq!((event.api_version, event.kind), ("v1", "Status"));
+        let status = event.message;
+        assert_eq!(wire::one(status, 1), b"");
+        assert_eq!(wire::text(status, 2), "Failure");
+        assert_eq!(wire::text(status, 3), "too old resource version");
+        assert_eq!(wire::text(status, 4), "Expired");
+        assert_eq!(wire::number(status, 6), 410);
+        assert!(wire::all(status, 5).is_empty(), "no details");
+        // A code over 127 takes two varint bytes.
+        let status = status_body(500, "InternalError", "x");
+        let unknown = status.strip_prefix(b"k8s\0").expect("the magic");
+        assert_eq!(wire::number(wire::one(unknown, 2), 6), 500);
     }
 }
