@@ -88,10 +88,10 @@ pub struct Cli {
     #[serde(skip)]
     pub api_streaming_lists: Option<bool>,
 
-    /// The content type asked of the API server for the lists of Services and EndpointSlices:
-    /// `application/vnd.kubernetes.protobuf` (paginated lists in protobuf, a fraction of
-    /// JSON's decoding CPU; watches stay JSON) or `application/json` (the default here; unlike
-    /// kube-proxy, whose default is protobuf).
+    /// The content type asked of the API server for the lists and watches of Services and
+    /// EndpointSlices: `application/vnd.kubernetes.protobuf` (the default, as kube-proxy's; a
+    /// fraction of JSON's decoding CPU) or `application/json`. The Node and ServiceCIDRs are
+    /// read in JSON either way.
     #[arg(long, value_name = "TYPE")]
     #[serde(
         rename = "clientConnection.contentType",

@@ -87,12 +87,11 @@ pub(crate) async fn start_source(settings: &Settings) -> Result<SourceHandle, Da
             source::kube::spawn(
                 client,
                 source::kube::KubeSourceConfig {
-                    list_mode: if settings.api_protobuf_lists {
-                        source::kube::ListMode::Protobuf
-                    } else if settings.api_streaming_lists {
-                        source::kube::ListMode::Streaming
-                    } else {
-                        source::kube::ListMode::Paginated
+                    list_mode: match (settings.api_protobuf_lists, settings.api_streaming_lists) {
+                        (true, true) => source::kube::ListMode::ProtobufStreaming,
+                        (true, false) => source::kube::ListMode::Protobuf,
+                        (false, true) => source::kube::ListMode::Streaming,
+                        (false, false) => source::kube::ListMode::Paginated,
                     },
                     service_cidrs: settings.follow_service_cidrs,
                     ..source::kube::KubeSourceConfig::new(settings.hostname.clone())

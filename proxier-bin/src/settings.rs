@@ -106,8 +106,10 @@ pub struct Settings {
     pub source: SourceSettings,
     /// With the API server source: streaming lists (the default) instead of paginated ones.
     pub api_streaming_lists: bool,
-    /// With the API server source: Services and EndpointSlices listed in protobuf
-    /// (`--kube-api-content-type=application/vnd.kubernetes.protobuf`), paginated.
+    /// With the API server source: Services and EndpointSlices listed and watched in
+    /// protobuf (`--kube-api-content-type=application/vnd.kubernetes.protobuf`, the default as
+    /// in kube-proxy; `application/json` turns it off): streamed with
+    /// [`Settings::api_streaming_lists`], paginated without.
     pub api_protobuf_lists: bool,
     /// With the API server source: watch ServiceCIDR objects and route their ranges
     /// (`--bind-service-cidrs=auto`).
@@ -574,8 +576,9 @@ pub fn resolve(
         ("clientConnection.contentType", &file.kube_api_content_type),
     );
     let api_protobuf_lists = match content_type.as_ref().map(|(o, v)| (*o, v.trim())) {
-        None | Some((_, "" | "application/json")) => false,
-        Some((_, "application/vnd.kubernetes.protobuf")) => true,
+        // Unset or blank (kubeadm's value) is kube-proxy's default: protobuf.
+        None | Some((_, "" | "application/vnd.kubernetes.protobuf")) => true,
+        Some((_, "application/json")) => false,
         Some((source, other)) => {
             return Err(invalid(
                 source,

@@ -512,8 +512,9 @@ fn bind_service_cidrs_auto_follows_service_cidr_objects_with_strict_arp_and_the_
 #[test]
 fn the_api_content_type_picks_protobuf_lists_from_the_flag_or_the_file() {
     let protobuf = "application/vnd.kubernetes.protobuf";
+    // Unset, protobuf: kube-proxy's default.
     assert!(
-        !resolve(&cli(&[]), None, "n")
+        resolve(&cli(&[]), None, "n")
             .expect("valid")
             .api_protobuf_lists
     );
@@ -530,7 +531,7 @@ fn the_api_content_type_picks_protobuf_lists_from_the_flag_or_the_file() {
             .expect("valid")
             .api_protobuf_lists
     );
-    // The flag wins over the file; kubeadm's blank value is the default.
+    // The flag wins over the file; kubeadm's blank value is the default (protobuf).
     let s = resolve(
         &cli(&["--kube-api-content-type=application/json"]),
         Some(&in_file),
@@ -540,7 +541,13 @@ fn the_api_content_type_picks_protobuf_lists_from_the_flag_or_the_file() {
     assert!(!s.api_protobuf_lists);
     let blank = file("clientConnection:\n  contentType: \"\"\n");
     assert!(
-        !resolve(&cli(&[]), Some(&blank), "n")
+        resolve(&cli(&[]), Some(&blank), "n")
+            .expect("valid")
+            .api_protobuf_lists
+    );
+    let json = file("clientConnection:\n  contentType: application/json\n");
+    assert!(
+        !resolve(&cli(&[]), Some(&json), "n")
             .expect("valid")
             .api_protobuf_lists
     );

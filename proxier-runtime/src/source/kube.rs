@@ -14,10 +14,11 @@
 //! in the text, never allocated), and every object is trimmed to what the conversions read
 //! ([`trim_service`], [`trim_slice`], [`trim_node`]) as it arrives, before anything keeps it.
 //!
-//! [`ListMode`] picks streaming lists (the default, as client-go's since Kubernetes 1.35),
-//! which fall back to paginated ones on an API server that refuses or ignores them,
-//! paginated lists, or paginated lists in protobuf for Services and EndpointSlices
-//! ([`super::protobuf`]). What this costs the API server per node: `docs/api-server-cost.md`.
+//! [`ListMode`] picks streaming lists (as client-go's since Kubernetes 1.35), which fall back
+//! to paginated ones on an API server that refuses or ignores them, or paginated lists; for
+//! Services and EndpointSlices, either in Kubernetes' protobuf encoding
+//! ([`super::protobuf`]; the default, streaming, as kube-proxy's) or in JSON. What this costs
+//! the API server per node: `docs/api-server-cost.md`.
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -40,6 +41,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use super::lean::{LeanService, LeanSlice, READ_ANNOTATIONS};
 use super::protobuf::{ProtobufError, decode_service, decode_slice};
+use super::protobuf_stream::protobuf_stream_watcher;
 use super::protobuf_watch::protobuf_list_watcher;
 use super::{EVENT_CHANNEL_CAPACITY, ObjectKey, SourceBatch, SourceHandle};
 use proxier_core::k8s::{
@@ -591,7 +593,6 @@ pub enum ListMode {
     /// Invalid: the WatchList feature gate off, or a server older than 1.27) or when its
     /// initial events go silent for [`KubeSourceConfig::initial_events_silence`] without the
     /// bookmark (a server or proxy that ignores `sendInitialEvents` and serves a plain watch).
-    #[default]
     Streaming,
     /// Paginated lists of Services and EndpointSlices asked for in Kubernetes' protobuf
     /// encoding (`application/vnd.kubernetes.protobuf`, kube-proxy's `--kube-api-content-type`
@@ -601,6 +602,24 @@ pub enum ListMode {
     /// protobuf list costs a fraction of the CPU its JSON text does, which is what a restart
     /// at 10,000 Services spends most on.
     Protobuf,
+    /// Streaming lists of Services and EndpointSlices in Kubernetes' protobuf encoding, as
+    /// kube-proxy makes them since Kubernetes 1.35 (client-go's streaming lists in its default
+    /// content type): the API server's cost of [`ListMode::Streaming`] and the node's decoding
+    /// of [`ListMode::Protobuf`]. Every event of their watches, the picture's and the changes
+    /// after it, is a length-prefixed protobuf `WatchEvent` frame; the Node's and
+    /// ServiceCIDRs' lists stream in JSON. A kind whose streaming list is refused or ignored
+    /// falls back (as in [`ListMode::Streaming`]) to [`ListMode::Protobuf`]'s paginated lists.
+    /// The default.
+    #[default]
+    ProtobufStreaming,
+}
+
+impl ListMode {
+    /// Whether kinds listed in JSON (every kind but Services and EndpointSlices in the
+    /// protobuf modes) make streaming lists.
+    fn streams_json(self) -> bool {
+        matches!(self, ListMode::Streaming | ListMode::ProtobufStreaming)
+    }
 }
 
 /// How long a streaming list may stay silent before its `initial-events-end` bookmark
@@ -625,8 +644,8 @@ pub struct KubeSourceConfig {
 }
 
 impl KubeSourceConfig {
-    /// Settings for the node `hostname`: streaming lists (falling back to paginated ones),
-    /// no ServiceCIDRs.
+    /// Settings for the node `hostname`: streaming lists, Services and EndpointSlices in
+    /// protobuf (falling back to paginated lists), no ServiceCIDRs.
     pub fn new(hostname: impl Into<String>) -> KubeSourceConfig {
         KubeSourceConfig {
             hostname: hostname.into(),
@@ -655,12 +674,11 @@ fn refuses_streaming_list(error: &watcher::Error) -> bool {
 
 type WatchStream<K> = BoxStream<'static, watcher::Result<Event<K>>>;
 
-/// kube-runtime's watcher for `config` in `mode`. kube-runtime has no fallback of its own from
-/// streaming lists: it would retry a refused watch forever, and wait forever for the
-/// `initial-events-end` bookmark from a server that ignores `sendInitialEvents`. So this one
-/// switches that kind to paginated lists for good at the first refusal (swallowing the
-/// error: the list follows at once, without a backoff) or when the initial events pause for
-/// `silence` (the paginated list's `Init` then starts the picture over).
+/// How a kind lists when its streaming list is refused or ignored, made when it falls back.
+type Fallback<K> = Box<dyn FnOnce() -> WatchStream<K> + Send>;
+
+/// kube-runtime's watcher for `config` in `mode`: a streaming list (with the fallback to
+/// paginated lists) when `mode` streams JSON, paginated lists otherwise.
 fn watcher_with_fallback<K>(
     api: Api<K>,
     config: watcher::Config,
@@ -671,15 +689,35 @@ fn watcher_with_fallback<K>(
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
 {
-    if mode != ListMode::Streaming {
+    if !mode.streams_json() {
         return make_watcher(api, config).boxed();
     }
     let streaming = make_watcher(api.clone(), config.clone().streaming_lists()).boxed();
-    let fallback = Some((api, config));
+    with_fallback(
+        streaming,
+        Box::new(move || make_watcher(api, config).boxed()),
+        silence,
+        kind,
+    )
+}
+
+/// A streaming watcher that falls back to `fallback`'s paginated lists. Neither
+/// kube-runtime's streaming watcher nor ours has a fallback of its own: it would retry a
+/// refused watch forever, and wait forever for the `initial-events-end` bookmark from a
+/// server that ignores `sendInitialEvents`. So this one switches that kind to paginated lists
+/// for good at the first refusal (swallowing the error: the list follows at once, without a
+/// backoff) or when the initial events pause for `silence` (the paginated list's `Init` then
+/// starts the picture over).
+fn with_fallback<K: Send + 'static>(
+    streaming: WatchStream<K>,
+    fallback: Fallback<K>,
+    silence: Duration,
+    kind: &'static str,
+) -> WatchStream<K> {
     futures::stream::unfold(
         StreamingWatch {
             stream: streaming,
-            fallback,
+            fallback: Some(fallback),
             initial_events: false,
         },
         move |mut watch| async move {
@@ -727,23 +765,20 @@ where
 }
 
 /// A streaming watcher with what its fallback needs.
-struct StreamingWatch<K: Resource + Clone> {
+struct StreamingWatch<K> {
     stream: WatchStream<K>,
-    /// What a paginated watcher is made of; taken when the kind falls back.
-    fallback: Option<(Api<K>, watcher::Config)>,
+    /// Makes the paginated watcher; taken when the kind falls back.
+    fallback: Option<Fallback<K>>,
     /// Between `Init` and `InitDone`: a pause here is the silence the fallback watches for.
     initial_events: bool,
 }
 
-impl<K> StreamingWatch<K>
-where
-    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
-{
+impl<K> StreamingWatch<K> {
     /// Replaces the streaming watcher with a paginated one, for good (nothing when it already
     /// fell back).
     fn fall_back(&mut self) {
-        if let Some((api, config)) = self.fallback.take() {
-            self.stream = make_watcher(api, config).boxed();
+        if let Some(fallback) = self.fallback.take() {
+            self.stream = fallback();
             self.initial_events = false;
         }
     }
@@ -783,7 +818,9 @@ where
 
 /// [`watch_stream`] for a kind with a protobuf decoder: with [`ListMode::Protobuf`], its lists
 /// are asked for in protobuf and read by `decode`
-/// ([`super::protobuf_watch::protobuf_list_watcher`]); in other modes, as [`watch_stream`].
+/// ([`super::protobuf_watch::protobuf_list_watcher`]); with [`ListMode::ProtobufStreaming`],
+/// its streaming lists and watches ([`super::protobuf_stream::protobuf_stream_watcher`],
+/// falling back to the former); in other modes, as [`watch_stream`].
 fn large_kind_stream<W, K>(
     client: kube::Client,
     config: watcher::Config,
@@ -795,13 +832,22 @@ fn large_kind_stream<W, K>(
 ) -> BoxStream<'static, watcher::Result<Event<K>>>
 where
     W: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + 'static,
-    K: From<W> + Send + 'static,
+    K: From<W> + Resource + Send + 'static,
 {
     let api = Api::<W>::all(client.clone());
-    if mode != ListMode::Protobuf {
-        return watch_stream(api, config, mode, silence, kind, trim).boxed();
-    }
-    protobuf_list_watcher(client, api, config, decode)
+    let watcher = match mode {
+        ListMode::Protobuf => protobuf_list_watcher(client, api, config, decode).boxed(),
+        ListMode::ProtobufStreaming => {
+            let streaming =
+                protobuf_stream_watcher(client.clone(), api.clone(), config.clone(), decode);
+            let fallback = move || protobuf_list_watcher(client, api, config, decode).boxed();
+            with_fallback(streaming.boxed(), Box::new(fallback), silence, kind)
+        }
+        ListMode::Paginated | ListMode::Streaming => {
+            return watch_stream(api, config, mode, silence, kind, trim).boxed();
+        }
+    };
+    watcher
         .map(move |event| event.map(|event| event.modify(trim)))
         .default_backoff()
         .boxed()

@@ -15,6 +15,8 @@ pub mod manifests;
 #[cfg(feature = "kube")]
 pub mod protobuf;
 #[cfg(feature = "kube")]
+mod protobuf_stream;
+#[cfg(feature = "kube")]
 mod protobuf_watch;
 
 use std::fmt;

@@ -109,6 +109,98 @@ pub fn read_list(body: &[u8]) -> Result<ProtobufList<'_>, ProtobufError> {
     Ok(out)
 }
 
+/// One event of a watch answered in protobuf (`application/vnd.kubernetes.protobuf;stream=watch`):
+/// a `metav1.WatchEvent`, whose object is encoded as a list body is (the magic, then
+/// `runtime.Unknown`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct WatchFrame<'a> {
+    /// `ADDED`, `MODIFIED`, `DELETED`, `BOOKMARK` or `ERROR`.
+    pub(crate) event_type: &'a str,
+    /// The object's message, undecoded (a Service, an EndpointSlice, a `Status`).
+    pub(crate) object: &'a [u8],
+}
+
+/// Reads one frame of a protobuf watch stream (the frame's bytes after its length).
+pub(crate) fn read_watch_frame(frame: &[u8]) -> Result<WatchFrame<'_>, ProtobufError> {
+    const M: &str = "WatchEvent";
+    let mut event_type = "";
+    let mut object: &[u8] = &[];
+    for field in Fields::new(frame, M) {
+        match field? {
+            (1, v) => event_type = utf8(v.bytes(M, "type")?, M, "type")?,
+            (2, v) => {
+                for raw in Fields::new(v.bytes(M, "object")?, "RawExtension") {
+                    if let (1, v) = raw? {
+                        object = v.bytes("RawExtension", "raw")?;
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(WatchFrame {
+        event_type,
+        object: unknown_raw(object)?,
+    })
+}
+
+/// A bookmark's object (of any kind: the metadata is every kind's field 1): its
+/// resourceVersion, and whether it marks the end of a streaming list's initial events
+/// (annotated `k8s.io/initial-events-end: "true"`).
+pub(crate) fn read_bookmark(object: &[u8]) -> Result<(Option<String>, bool), ProtobufError> {
+    const M: &str = "ObjectMeta";
+    let (mut resource_version, mut initial_events_end) = (None, false);
+    for field in Fields::new(object, "Bookmark") {
+        let (1, meta) = field? else { continue };
+        for field in Fields::new(meta.bytes("Bookmark", "metadata")?, M) {
+            match field? {
+                (6, v) => resource_version = v.opt_string(M, "resourceVersion")?,
+                (12, v) => {
+                    let (key, value) =
+                        map_entry_bytes(v.bytes(M, "annotations")?, M, "annotations")?;
+                    if key == INITIAL_EVENTS_END.as_bytes() && value == b"true" {
+                        initial_events_end = true;
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok((resource_version, initial_events_end))
+}
+
+/// The annotation on the bookmark that ends a streaming list's initial events.
+pub(crate) const INITIAL_EVENTS_END: &str = "k8s.io/initial-events-end";
+
+/// What a watch's `ERROR` event says: a `metav1.Status`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct WatchStatus {
+    /// `Failure` (or `Success`).
+    pub(crate) status: String,
+    /// The server's words.
+    pub(crate) message: String,
+    /// Why, in one CamelCase word (`Expired`, `Gone`, ...).
+    pub(crate) reason: String,
+    /// The HTTP status code it stands for (410 when the resourceVersion is too old).
+    pub(crate) code: u16,
+}
+
+/// Reads a `metav1.Status` (the object of a watch's `ERROR` event).
+pub(crate) fn read_status(object: &[u8]) -> Result<WatchStatus, ProtobufError> {
+    const M: &str = "Status";
+    let mut status = WatchStatus::default();
+    for field in Fields::new(object, M) {
+        match field? {
+            (2, v) => status.status = v.string(M, "status")?,
+            (3, v) => status.message = v.string(M, "message")?,
+            (4, v) => status.reason = v.string(M, "reason")?,
+            (6, v) => status.code = u16::try_from(v.varint(M, "code")?).unwrap_or(0),
+            _ => {}
+        }
+    }
+    Ok(status)
+}
+
 /// The `raw` field of the `runtime.Unknown` envelope after the magic.
 fn unknown_raw(body: &[u8]) -> Result<&[u8], ProtobufError> {
     let envelope = body.strip_prefix(MAGIC).ok_or(ProtobufError::Magic)?;
@@ -888,5 +980,88 @@ mod tests {
         ])
         .expect_err("varint");
         assert!(matches!(error, ProtobufError::Truncated { .. }), "{error}");
+    }
+
+    /// An object as a watch event carries it: the magic, then `runtime.Unknown`.
+    fn wrapped(kind: &str, object: Message) -> Vec<u8> {
+        let type_meta = Message::default().string(1, "v1").string(2, kind);
+        let unknown = Message::default().message(1, type_meta).message(2, object);
+        let mut raw = MAGIC.to_vec();
+        raw.extend_from_slice(&unknown.0);
+        raw
+    }
+
+    fn watch_event(event_type: &str, object: &[u8]) -> Vec<u8> {
+        Message::default()
+            .string(1, event_type)
+            .message(2, Message::default().bytes(1, object))
+            .0
+    }
+
+    #[test]
+    fn a_watch_frame_gives_its_type_and_its_object_out_of_the_envelope() {
+        let service = Message::default().message(1, Message::default().string(1, "web"));
+        let frame = watch_event("MODIFIED", &wrapped("Service", service));
+        let event = read_watch_frame(&frame).expect("reads");
+        assert_eq!(event.event_type, "MODIFIED");
+        let service = decode_service(event.object).expect("a Service");
+        assert_eq!(service.metadata.name.as_deref(), Some("web"));
+
+        // An object not in the envelope, or a frame cut short, is an error.
+        let bare = watch_event("ADDED", &Message::default().string(1, "x").0);
+        assert_eq!(read_watch_frame(&bare), Err(ProtobufError::Magic));
+        let torn = &frame[..frame.len() - 3];
+        assert!(matches!(
+            read_watch_frame(torn),
+            Err(ProtobufError::Truncated { .. })
+        ));
+    }
+
+    #[test]
+    fn a_bookmark_gives_its_resource_version_and_whether_the_initial_events_end() {
+        let meta = |annotation: Option<(&str, &str)>| {
+            let mut meta = Message::default().string(1, "").string(6, "4711");
+            if let Some((key, value)) = annotation {
+                meta = meta.message(12, entry(key, value));
+            }
+            Message::default().message(1, meta).0
+        };
+        assert_eq!(
+            read_bookmark(&meta(Some((INITIAL_EVENTS_END, "true")))),
+            Ok((Some("4711".to_owned()), true))
+        );
+        assert_eq!(
+            read_bookmark(&meta(None)),
+            Ok((Some("4711".to_owned()), false))
+        );
+        assert_eq!(
+            read_bookmark(&meta(Some((INITIAL_EVENTS_END, "false")))),
+            Ok((Some("4711".to_owned()), false))
+        );
+        assert_eq!(
+            read_bookmark(&meta(Some(("other", "true")))),
+            Ok((Some("4711".to_owned()), false))
+        );
+    }
+
+    #[test]
+    fn an_error_event_gives_the_status_code_reason_and_message() {
+        let status = Message::default()
+            .message(1, Message::default())
+            .string(2, "Failure")
+            .string(3, "too old resource version: 1 (42)")
+            .string(4, "Expired")
+            .varint(6, 410);
+        let frame = watch_event("ERROR", &wrapped("Status", status));
+        let event = read_watch_frame(&frame).expect("reads");
+        assert_eq!(
+            read_status(event.object),
+            Ok(WatchStatus {
+                status: "Failure".to_owned(),
+                message: "too old resource version: 1 (42)".to_owned(),
+                reason: "Expired".to_owned(),
+                code: 410,
+            })
+        );
     }
 }

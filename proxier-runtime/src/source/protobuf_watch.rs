@@ -27,12 +27,12 @@ use super::protobuf::{PROTOBUF_CONTENT_TYPE, ProtobufError, read_list};
 const PAGE_SIZE: u32 = 500;
 
 /// What a list asks for: protobuf, or JSON from a server that does not serve it.
-const LIST_ACCEPT: &str = "application/vnd.kubernetes.protobuf, application/json";
+pub(super) const LIST_ACCEPT: &str = "application/vnd.kubernetes.protobuf, application/json";
 
 /// How long a watch may stay silent before it is taken for dead and reopened: the server
 /// ends a watch after its timeout (kube's default asks for 290 s), so a longer silence means
 /// the connection is gone.
-const WATCH_IDLE: Duration = Duration::from_secs(290 + 30);
+pub(super) const WATCH_IDLE: Duration = Duration::from_secs(290 + 30);
 
 /// Where the watcher is.
 enum State<K, W> {
@@ -306,7 +306,7 @@ where
 /// A failed request as kube reports one: the server's `Status` when the body is one (in
 /// JSON; an API server sends its errors in JSON when asked for protobuf too), else the body
 /// as the message.
-fn api_error(code: u16, body: &[u8]) -> kube::Error {
+pub(super) fn api_error(code: u16, body: &[u8]) -> kube::Error {
     let status = serde_json::from_slice::<Status>(body).unwrap_or_else(|_| {
         Status::failure(
             String::from_utf8_lossy(body).trim(),
@@ -324,7 +324,7 @@ fn protobuf_error<W: Resource, K>(context: &Context<W, K>, error: ProtobufError)
     ))
 }
 
-fn invalid(message: String) -> kube::Error {
+pub(super) fn invalid(message: String) -> kube::Error {
     kube::Error::Api(Box::new(
         Status::failure(&message, "InvalidResponse").with_code(0),
     ))

@@ -376,6 +376,11 @@ async fn api_outage_keeps_known_objects_with_protobuf_lists() {
     outage_keeps_known_objects(ListMode::Protobuf).await;
 }
 
+#[tokio::test]
+async fn api_outage_keeps_known_objects_with_protobuf_streaming_lists() {
+    outage_keeps_known_objects(ListMode::ProtobufStreaming).await;
+}
+
 /// An outage (watches end and fail to restart, 503), then failures whose watches expired
 /// first (410 Gone, then 500 Internal Error, which kube's client does not retry: a relist
 /// fails), in `mode`: nothing known is deleted, and a change after recovery arrives.
@@ -411,10 +416,11 @@ async fn outage_keeps_known_objects(mode: ListMode) {
     api.set_failing();
     // Failing until a relist of Services has failed (after the watcher's backoff).
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while !api.requests()[before..]
-        .iter()
-        .any(|r| r.starts_with("/api/v1/services?") && !r.contains("watch=true"))
-    {
+    // A relist: a list, or a watch asking for a streaming list.
+    while !api.requests()[before..].iter().any(|r| {
+        r.starts_with("/api/v1/services?")
+            && (!r.contains("watch=true") || r.contains("sendInitialEvents=true"))
+    }) {
         assert!(
             tokio::time::Instant::now() < deadline,
             "a relist during the outage"
@@ -649,6 +655,19 @@ async fn assert_stays_on_paginated_lists(api: &FakeApiServer, source: &mut Sourc
 
 #[tokio::test]
 async fn a_server_that_ignores_streaming_lists_gets_paginated_lists_after_the_silence() {
+    let api = ignored_streaming_list(ListMode::Streaming).await;
+    assert_eq!(api.protobuf_pages(Kind::Service), 0);
+    assert_eq!(
+        KubeSourceConfig::new("node-a").list_mode,
+        ListMode::ProtobufStreaming,
+        "streaming lists in protobuf are the default, as kube-proxy's"
+    );
+}
+
+/// A source in `mode` on a double that ignores streaming lists: its first picture waits for
+/// the silence, is one picture (the plain watch's events and the list's are not two), and
+/// the source stays on paginated lists. Returns the double.
+async fn ignored_streaming_list(mode: ListMode) -> FakeApiServer {
     let api = populated_double().await;
     api.ignore_streaming_lists();
     let silence = Duration::from_millis(400);
@@ -656,25 +675,21 @@ async fn a_server_that_ignores_streaming_lists_gets_paginated_lists_after_the_si
     let mut source = start_configured(
         &api,
         KubeSourceConfig {
+            list_mode: mode,
             initial_events_silence: silence,
             ..KubeSourceConfig::new("node-a")
         },
     )
     .await;
-    assert_eq!(
-        KubeSourceConfig::new("node-a").list_mode,
-        ListMode::Streaming,
-        "streaming lists are the default"
-    );
     let first = first_picture(&mut source).await;
     assert!(
         started.elapsed() >= silence,
         "the picture waited for the silence: {:?}",
         started.elapsed()
     );
-    // The plain watch's events and the list's are one picture, not two.
     assert_listed_after_one_streaming_list(&api, &source, &first, "ignored");
     assert_stays_on_paginated_lists(&api, &mut source).await;
+    api
 }
 
 /// A Service and a slice with every field a conversion reads set (load-balancer ingress with
@@ -740,16 +755,33 @@ fn rich_objects(api: &FakeApiServer) {
 
 #[tokio::test]
 async fn protobuf_lists_give_the_same_picture_and_changes_as_json_lists() {
+    let protobuf_api = same_picture_and_changes_as_json_lists(ListMode::Protobuf).await;
+    assert_eq!(protobuf_api.protobuf_pages(Kind::Service), 1);
+    assert_eq!(protobuf_api.protobuf_pages(Kind::EndpointSlice), 1);
+    assert_eq!(
+        streaming_and_lists(&protobuf_api, "/api/v1/nodes?"),
+        (0, 1),
+        "the Node lists paginated, in JSON"
+    );
+}
+
+/// A source in `mode` (a protobuf one) and one with paginated JSON lists, each on a double
+/// of [`rich_objects`]: the same first picture, through kube-proxy's selectors, and the same
+/// later changes. Returns the double `mode` read.
+async fn same_picture_and_changes_as_json_lists(mode: ListMode) -> FakeApiServer {
     let json_api = populated_double().await;
     rich_objects(&json_api);
     let mut json_source = start_with(&json_api, ListMode::Paginated).await;
     let json_first = first_picture(&mut json_source).await;
     let json_later = later_changes(&json_api, &mut json_source).await;
+    assert_eq!(json_api.protobuf_pages(Kind::Service), 0);
+    assert_eq!(json_api.protobuf_watches(Kind::Service), 0);
 
     let protobuf_api = populated_double().await;
     rich_objects(&protobuf_api);
-    let mut protobuf_source = start_with(&protobuf_api, ListMode::Protobuf).await;
+    let mut protobuf_source = start_with(&protobuf_api, mode).await;
     let protobuf_first = first_picture(&mut protobuf_source).await;
+    assert!(*protobuf_source.synced.borrow());
     let protobuf_later = later_changes(&protobuf_api, &mut protobuf_source).await;
 
     let names: Vec<&str> = protobuf_first.iter().map(|(d, _)| d.as_str()).collect();
@@ -762,22 +794,15 @@ async fn protobuf_lists_give_the_same_picture_and_changes_as_json_lists() {
             "slice upsert shop/lb-1",
             "slice upsert shop/web-1"
         ],
-        "kube-proxy's selectors apply to protobuf lists too"
+        "{mode:?}: kube-proxy's selectors apply"
     );
-    assert_eq!(protobuf_first, json_first);
-    assert_eq!(protobuf_later, json_later);
-    assert_eq!(protobuf_api.protobuf_pages(Kind::Service), 1);
-    assert_eq!(protobuf_api.protobuf_pages(Kind::EndpointSlice), 1);
-    assert_eq!(json_api.protobuf_pages(Kind::Service), 0);
-    assert_eq!(
-        streaming_and_lists(&protobuf_api, "/api/v1/nodes?"),
-        (0, 1),
-        "the Node lists paginated, in JSON"
-    );
+    assert_eq!(protobuf_first, json_first, "{mode:?}");
+    assert_eq!(protobuf_later, json_later, "{mode:?}");
+    protobuf_api
 }
 
-#[tokio::test]
-async fn protobuf_lists_come_in_pages_and_relist_after_expiry() {
+/// A double holding 1,201 Services (`shop/svc-0000`...): more than two pages of 500.
+async fn double_of_1201_services() -> FakeApiServer {
     let api = FakeApiServer::start().await;
     for i in 0..1201 {
         api.apply_silently(
@@ -785,12 +810,22 @@ async fn protobuf_lists_come_in_pages_and_relist_after_expiry() {
             service("shop", &format!("svc-{i:04}"), "10.96.0.20", json!({})),
         );
     }
-    let mut source = start_with(&api, ListMode::Protobuf).await;
-    let first = next_batch(&mut source).await;
-    let upserts = described(&first)
+    api
+}
+
+/// How many of `batch`'s changes upsert one of [`double_of_1201_services`]'s Services.
+fn service_upserts(batch: &SourceBatch) -> usize {
+    described(batch)
         .iter()
         .filter(|c| c.starts_with("service upsert shop/svc-"))
-        .count();
+        .count()
+}
+
+#[tokio::test]
+async fn protobuf_lists_come_in_pages_and_relist_after_expiry() {
+    let api = double_of_1201_services().await;
+    let mut source = start_with(&api, ListMode::Protobuf).await;
+    let upserts = service_upserts(&next_batch(&mut source).await);
     assert_eq!(upserts, 1201);
     assert_eq!(api.protobuf_pages(Kind::Service), 3, "pages of 500");
     assert!(
@@ -819,4 +854,94 @@ async fn protobuf_lists_come_in_pages_and_relist_after_expiry() {
         "the relist in protobuf too"
     );
     no_batch_for(&mut source, Duration::from_millis(500)).await;
+}
+
+#[tokio::test]
+async fn protobuf_streaming_lists_give_the_same_picture_and_changes_as_json_lists() {
+    let protobuf_api = same_picture_and_changes_as_json_lists(ListMode::ProtobufStreaming).await;
+    for path in KIND_PATHS {
+        assert_eq!(
+            streaming_and_lists(&protobuf_api, path),
+            (1, 0),
+            "{path}: one streaming list, no list call; {:?}",
+            protobuf_api.requests()
+        );
+    }
+    // The picture and the changes after it came as protobuf frames, on one watch each.
+    for kind in [Kind::Service, Kind::EndpointSlice] {
+        assert_eq!(protobuf_api.protobuf_watches(kind), 1, "{kind:?}");
+        assert_eq!(protobuf_api.protobuf_pages(kind), 0, "{kind:?}");
+    }
+    assert_eq!(
+        protobuf_api.protobuf_watches(Kind::Node),
+        0,
+        "the Node streams in JSON"
+    );
+}
+
+#[tokio::test]
+async fn protobuf_streaming_lists_resume_and_relist_after_expiry_in_protobuf() {
+    let api = double_of_1201_services().await;
+    let mut source = start_with(&api, ListMode::ProtobufStreaming).await;
+    let upserts = service_upserts(&next_batch(&mut source).await);
+    assert_eq!(upserts, 1201, "every frame, whatever pieces they came in");
+    no_batch_for(&mut source, Duration::from_millis(300)).await;
+
+    // The watch ends (the double goes down and comes back): it resumes from the last
+    // resourceVersion, and a change made meanwhile arrives, once.
+    api.set_outage(true);
+    no_batch_for(&mut source, Duration::from_millis(300)).await;
+    api.set_outage(false);
+    api.apply(
+        Kind::Service,
+        service("shop", "svc-0000", "10.96.0.21", json!({})),
+    );
+    assert_eq!(
+        described(&next_batch(&mut source).await),
+        ["service upsert shop/svc-0000"]
+    );
+    let resumed = api
+        .requests()
+        .iter()
+        .filter(|r| {
+            r.starts_with("/api/v1/services?")
+                && r.contains("watch=true")
+                && !r.contains("sendInitialEvents")
+        })
+        .count();
+    assert!(resumed >= 1, "a plain watch resumed: {:?}", api.requests());
+
+    // Changes the watch never saw, then 410 Gone (an ERROR frame): the relist streams
+    // again, in protobuf, and reveals only them.
+    relist_reveals_silent_changes(&api, &mut source, "svc-0001").await;
+    no_batch_for(&mut source, Duration::from_millis(500)).await;
+    assert_eq!(
+        streaming_and_lists(&api, "/api/v1/services?"),
+        (2, 0),
+        "the relist streams too"
+    );
+    assert!(api.protobuf_watches(Kind::Service) >= 3);
+    assert_eq!(api.protobuf_pages(Kind::Service), 0);
+}
+
+#[tokio::test]
+async fn a_server_that_refuses_protobuf_streaming_lists_gets_protobuf_pages() {
+    let api = populated_double().await;
+    api.refuse_streaming_lists();
+    let mut source = start_with(&api, ListMode::ProtobufStreaming).await;
+    let first = first_picture(&mut source).await;
+    assert_listed_after_one_streaming_list(&api, &source, &first, "refused");
+    assert_eq!(api.protobuf_pages(Kind::Service), 1);
+    assert_eq!(api.protobuf_pages(Kind::EndpointSlice), 1);
+    assert_stays_on_paginated_lists(&api, &mut source).await;
+}
+
+#[tokio::test]
+async fn a_server_that_ignores_protobuf_streaming_lists_gets_protobuf_pages_after_the_silence() {
+    let api = ignored_streaming_list(ListMode::ProtobufStreaming).await;
+    assert_eq!(
+        api.protobuf_pages(Kind::Service),
+        2,
+        "the list and the relist after expiry, in protobuf"
+    );
 }

@@ -202,7 +202,11 @@ async fn api_cost_of_the_first_picture() {
     println!("  EndpointSlice  {slice_full} -> {slice_trimmed} ({ENDPOINTS_PER_SLICE} endpoints)");
     println!("  Node           {node_full} -> {node_trimmed}");
 
-    for mode in [ListMode::Paginated, ListMode::Streaming] {
+    for mode in [
+        ListMode::Paginated,
+        ListMode::Streaming,
+        ListMode::ProtobufStreaming,
+    ] {
         let ([service_bytes, slice_bytes, node_bytes], changes, took, requests) =
             first_picture_bytes(mode).await;
         let (services, slices) = (service_count(), service_count() / 2);

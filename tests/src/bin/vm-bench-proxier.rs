@@ -1,10 +1,11 @@
 //! Scale benchmark of the whole daemon, run inside the test VM by
 //! `cargo xtask vm-bench proxier [--services N] [--endpoints M]
-//! [--source kube|kube-protobuf|file|both|all] [--protobuf] [--changes K] [--small S]
+//! [--source kube|kube-json|file|both|all] [--json] [--changes K] [--small S]
 //! [--bind-service-cidrs] [--dump-breakdown]` (default 10,000 x 5, the file and kube sources,
-//! 100 changes, 100 services; `kube-protobuf` is the kube source listing Services and
-//! EndpointSlices in protobuf (`--kube-api-content-type`), `all` runs it after the other two,
-//! `--protobuf` makes every kube run one; `--bind-service-cidrs` runs the daemon with the
+//! 100 changes, 100 services; `kube` is the daemon's default, streaming lists of Services and
+//! EndpointSlices in protobuf, `kube-json` the same in JSON (`--kube-api-content-type=
+//! application/json`), `all` runs it after the other two, `--json` makes every kube run
+//! one; `--bind-service-cidrs` runs the daemon with the
 //! ClusterIP range taken whole by one local route instead of an address per ClusterIP;
 //! `--dump-breakdown` also times a service dump alone, the best-effort read and `ipvsadm -Sn`
 //! of the programmed kernel).
@@ -76,9 +77,10 @@ const GOAL_SCALING: f64 = 2.0;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum SourceKind {
     File,
+    /// The kube source as the daemon defaults it: streaming lists in protobuf.
     Kube,
-    /// The kube source with protobuf lists.
-    KubeProtobuf,
+    /// The kube source reading JSON (`--kube-api-content-type=application/json`).
+    KubeJson,
 }
 
 impl SourceKind {
@@ -86,7 +88,7 @@ impl SourceKind {
         match self {
             SourceKind::File => "file",
             SourceKind::Kube => "kube",
-            SourceKind::KubeProtobuf => "kube-protobuf",
+            SourceKind::KubeJson => "kube-json",
         }
     }
 
@@ -134,7 +136,7 @@ fn parse_args() -> anyhow::Result<Args> {
         dump_breakdown: false,
         no_rate_estimation: false,
     };
-    let mut protobuf = false;
+    let mut json = false;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut value = || args.next().with_context(|| format!("{arg} needs a value"));
@@ -148,26 +150,26 @@ fn parse_args() -> anyhow::Result<Args> {
             "--bind-service-cidrs" => a.routed = true,
             "--dump-breakdown" => a.dump_breakdown = true,
             "--no-rate-estimation" => a.no_rate_estimation = true,
-            "--protobuf" => protobuf = true,
+            "--json" => json = true,
             "--source" => {
                 a.sources = match value()?.as_str() {
                     "file" => vec![SourceKind::File],
                     "kube" => vec![SourceKind::Kube],
-                    "kube-protobuf" => vec![SourceKind::KubeProtobuf],
+                    "kube-json" => vec![SourceKind::KubeJson],
                     "both" => vec![SourceKind::File, SourceKind::Kube],
-                    "all" => vec![SourceKind::File, SourceKind::Kube, SourceKind::KubeProtobuf],
-                    other => bail!("--source {other}: use kube, kube-protobuf, file, both or all"),
+                    "all" => vec![SourceKind::File, SourceKind::Kube, SourceKind::KubeJson],
+                    other => bail!("--source {other}: use kube, kube-json, file, both or all"),
                 }
             }
             other => bail!(
-                "unknown argument {other} (use --services N --endpoints M --source kube|kube-protobuf|file|both|all --changes K --small S --bind-service-cidrs --protobuf)"
+                "unknown argument {other} (use --services N --endpoints M --source kube|kube-json|file|both|all --changes K --small S --bind-service-cidrs --json)"
             ),
         }
     }
-    if protobuf {
+    if json {
         for kind in &mut a.sources {
             if *kind == SourceKind::Kube {
-                *kind = SourceKind::KubeProtobuf;
+                *kind = SourceKind::KubeJson;
             }
         }
         a.sources.dedup();
@@ -724,11 +726,11 @@ fn run_source(
             );
             Source::File(source_path.clone())
         }
-        SourceKind::Kube | SourceKind::KubeProtobuf => {
+        SourceKind::Kube | SourceKind::KubeJson => {
             let double = ApiInNetns::start(&ns)?;
             let t = Instant::now();
             double.fill(a.services, m);
-            if kind == SourceKind::KubeProtobuf {
+            if kind == SourceKind::Kube {
                 // Encoded once after filling, as a real server's cache holds them.
                 double.api().prepare_protobuf();
             }
@@ -769,8 +771,8 @@ fn run_source(
     } else {
         Vec::new()
     };
-    if kind == SourceKind::KubeProtobuf {
-        extra.push("--kube-api-content-type=application/vnd.kubernetes.protobuf");
+    if kind == SourceKind::KubeJson {
+        extra.push("--kube-api-content-type=application/json");
     }
     let mut daemon = BenchDaemon::start(&ns, &source, &log(1), "1h", &extra)?;
     let (n, programmed_at) = wait_programmed(&mut daemon, &ns, &floors.table, timeout)?;
@@ -883,7 +885,7 @@ fn run_source(
             })?;
             vec![seen]
         }
-        SourceKind::Kube | SourceKind::KubeProtobuf => {
+        SourceKind::Kube | SourceKind::KubeJson => {
             let Some(api) = &api else {
                 bail!("kube source without its double");
             };
@@ -1207,7 +1209,7 @@ fn print_report(
             "{:.3} s (file rewrite, re-read whole)",
             r.changes.first().map_or(0.0, |d| secs(*d))
         ),
-        SourceKind::Kube | SourceKind::KubeProtobuf => match (Percentiles::of(&r.changes), small) {
+        SourceKind::Kube | SourceKind::KubeJson => match (Percentiles::of(&r.changes), small) {
             (Some(b), Some(s)) => format!(
                 "at {}: p50 {:.1} ms / p99 {:.1} ms; at {}: p50 {:.1} / p99 {:.1} ms",
                 a.services,

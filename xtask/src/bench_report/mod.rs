@@ -406,6 +406,8 @@ fn met_by(verdicts: &[(&str, bool)]) -> String {
 /// A column's title for a source of `vm-bench-proxier`'s report.
 fn source_title(source: &str) -> String {
     match source {
+        "kube-json" => "kube source (JSON)".to_owned(),
+        // Reports from before protobuf streaming lists were the default.
         "kube-protobuf" => "kube source (protobuf lists)".to_owned(),
         other => format!("{other} source"),
     }
@@ -895,7 +897,7 @@ fn proxier_section(out: &mut String, p: &Value) -> Result<()> {
         let changes = &s["changes"];
         let failed = num(s, "change_failed_ops")?;
         match s["source"].as_str() {
-            Some("kube" | "kube-protobuf") => {
+            Some("kube" | "kube-json" | "kube-protobuf") => {
                 let p50 = num(changes, "p50_ms")?;
                 let p99 = num(changes, "p99_ms")?;
                 let mut cell = format!(
@@ -968,8 +970,9 @@ What the rows measure:
   until a sync leaves exactly the reference's table in the kernel (checked against `ipvsadm
   -Sn`) and every ClusterIP bound. The file source reads a YAML file of every Service and
   EndpointSlice; the kube source lists them from a Kubernetes API server double that serves
-  the same objects inside the VM, listing them as JSON (streaming lists, the default) or, in
-  the last column, in protobuf pages (`--kube-api-content-type`, kube-proxy's default).
+  the same objects inside the VM, as streaming lists: of Services and EndpointSlices in
+  protobuf (the default, as kube-proxy's) or, in the last column, in JSON
+  (`--kube-api-content-type=application/json`).
 - **restart adoption**: the daemon killed and started again on the table it programmed; timed
   to its first sync, which must write nothing (read from the daemon's metrics and its sync
   event). Compared with what reading that kernel costs the library alone: a verified

@@ -1,0 +1,551 @@
+//! A watcher whose streaming list comes in Kubernetes' protobuf encoding: one watch with
+//! `sendInitialEvents=true` (Kubernetes' WatchList), every object an `ADDED` event, the end of
+//! the picture a bookmark annotated `k8s.io/initial-events-end`, then the changes, each event
+//! a length-prefixed `WatchEvent` frame read with only what the conversions read
+//! ([`super::protobuf`]). This is how kube-proxy lists since Kubernetes 1.35 (client-go's
+//! streaming lists in its default content type): the API server sends the picture from its
+//! watch cache one object at a time, and the node decodes a fraction of what the JSON text
+//! costs.
+//!
+//! The events are kube-runtime's watcher's (`Init`, one `InitApply` per object, `InitDone`,
+//! then `Apply` and `Delete`). A watch that ends after the picture resumes from the last
+//! resourceVersion seen (a plain watch, in protobuf too); one that ends before it, or a 410
+//! Gone, lists again. A server that answers in JSON is read as JSON. A refusal of the
+//! streaming list (422) and a server that ignores `sendInitialEvents` are for the caller to
+//! tell, as with kube-runtime's streaming watcher: [`super::kube`] falls back to paginated
+//! lists.
+
+use std::fmt::Debug;
+use std::marker::PhantomData;
+
+use bytes::{Bytes, BytesMut};
+use futures::stream::BoxStream;
+use futures::{Stream, StreamExt, TryStreamExt};
+use http::header::{ACCEPT, ACCEPT_ENCODING, CONTENT_TYPE};
+use http_body_util::BodyExt;
+use kube::api::{WatchEvent, WatchParams};
+use kube::core::Status;
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+
+use super::protobuf::{
+    INITIAL_EVENTS_END, PROTOBUF_CONTENT_TYPE, ProtobufError, WatchFrame, read_bookmark,
+    read_status, read_watch_frame,
+};
+use super::protobuf_watch::{LIST_ACCEPT, WATCH_IDLE, api_error, invalid};
+
+/// The largest frame a protobuf watch is believed to send. An object is at most a few MiB
+/// (etcd's request limit is 1.5 MiB); a length beyond this is a stream out of step.
+const MAX_FRAME: usize = 64 << 20;
+
+/// Where the watcher is.
+enum State<W, K> {
+    /// Nothing listed: open a streaming list.
+    Empty,
+    /// A watch open: the streaming list until its initial events end (`initial`), then
+    /// changes; `resource_version` is the last one seen.
+    Watching {
+        events: Events<W, K>,
+        resource_version: Option<String>,
+        initial: bool,
+    },
+    /// Listed, the watch ended: open a plain watch from `resource_version`.
+    Resume { resource_version: String },
+}
+
+/// The streaming-list watch of one kind (`W` as kube decodes its JSON events, converted to
+/// `K`), its protobuf objects read by `decode`; `config` gives the selectors.
+pub(crate) fn protobuf_stream_watcher<W, K>(
+    client: kube::Client,
+    api: Api<W>,
+    config: watcher::Config,
+    decode: fn(&[u8]) -> Result<K, ProtobufError>,
+) -> impl Stream<Item = watcher::Result<Event<K>>> + Send
+where
+    W: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+    K: From<W> + Resource + Send + 'static,
+{
+    let resume = WatchParams {
+        label_selector: config.label_selector.clone(),
+        field_selector: config.field_selector.clone(),
+        timeout: config.timeout,
+        bookmarks: true,
+        ..WatchParams::default()
+    };
+    let context = Context {
+        client,
+        api,
+        list: WatchParams {
+            send_initial_events: true,
+            ..resume.clone()
+        },
+        resume,
+        decode,
+    };
+    futures::stream::unfold((context, State::Empty), |(context, state)| async move {
+        let (event, state) = step(&context, state).await;
+        Some((event, (context, state)))
+    })
+}
+
+/// What every step needs.
+struct Context<W, K> {
+    client: kube::Client,
+    api: Api<W>,
+    /// The streaming list's parameters (`sendInitialEvents`, bookmarks).
+    list: WatchParams,
+    /// A resumed watch's parameters.
+    resume: WatchParams,
+    decode: fn(&[u8]) -> Result<K, ProtobufError>,
+}
+
+/// Advances the watcher to its next event.
+async fn step<W, K>(
+    context: &Context<W, K>,
+    mut state: State<W, K>,
+) -> (watcher::Result<Event<K>>, State<W, K>)
+where
+    W: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+    K: From<W> + Resource + Send + 'static,
+{
+    loop {
+        state = match state {
+            State::Empty => {
+                // As kube-runtime's streaming lists: "0" with NotOlderThan, served from the
+                // API server's watch cache.
+                return match open(context, &context.list, "0").await {
+                    Ok(events) => (
+                        Ok(Event::Init),
+                        State::Watching {
+                            events,
+                            resource_version: None,
+                            initial: true,
+                        },
+                    ),
+                    Err(error) => (Err(watcher::Error::WatchStartFailed(error)), State::Empty),
+                };
+            }
+            State::Resume { resource_version } => {
+                match open(context, &context.resume, &resource_version).await {
+                    Ok(events) => State::Watching {
+                        events,
+                        resource_version: Some(resource_version),
+                        initial: false,
+                    },
+                    Err(kube::Error::Api(status)) if status.code == 410 => {
+                        return (
+                            Err(watcher::Error::WatchStartFailed(kube::Error::Api(status))),
+                            State::Empty,
+                        );
+                    }
+                    Err(error) => {
+                        return (
+                            Err(watcher::Error::WatchStartFailed(error)),
+                            State::Resume { resource_version },
+                        );
+                    }
+                }
+            }
+            State::Watching {
+                mut events,
+                resource_version,
+                initial,
+            } => {
+                let next = tokio::time::timeout(WATCH_IDLE, events.next())
+                    .await
+                    .ok()
+                    .flatten();
+                match next {
+                    Some(Ok(change)) => {
+                        match on_change(change, events, resource_version, initial) {
+                            Next::Event(event, state) => return (event, state),
+                            Next::Quiet(state) => state,
+                        }
+                    }
+                    Some(Err(error)) => {
+                        let watching = State::Watching {
+                            events,
+                            resource_version,
+                            initial,
+                        };
+                        return (Err(watcher::Error::WatchFailed(error)), watching);
+                    }
+                    // Ended (or silent past the server's timeout): the picture starts over
+                    // if it was not whole, else the watch resumes.
+                    None => match resource_version {
+                        Some(resource_version) if !initial => State::Resume { resource_version },
+                        _ => State::Empty,
+                    },
+                }
+            }
+        };
+    }
+}
+
+/// What one change of a watch leads to.
+enum Next<W, K> {
+    /// An event to hand out, and where the watcher goes on from.
+    Event(watcher::Result<Event<K>>, State<W, K>),
+    /// Nothing to hand out (a bookmark): where the watcher goes on from.
+    Quiet(State<W, K>),
+}
+
+/// The event a change of the watch is, the watch going on (or the list starting over).
+fn on_change<W, K>(
+    change: Change<K>,
+    events: Events<W, K>,
+    resource_version: Option<String>,
+    initial: bool,
+) -> Next<W, K>
+where
+    K: Resource,
+{
+    let watching = |resource_version, initial| State::Watching {
+        events,
+        resource_version,
+        initial,
+    };
+    match change {
+        Change::Applied(object) if initial => Next::Event(
+            Ok(Event::InitApply(object)),
+            watching(resource_version, true),
+        ),
+        Change::Applied(object) | Change::Deleted(object)
+            if object.resource_version().is_none() =>
+        {
+            Next::Event(Err(watcher::Error::NoResourceVersion), State::Empty)
+        }
+        Change::Applied(object) => {
+            let version = object.resource_version();
+            Next::Event(Ok(Event::Apply(object)), watching(version, false))
+        }
+        Change::Deleted(object) => {
+            let version = object.resource_version();
+            Next::Event(Ok(Event::Delete(object)), watching(version, initial))
+        }
+        Change::Bookmark {
+            resource_version: Some(version),
+            initial_events_end: true,
+        } if initial => Next::Event(Ok(Event::InitDone), watching(Some(version), false)),
+        Change::Bookmark {
+            initial_events_end: true,
+            ..
+        } if initial => Next::Event(Err(watcher::Error::NoResourceVersion), State::Empty),
+        Change::Bookmark {
+            resource_version: version,
+            ..
+        } => Next::Quiet(watching(version.or(resource_version), initial)),
+        // 410 Gone: the resourceVersion is too old to resume from; list again.
+        Change::Error(status) if status.code == 410 => {
+            Next::Event(Err(watcher::Error::WatchError(status)), State::Empty)
+        }
+        Change::Error(status) => Next::Event(
+            Err(watcher::Error::WatchError(status)),
+            watching(resource_version, initial),
+        ),
+    }
+}
+
+/// One change a watch reports, its object decoded.
+enum Change<K> {
+    /// `ADDED` or `MODIFIED`.
+    Applied(K),
+    /// `DELETED`.
+    Deleted(K),
+    /// `BOOKMARK`: the resourceVersion reached, and whether the initial events end here.
+    Bookmark {
+        resource_version: Option<String>,
+        initial_events_end: bool,
+    },
+    /// `ERROR`.
+    Error(Box<Status>),
+}
+
+/// Opens a watch with `params` from `version`, asking for protobuf (JSON accepted).
+async fn open<W, K>(
+    context: &Context<W, K>,
+    params: &WatchParams,
+    version: &str,
+) -> kube::Result<Events<W, K>>
+where
+    W: Resource,
+{
+    let mut request = kube::core::Request::new(context.api.resource_url())
+        .watch(params, version)
+        .map_err(kube::Error::BuildRequest)?;
+    let headers = request.headers_mut();
+    headers.insert(ACCEPT, http::HeaderValue::from_static(LIST_ACCEPT));
+    // One event after another, never compressed (as kube asks for its watches).
+    headers.insert(ACCEPT_ENCODING, http::HeaderValue::from_static("identity"));
+    let response = context
+        .client
+        .send(request.map(kube::client::Body::from))
+        .await?;
+    let status = response.status();
+    let protobuf = response
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|value| value.starts_with(PROTOBUF_CONTENT_TYPE));
+    if !status.is_success() {
+        let body = response.into_body().collect_bytes().await?;
+        return Err(api_error(status.as_u16(), &body));
+    }
+    Ok(Events {
+        body: response.into_body().into_data_stream().boxed(),
+        buffer: BytesMut::new(),
+        protobuf,
+        broken: false,
+        decode: context.decode,
+        json: PhantomData,
+    })
+}
+
+/// The events of one watch's response: length-prefixed protobuf frames, or JSON lines.
+struct Events<W, K> {
+    body: BoxStream<'static, kube::Result<Bytes>>,
+    /// What arrived and is not yet a whole event.
+    buffer: BytesMut,
+    protobuf: bool,
+    /// A frame's length was beyond belief: nothing after it can be read.
+    broken: bool,
+    decode: fn(&[u8]) -> Result<K, ProtobufError>,
+    json: PhantomData<fn() -> W>,
+}
+
+impl<W, K> Events<W, K>
+where
+    W: Clone + DeserializeOwned,
+    K: From<W>,
+{
+    /// The next change; `None` when the watch ended (a torn last event is dropped).
+    async fn next(&mut self) -> Option<kube::Result<Change<K>>> {
+        loop {
+            if self.broken {
+                return None;
+            }
+            match self.split_event() {
+                Ok(Some(event)) => return Some(self.read(&event)),
+                Ok(None) => {}
+                Err(error) => return Some(Err(error)),
+            }
+            match self.body.try_next().await {
+                Ok(Some(chunk)) => self.buffer.extend_from_slice(&chunk),
+                Ok(None) => return None,
+                Err(error) => {
+                    self.broken = true;
+                    return Some(Err(error));
+                }
+            }
+        }
+    }
+
+    /// The next whole event's bytes off the buffer, if they all arrived.
+    fn split_event(&mut self) -> kube::Result<Option<BytesMut>> {
+        if self.protobuf {
+            let Some(prefix) = self.buffer.first_chunk::<4>() else {
+                return Ok(None);
+            };
+            let length = u32::from_be_bytes(*prefix) as usize;
+            if length > MAX_FRAME {
+                self.broken = true;
+                return Err(invalid(format!(
+                    "a protobuf watch frame of {length} bytes (more than {MAX_FRAME}): the stream is out of step"
+                )));
+            }
+            if self.buffer.len() < 4 + length {
+                self.buffer.reserve(4 + length - self.buffer.len());
+                return Ok(None);
+            }
+            let _prefix = self.buffer.split_to(4);
+            return Ok(Some(self.buffer.split_to(length)));
+        }
+        while let Some(end) = self.buffer.iter().position(|&b| b == b'\n') {
+            let line = self.buffer.split_to(end + 1);
+            if !line.trim_ascii().is_empty() {
+                return Ok(Some(line));
+            }
+        }
+        Ok(None)
+    }
+
+    /// One event read in the response's encoding.
+    fn read(&self, event: &[u8]) -> kube::Result<Change<K>> {
+        if !self.protobuf {
+            return Ok(
+                match serde_json::from_slice::<WatchEvent<W>>(event)
+                    .map_err(kube::Error::SerdeError)?
+                {
+                    WatchEvent::Added(object) | WatchEvent::Modified(object) => {
+                        Change::Applied(object.into())
+                    }
+                    WatchEvent::Deleted(object) => Change::Deleted(object.into()),
+                    WatchEvent::Bookmark(bookmark) => Change::Bookmark {
+                        initial_events_end: bookmark
+                            .metadata
+                            .annotations
+                            .get(INITIAL_EVENTS_END)
+                            .is_some_and(|value| value == "true"),
+                        resource_version: Some(bookmark.metadata.resource_version)
+                            .filter(|version| !version.is_empty()),
+                    },
+                    WatchEvent::Error(status) => Change::Error(status),
+                },
+            );
+        }
+        let frame_error =
+            |error: ProtobufError| invalid(format!("reading a protobuf watch event: {error}"));
+        let WatchFrame { event_type, object } = read_watch_frame(event).map_err(frame_error)?;
+        let decode = |object| (self.decode)(object).map_err(frame_error);
+        Ok(match event_type {
+            "ADDED" | "MODIFIED" => Change::Applied(decode(object)?),
+            "DELETED" => Change::Deleted(decode(object)?),
+            "BOOKMARK" => {
+                let (resource_version, initial_events_end) =
+                    read_bookmark(object).map_err(frame_error)?;
+                Change::Bookmark {
+                    resource_version,
+                    initial_events_end,
+                }
+            }
+            "ERROR" => {
+                let status = read_status(object).map_err(frame_error)?;
+                Change::Error(Box::new(
+                    Status::failure(&status.message, &status.reason).with_code(status.code),
+                ))
+            }
+            other => {
+                return Err(invalid(format!(
+                    "a protobuf watch event of unknown type {other:?}"
+                )));
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::Service;
+
+    use super::*;
+    use crate::source::protobuf::decode_service;
+
+    /// A protobuf field: its key, then a length and the bytes.
+    fn field(number: u8, bytes: &[u8]) -> Vec<u8> {
+        let mut out = vec![(number << 3) | 2, u8::try_from(bytes.len()).expect("short")];
+        out.extend_from_slice(bytes);
+        out
+    }
+
+    /// One frame of a protobuf watch: the length, then the `WatchEvent` whose object is
+    /// `message` in its envelope.
+    fn frame(event_type: &str, message: &[u8]) -> Vec<u8> {
+        let mut raw = b"k8s\0".to_vec();
+        raw.extend(field(2, message));
+        let mut event = field(1, event_type.as_bytes());
+        event.extend(field(2, &field(1, &raw)));
+        let mut frame = u32::try_from(event.len())
+            .expect("short")
+            .to_be_bytes()
+            .to_vec();
+        frame.extend(event);
+        frame
+    }
+
+    /// A Service named `name` at `version`, or a bookmark's metadata alone.
+    fn meta(name: &str, version: &str) -> Vec<u8> {
+        let mut meta = field(1, name.as_bytes());
+        meta.extend(field(6, version.as_bytes()));
+        field(1, &meta)
+    }
+
+    fn events(chunks: Vec<Vec<u8>>, protobuf: bool) -> Events<Service, Service> {
+        let chunks = chunks.into_iter().map(|chunk| Ok(Bytes::from(chunk)));
+        Events {
+            body: futures::stream::iter(chunks).boxed(),
+            buffer: BytesMut::new(),
+            protobuf,
+            broken: false,
+            decode: decode_service,
+            json: PhantomData,
+        }
+    }
+
+    /// Every change of `events` as text, and whether the stream ended in an error.
+    async fn read_all(mut events: Events<Service, Service>) -> (Vec<String>, bool) {
+        let mut seen = Vec::new();
+        while let Some(change) = events.next().await {
+            seen.push(match change {
+                Ok(Change::Applied(s)) => format!("applied {}", s.metadata.name.expect("named")),
+                Ok(Change::Deleted(s)) => format!("deleted {}", s.metadata.name.expect("named")),
+                Ok(Change::Bookmark {
+                    resource_version,
+                    initial_events_end,
+                }) => format!("bookmark {resource_version:?} {initial_events_end}"),
+                Ok(Change::Error(status)) => format!("error {}", status.code),
+                Err(_) => return (seen, true),
+            });
+        }
+        (seen, false)
+    }
+
+    #[tokio::test]
+    async fn frames_read_alike_whatever_pieces_they_arrive_in() {
+        let mut end = meta("", "9");
+        end.extend(field(12, b"")); // an empty annotation entry: not the end marker
+        let mut stream = frame("ADDED", &meta("web", "7"));
+        stream.extend(frame("MODIFIED", &meta("db", "8")));
+        stream.extend(frame("BOOKMARK", &end));
+        stream.extend(frame("DELETED", &meta("web", "10")));
+        let expected = [
+            "applied web",
+            "applied db",
+            "bookmark Some(\"9\") false",
+            "deleted web",
+        ];
+        let whole = read_all(events(vec![stream.clone()], true)).await;
+        assert_eq!(whole, (expected.map(str::to_owned).to_vec(), false));
+        for cut in 1..stream.len() {
+            let pieces = vec![stream[..cut].to_vec(), stream[cut..].to_vec()];
+            assert_eq!(read_all(events(pieces, true)).await, whole, "cut at {cut}");
+        }
+        let bytes = stream.iter().map(|b| vec![*b]).collect();
+        assert_eq!(read_all(events(bytes, true)).await, whole, "byte by byte");
+        // A torn last frame is dropped, as the watch ended inside it.
+        let torn = stream[..stream.len() - 2].to_vec();
+        assert_eq!(
+            read_all(events(vec![torn], true)).await,
+            (expected[..3].iter().map(|s| s.to_string()).collect(), false)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_frame_longer_than_believable_ends_the_stream_with_an_error() {
+        let mut stream = frame("ADDED", &meta("web", "7"));
+        stream.extend(u32::MAX.to_be_bytes());
+        stream.extend(frame("ADDED", &meta("db", "8")));
+        let (seen, failed) = read_all(events(vec![stream], true)).await;
+        assert_eq!(seen, ["applied web"]);
+        assert!(failed, "an error, then nothing");
+    }
+
+    #[tokio::test]
+    async fn a_server_answering_in_json_is_read_as_json() {
+        let lines = concat!(
+            r#"{"type":"ADDED","object":{"apiVersion":"v1","kind":"Service","metadata":{"name":"web","resourceVersion":"7"}}}"#,
+            "\n\n",
+            r#"{"type":"BOOKMARK","object":{"apiVersion":"v1","kind":"Service","metadata":{"resourceVersion":"9","annotations":{"k8s.io/initial-events-end":"true"}}}}"#,
+            "\n",
+            r#"{"type":"ERROR","object":{"apiVersion":"v1","kind":"Status","status":"Failure","reason":"Expired","code":410}}"#,
+            "\n",
+        );
+        let pieces = lines.as_bytes().chunks(37).map(<[u8]>::to_vec).collect();
+        let (seen, failed) = read_all(events(pieces, false)).await;
+        assert_eq!(
+            seen,
+            ["applied web", "bookmark Some(\"9\") true", "error 410"]
+        );
+        assert!(!failed);
+    }
+}
