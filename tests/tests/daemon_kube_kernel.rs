@@ -342,6 +342,13 @@ fn daemon_driven_by_the_api_double_programs_the_kernel_and_traffic_flows() {
         "after 410 Gone the daemon relists Services (a streaming list, the default): {:?}",
         &after_expiry[before_expiry..]
     );
+    // In protobuf, the default content type (kube-proxy's): the first streaming list, its
+    // watch's changes and the relist, each one protobuf watch.
+    assert!(
+        api.protobuf_watches(Kind::Service) >= 2 && api.protobuf_pages(Kind::Service) == 0,
+        "Services streamed in protobuf: {:?}",
+        api.requests()
+    );
     // The relist forgot nothing: web is still fully programmed.
     let table = topo.ipvs_set();
     for line in &web_ab {
@@ -457,6 +464,8 @@ fn daemon_driven_by_the_api_double_programs_the_kernel_and_traffic_flows() {
     note(&format!("whole scenario took {:?}", started.elapsed()));
 }
 
+/// Paginated protobuf lists (`--api-streaming-lists=false`; a server that refuses streaming
+/// lists gets the same), watched in JSON.
 #[test]
 fn daemon_on_protobuf_lists_programs_the_kernel_and_relists_in_protobuf() {
     require_kernel!();
@@ -471,7 +480,7 @@ fn daemon_on_protobuf_lists_programs_the_kernel_and_relists_in_protobuf() {
     let daemon = Daemon::start_with(
         &topo.node,
         &api.url(),
-        "--kube-api-content-type=application/vnd.kubernetes.protobuf",
+        "--kube-api-content-type=application/vnd.kubernetes.protobuf --api-streaming-lists=false",
     );
 
     // Listed in protobuf: programmed, and the pod answers.
