@@ -83,10 +83,14 @@ where
         resume,
         decode,
     };
-    futures::stream::unfold((context, State::Empty), |(context, state)| async move {
-        let (event, state) = step(&context, state).await;
-        Some((event, (context, state)))
-    })
+    // The context boxed: the unfold moves its state with every event.
+    futures::stream::unfold(
+        (Box::new(context), State::Empty),
+        |(context, state)| async move {
+            let (event, state) = step(&context, state).await;
+            Some((event, (context, state)))
+        },
+    )
 }
 
 /// What every step needs.

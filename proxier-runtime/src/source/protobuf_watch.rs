@@ -87,10 +87,14 @@ where
         watch_params,
         decode,
     };
-    futures::stream::unfold((context, State::Empty), |(context, state)| async move {
-        let (event, state) = step(&context, state).await;
-        Some((event, (context, state)))
-    })
+    // The context boxed: the unfold moves its state with every event.
+    futures::stream::unfold(
+        (Box::new(context), State::Empty),
+        |(context, state)| async move {
+            let (event, state) = step(&context, state).await;
+            Some((event, (context, state)))
+        },
+    )
 }
 
 /// What every step needs.
