@@ -146,21 +146,32 @@ pub async fn run(settings: Settings) -> Result<(), DaemonError> {
         shutdown_tx.send_replace(true);
     });
 
+    let once = settings.run_mode == RunMode::Once;
+    // The metrics recorder before anything records (the API client counts its requests).
+    let recorder = if once {
+        None
+    } else {
+        crate::exporter::install()
+            .inspect_err(|error| tracing::warn!(%error, "metrics recorder already installed"))
+            .ok()
+    };
+    // Then the source: its lists are under way while the servers bind and the kernel is
+    // opened (a restart spends most of its time waiting for them and the kernel read).
+    let source = if once && matches!(settings.source, SourceSettings::File { .. }) {
+        None
+    } else {
+        Some(start_source(&settings).await?)
+    };
+
     let health = ProxyHealth::new(settings.health_timeout());
     let mut observer = RuntimeObserver::new(health.clone());
     let mut servers: Vec<HttpServer> = Vec::new();
-    let once = settings.run_mode == RunMode::Once;
     if !once {
-        match crate::exporter::install() {
-            Ok(handle) => {
-                if let Some(addr) = settings.metrics_bind_address {
-                    let traffic = traffic_metrics(&settings, &mut observer).await;
-                    let server = crate::exporter::serve_with_traffic(addr, handle, traffic).await?;
-                    tracing::info!(address = %server.local_addr(), "metrics server listening");
-                    servers.push(server);
-                }
-            }
-            Err(error) => tracing::warn!(%error, "metrics recorder already installed"),
+        if let (Some(handle), Some(addr)) = (recorder, settings.metrics_bind_address) {
+            let traffic = traffic_metrics(&settings, &mut observer).await;
+            let server = crate::exporter::serve_with_traffic(addr, handle, traffic).await?;
+            tracing::info!(address = %server.local_addr(), "metrics server listening");
+            servers.push(server);
         }
         if let Some(addr) = settings.healthz_bind_address {
             let server = serve_proxy_health(addr, health.clone()).await?;
@@ -184,7 +195,7 @@ pub async fn run(settings: Settings) -> Result<(), DaemonError> {
         if !once {
             observer = observer.watching();
         }
-        drive(&settings, proxier, observer, feed, shutdown_rx).await
+        drive(&settings, proxier, observer, feed, source, shutdown_rx).await
     } else {
         proxier_runtime::node_setup::prepare(&NodeSetup {
             scheduler: settings.planner.scheduler.clone(),
@@ -207,7 +218,7 @@ pub async fn run(settings: Settings) -> Result<(), DaemonError> {
                 health.clone(),
             )));
         }
-        drive(&settings, proxier, observer, feed, shutdown_rx).await
+        drive(&settings, proxier, observer, feed, source, shutdown_rx).await
     };
     drop(servers);
     result
@@ -247,12 +258,14 @@ async fn print_takeover(takeover: &KubeProxyTakeover, format: PlanFormat) {
     }
 }
 
-/// Fills `proxier` from the source, then syncs once (`--once`) or hands it to the driver.
+/// Fills `proxier` from `source` (started by the caller; `None`: `--once` with a file, read
+/// here), then syncs once (`--once`) or hands it to the driver.
 async fn drive<I, A, N, C, O>(
     settings: &Settings,
     mut proxier: Proxier<I, A, N, C>,
     mut observer: O,
     feed: Feed,
+    source: Option<SourceHandle>,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), DaemonError>
 where
@@ -266,8 +279,9 @@ where
     // The kernel is read while the source fetches its first picture.
     proxier.read_ahead();
     let mut rest = None;
-    let first = if once && let SourceSettings::File { path } = &settings.source {
-        // One read; an unreadable file is an error rather than something to wait for.
+    let first = if let (None, SourceSettings::File { path }) = (&source, &settings.source) {
+        // `--once`: one read; an unreadable file is an error rather than something to wait
+        // for.
         source::file::load(path, &settings.hostname)?
     } else {
         let SourceHandle {
@@ -275,7 +289,7 @@ where
             synced: _,
             mut services_ahead,
             task,
-        } = start_source(settings).await?;
+        } = source.ok_or(DaemonError::SourceEnded(source_name(settings)))?;
         tracing::info!(
             source = source_name(settings),
             "waiting for Services and EndpointSlices to sync"
