@@ -423,6 +423,19 @@ impl FakeApiServer {
         encode_protobuf(&mut st, &keys);
     }
 
+    /// Makes the protobuf encoding of one stored Service or EndpointSlice unreadable (a
+    /// field whose length runs past the message's end) until the object is applied again: a
+    /// reader of protobuf lists and watches must not hand out a picture without it.
+    pub fn corrupt_protobuf(&self, kind: Kind, namespace: &str, name: &str) {
+        let mut st = self.lock();
+        let key = (kind, format!("{namespace}/{name}"));
+        assert!(
+            st.objects.contains_key(&key),
+            "no {kind:?} {namespace}/{name}"
+        );
+        st.encoded.insert(key, vec![0x0a, 0x7f]);
+    }
+
     /// List pages served in protobuf so far for `kind`.
     pub fn protobuf_pages(&self, kind: Kind) -> usize {
         self.lock().protobuf_pages.get(&kind).copied().unwrap_or(0)

@@ -167,6 +167,13 @@ where
                             Next::Quiet(state) => state,
                         }
                     }
+                    // An event that cannot be read in the picture starts the picture over:
+                    // handed out with a hole, it would delete what the missing object
+                    // programs (as a list page that cannot be read fails the whole list).
+                    // After the picture, the change is skipped and the watch goes on.
+                    Some(Err(error)) if initial => {
+                        return (Err(watcher::Error::WatchFailed(error)), State::Empty);
+                    }
                     Some(Err(error)) => {
                         let watching = State::Watching {
                             events,

@@ -945,3 +945,46 @@ async fn a_server_that_ignores_protobuf_streaming_lists_gets_protobuf_pages_afte
         "the list and the relist after expiry, in protobuf"
     );
 }
+
+#[tokio::test]
+async fn an_unreadable_object_in_a_protobuf_list_starts_the_picture_over() {
+    for mode in [ListMode::ProtobufStreaming, ListMode::Protobuf] {
+        unreadable_object_starts_the_picture_over(mode).await;
+    }
+}
+
+/// A source in `mode` on a double whose Service `shop/web` cannot be read in protobuf.
+async fn unreadable_object_starts_the_picture_over(mode: ListMode) {
+    let api = populated_double().await;
+    api.corrupt_protobuf(Kind::Service, "shop", "web");
+    let mut source = start_with(&api, mode).await;
+    // No picture with a hole (it would delete what the object programs): nothing is handed
+    // over while the object cannot be read, and the list starts over.
+    no_batch_for(&mut source, Duration::from_secs(2)).await;
+    assert!(!*source.synced.borrow(), "{mode:?}");
+    let (streaming, lists) = streaming_and_lists(&api, "/api/v1/services?");
+    assert!(
+        streaming + lists >= 2,
+        "{mode:?} started over: {:?}",
+        api.requests()
+    );
+    // Once the object reads, the picture comes whole.
+    api.apply(
+        Kind::Service,
+        service("shop", "web", "10.96.0.20", json!({})),
+    );
+    let names: Vec<String> = first_picture(&mut source)
+        .await
+        .into_iter()
+        .map(|(d, _)| d)
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "node update node-a",
+            "service upsert shop/web",
+            "slice upsert shop/web-1"
+        ],
+        "{mode:?}"
+    );
+}
