@@ -21,7 +21,7 @@ use std::marker::PhantomData;
 use bytes::{Bytes, BytesMut};
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt, TryStreamExt};
-use http::header::{ACCEPT, ACCEPT_ENCODING, CONTENT_TYPE};
+use http::header::ACCEPT_ENCODING;
 use http_body_util::BodyExt;
 use kube::api::{WatchEvent, WatchParams};
 use kube::core::Status;
@@ -30,10 +30,9 @@ use kube::{Api, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
 use super::protobuf::{
-    INITIAL_EVENTS_END, PROTOBUF_CONTENT_TYPE, ProtobufError, WatchFrame, read_bookmark,
-    read_status, read_watch_frame,
+    INITIAL_EVENTS_END, ProtobufError, WatchFrame, read_bookmark, read_status, read_watch_frame,
 };
-use super::protobuf_watch::{LIST_ACCEPT, WATCH_IDLE, api_error, invalid};
+use super::protobuf_watch::{WATCH_IDLE, invalid, send_accepting_protobuf};
 
 /// The largest frame a protobuf watch is believed to send. An object is at most a few MiB
 /// (etcd's request limit is 1.5 MiB); a length beyond this is a stream out of step.
@@ -285,26 +284,13 @@ where
     let mut request = kube::core::Request::new(context.api.resource_url())
         .watch(params, version)
         .map_err(kube::Error::BuildRequest)?;
-    let headers = request.headers_mut();
-    headers.insert(ACCEPT, http::HeaderValue::from_static(LIST_ACCEPT));
     // One event after another, never compressed (as kube asks for its watches).
-    headers.insert(ACCEPT_ENCODING, http::HeaderValue::from_static("identity"));
-    let response = context
-        .client
-        .send(request.map(kube::client::Body::from))
-        .await?;
-    let status = response.status();
-    let protobuf = response
-        .headers()
-        .get(CONTENT_TYPE)
-        .and_then(|value| value.to_str().ok())
-        .is_some_and(|value| value.starts_with(PROTOBUF_CONTENT_TYPE));
-    if !status.is_success() {
-        let body = response.into_body().collect_bytes().await?;
-        return Err(api_error(status.as_u16(), &body));
-    }
+    request
+        .headers_mut()
+        .insert(ACCEPT_ENCODING, http::HeaderValue::from_static("identity"));
+    let (body, protobuf) = send_accepting_protobuf(&context.client, request).await?;
     Ok(Events {
-        body: response.into_body().into_data_stream().boxed(),
+        body: body.into_data_stream().boxed(),
         buffer: BytesMut::new(),
         protobuf,
         broken: false,

@@ -27,7 +27,7 @@ use super::protobuf::{PROTOBUF_CONTENT_TYPE, ProtobufError, read_list};
 const PAGE_SIZE: u32 = 500;
 
 /// What a list asks for: protobuf, or JSON from a server that does not serve it.
-pub(super) const LIST_ACCEPT: &str = "application/vnd.kubernetes.protobuf, application/json";
+const LIST_ACCEPT: &str = "application/vnd.kubernetes.protobuf, application/json";
 
 /// How long a watch may stay silent before it is taken for dead and reopened: the server
 /// ends a watch after its timeout (kube's default asks for 290 s), so a longer silence means
@@ -267,26 +267,11 @@ where
     W: Resource + Clone + DeserializeOwned + Debug,
     K: From<W>,
 {
-    let mut request = kube::core::Request::new(context.api.resource_url())
+    let request = kube::core::Request::new(context.api.resource_url())
         .list(params)
         .map_err(kube::Error::BuildRequest)?;
-    request
-        .headers_mut()
-        .insert(ACCEPT, http::HeaderValue::from_static(LIST_ACCEPT));
-    let response = context
-        .client
-        .send(request.map(kube::client::Body::from))
-        .await?;
-    let status = response.status();
-    let protobuf = response
-        .headers()
-        .get(CONTENT_TYPE)
-        .and_then(|value| value.to_str().ok())
-        .is_some_and(|value| value.starts_with(PROTOBUF_CONTENT_TYPE));
-    let body = response.into_body().collect_bytes().await?;
-    if !status.is_success() {
-        return Err(api_error(status.as_u16(), &body));
-    }
+    let (body, protobuf) = send_accepting_protobuf(&context.client, request).await?;
+    let body = body.collect_bytes().await?;
     if protobuf {
         let list = read_list(&body).map_err(|e| protobuf_error(context, e))?;
         let mut objects = Vec::with_capacity(list.items.len());
@@ -307,10 +292,33 @@ where
     })
 }
 
+/// Sends `request` asking for protobuf ([`LIST_ACCEPT`]): the response's body, and whether
+/// the server answered in protobuf (else JSON); a failed request is the error kube reports.
+pub(super) async fn send_accepting_protobuf(
+    client: &kube::Client,
+    mut request: http::Request<Vec<u8>>,
+) -> kube::Result<(kube::client::Body, bool)> {
+    request
+        .headers_mut()
+        .insert(ACCEPT, http::HeaderValue::from_static(LIST_ACCEPT));
+    let response = client.send(request.map(kube::client::Body::from)).await?;
+    let status = response.status();
+    let protobuf = response
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|value| value.starts_with(PROTOBUF_CONTENT_TYPE));
+    if !status.is_success() {
+        let body = response.into_body().collect_bytes().await?;
+        return Err(api_error(status.as_u16(), &body));
+    }
+    Ok((response.into_body(), protobuf))
+}
+
 /// A failed request as kube reports one: the server's `Status` when the body is one (in
 /// JSON; an API server sends its errors in JSON when asked for protobuf too), else the body
 /// as the message.
-pub(super) fn api_error(code: u16, body: &[u8]) -> kube::Error {
+fn api_error(code: u16, body: &[u8]) -> kube::Error {
     let status = serde_json::from_slice::<Status>(body).unwrap_or_else(|_| {
         Status::failure(
             String::from_utf8_lossy(body).trim(),
