@@ -813,6 +813,19 @@ async fn double_of_1201_services() -> FakeApiServer {
     api
 }
 
+/// A change of [`double_of_1201_services`]'s first Service, through the watch, arrives as
+/// the source's one next change.
+async fn first_service_change_arrives_alone(api: &FakeApiServer, source: &mut SourceHandle) {
+    api.apply(
+        Kind::Service,
+        service("shop", "svc-0000", "10.96.0.21", json!({})),
+    );
+    assert_eq!(
+        described(&next_batch(source).await),
+        ["service upsert shop/svc-0000"]
+    );
+}
+
 /// How many of `batch`'s changes upsert one of [`double_of_1201_services`]'s Services.
 fn service_upserts(batch: &SourceBatch) -> usize {
     described(batch)
@@ -838,14 +851,7 @@ async fn protobuf_lists_come_in_pages_and_relist_after_expiry() {
     no_batch_for(&mut source, Duration::from_millis(300)).await;
 
     // A change the watch (JSON) carries.
-    api.apply(
-        Kind::Service,
-        service("shop", "svc-0000", "10.96.0.21", json!({})),
-    );
-    assert_eq!(
-        described(&next_batch(&mut source).await),
-        ["service upsert shop/svc-0000"]
-    );
+    first_service_change_arrives_alone(&api, &mut source).await;
     // Changes the watch never saw, then 410 Gone: the protobuf relist reveals them.
     relist_reveals_silent_changes(&api, &mut source, "svc-0001").await;
     assert_eq!(
@@ -892,14 +898,7 @@ async fn protobuf_streaming_lists_resume_and_relist_after_expiry_in_protobuf() {
     api.set_outage(true);
     no_batch_for(&mut source, Duration::from_millis(300)).await;
     api.set_outage(false);
-    api.apply(
-        Kind::Service,
-        service("shop", "svc-0000", "10.96.0.21", json!({})),
-    );
-    assert_eq!(
-        described(&next_batch(&mut source).await),
-        ["service upsert shop/svc-0000"]
-    );
+    first_service_change_arrives_alone(&api, &mut source).await;
     let resumed = api
         .requests()
         .iter()
