@@ -20,13 +20,17 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::marker::PhantomData;
 
 use k8s_openapi::api::core::v1::{Service, ServiceSpec, ServiceStatus};
 use k8s_openapi::api::discovery::v1::{
     Endpoint, EndpointConditions, EndpointHints, EndpointPort, EndpointSlice,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
-use proxier_core::k8s::LAST_CHANGE_TRIGGER_TIME_ANNOTATION;
+use proxier_core::k8s::{
+    HEADLESS_LABEL, LAST_CHANGE_TRIGGER_TIME_ANNOTATION, SERVICE_NAME_LABEL,
+    SERVICE_PROXY_NAME_LABEL,
+};
 use proxier_core::model::{SCHEDULER_ANNOTATION, WEIGHTS_ANNOTATION};
 use serde::Deserialize;
 use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
@@ -38,6 +42,13 @@ pub(crate) const READ_ANNOTATIONS: [&str; 3] = [
     WEIGHTS_ANNOTATION,
     LAST_CHANGE_TRIGGER_TIME_ANNOTATION,
 ];
+
+/// Labels the conversions read on a Service or an EndpointSlice (the slice's Service, and
+/// kube-proxy's two that keep an object away from it): the others (`app`, Helm's, the
+/// slice's `managed-by`) are skipped as the object is decoded. The kube module's trimming
+/// keeps each kind's own share of them.
+pub(crate) const READ_LABELS: [&str; 3] =
+    [SERVICE_NAME_LABEL, SERVICE_PROXY_NAME_LABEL, HEADLESS_LABEL];
 
 /// The fields of `ObjectMeta` the source and the conversions read; every other field of the
 /// text is skipped unread.
@@ -53,51 +64,80 @@ struct LeanMetaFields {
     #[serde(default)]
     deletion_timestamp: Option<Time>,
     #[serde(default)]
-    labels: Option<BTreeMap<String, String>>,
+    labels: Kept<ReadLabels>,
     #[serde(default)]
-    annotations: ReadAnnotations,
+    annotations: Kept<ReadAnnotations>,
 }
 
-/// The annotations the conversions read ([`READ_ANNOTATIONS`]); the values of
-/// the others (kubectl's last-applied configuration above all) are skipped unread.
-#[derive(Default)]
-struct ReadAnnotations(Option<BTreeMap<String, String>>);
+/// Which keys of a metadata map [`Kept`] keeps.
+trait KeptKeys {
+    /// The keys kept.
+    const KEYS: &'static [&'static str];
+    /// What the map is, for a decoding error.
+    const WHAT: &'static str;
+}
 
-impl<'de> Deserialize<'de> for ReadAnnotations {
+/// [`READ_LABELS`].
+struct ReadLabels;
+
+impl KeptKeys for ReadLabels {
+    const KEYS: &'static [&'static str] = &READ_LABELS;
+    const WHAT: &'static str = "a map of labels, or null";
+}
+
+/// [`READ_ANNOTATIONS`].
+struct ReadAnnotations;
+
+impl KeptKeys for ReadAnnotations {
+    const KEYS: &'static [&'static str] = &READ_ANNOTATIONS;
+    const WHAT: &'static str = "a map of annotations, or null";
+}
+
+/// The entries of a metadata map (labels, annotations) whose keys `K` names; the values of
+/// the others (kubectl's last-applied configuration above all) are skipped unread.
+struct Kept<K>(Option<BTreeMap<String, String>>, PhantomData<K>);
+
+impl<K> Default for Kept<K> {
+    fn default() -> Self {
+        Kept(None, PhantomData)
+    }
+}
+
+impl<'de, K: KeptKeys> Deserialize<'de> for Kept<K> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Annotations;
-        impl<'de> Visitor<'de> for Annotations {
-            type Value = ReadAnnotations;
+        struct Entries<K>(PhantomData<K>);
+        impl<'de, K: KeptKeys> Visitor<'de> for Entries<K> {
+            type Value = Kept<K>;
 
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a map of annotations, or null")
+                f.write_str(K::WHAT)
             }
 
-            fn visit_unit<E>(self) -> Result<ReadAnnotations, E> {
-                Ok(ReadAnnotations(None))
+            fn visit_unit<E>(self) -> Result<Kept<K>, E> {
+                Ok(Kept::default())
             }
 
-            fn visit_none<E>(self) -> Result<ReadAnnotations, E> {
-                Ok(ReadAnnotations(None))
+            fn visit_none<E>(self) -> Result<Kept<K>, E> {
+                Ok(Kept::default())
             }
 
-            fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<ReadAnnotations, D::Error> {
+            fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Kept<K>, D::Error> {
                 d.deserialize_map(self)
             }
 
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<ReadAnnotations, A::Error> {
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Kept<K>, A::Error> {
                 let mut kept = BTreeMap::new();
                 while let Some(key) = map.next_key::<String>()? {
-                    if READ_ANNOTATIONS.contains(&key.as_str()) {
+                    if K::KEYS.contains(&key.as_str()) {
                         kept.insert(key, map.next_value::<String>()?);
                     } else {
                         map.next_value::<IgnoredAny>()?;
                     }
                 }
-                Ok(ReadAnnotations((!kept.is_empty()).then_some(kept)))
+                Ok(Kept((!kept.is_empty()).then_some(kept), PhantomData))
             }
         }
-        deserializer.deserialize_option(Annotations)
+        deserializer.deserialize_option(Entries(PhantomData))
     }
 }
 
@@ -109,7 +149,7 @@ fn lean_meta<'de, D: Deserializer<'de>>(deserializer: D) -> Result<ObjectMeta, D
         namespace: fields.namespace,
         resource_version: fields.resource_version,
         deletion_timestamp: fields.deletion_timestamp,
-        labels: fields.labels,
+        labels: fields.labels.0,
         annotations: fields.annotations.0,
         ..ObjectMeta::default()
     })
@@ -269,6 +309,8 @@ mod tests {
             .as_mut()
             .expect("annotations")
             .remove("kubectl.kubernetes.io/last-applied-configuration");
+        // `app` is read by nothing; kube-proxy's headless label is.
+        expected.labels.as_mut().expect("labels").remove("app");
         assert_eq!(lean.metadata, expected);
     }
 
@@ -277,7 +319,8 @@ mod tests {
         let text = json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
             "addressType": "IPv4",
             "metadata": {"name": "web-1", "namespace": "shop", "resourceVersion": "7",
-                         "labels": {"kubernetes.io/service-name": "web"},
+                         "labels": {"kubernetes.io/service-name": "web",
+                                    "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"},
                          "annotations": {"endpoints.kubernetes.io/last-change-trigger-time": "2026-01-01T00:00:00Z",
                                          "other": "x"},
                          "managedFields": [{"manager": "m", "fieldsV1": {"f:endpoints": {}}}]},
@@ -295,7 +338,13 @@ mod tests {
         assert_eq!(lean.endpoints, full.endpoints);
         assert_eq!(lean.ports, full.ports);
         assert_eq!(lean.address_type, full.address_type);
-        assert_eq!(lean.metadata.labels, full.metadata.labels);
+        let mut labels = full.metadata.labels.expect("labels");
+        labels.remove("endpointslice.kubernetes.io/managed-by");
+        assert_eq!(
+            lean.metadata.labels,
+            Some(labels),
+            "only the Service's name is kept"
+        );
         assert_eq!(
             lean.metadata.annotations.expect("the trigger time").len(),
             1,

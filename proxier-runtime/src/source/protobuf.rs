@@ -24,7 +24,7 @@ use k8s_openapi::api::discovery::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
-use super::lean::READ_ANNOTATIONS;
+use super::lean::{READ_ANNOTATIONS, READ_LABELS};
 
 /// The content type of Kubernetes' protobuf encoding.
 pub const PROTOBUF_CONTENT_TYPE: &str = "application/vnd.kubernetes.protobuf";
@@ -262,8 +262,14 @@ fn object_meta(message: &[u8]) -> Result<ObjectMeta, ProtobufError> {
             (6, v) => meta.resource_version = v.opt_string(M, "resourceVersion")?,
             (9, v) => meta.deletion_timestamp = Some(time(v.bytes(M, "deletionTimestamp")?)?),
             (11, v) => {
-                let (key, value) = map_entry(v.bytes(M, "labels")?, M, "labels")?;
-                meta.labels.get_or_insert_default().insert(key, value);
+                // As the annotations: only the labels the conversions read are kept.
+                let (key, value) = map_entry_bytes(v.bytes(M, "labels")?, M, "labels")?;
+                let key = utf8(key, M, "labels")?;
+                if READ_LABELS.contains(&key) {
+                    meta.labels
+                        .get_or_insert_default()
+                        .insert(key.to_owned(), utf8(value, M, "labels")?.to_owned());
+                }
             }
             (12, v) => {
                 // Only the annotations the conversions read are kept: the others (kubectl's
@@ -298,18 +304,6 @@ fn time(message: &[u8]) -> Result<Time, ProtobufError> {
             message: M,
             field: "seconds",
         })
-}
-
-fn map_entry(
-    message: &[u8],
-    owner: &'static str,
-    field: &'static str,
-) -> Result<(String, String), ProtobufError> {
-    let (key, value) = map_entry_bytes(message, owner, field)?;
-    Ok((
-        utf8(key, owner, field)?.to_owned(),
-        utf8(value, owner, field)?.to_owned(),
-    ))
 }
 
 /// A map entry's key and value as the wire carries them (empty when absent).
@@ -835,6 +829,7 @@ mod tests {
             .string(1, "web")
             .message(17, managed)
             .message(11, entry("app", "web"))
+            .message(11, entry(READ_LABELS[0], "web"))
             .message(
                 12,
                 entry("kubectl.kubernetes.io/last-applied-configuration", "{}"),
@@ -850,7 +845,9 @@ mod tests {
         let meta = service.metadata;
         assert_eq!(meta.name.as_deref(), Some("web"));
         assert_eq!(meta.managed_fields, None);
-        assert_eq!(meta.labels.expect("labels")["app"], "web");
+        let labels = meta.labels.expect("the read label");
+        assert_eq!(labels.len(), 1, "only what is read is kept");
+        assert_eq!(labels[READ_LABELS[0]], "web");
         let annotations = meta.annotations.expect("the read annotation");
         assert_eq!(annotations.len(), 1, "only what is read is kept");
         assert_eq!(annotations[READ_ANNOTATIONS[0]], "wrr");
