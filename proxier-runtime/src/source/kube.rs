@@ -42,7 +42,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use super::lean::{LeanService, LeanSlice, READ_ANNOTATIONS};
 use super::protobuf::{ProtobufError, decode_service, decode_slice};
 use super::protobuf_stream::protobuf_stream_watcher;
-use super::protobuf_watch::protobuf_list_watcher;
+use super::protobuf_watch::{protobuf_list_watcher, within};
 use super::{EVENT_CHANNEL_CAPACITY, ObjectKey, SourceBatch, SourceHandle};
 use proxier_core::k8s::{
     HEADLESS_LABEL, PROXIED_OBJECTS_SELECTOR, SERVICE_NAME_LABEL, SERVICE_PROXY_NAME_LABEL,
@@ -723,7 +723,7 @@ fn with_fallback<K: Send + 'static>(
         move |mut watch| async move {
             loop {
                 let next = if watch.initial_events && watch.fallback.is_some() {
-                    tokio::time::timeout(silence, watch.stream.next()).await
+                    within(silence, watch.stream.next()).await
                 } else {
                     Ok(watch.stream.next().await)
                 };

@@ -32,7 +32,7 @@ use serde::de::DeserializeOwned;
 use super::protobuf::{
     INITIAL_EVENTS_END, ProtobufError, WatchFrame, read_bookmark, read_status, read_watch_frame,
 };
-use super::protobuf_watch::{WATCH_IDLE, invalid, send_accepting_protobuf};
+use super::protobuf_watch::{WATCH_IDLE, invalid, send_accepting_protobuf, within};
 
 /// The largest frame a protobuf watch is believed to send. An object is at most a few MiB
 /// (etcd's request limit is 1.5 MiB); a length beyond this is a stream out of step.
@@ -155,10 +155,7 @@ where
                 resource_version,
                 initial,
             } => {
-                let next = tokio::time::timeout(WATCH_IDLE, events.next())
-                    .await
-                    .ok()
-                    .flatten();
+                let next = within(WATCH_IDLE, events.next()).await.ok().flatten();
                 match next {
                     Some(Ok(change)) => {
                         match on_change(change, events, resource_version, initial) {
