@@ -39,7 +39,7 @@ use kube::runtime::{WatchStreamExt, watcher as make_watcher};
 use serde::de::DeserializeOwned;
 use tokio::sync::{mpsc, oneshot, watch};
 
-use super::lean::{LeanService, LeanSlice, READ_ANNOTATIONS};
+use super::lean::{Boxed, LeanService, LeanSlice, READ_ANNOTATIONS};
 use super::protobuf::{ProtobufError, decode_service, decode_slice};
 use super::protobuf_stream::protobuf_stream_watcher;
 use super::protobuf_watch::{protobuf_list_watcher, within};
@@ -382,6 +382,17 @@ impl KindChanges for EndpointSlice {
     }
     fn delete(key: ObjectKey, batch: &mut SourceBatch) {
         batch.delete_slice(key);
+    }
+}
+
+impl<K: KindChanges + k8s_openapi::Resource + k8s_openapi::Metadata<Ty = ObjectMeta>> KindChanges
+    for Boxed<K>
+{
+    fn upsert(&self, batch: &mut SourceBatch) {
+        self.0.upsert(batch);
+    }
+    fn delete(key: ObjectKey, batch: &mut SourceBatch) {
+        K::delete(key, batch);
     }
 }
 
@@ -860,23 +871,24 @@ pub fn spawn(client: kube::Client, config: KubeSourceConfig) -> SourceHandle {
     let (synced_tx, synced_rx) = watch::channel(false);
     let mode = config.list_mode;
     let silence = config.initial_events_silence;
-    let services = large_kind_stream::<LeanService, Service>(
+    // Services and slices travel boxed (see `Boxed`).
+    let services = large_kind_stream::<LeanService, Boxed<Service>>(
         client.clone(),
         watcher::Config::default().labels(PROXIED_OBJECTS_SELECTOR),
         mode,
         silence,
         "Service",
-        trim_service,
-        decode_service,
+        |service| trim_service(&mut service.0),
+        |message| decode_service(message).map(|service| Boxed(Box::new(service))),
     );
-    let slices = large_kind_stream::<LeanSlice, EndpointSlice>(
+    let slices = large_kind_stream::<LeanSlice, Boxed<EndpointSlice>>(
         client.clone(),
         watcher::Config::default().labels(PROXIED_OBJECTS_SELECTOR),
         mode,
         silence,
         "EndpointSlice",
-        trim_slice,
-        decode_slice,
+        |slice| trim_slice(&mut slice.0),
+        |message| decode_slice(message).map(|slice| Boxed(Box::new(slice))),
     );
     let nodes = watch_stream(
         Api::<Node>::all(client.clone()),
