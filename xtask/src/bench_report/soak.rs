@@ -238,9 +238,9 @@ timed to the kernel from the fault's end, and each change made during the fault 
 reach the kernel within 60 s. The latency figures above are those of the changes made outside
 the faults (the first ones after the restart included); the connection and kernel-op figures
 cover the whole run, both daemon lives; the RSS at the end is the restarted daemon's. After an
-outage the watches come back on kube-runtime's backoff, which is client-go's (0.8 s doubling
-to at most 30 s, jittered), so the first change after it may wait up to 30 s, as with
-kube-proxy.
+outage the watches come back on kube-runtime's backoff, which is client-go's: 0.8 s doubling
+to at most 30 s, each wait stretched by a random share of up to as much again, so the first
+change after a 30 s outage may wait up to about a minute, as with kube-proxy.
 ";
 
 #[cfg(test)]
