@@ -795,6 +795,10 @@ impl IpvsHandle {
         .map_err(|e| failed(io::Error::other(e.to_string())))?;
         if read.is_ok() {
             self.give_back(sockets);
+            // Kept for the next read, which comes seconds or minutes later (a resync): its
+            // megabyte of buffers goes back meanwhile.
+            let mut lister = lister;
+            lister.release_buffers();
             let mut slot = self.inner.lister.lock().unwrap_or_else(|p| p.into_inner());
             slot.get_or_insert(lister);
         }

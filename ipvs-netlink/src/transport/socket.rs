@@ -60,7 +60,8 @@ pub struct NetlinkSocket {
 
 /// The datagrams one `recvmmsg` took.
 struct Inbox {
-    /// [`SLOTS`] buffers of `slot` bytes.
+    /// [`SLOTS`] buffers of `slot` bytes, made at the first [`fill`](Inbox::fill) after
+    /// [`release`](Inbox::release) (or the socket's opening).
     buf: Vec<u8>,
     /// The size of one datagram's buffer.
     slot: usize,
@@ -77,10 +78,16 @@ impl std::fmt::Debug for Inbox {
 impl Inbox {
     fn new(slot: usize) -> Inbox {
         Inbox {
-            buf: vec![0; slot * SLOTS],
+            buf: Vec::new(),
             slot,
             lens: Vec::with_capacity(SLOTS),
         }
+    }
+
+    /// Gives the buffers back to the allocator until the next [`fill`](Inbox::fill).
+    fn release(&mut self) {
+        self.buf = Vec::new();
+        self.lens.clear();
     }
 
     /// Waits for a datagram, then takes every one already queued (up to [`SLOTS`]) in the
@@ -90,6 +97,9 @@ impl Inbox {
     /// system call instead of one each.
     fn fill(&mut self, socket: &Socket) -> io::Result<()> {
         self.lens.clear();
+        if self.buf.is_empty() {
+            self.buf = vec![0; self.slot * SLOTS];
+        }
         let mut headers = MultiHeaders::<()>::preallocate(SLOTS, None);
         let mut slots: Vec<[IoSliceMut<'_>; 1]> = self
             .buf
@@ -172,6 +182,21 @@ impl NetlinkSocket {
             out: Vec::new(),
             chunk_requests,
         })
+    }
+
+    /// Gives its receive and send buffers back to the allocator; the next request makes
+    /// them again. For a socket kept between rare, large reads: a whole-table read fills
+    /// every receive buffer of the socket that dumps the service list (32 × 32 KiB), which
+    /// would otherwise stay resident until the next read.
+    pub(crate) fn release_buffers(&mut self) {
+        self.inbox.release();
+        self.out = Vec::new();
+    }
+
+    /// The bytes its buffers hold (tests).
+    #[cfg(test)]
+    pub(crate) fn buffered_bytes(&self) -> usize {
+        self.inbox.buf.capacity() + self.out.capacity()
     }
 
     /// The next sequence number (never 0).

@@ -279,6 +279,31 @@ mod generic_netlink_controller {
         );
     }
 
+    #[test]
+    fn a_socket_whose_buffers_were_released_answers_as_before() {
+        let mut socket = socket();
+        assert_eq!(
+            socket.buffered_bytes(),
+            0,
+            "no buffer before the first request"
+        );
+        let families = |socket: &mut NetlinkSocket| {
+            let mut n = 0;
+            let end = socket.dump(AllFamilies, |_| n += 1).expect("dumped");
+            assert_eq!(end, Ok(()));
+            n
+        };
+        let before = families(&mut socket);
+        assert!(before > 0);
+        assert!(
+            socket.buffered_bytes() >= 32 * 32 * 1024,
+            "32 buffers of 32 KiB"
+        );
+        socket.release_buffers();
+        assert_eq!(socket.buffered_bytes(), 0);
+        assert_eq!(families(&mut socket), before);
+    }
+
     /// All parts of one request on the async connection, up to its end.
     async fn parts(mut rx: tokio::sync::mpsc::UnboundedReceiver<Part>) -> Vec<Part> {
         let mut parts = Vec::new();
