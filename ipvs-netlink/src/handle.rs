@@ -787,7 +787,7 @@ impl IpvsHandle {
         };
         let mut sockets = self.take_sockets(workers).await.map_err(failed)?;
         let family = self.inner.family;
-        let (read, lister, sockets) = tokio::task::spawn_blocking(move || {
+        let (read, mut lister, sockets) = tokio::task::spawn_blocking(move || {
             let read = table::read(&mut lister, &mut sockets, family, max_attempts);
             (read, lister, sockets)
         })
@@ -797,7 +797,6 @@ impl IpvsHandle {
             self.give_back(sockets);
             // Kept for the next read, which comes seconds or minutes later (a resync): its
             // megabyte of buffers goes back meanwhile.
-            let mut lister = lister;
             lister.release_buffers();
             let mut slot = self.inner.lister.lock().unwrap_or_else(|p| p.into_inner());
             slot.get_or_insert(lister);

@@ -39,14 +39,12 @@ use kube::runtime::{WatchStreamExt, watcher as make_watcher};
 use serde::de::DeserializeOwned;
 use tokio::sync::{mpsc, oneshot, watch};
 
-use super::lean::{Boxed, LeanService, LeanSlice, READ_ANNOTATIONS};
+use super::lean::{Boxed, LeanService, LeanSlice, READ_ANNOTATIONS, READ_LABELS};
 use super::protobuf::{ProtobufError, decode_service, decode_slice};
 use super::protobuf_stream::protobuf_stream_watcher;
 use super::protobuf_watch::{protobuf_list_watcher, within};
 use super::{EVENT_CHANNEL_CAPACITY, ObjectKey, SourceBatch, SourceHandle};
-use proxier_core::k8s::{
-    HEADLESS_LABEL, PROXIED_OBJECTS_SELECTOR, SERVICE_NAME_LABEL, SERVICE_PROXY_NAME_LABEL,
-};
+use proxier_core::k8s::{HEADLESS_LABEL, PROXIED_OBJECTS_SELECTOR, SERVICE_PROXY_NAME_LABEL};
 
 /// The API server could not be configured or reached.
 #[derive(Debug, thiserror::Error)]
@@ -550,10 +548,7 @@ pub fn trim_service(service: &mut Service) {
 /// endpoint's target reference, hostname and deprecated topology, and each port's application
 /// protocol. What remains converts to the same change and trigger time.
 pub fn trim_slice(slice: &mut EndpointSlice) {
-    trim_meta(
-        &mut slice.metadata,
-        Some(&[SERVICE_NAME_LABEL, SERVICE_PROXY_NAME_LABEL, HEADLESS_LABEL]),
-    );
+    trim_meta(&mut slice.metadata, Some(&READ_LABELS));
     for endpoint in slice.endpoints.iter_mut().flatten() {
         endpoint.target_ref = None;
         endpoint.hostname = None;
@@ -879,7 +874,7 @@ pub fn spawn(client: kube::Client, config: KubeSourceConfig) -> SourceHandle {
         silence,
         "Service",
         |service| trim_service(&mut service.0),
-        |message| decode_service(message).map(|service| Boxed(Box::new(service))),
+        |message| decode_service(message).map(Boxed::new),
     );
     let slices = large_kind_stream::<LeanSlice, Boxed<EndpointSlice>>(
         client.clone(),
@@ -888,7 +883,7 @@ pub fn spawn(client: kube::Client, config: KubeSourceConfig) -> SourceHandle {
         silence,
         "EndpointSlice",
         |slice| trim_slice(&mut slice.0),
-        |message| decode_slice(message).map(|slice| Boxed(Box::new(slice))),
+        |message| decode_slice(message).map(Boxed::new),
     );
     let nodes = watch_stream(
         Api::<Node>::all(client.clone()),

@@ -271,15 +271,22 @@ as_kind!(LeanSlice, EndpointSlice);
 #[derive(Debug, Clone)]
 pub(crate) struct Boxed<K>(pub(crate) Box<K>);
 
+impl<K> Boxed<K> {
+    /// `object`, boxed.
+    pub(crate) fn new(object: K) -> Self {
+        Boxed(Box::new(object))
+    }
+}
+
 impl From<LeanService> for Boxed<Service> {
     fn from(lean: LeanService) -> Self {
-        Boxed(Box::new(lean.into()))
+        Boxed::new(lean.into())
     }
 }
 
 impl From<LeanSlice> for Boxed<EndpointSlice> {
     fn from(lean: LeanSlice) -> Self {
-        Boxed(Box::new(lean.into()))
+        Boxed::new(lean.into())
     }
 }
 

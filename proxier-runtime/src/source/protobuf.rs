@@ -15,6 +15,8 @@
 //! text would. Fields that are pointers in Go (a condition, `allocateLoadBalancerNodePorts`,
 //! an EndpointSlice port's number) keep what was sent.
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::api::core::v1::{
     ClientIPConfig, LoadBalancerIngress, LoadBalancerStatus, Service, ServicePort, ServiceSpec,
     ServiceStatus, SessionAffinityConfig,
@@ -261,27 +263,20 @@ fn object_meta(message: &[u8]) -> Result<ObjectMeta, ProtobufError> {
             (3, v) => meta.namespace = v.opt_string(M, "namespace")?,
             (6, v) => meta.resource_version = v.opt_string(M, "resourceVersion")?,
             (9, v) => meta.deletion_timestamp = Some(time(v.bytes(M, "deletionTimestamp")?)?),
-            (11, v) => {
-                // As the annotations: only the labels the conversions read are kept.
-                let (key, value) = map_entry_bytes(v.bytes(M, "labels")?, M, "labels")?;
-                let key = utf8(key, M, "labels")?;
-                if READ_LABELS.contains(&key) {
-                    meta.labels
-                        .get_or_insert_default()
-                        .insert(key.to_owned(), utf8(value, M, "labels")?.to_owned());
-                }
-            }
-            (12, v) => {
-                // Only the annotations the conversions read are kept: the others (kubectl's
-                // last-applied configuration, the whole object again) are not copied.
-                let (key, value) = map_entry_bytes(v.bytes(M, "annotations")?, M, "annotations")?;
-                let key = utf8(key, M, "annotations")?;
-                if READ_ANNOTATIONS.contains(&key) {
-                    meta.annotations
-                        .get_or_insert_default()
-                        .insert(key.to_owned(), utf8(value, M, "annotations")?.to_owned());
-                }
-            }
+            // Only the labels and annotations the conversions read are kept: the others
+            // (kubectl's last-applied configuration, the whole object again) are not copied.
+            (11, v) => keep_entry(
+                v.bytes(M, "labels")?,
+                "labels",
+                &READ_LABELS,
+                &mut meta.labels,
+            )?,
+            (12, v) => keep_entry(
+                v.bytes(M, "annotations")?,
+                "annotations",
+                &READ_ANNOTATIONS,
+                &mut meta.annotations,
+            )?,
             _ => {}
         }
     }
@@ -304,6 +299,24 @@ fn time(message: &[u8]) -> Result<Time, ProtobufError> {
             message: M,
             field: "seconds",
         })
+}
+
+/// Adds the map entry `entry` of ObjectMeta's `field` (labels, annotations) to `map` when its
+/// key is one of `keys`; the value of any other is not copied.
+fn keep_entry(
+    entry: &[u8],
+    field: &'static str,
+    keys: &[&str],
+    map: &mut Option<BTreeMap<String, String>>,
+) -> Result<(), ProtobufError> {
+    const M: &str = "ObjectMeta";
+    let (key, value) = map_entry_bytes(entry, M, field)?;
+    let key = utf8(key, M, field)?;
+    if keys.contains(&key) {
+        map.get_or_insert_default()
+            .insert(key.to_owned(), utf8(value, M, field)?.to_owned());
+    }
+    Ok(())
 }
 
 /// A map entry's key and value as the wire carries them (empty when absent).
