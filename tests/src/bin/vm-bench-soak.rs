@@ -21,8 +21,11 @@
 //! Reports failed connections (goal 0), failed kernel ops from the daemon's metrics (goal 0),
 //! RSS after convergence and at the end, each 3 s after a full sync (goal: at most 5 %
 //! growth), and the p50/p99 of the
-//! change-to-kernel latencies; the last line is a `VM-BENCH-REPORT` for
-//! `cargo xtask bench-report --soak-only`.
+//! change-to-kernel latencies. Without `--bind-service-cidrs` it then stops the daemon and
+//! times the kernel's own address writes with `ip -batch`, on kube-ipvs0 as the churn left
+//! it and on an empty link: what each Service added or deleted pays the kernel for its
+//! ClusterIP. The last line is a `VM-BENCH-REPORT` for `cargo xtask bench-report
+//! --soak-only`.
 //!
 //! With `--faults`, three faults land during the churn while the client goes on
 //! connecting: the daemon killed with SIGKILL mid-churn and started again (changes are
@@ -503,6 +506,44 @@ fn fresh_start_check(
     Ok((missing, leftover, took, after.len()))
 }
 
+/// Addresses the kernel's own address writes are timed with: from the benchmarking range
+/// (198.18.0.0/15), bound only on links of the node's namespace, never a ClusterIP.
+const YARDSTICK_ADDRESSES: usize = 200;
+
+/// What one address write costs the kernel alone on `link` of `node`: `ip -batch` binding
+/// [`YARDSTICK_ADDRESSES`] addresses one by one (a request and its answer each, as the
+/// daemon binds one), then unbinding them; the time of each batch over its writes, for a
+/// bind and for an unbind. The process start of each batch is in its time, divided among
+/// its writes.
+fn address_write_cost(node: &Netns, link: &str) -> anyhow::Result<(Duration, Duration)> {
+    let batch = |verb: &str| -> String {
+        (0..YARDSTICK_ADDRESSES)
+            .map(|i| {
+                format!(
+                    "address {verb} 198.18.{}.{}/32 dev {link}\n",
+                    i / 250,
+                    i % 250 + 1
+                )
+            })
+            .collect()
+    };
+    let mut each = Vec::new();
+    for verb in ["add", "del"] {
+        let path = std::env::temp_dir().join(format!("vm-bench-soak-{link}-{verb}.batch"));
+        std::fs::write(&path, batch(verb))?;
+        let t = Instant::now();
+        let out = node.sh(&format!("ip -batch {}", path.display()));
+        let took = t.elapsed();
+        ensure!(
+            out.status.success(),
+            "ip -batch of address {verb} on {link}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        each.push(took / YARDSTICK_ADDRESSES as u32);
+    }
+    Ok((each[0], each[1]))
+}
+
 fn rss_mib(daemon: &BenchDaemon) -> anyhow::Result<f64> {
     Ok(daemon.memory_kib()?.0 as f64 / 1024.0)
 }
@@ -918,6 +959,37 @@ fn main() -> anyhow::Result<()> {
             println!("log: {time} {} {event}", event.level());
         }
     }
+    // The kernel's own cost of the address write a Service added or deleted makes: on
+    // kube-ipvs0 as the churn left it (a ClusterIP bound per Service) and on an empty link
+    // of the same namespace, the daemon stopped so nothing else writes meanwhile.
+    let address_writes = if a.routed {
+        None
+    } else {
+        daemon.stop();
+        let held: usize = node
+            .sh_ok("ip -o addr show dev kube-ipvs0 | wc -l")
+            .trim()
+            .parse()
+            .context("counting kube-ipvs0's addresses")?;
+        let (bind, unbind) = address_write_cost(&node, "kube-ipvs0")?;
+        node.sh_ok("ip link add yard0 type dummy && ip link set yard0 up");
+        let (bind_empty, unbind_empty) = address_write_cost(&node, "yard0")?;
+        println!(
+            "the kernel's address writes (ip -batch, {YARDSTICK_ADDRESSES} each): on kube-ipvs0 holding {held} addresses a bind {:.2} ms, an unbind {:.2} ms; on an empty link {:.2} ms, {:.2} ms",
+            bind.as_secs_f64() * 1e3,
+            unbind.as_secs_f64() * 1e3,
+            bind_empty.as_secs_f64() * 1e3,
+            unbind_empty.as_secs_f64() * 1e3
+        );
+        Some(json!({
+            "addresses_held": held,
+            "writes_timed": YARDSTICK_ADDRESSES,
+            "bind_ms": bind.as_secs_f64() * 1e3,
+            "unbind_ms": unbind.as_secs_f64() * 1e3,
+            "empty_link_bind_ms": bind_empty.as_secs_f64() * 1e3,
+            "empty_link_unbind_ms": unbind_empty.as_secs_f64() * 1e3,
+        }))
+    };
     let met = |ok: bool| if ok { "met" } else { "NOT met" };
     println!(
         "\n| soak ({n} svc x {m} ep, {} min, kube source{}) | measured | goal | status |",
@@ -1002,6 +1074,9 @@ fn main() -> anyhow::Result<()> {
             "rss_growth": GOAL_RSS_GROWTH,
         },
     });
+    if let Some(address_writes) = address_writes {
+        report["kernel_address_writes"] = address_writes;
+    }
     if a.faults {
         report["faults"] = json!(
             outcomes
