@@ -236,6 +236,14 @@ pub fn decode_service(message: &[u8]) -> Result<Service, ProtobufError> {
 pub fn decode_slice(message: &[u8]) -> Result<EndpointSlice, ProtobufError> {
     const M: &str = "EndpointSlice";
     let mut slice = EndpointSlice::default();
+    // The endpoints are counted first, so that their vector is made once: an endpoint is
+    // hundreds of bytes, and a vector grown by pushes copies them at each doubling.
+    let endpoints = Fields::new(message, M)
+        .filter(|field| matches!(field, Ok((2, _))))
+        .count();
+    if endpoints > 0 {
+        slice.endpoints = Some(Vec::with_capacity(endpoints));
+    }
     for field in Fields::new(message, M) {
         match field? {
             (1, v) => slice.metadata = object_meta(v.bytes(M, "metadata")?)?,
