@@ -4,7 +4,7 @@
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
-use proxier_core::backend::{AddressBackend, IpvsBackend, MemoryAddressBackend};
+use proxier_core::backend::{AddressBackend, IpvsBackend};
 use proxier_core::conntrack::ConntrackBackend;
 use proxier_core::engine::driver::{self, ProxierHandle, SyncObserver, SyncOutcome};
 use proxier_core::netfilter::NetfilterBackend;
@@ -182,11 +182,7 @@ pub async fn run(settings: Settings) -> Result<(), DaemonError> {
     let feed = observer.feed();
 
     let result = if settings.dry_run {
-        let backends = Backends {
-            addresses: MemoryAddressBackend::named(&settings.dummy_interface),
-            ..Backends::in_memory()
-        };
-        let proxier = Proxier::new(config, backends)?;
+        let proxier = Proxier::new(config, Backends::dry_run(&settings.dummy_interface))?;
         let format = PlanFormat::from(settings.output);
         if settings.take_over_kube_proxy {
             print_takeover(&KubeProxyTakeover::default(), format).await;

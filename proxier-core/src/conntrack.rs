@@ -65,13 +65,18 @@ pub trait ConntrackBackend {
 pub struct MemoryConntrack {
     /// The entries.
     pub flows: Vec<ConntrackFlow>,
-    /// Every filter list passed to [`ConntrackBackend::delete_flows`], in order.
+    /// Every filter list passed to [`ConntrackBackend::delete_flows`], in order (none kept
+    /// with `forget_calls`).
     pub calls: Vec<Vec<FlowFilter>>,
+    /// Keeps no filter list in `calls` (a long-running dry run).
+    pub forget_calls: bool,
 }
 
 impl ConntrackBackend for MemoryConntrack {
     fn delete_flows(&mut self, filters: &[FlowFilter]) -> Result<usize, ConntrackError> {
-        self.calls.push(filters.to_vec());
+        if !self.forget_calls {
+            self.calls.push(filters.to_vec());
+        }
         let before = self.flows.len();
         self.flows
             .retain(|flow| !filters.iter().any(|f| f.matches(flow)));

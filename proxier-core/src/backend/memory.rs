@@ -263,7 +263,17 @@ struct AddressState {
     routes: BTreeSet<IpNet>,
     node_addresses: BTreeSet<IpAddr>,
     applied: Vec<AddressOp>,
+    not_recording: bool,
     failures: BTreeMap<IpAddr, BackendError>,
+}
+
+impl AddressState {
+    /// Adds `op` to the write log, unless it is off.
+    fn record(&mut self, op: AddressOp) {
+        if !self.not_recording {
+            self.applied.push(op);
+        }
+    }
 }
 
 /// An in-memory dummy link.
@@ -339,6 +349,11 @@ impl MemoryAddressBackend {
         std::mem::take(&mut lock(&self.state).applied)
     }
 
+    /// Turns the write log on (the default) or off (long-running benchmarks, dry runs).
+    pub fn set_recording(&self, recording: bool) {
+        lock(&self.state).not_recording = !recording;
+    }
+
     /// Removes an address behind the reconciler's back.
     pub fn remove_behind_back(&self, address: &IpAddr) -> bool {
         lock(&self.state).addresses.remove(address)
@@ -395,7 +410,7 @@ impl AddressBackend for MemoryAddressBackend {
         let mut state = lock(&self.state);
         if !state.link_exists {
             state.link_exists = true;
-            state.applied.push(AddressOp::CreateLink);
+            state.record(AddressOp::CreateLink);
         }
         Ok(())
     }
@@ -406,7 +421,7 @@ impl AddressBackend for MemoryAddressBackend {
 
     async fn add_address(&mut self, address: IpAddr) -> Result<(), BackendError> {
         let mut state = lock(&self.state);
-        state.applied.push(AddressOp::Add(address));
+        state.record(AddressOp::Add(address));
         if let Some(error) = state.failures.get(&address) {
             return Err(error.clone());
         }
@@ -431,13 +446,13 @@ impl AddressBackend for MemoryAddressBackend {
         state.link_exists = false;
         state.addresses.clear();
         state.routes.clear();
-        state.applied.push(AddressOp::DeleteLink);
+        state.record(AddressOp::DeleteLink);
         Ok(true)
     }
 
     async fn remove_address(&mut self, address: IpAddr) -> Result<(), BackendError> {
         let mut state = lock(&self.state);
-        state.applied.push(AddressOp::Remove(address));
+        state.record(AddressOp::Remove(address));
         if let Some(error) = state.failures.get(&address) {
             return Err(error.clone());
         }
@@ -458,7 +473,7 @@ impl AddressBackend for MemoryAddressBackend {
 
     async fn add_local_route(&mut self, net: IpNet) -> Result<(), BackendError> {
         let mut state = lock(&self.state);
-        state.applied.push(AddressOp::AddRoute(net));
+        state.record(AddressOp::AddRoute(net));
         if !state.link_exists {
             return Err(BackendError::NotFound);
         }
@@ -470,7 +485,7 @@ impl AddressBackend for MemoryAddressBackend {
 
     async fn remove_local_route(&mut self, net: IpNet) -> Result<(), BackendError> {
         let mut state = lock(&self.state);
-        state.applied.push(AddressOp::RemoveRoute(net));
+        state.record(AddressOp::RemoveRoute(net));
         if !state.routes.remove(&net) {
             return Err(BackendError::NotFound);
         }

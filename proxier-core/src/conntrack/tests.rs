@@ -136,7 +136,7 @@ fn memory_backend_deletes_matching_entries() {
     keep.reply.source = sa("10.244.0.6:53");
     let mut backend = MemoryConntrack {
         flows: vec![flow(), keep],
-        calls: Vec::new(),
+        ..MemoryConntrack::default()
     };
     let filter = FlowFilter::to_removed_endpoint(sa("10.96.0.10:53"), sa("10.244.0.5:53"));
     assert_eq!(backend.delete_flows(&[filter]).unwrap(), 1);

@@ -217,6 +217,28 @@ impl Backends<MemoryIpvsBackend, MemoryAddressBackend, MemoryNetfilterBackend, M
             conntrack: MemoryConntrack::default(),
         }
     }
+
+    /// In-memory backends for a dry run, the dummy link named `link`: like
+    /// [`Backends::in_memory`], but keeping no log of the writes, scripts and flushes asked
+    /// of them, so that a dry run following its source for days holds only the picture.
+    pub fn dry_run(link: &str) -> Self {
+        let ipvs = MemoryIpvsBackend::new();
+        ipvs.set_recording(false);
+        let addresses = MemoryAddressBackend::named(link);
+        addresses.set_recording(false);
+        Backends {
+            ipvs,
+            addresses,
+            netfilter: MemoryNetfilterBackend {
+                forget_scripts: true,
+                ..MemoryNetfilterBackend::default()
+            },
+            conntrack: MemoryConntrack {
+                forget_calls: true,
+                ..MemoryConntrack::default()
+            },
+        }
+    }
 }
 
 impl Backends<KernelIpvsBackend, KernelAddressBackend, NftBackend, KernelConntrack> {

@@ -1795,3 +1795,39 @@ fn a_chunk_planned_on_two_threads_is_the_chunk_planned_on_one() {
     );
     assert_eq!(two_threads, one_thread);
 }
+
+#[test]
+fn dry_run_backends_program_as_in_memory_ones_but_keep_no_log() {
+    use crate::testing;
+    let rt = runtime();
+    let (dry, memory) = (Backends::dry_run("kube-ipvs0"), Backends::in_memory());
+    let (dry_ipvs, dry_addresses) = (dry.ipvs.clone(), dry.addresses.clone());
+    let (ipvs, addresses) = (memory.ipvs.clone(), memory.addresses.clone());
+    let config = || ProxierConfig::new(testing::NODE_NAME, testing::config());
+    let mut proxiers = [
+        Proxier::new(config(), dry).unwrap(),
+        Proxier::new(config(), memory).unwrap(),
+    ];
+    for proxier in &mut proxiers {
+        for i in 0..20 {
+            proxier.apply(Change::UpsertService(testing::service(i)));
+            proxier.apply(Change::UpsertSlice(testing::slice(i, 3, 0)));
+        }
+        rt.block_on(proxier.sync(SyncKind::Full)).unwrap();
+        // Churn: endpoints replaced, a Service gone.
+        for i in 0..10 {
+            proxier.apply(Change::UpsertSlice(testing::slice(i, 3, 1)));
+        }
+        proxier.apply(Change::DeleteService(testing::service(19).name));
+        rt.block_on(proxier.sync(SyncKind::Incremental)).unwrap();
+    }
+    assert_eq!(dry_ipvs.table(), ipvs.table());
+    assert_eq!(dry_addresses.addresses(), addresses.addresses());
+    assert_eq!(dry_addresses.addresses().len(), 19);
+    assert!(!ipvs.applied_ops().is_empty() && !addresses.applied_ops().is_empty());
+    assert!(dry_ipvs.applied_ops().is_empty(), "IPVS writes logged");
+    assert!(
+        dry_addresses.applied_ops().is_empty(),
+        "address writes logged"
+    );
+}

@@ -305,16 +305,20 @@ async fn nft_list(nft: PathBuf, what: Vec<String>) -> Result<String, NetfilterEr
 /// Records every script instead of applying it (tests, `--dry-run`).
 #[derive(Debug, Clone, Default)]
 pub struct MemoryNetfilterBackend {
-    /// Scripts applied so far, oldest first.
+    /// Scripts applied so far, oldest first (none kept with `forget_scripts`).
     pub scripts: Vec<String>,
+    /// Keeps no script in `scripts` (a long-running dry run, whose memory must not grow
+    /// with every update); the tables and set elements are followed all the same.
+    pub forget_scripts: bool,
     /// When set, the next `apply` fails with this message (and records nothing).
     pub fail_next: Option<String>,
     /// The tables the scripts left, as `family name` (`add table`, a `table … {` block and
     /// `delete table` lines followed in order); tests may remove one to play a flush.
     pub tables: BTreeSet<String>,
     /// Elements added by one-line `add element FAMILY TABLE SET { … }` commands, by
-    /// `family table set` (emptied by `flush set` and with their table); elements inside
-    /// `table … {` blocks are not followed.
+    /// `family table set` (less those of one-line `delete element` commands, emptied by
+    /// `flush set` and with their table); elements inside `table … {` blocks are not
+    /// followed.
     pub set_elements: BTreeMap<String, Vec<String>>,
 }
 
@@ -343,6 +347,16 @@ impl NetfilterBackend for MemoryNetfilterBackend {
                     .entry(set.trim().to_owned())
                     .or_default()
                     .extend(elements.split(',').map(|e| e.trim().to_owned()));
+            } else if let Some(rest) = line.strip_prefix("delete element ")
+                && let Some((set, elements)) = rest.split_once('{')
+                && let Some(held) = self.set_elements.get_mut(set.trim())
+            {
+                let gone: BTreeSet<&str> = elements
+                    .trim_end_matches('}')
+                    .split(',')
+                    .map(str::trim)
+                    .collect();
+                held.retain(|element| !gone.contains(element.as_str()));
             } else if let Some(table) = line
                 .strip_prefix("add table ")
                 .or_else(|| line.strip_prefix("table "))
@@ -351,7 +365,9 @@ impl NetfilterBackend for MemoryNetfilterBackend {
                     .insert(table.trim_end_matches('{').trim().to_owned());
             }
         }
-        self.scripts.push(script.to_owned());
+        if !self.forget_scripts {
+            self.scripts.push(script.to_owned());
+        }
         Ok(())
     }
 
@@ -386,6 +402,8 @@ impl NetfilterBackend for MemoryNetfilterBackend {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
     use super::*;
 
     #[test]
@@ -397,5 +415,29 @@ mod tests {
             ["ip filter", "ip ipvs-proxier", "ip6 ipvs-proxier"]
         );
         assert!(parse_table_list("").is_empty());
+    }
+
+    #[tokio::test]
+    async fn the_memory_backend_follows_added_and_deleted_elements_with_or_without_scripts() {
+        for forget_scripts in [false, true] {
+            let mut backend = MemoryNetfilterBackend {
+                forget_scripts,
+                ..MemoryNetfilterBackend::default()
+            };
+            backend
+                .apply("add table ip t\nadd element ip t s { 10.0.0.1, 10.0.0.2, 10.0.0.3 }\n")
+                .await
+                .unwrap();
+            backend
+                .apply("delete element ip t s { 10.0.0.2 }\nadd element ip t s { 10.0.0.4 }\n")
+                .await
+                .unwrap();
+            assert_eq!(
+                backend.set_elements["ip t s"],
+                ["10.0.0.1", "10.0.0.3", "10.0.0.4"]
+            );
+            assert!(backend.tables.contains("ip t"));
+            assert_eq!(backend.scripts.len(), if forget_scripts { 0 } else { 2 });
+        }
     }
 }
