@@ -170,6 +170,18 @@ impl BenchDaemon {
         Ok((kib("VmRSS")?, kib("VmHWM")?))
     }
 
+    /// The resident set split in `RssAnon` (the heap, stacks) and `RssFile` (the mapped
+    /// binary and libraries: a code page counts once it has run), in KiB.
+    pub fn rss_split_kib(&self) -> anyhow::Result<(u64, u64)> {
+        let status = self.proc_file("status")?;
+        let kib = |name: &str| {
+            proc_field(&status, name)
+                .and_then(|v| v.split_whitespace().next()?.parse().ok())
+                .with_context(|| format!("no {name} in /proc/PID/status"))
+        };
+        Ok((kib("RssAnon")?, kib("RssFile")?))
+    }
+
     /// The lines of `/proc/PID/status` that split the resident set: `RssAnon` (the heap,
     /// stacks), `RssFile` (the mapped binary and libraries) and the thread count, and from
     /// `smaps_rollup` `AnonHugePages` (a transparent huge page counts whole once touched).

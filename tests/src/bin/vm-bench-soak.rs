@@ -548,6 +548,12 @@ fn rss_mib(daemon: &BenchDaemon) -> anyhow::Result<f64> {
     Ok(daemon.memory_kib()?.0 as f64 / 1024.0)
 }
 
+/// The daemon's `RssAnon` and `RssFile` in MiB.
+fn rss_split_mib(daemon: &BenchDaemon) -> anyhow::Result<(f64, f64)> {
+    let (anon, file) = daemon.rss_split_kib()?;
+    Ok((anon as f64 / 1024.0, file as f64 / 1024.0))
+}
+
 fn main() -> anyhow::Result<()> {
     let a = parse_args()?;
     let n = a.services;
@@ -652,6 +658,7 @@ fn main() -> anyhow::Result<()> {
     );
     std::thread::sleep(Duration::from_secs(3));
     let rss_start = rss_mib(&daemon)?;
+    let split_start = rss_split_mib(&daemon)?;
     let ops_start = metrics::netlink_ops(&metrics::scrape(&node, METRICS)?);
     println!(
         "converged: RSS {rss_start:.1} MiB, kernel ops {}",
@@ -765,7 +772,11 @@ fn main() -> anyhow::Result<()> {
                 }
             }
             if tick.is_multiple_of(300) {
-                rss_samples.push((started.elapsed(), rss_mib(&daemon)?));
+                rss_samples.push((
+                    started.elapsed(),
+                    rss_mib(&daemon)?,
+                    rss_split_mib(&daemon)?,
+                ));
             }
             tick += 1;
         }
@@ -791,6 +802,7 @@ fn main() -> anyhow::Result<()> {
         daemon.log()
     );
     let rss_end = rss_mib(&daemon)?;
+    let split_end = rss_split_mib(&daemon)?;
     let ops_end = metrics::netlink_ops(&metrics::scrape(&node, METRICS)?);
     ensure!(
         !ops_end.is_empty(),
@@ -920,7 +932,10 @@ fn main() -> anyhow::Result<()> {
         "\nRSS during churn: {}",
         rss_samples
             .iter()
-            .map(|(t, r)| format!("{:.0} s {r:.1} MiB", t.as_secs_f64()))
+            .map(|(t, r, (anon, file))| format!(
+                "{:.0} s {r:.1} MiB (anon {anon:.1}, file {file:.1})",
+                t.as_secs_f64()
+            ))
             .collect::<Vec<_>>()
             .join(", ")
     );
@@ -1011,8 +1026,12 @@ fn main() -> anyhow::Result<()> {
         met(failed_ops == 0 && error_syncs == 0)
     );
     println!(
-        "| RSS after convergence -> end | {rss_start:.1} -> {rss_end:.1} MiB ({:+.1} %) | <= +5 % | {} |",
+        "| RSS after convergence -> end | {rss_start:.1} -> {rss_end:.1} MiB ({:+.1} %; anon {:.1} -> {:.1}, file {:.1} -> {:.1}) | <= +5 % | {} |",
         growth * 100.0,
+        split_start.0,
+        split_end.0,
+        split_start.1,
+        split_end.1,
         met(growth <= GOAL_RSS_GROWTH)
     );
     // Decision 8: no change waits for a full resync, whose kernel read runs beside changes.
@@ -1056,7 +1075,15 @@ fn main() -> anyhow::Result<()> {
         "connections": { "answered": ok, "failed": failed },
         "kernel_ops": { "during_churn": churn_ops.values().sum::<u64>(), "failed": failed_ops },
         "syncs": { "all": syncs, "full": full_syncs, "with_errors": error_syncs },
-        "rss_mib": { "start": rss_start, "end": rss_end, "growth": growth },
+        "rss_mib": {
+            "start": rss_start,
+            "end": rss_end,
+            "growth": growth,
+            "anon_start": split_start.0,
+            "anon_end": split_end.0,
+            "file_start": split_start.1,
+            "file_end": split_end.1,
+        },
         "endpoint_change": report::percentiles(endpoint),
         "service_change": report::percentiles(service),
         "incremental_sync": {
