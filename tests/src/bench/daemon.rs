@@ -161,25 +161,24 @@ impl BenchDaemon {
 
     /// `VmRSS` and `VmHWM` (peak) in KiB.
     pub fn memory_kib(&self) -> anyhow::Result<(u64, u64)> {
-        let status = self.proc_file("status")?;
-        let kib = |name: &str| {
-            proc_field(&status, name)
-                .and_then(|v| v.split_whitespace().next()?.parse().ok())
-                .with_context(|| format!("no {name} in /proc/PID/status"))
-        };
-        Ok((kib("VmRSS")?, kib("VmHWM")?))
+        self.status_kib("VmRSS", "VmHWM")
     }
 
     /// The resident set split in `RssAnon` (the heap, stacks) and `RssFile` (the mapped
     /// binary and libraries: a code page counts once it has run), in KiB.
     pub fn rss_split_kib(&self) -> anyhow::Result<(u64, u64)> {
+        self.status_kib("RssAnon", "RssFile")
+    }
+
+    /// Two `/proc/PID/status` fields given in kB, in KiB.
+    fn status_kib(&self, first: &str, second: &str) -> anyhow::Result<(u64, u64)> {
         let status = self.proc_file("status")?;
         let kib = |name: &str| {
             proc_field(&status, name)
                 .and_then(|v| v.split_whitespace().next()?.parse().ok())
                 .with_context(|| format!("no {name} in /proc/PID/status"))
         };
-        Ok((kib("RssAnon")?, kib("RssFile")?))
+        Ok((kib(first)?, kib(second)?))
     }
 
     /// The lines of `/proc/PID/status` that split the resident set: `RssAnon` (the heap,
