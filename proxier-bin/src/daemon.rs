@@ -290,6 +290,11 @@ where
             source = source_name(settings),
             "waiting for Services and EndpointSlices to sync"
         );
+        // A restart or a takeover finds its link full and binds nothing ahead: dropping
+        // the receiver now spares the source a copy of every Service.
+        if services_ahead.is_some() && !proxier.can_bind_ahead().await {
+            services_ahead = None;
+        }
         // A source's first batch is its complete first picture. The Services may come
         // before it, their addresses then bound while the EndpointSlices come.
         let first = loop {

@@ -418,12 +418,19 @@ fn changes_of<K: KindChanges>(
     store: &mut ObjectStore<K, SourceBatch>,
     event: Event<K>,
 ) -> SourceBatch {
-    let mut batch = SourceBatch::default();
     let converted = store.apply_with(event, |object| {
-        let mut one = SourceBatch::default();
+        // Room for the one change an object makes (a change is 216 bytes; a vector's
+        // first growth makes room for four): a list keeps every object's until it ends.
+        let mut one = SourceBatch {
+            changes: Vec::with_capacity(1),
+        };
         object.upsert(&mut one);
         one
     });
+    // Made once at its size rather than doubled while a list's objects are appended.
+    let mut batch = SourceBatch {
+        changes: Vec::with_capacity(converted.len()),
+    };
     for change in converted {
         match change {
             StoreChange::Upsert(one) => batch.append(one),
@@ -483,7 +490,11 @@ impl FirstPicture {
             self.ahead = None;
             return Some(std::mem::take(&mut self.first));
         }
-        if services_ready && let Some(ahead) = self.ahead.take() {
+        // Copied only for a receiver still waiting: a restart drops it (its link is full).
+        if services_ready
+            && let Some(ahead) = self.ahead.take()
+            && !ahead.is_closed()
+        {
             let _ = ahead.send(SourceBatch {
                 changes: self.first.changes.clone(),
             });

@@ -76,9 +76,14 @@ impl SourceBatch {
         self.changes.is_empty()
     }
 
-    /// Adds what `later` holds after what this one holds.
-    pub fn append(&mut self, later: SourceBatch) {
-        self.changes.extend(later.changes);
+    /// Adds what `later` holds after what this one holds (taking its vector whole when
+    /// this one holds nothing: a first picture's list is not copied).
+    pub fn append(&mut self, mut later: SourceBatch) {
+        if self.changes.is_empty() {
+            self.changes = later.changes;
+        } else {
+            self.changes.append(&mut later.changes);
+        }
     }
 
     /// A Service was added or changed. One the conversion rejects is logged and left out:
@@ -187,7 +192,8 @@ pub struct SourceHandle {
     /// not yet, for binding their addresses ahead of the first sync
     /// ([`Proxier::bind_ahead`](proxier_core::Proxier::bind_ahead)). The first batch on
     /// `events` holds them all the same; nothing comes (the sender is dropped) when
-    /// everything listed at once. `None` for a source that reads its picture whole.
+    /// everything listed at once. Drop it when they are not wanted: the source then does
+    /// not copy them. `None` for a source that reads its picture whole.
     pub services_ahead: Option<oneshot::Receiver<SourceBatch>>,
     /// The source's task; aborting it stops the source.
     pub task: JoinHandle<()>,
@@ -195,3 +201,41 @@ pub struct SourceHandle {
 
 /// Channel capacity between a source and the daemon.
 pub const EVENT_CHANNEL_CAPACITY: usize = 1024;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn deletes(names: &[&str]) -> SourceBatch {
+        let mut batch = SourceBatch::default();
+        for name in names {
+            batch.delete_service(ObjectKey {
+                namespace: "default".to_owned(),
+                name: (*name).to_owned(),
+            });
+        }
+        batch
+    }
+
+    fn names(batch: &SourceBatch) -> Vec<String> {
+        batch
+            .changes
+            .iter()
+            .map(|change| match change {
+                Change::DeleteService(name) => name.name.to_string(),
+                other => panic!("unexpected change {other:?}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn appending_keeps_the_order_whether_or_not_the_batch_held_anything() {
+        let mut batch = SourceBatch::default();
+        batch.append(deletes(&["a", "b"]));
+        assert_eq!(names(&batch), ["a", "b"]);
+        batch.append(deletes(&["c"]));
+        batch.append(SourceBatch::default());
+        batch.append(deletes(&["d", "e"]));
+        assert_eq!(names(&batch), ["a", "b", "c", "d", "e"]);
+    }
+}
