@@ -77,9 +77,10 @@ impl SourceBatch {
     }
 
     /// Adds what `later` holds after what this one holds (taking its vector whole when
-    /// this one holds nothing: a first picture's list is not copied).
+    /// this one has none made: a first picture's list is not copied, and a batch made at
+    /// its size keeps its room).
     pub fn append(&mut self, mut later: SourceBatch) {
-        if self.changes.is_empty() {
+        if self.changes.capacity() == 0 {
             self.changes = later.changes;
         } else {
             self.changes.append(&mut later.changes);
