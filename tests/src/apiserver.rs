@@ -591,19 +591,36 @@ fn handle(
         }
         if in_protobuf {
             *st.protobuf_watches.entry(kind).or_default() += 1;
-            let keys: Vec<(Kind, String)> = st
+            // Those not encoded since they changed (usually none: see prepare_protobuf).
+            let stale: Vec<(Kind, String)> = st
                 .objects
                 .range((kind, String::new())..)
                 .take_while(|((k, _), _)| *k == kind)
-                .filter(|(_, (obj, _))| q.matches(obj))
+                .filter(|(key, (obj, _))| !st.encoded.contains_key(key) && q.matches(obj))
                 .map(|(key, _)| key.clone())
                 .collect();
-            encode_protobuf(&mut st, &keys);
+            encode_protobuf(&mut st, &stale);
             let (api_version, object_kind) = kind.object_kind();
-            let mut initial = Vec::new();
-            for key in &keys {
-                let object = protobuf::object_body(api_version, object_kind, &st.encoded[key]);
-                initial.extend_from_slice(&protobuf::watch_frame("ADDED", &object));
+            let State {
+                objects, encoded, ..
+            } = &*st;
+            let messages: Vec<&[u8]> = objects
+                .range((kind, String::new())..)
+                .take_while(|((k, _), _)| *k == kind)
+                .filter(|(_, (obj, _))| q.matches(obj))
+                .map(|(key, _)| encoded[key].as_slice())
+                .collect();
+            // Each frame written in place, into one buffer sized once.
+            let mut initial =
+                Vec::with_capacity(messages.iter().map(|m| m.len() + 64).sum::<usize>());
+            for message in messages {
+                protobuf::append_watch_frame(
+                    &mut initial,
+                    "ADDED",
+                    api_version,
+                    object_kind,
+                    message,
+                );
             }
             let bookmark = protobuf::bookmark(&st.resource_version.to_string(), true);
             let object = protobuf::object_body(api_version, object_kind, &bookmark);
