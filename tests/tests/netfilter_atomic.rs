@@ -286,6 +286,66 @@ fn a_restart_adopts_the_tables_its_plan_left_and_rewrites_any_other() {
     assert_eq!(set_elements(&listing, "cluster-ips"), Some(5));
 }
 
+/// The digest `NftBackend::read_digest` reads (over nfnetlink) from `table` in `netns`.
+fn read_digest(netns: &Netns, table: &str) -> Result<Option<u64>, String> {
+    use proxier_core::netfilter::NetfilterBackend;
+    netns.block_on(|| async {
+        let read = NftBackend::default().read_digest(table).unwrap();
+        read.await.map_err(|error| error.to_string())
+    })
+}
+
+#[test]
+fn the_digest_read_over_netlink_is_the_one_nft_lists() {
+    require_kernel!();
+    load_nft_modules();
+    let node = Netns::new();
+    let options = RenderOptions::default();
+    let empty = || netfilter::empty_plan(&config());
+    let first = plan(4);
+    node.block_on(|| async {
+        let mut nf = Netfilter::new(NftBackend::default(), options.clone()).unwrap();
+        let everything = netfilter::PlanChanges {
+            added: cluster_ips_only(&first),
+            removed: empty(),
+        };
+        assert!(nf.sync_changes(&first, &everything).await.unwrap());
+    });
+    let digest = netfilter::plan_digest(&first, &options).unwrap();
+    for family in ["ip", "ip6"] {
+        if first.family(family_of(family)).is_none() {
+            continue;
+        }
+        assert_eq!(family_digest(&node, family), Some(digest), "nft, {family}");
+        let table = format!("{family} ipvs-proxier");
+        assert_eq!(read_digest(&node, &table), Ok(Some(digest)), "{table}");
+    }
+    // A table or a family that is not there: the kernel's error, as `nft list set` fails.
+    assert!(read_digest(&node, "ip someone-else").is_err());
+    assert!(read_digest(&node, "inet ipvs-proxier").is_err());
+    // A second element: no digest, for nft's listing as for the read.
+    node.sh_ok(&format!(
+        "nft add element ip ipvs-proxier {} {{ 0x1 . 0x2 }}",
+        netfilter::DIGEST_SET
+    ));
+    assert_eq!(family_digest(&node, "ip"), None);
+    assert_eq!(read_digest(&node, "ip ipvs-proxier"), Ok(None));
+    // Flushed: none either.
+    node.sh_ok(&format!(
+        "nft flush set ip ipvs-proxier {}",
+        netfilter::DIGEST_SET
+    ));
+    assert_eq!(read_digest(&node, "ip ipvs-proxier"), Ok(None));
+}
+
+/// The address family nft's family word `ip` or `ip6` names.
+fn family_of(family: &str) -> proxier_core::model::AddressFamily {
+    match family {
+        "ip" => proxier_core::model::AddressFamily::V4,
+        _ => proxier_core::model::AddressFamily::V6,
+    }
+}
+
 /// The tables `NftBackend::list_tables` lists (over nfnetlink) in `netns`.
 fn listed_tables(netns: &Netns) -> std::collections::BTreeSet<String> {
     use proxier_core::netfilter::NetfilterBackend;

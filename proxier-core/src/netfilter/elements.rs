@@ -16,13 +16,17 @@
 //! Keys are laid out as nft lays them: a concatenation's fields each take a multiple of
 //! 4 bytes, the value first (addresses and ports in network order, the protocol as one
 //! byte, marks in host order); a set of a single field takes exactly its size.
+//!
+//! The digest set is read back the same way ([`read_digest`]): a restart's check of the
+//! tables a previous run left is one `NFT_MSG_GETSETELEM` dump per table, not an `nft list
+//! set` process each.
 
 use std::collections::BTreeSet;
 use std::io;
 use std::net::IpAddr;
 
 use ipvs_netlink::transport::NetlinkSocket;
-use netlink_packet_core::{NLM_F_CREATE, NLM_F_REQUEST, NetlinkSerializable};
+use netlink_packet_core::{NLM_F_CREATE, NLM_F_REQUEST, NetlinkSerializable, NlasIterator};
 
 use super::render::{DIGEST_SET, set_name};
 use super::{AddrPort, FamilyPlan, NetfilterPlan, PlanChanges, ProtoPort};
@@ -34,8 +38,9 @@ const NFNL_SUBSYS_NFTABLES: u16 = 10;
 /// `NFNL_MSG_BATCH_BEGIN` and `NFNL_MSG_BATCH_END`.
 const NFNL_MSG_BATCH_BEGIN: u16 = 0x10;
 const NFNL_MSG_BATCH_END: u16 = 0x11;
-/// `NFT_MSG_NEWSETELEM` and `NFT_MSG_DELSETELEM`.
+/// `NFT_MSG_NEWSETELEM`, `NFT_MSG_GETSETELEM` and `NFT_MSG_DELSETELEM`.
 const NFT_MSG_NEWSETELEM: u16 = 12;
+const NFT_MSG_GETSETELEM: u16 = 13;
 const NFT_MSG_DELSETELEM: u16 = 14;
 /// `NFTA_SET_ELEM_LIST_*`: table, set, elements.
 const NFTA_SET_ELEM_LIST_TABLE: u16 = 1;
@@ -47,7 +52,8 @@ const NFTA_SET_ELEM_KEY: u16 = 1;
 const NFTA_DATA_VALUE: u16 = 1;
 /// `NLA_F_NESTED`.
 const NLA_F_NESTED: u16 = 0x8000;
-/// `NFPROTO_IPV4`, `NFPROTO_IPV6`, `NFPROTO_UNSPEC`.
+/// `NFPROTO_INET`, `NFPROTO_IPV4`, `NFPROTO_IPV6`, `NFPROTO_UNSPEC`.
+const NFPROTO_INET: u8 = 1;
 const NFPROTO_IPV4: u8 = 2;
 const NFPROTO_IPV6: u8 = 10;
 const NFPROTO_UNSPEC: u8 = 0;
@@ -327,6 +333,77 @@ fn digest_key(digest: u64) -> Vec<u8> {
     [high.to_ne_bytes(), low.to_ne_bytes()].concat()
 }
 
+/// The digest a table's digest set holds ([`DIGEST_SET`], one `mark . mark` element), read
+/// with an `NFT_MSG_GETSETELEM` dump on `socket`; `table` is `family name` (`ip
+/// ipvs-proxier`), as `nft` names it. `Ok(None)` when the set holds no element, several, or
+/// one of another size: the tables are then not taken as holding any plan. A missing table
+/// or set is the kernel's error (`ENOENT`).
+pub(super) fn read_digest(socket: &mut NetlinkSocket, table: &str) -> io::Result<Option<u64>> {
+    let invalid = |what: String| io::Error::new(io::ErrorKind::InvalidData, what);
+    let (family, name) = table
+        .split_once(' ')
+        .ok_or_else(|| invalid(format!("table {table:?}: not `family name`")))?;
+    let family = match family {
+        "ip" => NFPROTO_IPV4,
+        "ip6" => NFPROTO_IPV6,
+        "inet" => NFPROTO_INET,
+        other => return Err(invalid(format!("table {table:?}: family {other:?}"))),
+    };
+    let mut keys = Vec::new();
+    let mut malformed = None;
+    let answer = socket.dump(
+        NftMessage::get_elements(family, name, DIGEST_SET),
+        |reply| {
+            if malformed.is_none()
+                && let Err(detail) = element_keys(reply.payload, &mut keys)
+            {
+                malformed = Some(detail);
+            }
+        },
+    )?;
+    if let Err(errno) = answer {
+        return Err(io::Error::from_raw_os_error(errno));
+    }
+    if let Some(detail) = malformed {
+        return Err(invalid(format!("set {DIGEST_SET} of {table}: {detail}")));
+    }
+    Ok(match keys.as_slice() {
+        [key] => digest_of_key(key),
+        _ => None,
+    })
+}
+
+/// Appends the key of every element one reply of a `GETSETELEM` dump carries.
+fn element_keys(payload: &[u8], keys: &mut Vec<Vec<u8>>) -> Result<(), String> {
+    let attributes = payload.get(4..).ok_or("short nfgenmsg")?;
+    let nested = |bytes: &[u8], want: u16| -> Result<Vec<Vec<u8>>, String> {
+        let mut found = Vec::new();
+        for nla in NlasIterator::new(bytes) {
+            let nla = nla.map_err(|e| format!("attribute: {e}"))?;
+            if nla.kind() == want {
+                found.push(nla.value().to_vec());
+            }
+        }
+        Ok(found)
+    };
+    for list in nested(attributes, NFTA_SET_ELEM_LIST_ELEMENTS)? {
+        for element in nested(&list, NFTA_LIST_ELEM)? {
+            for key in nested(&element, NFTA_SET_ELEM_KEY)? {
+                keys.extend(nested(&key, NFTA_DATA_VALUE)?);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The digest a `mark . mark` key holds ([`digest_key`] read back).
+fn digest_of_key(key: &[u8]) -> Option<u64> {
+    let (high, low) = key.split_at_checked(4)?;
+    let high = u32::from_ne_bytes(high.try_into().ok()?);
+    let low = u32::from_ne_bytes(low.try_into().ok()?);
+    Some((u64::from(high) << 32) | u64::from(low))
+}
+
 /// One nfnetlink message of the batch, encoded when built.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct NftMessage {
@@ -342,6 +419,17 @@ impl NftMessage {
         body.extend_from_slice(&NFNL_SUBSYS_NFTABLES.to_be_bytes());
         NftMessage {
             message_type: kind,
+            body,
+        }
+    }
+
+    /// A `GETSETELEM` (a dump) of every element of `set` in `family`'s table `table`.
+    fn get_elements(family: u8, table: &str, set: &str) -> NftMessage {
+        let mut body = vec![family, NFNETLINK_V0, 0, 0];
+        push_attribute(&mut body, NFTA_SET_ELEM_LIST_TABLE, &nul_terminated(table));
+        push_attribute(&mut body, NFTA_SET_ELEM_LIST_SET, &nul_terminated(set));
+        NftMessage {
+            message_type: (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETSETELEM,
             body,
         }
     }

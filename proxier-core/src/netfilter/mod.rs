@@ -116,7 +116,7 @@ pub mod tracker;
 
 pub use apply::{
     MemoryNetfilterBackend, NetfilterBackend, NetfilterError, NftBackend, PendingApply,
-    PendingSetList, PendingTableList, parse_table_list,
+    PendingDigest, PendingSetList, PendingTableList, parse_table_list,
 };
 pub use digest::{changed_digest, parse_digest, plan_digest, render_digest};
 pub use elements::ElementBatch;
@@ -218,13 +218,13 @@ impl<B: NetfilterBackend> Netfilter<B> {
         } else {
             None
         };
-        let sets: Vec<(String, Option<PendingSetList>)> = if needed {
+        let sets: Vec<(String, Option<PendingDigest>)> = if needed {
             AddressFamily::ALL
                 .into_iter()
                 .map(|family| format!("{} {}", nft_family(family), self.options.table_name))
                 .map(|table| {
-                    let set = self.backend.list_set(&table, DIGEST_SET);
-                    (table, set)
+                    let digest = self.backend.read_digest(&table);
+                    (table, digest)
                 })
                 .collect()
         } else {
@@ -252,8 +252,8 @@ impl<B: NetfilterBackend> Netfilter<B> {
                     continue;
                 }
                 let digest = match set {
-                    Some(set) => match tokio::time::timeout(START_LISTING_TIMEOUT, set).await {
-                        Ok(Ok(listing)) => parse_digest(&listing),
+                    Some(read) => match tokio::time::timeout(START_LISTING_TIMEOUT, read).await {
+                        Ok(Ok(digest)) => digest,
                         _ => None,
                     },
                     None => None,

@@ -249,3 +249,70 @@ fn additions_ask_to_create_and_flushes_carry_no_elements() {
     assert_eq!(add.message_type, 0x0a0c);
     assert_eq!(*add_flags, NLM_F_REQUEST | NLM_F_CREATE);
 }
+
+/// A `GETSETELEM` reply as the kernel lays it out: nfgenmsg, table, set, then the elements
+/// (each a key, and flags the reader skips), written by hand here.
+fn set_elements_reply(keys: &[&[u8]]) -> Vec<u8> {
+    fn attribute(kind: u16, value: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        out.extend_from_slice(&u16::try_from(4 + value.len()).unwrap().to_ne_bytes());
+        out.extend_from_slice(&kind.to_ne_bytes());
+        out.extend_from_slice(value);
+        out.resize(out.len().next_multiple_of(4), 0);
+        out
+    }
+    let nested = |kind: u16, inner: Vec<u8>| attribute(kind | 0x8000, &inner);
+    let mut elements = Vec::new();
+    for key in keys {
+        let value = nested(1, attribute(1, key));
+        let flags = attribute(3, &0u32.to_be_bytes());
+        elements.extend(nested(1, [value, flags].concat()));
+    }
+    let mut reply = vec![2, 0, 0, 0x2a];
+    reply.extend(attribute(1, b"ipvs-proxier\0"));
+    reply.extend(attribute(2, b"plan-digest\0"));
+    reply.extend(nested(3, elements));
+    reply
+}
+
+#[test]
+fn the_digest_is_read_back_from_a_set_element_reply() {
+    let digest = 0x0102_0304_a0b0_c0d0_u64;
+    let mut keys = Vec::new();
+    element_keys(&set_elements_reply(&[&digest_key(digest)]), &mut keys).unwrap();
+    assert_eq!(keys, vec![digest_key(digest)]);
+    assert_eq!(digest_of_key(&keys[0]), Some(digest));
+    // Two elements, or a key of another size, hold no digest.
+    let mut two = Vec::new();
+    element_keys(
+        &set_elements_reply(&[&digest_key(1), &digest_key(2)]),
+        &mut two,
+    )
+    .unwrap();
+    assert_eq!(two.len(), 2);
+    assert_eq!(digest_of_key(&[1, 2, 3, 4]), None);
+    // A reply without elements adds none; a truncated one is refused.
+    let mut none = Vec::new();
+    element_keys(&set_elements_reply(&[]), &mut none).unwrap();
+    assert!(none.is_empty());
+    assert!(element_keys(&[2, 0], &mut none).is_err());
+}
+
+#[test]
+fn the_digest_is_asked_for_by_table_and_set() {
+    let request = NftMessage::get_elements(10, "ipvs-proxier", "plan-digest");
+    assert_eq!(request.message_type, 0x0a0d);
+    assert_eq!(&request.body[..4], &[10, 0, 0, 0]);
+    let mut names = Vec::new();
+    for nla in NlasIterator::new(&request.body[4..]) {
+        let nla = nla.unwrap();
+        names.push((nla.kind(), nla.value().to_vec()));
+    }
+    assert_eq!(
+        names,
+        vec![
+            (1, b"ipvs-proxier\0".to_vec()),
+            (2, b"plan-digest\0".to_vec())
+        ]
+    );
+}
