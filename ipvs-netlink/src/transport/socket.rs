@@ -184,6 +184,15 @@ impl NetlinkSocket {
         })
     }
 
+    /// Turns on strict checking of dump requests (`NETLINK_GET_STRICT_CHK`, Linux 4.20 and
+    /// later): the kernel then takes a dump request's header fields and attributes as
+    /// filters (rtnetlink: an address dump of one link, a route dump of one table) and
+    /// refuses those it cannot filter by, instead of ignoring them. Fails on a kernel
+    /// without it, which dumps everything whatever the request says.
+    pub fn set_strict_check(&mut self) -> io::Result<()> {
+        self.socket.set_netlink_get_strict_chk(true)
+    }
+
     /// Gives its receive and send buffers back to the allocator; the next request makes
     /// them again. For a socket kept between rare, large reads: a whole-table read fills
     /// every receive buffer of the socket that dumps the service list (32 × 32 KiB), which

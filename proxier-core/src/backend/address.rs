@@ -6,54 +6,36 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use futures::{StreamExt, TryStreamExt};
 use ipnet::IpNet;
-use netlink_packet_route::AddressFamily;
-use netlink_packet_route::address::AddressAttribute;
-use netlink_packet_route::route::{
-    RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteScope, RouteType,
-};
+use netlink_packet_route::route::{RouteMessage, RouteProtocol, RouteScope, RouteType};
 use rtnetlink::{AddressMessageBuilder, Handle, LinkDummy, LinkUnspec, RouteMessageBuilder};
 
+use super::link_dump;
 use super::{AddressBackend, BackendError, LinkRead, PendingBind, PendingLinkRead};
 
 /// Maps an rtnetlink error to a [`BackendError`] by its errno.
 fn map_error(error: rtnetlink::Error) -> BackendError {
     if let rtnetlink::Error::NetlinkError(message) = &error {
-        let errno = -message.raw_code();
-        return match errno {
-            libc::EEXIST => BackendError::Exists,
-            libc::ENODEV | libc::ENOENT | libc::ESRCH | libc::EADDRNOTAVAIL => {
-                BackendError::NotFound
-            }
-            libc::EPERM | libc::EACCES => BackendError::Permission,
-            libc::EOPNOTSUPP | libc::EAFNOSUPPORT => BackendError::Unavailable(error.to_string()),
-            _ => BackendError::Other(error.to_string()),
-        };
+        return errno_error(-message.raw_code(), error.to_string());
     }
     BackendError::Other(error.to_string())
 }
 
-/// The node's own address in an address message: `IFA_LOCAL` when the message has one, else
-/// `IFA_ADDRESS`. On a point-to-point link (`ip addr add 10.9.0.1 peer 10.9.0.2`)
-/// `IFA_ADDRESS` is the peer's; elsewhere the two are equal (and IPv6 sends only
-/// `IFA_ADDRESS`). Go's `net.Interface.Addrs`, which kube-proxy reads, makes the same choice.
-fn local_address(message: &netlink_packet_route::address::AddressMessage) -> Option<IpAddr> {
-    let mut address = None;
-    for attribute in &message.attributes {
-        match attribute {
-            AddressAttribute::Local(local) => return Some(*local),
-            AddressAttribute::Address(a) => address = Some(*a),
-            _ => {}
-        }
+/// A kernel refusal (`errno`, described by `detail`) as the backend reports it.
+fn errno_error(errno: i32, detail: String) -> BackendError {
+    match errno {
+        libc::EEXIST => BackendError::Exists,
+        libc::ENODEV | libc::ENOENT | libc::ESRCH | libc::EADDRNOTAVAIL => BackendError::NotFound,
+        libc::EPERM | libc::EACCES => BackendError::Permission,
+        libc::EOPNOTSUPP | libc::EAFNOSUPPORT => BackendError::Unavailable(detail),
+        _ => BackendError::Other(detail),
     }
-    address
 }
 
-/// Link-local addresses are the kernel's own (an IPv6 one appears when the link goes
-/// up), never service addresses: they are not reported, so never unbound.
-fn is_link_local(address: &IpAddr) -> bool {
-    match address {
-        IpAddr::V4(v4) => v4.is_link_local(),
-        IpAddr::V6(v6) => v6.is_unicast_link_local(),
+/// An error of a read on a [`link_dump`] socket (a kernel refusal carries its errno).
+fn io_error(error: std::io::Error) -> BackendError {
+    match error.raw_os_error() {
+        Some(errno) => errno_error(errno, error.to_string()),
+        None => BackendError::Other(error.to_string()),
     }
 }
 
@@ -161,7 +143,12 @@ impl KernelAddressBackend {
     }
 
     async fn read_node_addresses(&self) -> Result<BTreeSet<IpAddr>, BackendError> {
-        read_node_addresses(&self.link).await
+        let link = self.link.clone();
+        on_link_socket(move |socket| {
+            let dummy = socket.link_index(&link)?;
+            socket.node_addresses(dummy)
+        })
+        .await
     }
 
     /// Sends one request per address on the dummy link, up to [`PIPELINE_DEPTH`] in flight
@@ -286,30 +273,17 @@ impl AddressBackend for KernelAddressBackend {
     async fn list_addresses(&mut self) -> Result<BTreeSet<IpAddr>, BackendError> {
         self.index = self.link_index().await?;
         match self.index {
-            Some(index) => link_addresses(&self.handle, index).await,
+            Some(index) => on_link_socket(move |socket| socket.link_addresses(index)).await,
             None => Ok(BTreeSet::new()),
         }
     }
 
-    /// On a connection of its own whose address dump the kernel filters by link, closed at
-    /// the first address: the kernel stops the dump there, instead of sending a link full of
-    /// ClusterIPs (10,000 at a restart) to be decoded and dropped.
+    /// On a socket of its own whose address dump the kernel filters by link, closed at the
+    /// first address: the kernel stops the dump there, instead of sending a link full of
+    /// ClusterIPs (10,000 at a restart) to be decoded and dropped
+    /// ([`link_dump::holds_address`]). Blocking, for one short exchange.
     async fn holds_addresses(&mut self) -> Result<bool, BackendError> {
-        let (connection, handle, _) = filtering_connection()?;
-        let link = self.link.clone();
-        driven(connection, async move {
-            let Some(index) = link_index(&handle, &link).await? else {
-                return Ok(false);
-            };
-            let mut messages = addresses_of_link(&handle, index).execute();
-            while let Some(message) = messages.try_next().await.map_err(map_error)? {
-                if bound_address(&message, index).is_some() {
-                    return Ok(true);
-                }
-            }
-            Ok(false)
-        })
-        .await
+        link_dump::holds_address(&self.link).map_err(io_error)
     }
 
     async fn add_address(&mut self, address: IpAddr) -> Result<(), BackendError> {
@@ -360,7 +334,7 @@ impl AddressBackend for KernelAddressBackend {
     async fn list_local_routes(&mut self) -> Result<BTreeSet<IpNet>, BackendError> {
         self.index = self.link_index().await?;
         match self.index {
-            Some(index) => local_routes(&self.handle, index).await,
+            Some(index) => on_link_socket(move |socket| socket.local_routes(index)).await,
             None => Ok(BTreeSet::new()),
         }
     }
@@ -381,48 +355,32 @@ impl AddressBackend for KernelAddressBackend {
         ))
     }
 
-    /// Reads on a socket of its own, opened here (in this thread's network namespace, as
-    /// [`KernelAddressBackend::connect`]) and driven by the read itself, so its dumps do not
-    /// interleave with the incremental syncs' writes on the backend's socket. `None` when
-    /// the socket cannot be opened: the full sync then reads at its end, on the backend's
-    /// socket.
+    /// Reads on a blocking socket of its own ([`link_dump`]), opened here (in this thread's
+    /// network namespace, as [`KernelAddressBackend::connect`]'s) and read on a blocking
+    /// thread, so its dumps neither interleave with the incremental syncs' writes on the
+    /// backend's socket nor hold a runtime worker. `None` when the socket cannot be opened:
+    /// the full sync then reads at its end, on the backend's socket.
     fn read_link(&self) -> Option<PendingLinkRead> {
-        let (connection, handle, _) = match rtnetlink::new_connection() {
-            Ok(opened) => opened,
-            Err(error) => {
-                tracing::warn!(%error, "cannot open an rtnetlink socket for the full sync's read");
-                return None;
-            }
-        };
-        // The link's and the node's addresses on a socket whose dumps the kernel filters (the
-        // routes' dump is left unfiltered on the other: strict checking reads its header as
-        // filters).
-        let (filtering, filtered, strict) = match filtering_connection() {
-            Ok(opened) => opened,
+        let socket = match link_dump::LinkSocket::open() {
+            Ok(socket) => socket,
             Err(error) => {
                 tracing::warn!(%error, "cannot open an rtnetlink socket for the full sync's read");
                 return None;
             }
         };
         let link = self.link.clone();
-        Some(Box::pin(async move {
-            let read = async {
-                let dummy = link_index(&handle, &link).await?;
-                let (addresses, routes) = match dummy {
-                    Some(index) => (
-                        link_addresses(&filtered, index).await?,
-                        local_routes(&handle, index).await?,
-                    ),
-                    None => (BTreeSet::new(), BTreeSet::new()),
-                };
-                Ok(LinkRead {
-                    addresses,
-                    routes,
-                    node_addresses: node_addresses_on(&filtered, strict, dummy).await?,
-                })
+        Some(Box::pin(read_blocking(socket, move |socket| {
+            let dummy = socket.link_index(&link)?;
+            let (addresses, routes) = match dummy {
+                Some(index) => (socket.link_addresses(index)?, socket.local_routes(index)?),
+                None => (BTreeSet::new(), BTreeSet::new()),
             };
-            driven(connection, driven(filtering, read)).await
-        }))
+            Ok(LinkRead {
+                addresses,
+                routes,
+                node_addresses: socket.node_addresses(dummy)?,
+            })
+        })))
     }
 
     async fn add_local_route(&mut self, net: IpNet) -> Result<(), BackendError> {
@@ -474,156 +432,27 @@ async fn link_index(handle: &Handle, link: &str) -> Result<Option<u32>, BackendE
     }
 }
 
-/// An rtnetlink connection of its own whose dumps the kernel filters by the request's
-/// header (strict checking, `NETLINK_GET_STRICT_CHK`, Linux 5.0 and later): an address dump
-/// asking for one link index then carries that link's addresses alone. The dummy link holds
-/// one address per ClusterIP (10,000 at 10,000 Services), which every unfiltered address dump
-/// sends, and the reader decodes, whatever it wants (about 0.2 s in the test VM). The
-/// connection is to be driven by the caller, in its own task. Also answers whether strict
-/// checking is on (a kernel without it ignores the filter and the reader filters alone).
-fn filtering_connection() -> Result<(RtnetlinkConnection, Handle, bool), BackendError> {
-    use rtnetlink::sys::AsyncSocket;
-
-    let (mut connection, handle, _) = rtnetlink::new_connection()
-        .map_err(|err| BackendError::Other(format!("opening rtnetlink socket: {err}")))?;
-    let strict = connection
-        .socket_mut()
-        .socket_mut()
-        .set_netlink_get_strict_chk(true)
-        .is_ok();
-    Ok((connection, handle, strict))
-}
-
-/// An rtnetlink connection as [`rtnetlink::new_connection`] opens it.
-type RtnetlinkConnection = rtnetlink::proto::Connection<netlink_packet_route::RouteNetlinkMessage>;
-
-/// Runs `read` beside the connection it uses (driven in the same task), failing when the
-/// connection ends first.
-async fn driven<T>(
-    connection: RtnetlinkConnection,
-    read: impl Future<Output = Result<T, BackendError>>,
+/// Runs `read` on a [`link_dump::LinkSocket`] opened here, in the calling thread's network
+/// namespace, on a blocking thread (a dump of the dummy link's 10,000 addresses is
+/// milliseconds of blocking reads).
+async fn on_link_socket<T: Send + 'static>(
+    read: impl FnOnce(&mut link_dump::LinkSocket) -> std::io::Result<T> + Send + 'static,
 ) -> Result<T, BackendError> {
-    tokio::select! {
-        read = read => read,
-        () = connection => Err(BackendError::Other("the rtnetlink connection ended".to_owned())),
-    }
+    let socket = link_dump::LinkSocket::open().map_err(io_error)?;
+    read_blocking(socket, read).await
 }
 
-/// The node's own addresses: every interface's but `link`'s, loopback and IPv6 link-local,
-/// read on a [`filtering_connection`] of their own ([`node_addresses_on`]).
-async fn read_node_addresses(link: &str) -> Result<BTreeSet<IpAddr>, BackendError> {
-    let (connection, handle, strict) = filtering_connection()?;
-    driven(connection, async {
-        let dummy = link_index(&handle, link).await?;
-        node_addresses_on(&handle, strict, dummy).await
-    })
-    .await
-}
-
-/// The node's own addresses, read link by link on `handle`, a [`filtering_connection`]
-/// (`strict`: the kernel filters), so that the addresses of the dummy link (index `dummy`)
-/// are neither sent nor decoded; in one dump of every address where the kernel cannot filter.
-async fn node_addresses_on(
-    handle: &Handle,
-    strict: bool,
-    dummy: Option<u32>,
-) -> Result<BTreeSet<IpAddr>, BackendError> {
-    if !strict {
-        return node_addresses_of(handle, None, dummy).await;
+/// Runs `read` on `socket` on a blocking thread.
+async fn read_blocking<T: Send + 'static>(
+    mut socket: link_dump::LinkSocket,
+    read: impl FnOnce(&mut link_dump::LinkSocket) -> std::io::Result<T> + Send + 'static,
+) -> Result<T, BackendError> {
+    match tokio::task::spawn_blocking(move || read(&mut socket)).await {
+        Ok(read) => read.map_err(io_error),
+        Err(error) => Err(BackendError::Other(format!(
+            "the link read failed: {error}"
+        ))),
     }
-    let links: Vec<u32> = handle
-        .link()
-        .get()
-        .execute()
-        .map_ok(|link| link.header.index)
-        .try_collect()
-        .await
-        .map_err(map_error)?;
-    let mut addresses = BTreeSet::new();
-    for index in links.into_iter().filter(|index| Some(*index) != dummy) {
-        match node_addresses_of(handle, Some(index), dummy).await {
-            Ok(found) => addresses.extend(found),
-            // The link went away since the links were listed: it has none.
-            Err(BackendError::NotFound) => {}
-            Err(other) => return Err(other),
-        }
-    }
-    Ok(addresses)
-}
-
-/// The node addresses of one address dump: of link `index` (when the kernel filters, that
-/// link's alone), or of every link (`None`), the dummy link's (`dummy`) left out.
-async fn node_addresses_of(
-    handle: &Handle,
-    index: Option<u32>,
-    dummy: Option<u32>,
-) -> Result<BTreeSet<IpAddr>, BackendError> {
-    let mut messages = match index {
-        Some(index) => addresses_of_link(handle, index),
-        None => handle.address().get(),
-    }
-    .execute();
-    let mut addresses = BTreeSet::new();
-    while let Some(message) = messages.try_next().await.map_err(map_error)? {
-        if Some(message.header.index) == dummy {
-            continue;
-        }
-        // As kube-proxy: IPv4 link-local addresses can serve NodePorts, IPv6
-        // link-local ones cannot.
-        if let Some(address) = local_address(&message)
-            && !matches!(address, IpAddr::V6(v6) if v6.is_unicast_link_local())
-            && !address.is_loopback()
-        {
-            addresses.insert(address);
-        }
-    }
-    Ok(addresses)
-}
-
-/// An address dump asking for the addresses of link `index` alone: a
-/// [`filtering_connection`] gets only those from the kernel, another socket gets every
-/// address and the request skips the other links' as they come.
-fn addresses_of_link(handle: &Handle, index: u32) -> rtnetlink::AddressGetRequest {
-    let mut request = handle.address().get().set_link_index_filter(index);
-    request.message_mut().header.index = index;
-    request
-}
-
-/// The addresses bound on the link with index `index`, link-local ones left out.
-async fn link_addresses(handle: &Handle, index: u32) -> Result<BTreeSet<IpAddr>, BackendError> {
-    let mut messages = addresses_of_link(handle, index).execute();
-    let mut addresses = BTreeSet::new();
-    while let Some(message) = messages.try_next().await.map_err(map_error)? {
-        addresses.extend(bound_address(&message, index));
-    }
-    Ok(addresses)
-}
-
-/// The address `message` reports bound on the link with index `index`: none for another
-/// link's (a kernel that does not filter dumps sends every link's) or a link-local one.
-fn bound_address(
-    message: &netlink_packet_route::address::AddressMessage,
-    index: u32,
-) -> Option<IpAddr> {
-    if message.header.index != index {
-        return None;
-    }
-    local_address(message).filter(|address| !is_link_local(address))
-}
-
-/// The `local` routes through the link with index `index` but those for its own addresses.
-async fn local_routes(handle: &Handle, index: u32) -> Result<BTreeSet<IpNet>, BackendError> {
-    let mut routes = BTreeSet::new();
-    for family in [AddressFamily::Inet, AddressFamily::Inet6] {
-        let mut request = RouteMessage::default();
-        request.header.address_family = family;
-        request.header.table = LOCAL_TABLE;
-        let mut messages = handle.route().get(request).execute();
-        while let Some(message) = messages.try_next().await.map_err(map_error)? {
-            routes.extend(own_local_route(&message, index));
-        }
-    }
-    Ok(routes)
 }
 
 /// The kernel's `local` routing table (`RT_TABLE_LOCAL`).
@@ -650,35 +479,6 @@ fn local_route_message(index: u32, net: IpNet) -> RouteMessage {
             index,
         ),
     }
-}
-
-/// The destination of a dumped route when it is a `local` route of the `local` table
-/// through link `index` that the kernel did not make itself (for an address of the link).
-fn own_local_route(message: &RouteMessage, index: u32) -> Option<IpNet> {
-    let header = &message.header;
-    if header.kind != RouteType::Local || header.protocol == RouteProtocol::Kernel {
-        return None;
-    }
-    let mut table = u32::from(header.table);
-    let mut oif = None;
-    let mut destination = match header.address_family {
-        AddressFamily::Inet => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-        AddressFamily::Inet6 => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
-        _ => return None,
-    };
-    for attribute in &message.attributes {
-        match attribute {
-            RouteAttribute::Table(id) => table = *id,
-            RouteAttribute::Oif(link) => oif = Some(*link),
-            RouteAttribute::Destination(RouteAddress::Inet(v4)) => destination = (*v4).into(),
-            RouteAttribute::Destination(RouteAddress::Inet6(v6)) => destination = (*v6).into(),
-            _ => {}
-        }
-    }
-    if table != u32::from(LOCAL_TABLE) || oif != Some(index) {
-        return None;
-    }
-    IpNet::new(destination, header.destination_prefix_length).ok()
 }
 
 /// Requests in flight at once on the rtnetlink socket when binding or removing many

@@ -6,6 +6,7 @@
 
 pub mod address;
 pub mod ipvs;
+mod link_dump;
 pub mod memory;
 
 use std::collections::{BTreeMap, BTreeSet};
