@@ -244,8 +244,20 @@ impl Node {
         std::fs::read_to_string(self.dir.join("daemon.log")).unwrap_or_default()
     }
 
+    /// `ipvsadm -Sn`, read until two listings in a row agree. Its service dump resumes by a
+    /// position counted over every network namespace's services, so while other tests of
+    /// this binary change IPVS in theirs a single listing can repeat or skip services of
+    /// this one (seen in the VM: a service listed twice).
     fn ipvsadm_save(&self) -> String {
-        self.ns.sh_ok("ipvsadm -Sn")
+        let mut last = self.ns.sh_ok("ipvsadm -Sn");
+        for _ in 0..20 {
+            let next = self.ns.sh_ok("ipvsadm -Sn");
+            if next == last {
+                return next;
+            }
+            last = next;
+        }
+        panic!("ipvsadm -Sn never listed the same table twice in a row: {last}");
     }
 
     fn ipvs_lines(&self) -> BTreeSet<String> {
