@@ -155,8 +155,22 @@ pub async fn run(settings: Settings) -> Result<(), DaemonError> {
             .inspect_err(|error| tracing::warn!(%error, "metrics recorder already installed"))
             .ok()
     };
-    // Then the source: its lists are under way while the servers bind and the kernel is
-    // opened (a restart spends most of its time waiting for them and the kernel read).
+    // Then the kernel (not in a dry run): its sockets opened and the first sync's read
+    // begun, writing nothing, so that a restart's longest read runs while the API client
+    // is built and the lists come. The node is written to (sysctls, then the tables) only
+    // once the source has started: a bad kubeconfig is refused first.
+    let target = if settings.dry_run {
+        Target::DryRun(Box::new(config))
+    } else {
+        let config = ProxierConfig {
+            node_addresses_from_kernel: true,
+            ..config
+        };
+        let mut proxier = KernelProxier::connect(config, &settings.dummy_interface).await?;
+        proxier.read_ahead();
+        Target::Kernel(Box::new(proxier))
+    };
+    // Then the source: its lists are under way while the servers bind.
     let source = if once && matches!(settings.source, SourceSettings::File { .. }) {
         None
     } else {
@@ -181,43 +195,49 @@ pub async fn run(settings: Settings) -> Result<(), DaemonError> {
     }
     let feed = observer.feed();
 
-    let result = if settings.dry_run {
-        let proxier = Proxier::new(config, Backends::dry_run(&settings.dummy_interface))?;
-        let format = PlanFormat::from(settings.output);
-        if settings.take_over_kube_proxy {
-            print_takeover(&KubeProxyTakeover::default(), format).await;
+    let result = match target {
+        Target::DryRun(config) => {
+            let proxier = Proxier::new(*config, Backends::dry_run(&settings.dummy_interface))?;
+            let format = PlanFormat::from(settings.output);
+            if settings.take_over_kube_proxy {
+                print_takeover(&KubeProxyTakeover::default(), format).await;
+            }
+            let mut observer = PlanPrinter::with_format(observer, std::io::stdout(), format);
+            if !once {
+                observer = observer.watching();
+            }
+            drive(&settings, proxier, observer, feed, source, shutdown_rx).await
         }
-        let mut observer = PlanPrinter::with_format(observer, std::io::stdout(), format);
-        if !once {
-            observer = observer.watching();
+        Target::Kernel(mut proxier) => {
+            proxier_runtime::node_setup::prepare(&NodeSetup {
+                scheduler: settings.planner.scheduler.clone(),
+                oom_score_adj: settings.oom_score_adj,
+                conntrack: settings.conntrack,
+            })?;
+            proxier.set_kernel_settings().await;
+            if settings.take_over_kube_proxy {
+                proxier.take_over_kube_proxy(KubeProxyTakeover::default());
+            }
+            if !once {
+                // Health checks of `externalTrafficPolicy: Local` Services, on every address (as
+                // kube-proxy does without --nodeport-addresses).
+                observer.serve_health_checks(Arc::new(ServiceHealthServers::new(
+                    vec![IpAddr::V4(Ipv4Addr::UNSPECIFIED)],
+                    health.clone(),
+                )));
+            }
+            drive(&settings, *proxier, observer, feed, source, shutdown_rx).await
         }
-        drive(&settings, proxier, observer, feed, source, shutdown_rx).await
-    } else {
-        proxier_runtime::node_setup::prepare(&NodeSetup {
-            scheduler: settings.planner.scheduler.clone(),
-            oom_score_adj: settings.oom_score_adj,
-            conntrack: settings.conntrack,
-        })?;
-        let config = ProxierConfig {
-            node_addresses_from_kernel: true,
-            ..config
-        };
-        let mut proxier = KernelProxier::open(config, &settings.dummy_interface).await?;
-        if settings.take_over_kube_proxy {
-            proxier.take_over_kube_proxy(KubeProxyTakeover::default());
-        }
-        if !once {
-            // Health checks of `externalTrafficPolicy: Local` Services, on every address (as
-            // kube-proxy does without --nodeport-addresses).
-            observer.serve_health_checks(Arc::new(ServiceHealthServers::new(
-                vec![IpAddr::V4(Ipv4Addr::UNSPECIFIED)],
-                health.clone(),
-            )));
-        }
-        drive(&settings, proxier, observer, feed, source, shutdown_rx).await
     };
     drop(servers);
     result
+}
+
+/// What the daemon drives: a dry run's in-memory proxier, made from this configuration, or
+/// the kernel's, opened (its first read begun) before the source starts.
+enum Target {
+    DryRun(Box<ProxierConfig>),
+    Kernel(Box<KernelProxier>),
 }
 
 /// With `--ipvs-traffic-metrics`, a collector whose directory `observer` keeps (none in a dry

@@ -502,3 +502,30 @@ fn daemon_on_protobuf_lists_programs_the_kernel_and_relists_in_protobuf() {
     }
     assert!(daemon.running(), "daemon still running at the end");
 }
+
+#[test]
+fn a_kubeconfig_that_cannot_be_read_is_refused_with_the_node_untouched() {
+    // The daemon opens the kernel and begins reading it before it builds its API client
+    // (a restart's longest read then runs meanwhile); it writes nothing before the source
+    // has started. A kubeconfig that cannot be read stops it with the node as it was: the
+    // IPVS sysctls it would set (per network namespace), no link, no table, no rule.
+    require_kernel!();
+    let node = Netns::new();
+    let sysctls = "sysctl -n net.ipv4.vs.conntrack net.ipv4.vs.expire_nodest_conn";
+    let before = node.sh_ok(sysctls);
+    let out = node.sh(&format!(
+        "{bin} --kubeconfig /nonexistent/kubeconfig --hostname-override node-a \
+         --metrics-bind-address 127.0.0.1:10249 --healthz-bind-address 127.0.0.1:10256",
+        bin = proxier_bin().display()
+    ));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the daemon went on: {stderr}");
+    assert!(stderr.contains("/nonexistent/kubeconfig"), "{stderr}");
+    assert_eq!(node.sh_ok(sysctls), before, "sysctls set: {stderr}");
+    assert!(
+        !node.sh("ip link show kube-ipvs0").status.success(),
+        "the dummy link was made"
+    );
+    assert_eq!(node.sh_ok("ipvsadm -Sn").trim(), "");
+    assert!(!node.sh_ok("nft list tables").contains("ipvs-proxier"));
+}

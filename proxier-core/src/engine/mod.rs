@@ -1313,13 +1313,30 @@ impl KernelProxier {
     /// sysctls IPVS mode needs and the configured IPVS timeouts (failures are logged: the
     /// proxier goes on), and builds a proxier. Touches no virtual server, address or table.
     pub async fn open(config: ProxierConfig, link: &str) -> Result<Self, EngineError> {
+        let proxier = KernelProxier::connect(config, link).await?;
+        proxier.set_kernel_settings().await;
+        Ok(proxier)
+    }
+
+    /// Opens the kernel backends in the calling thread's network namespace and builds a
+    /// proxier, writing nothing to the node: a program can begin the first sync's kernel
+    /// read ([`Proxier::read_ahead`]) before it knows its source can start (a restart's
+    /// longest read then runs while the API client is built and the lists come), and set
+    /// the node's sysctls ([`KernelProxier::set_kernel_settings`]) only once it does.
+    /// [`KernelProxier::open`] does both at once.
+    pub async fn connect(config: ProxierConfig, link: &str) -> Result<Self, EngineError> {
         let backends = Backends::kernel(link).await?;
+        Proxier::new(config, backends)
+    }
+
+    /// Sets the sysctls IPVS mode needs and the configured IPVS timeouts; failures are
+    /// logged, and the proxier goes on (traffic may then not flow as planned).
+    pub async fn set_kernel_settings(&self) {
         let started = std::time::Instant::now();
-        // Only once IPVS is known to be there: a machine without it keeps its sysctls.
         let sysctls = ensure_sysctls(
             &ProcSysctl::default(),
             SysctlOptions {
-                strict_arp: config.planner.strict_arp,
+                strict_arp: self.config.planner.strict_arp,
             },
         );
         if !sysctls.failures.is_empty() {
@@ -1329,9 +1346,8 @@ impl KernelProxier {
                 "some sysctls could not be set; continuing (traffic may not flow as planned)"
             );
         }
-        set_ipvs_timeouts(&backends.ipvs, &config.planner).await;
+        set_ipvs_timeouts(self.reconciler.ipvs(), &self.config.planner).await;
         tracing::info!(took = ?started.elapsed(), "sysctls and IPVS timeouts set");
-        Proxier::new(config, backends)
     }
 }
 

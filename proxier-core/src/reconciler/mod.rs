@@ -539,6 +539,11 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
         }
     }
 
+    /// The IPVS backend.
+    pub(crate) fn ipvs(&self) -> &I {
+        &self.ipvs
+    }
+
     /// Counters for metrics.
     pub fn stats(&self) -> &ReconcilerStats {
         &self.stats
