@@ -281,7 +281,7 @@ impl AddressBackend for KernelAddressBackend {
     /// On a socket of its own whose address dump the kernel filters by link, closed at the
     /// first address: the kernel stops the dump there, instead of sending a link full of
     /// ClusterIPs (10,000 at a restart) to be decoded and dropped
-    /// ([`link_dump::holds_address`]). Blocking, for one short exchange.
+    /// (`backend/link_dump.rs`). Blocking, for one short exchange.
     async fn holds_addresses(&mut self) -> Result<bool, BackendError> {
         link_dump::holds_address(&self.link).map_err(io_error)
     }
@@ -355,7 +355,7 @@ impl AddressBackend for KernelAddressBackend {
         ))
     }
 
-    /// Reads on a blocking socket of its own ([`link_dump`]), opened here (in this thread's
+    /// Reads on a blocking socket of its own (`backend/link_dump.rs`), opened here (in this thread's
     /// network namespace, as [`KernelAddressBackend::connect`]'s) and read on a blocking
     /// thread, so its dumps neither interleave with the incremental syncs' writes on the
     /// backend's socket nor hold a runtime worker. `None` when the socket cannot be opened:
