@@ -17,6 +17,8 @@ use ipvs_netlink::transport::{Answer, NetlinkSocket};
 use netlink_packet_core::{NLA_F_NESTED, NetlinkSerializable, NlaBuffer, NlasIterator};
 use netlink_sys::protocols::NETLINK_NETFILTER;
 
+use crate::netlink_message::push_attribute;
+
 pub use crate::flows::{
     ConntrackFlow, FlowFilter, FlowTuple, stale_udp_flows, stale_udp_flows_of_port,
 };
@@ -263,14 +265,6 @@ impl NetlinkSerializable for CtRequest {
         buffer[..NFGENMSG_LEN].copy_from_slice(&[self.family, NFNETLINK_V0, 0, 0]);
         buffer[NFGENMSG_LEN..].copy_from_slice(&self.attributes);
     }
-}
-
-fn push_attribute(out: &mut Vec<u8>, kind: u16, value: &[u8]) {
-    let length = 4 + value.len();
-    out.extend_from_slice(&u16::try_from(length).unwrap_or(u16::MAX).to_ne_bytes());
-    out.extend_from_slice(&kind.to_ne_bytes());
-    out.extend_from_slice(value);
-    out.resize((out.len() + 3) & !3, 0);
 }
 
 fn push_nested(out: &mut Vec<u8>, kind: u16, build: impl FnOnce(&mut Vec<u8>)) {

@@ -74,6 +74,7 @@ pub mod k8s;
 pub mod kernel_modules;
 pub mod model;
 pub mod netfilter;
+mod netlink_message;
 pub mod observed;
 pub mod planner;
 pub mod priority;

@@ -23,7 +23,9 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::IpNet;
 use ipvs_netlink::transport::NetlinkSocket;
-use netlink_packet_core::{NetlinkSerializable, NlasIterator};
+use netlink_packet_core::NlasIterator;
+
+use crate::netlink_message::{EncodedMessage, push_attribute};
 use netlink_sys::protocols::NETLINK_ROUTE;
 
 /// `RTM_GETLINK`, `RTM_NEWLINK`, `RTM_GETADDR`, `RTM_NEWADDR`, `RTM_GETROUTE`.
@@ -60,12 +62,7 @@ const RTMSG_LEN: usize = 12;
 const NLMSG_HDRLEN: usize = 16;
 
 /// One rtnetlink request, encoded when built.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Request {
-    message_type: u16,
-    /// The family header (`ifinfomsg`, `ifaddrmsg`, `rtmsg`) and the attributes.
-    body: Vec<u8>,
-}
+type Request = EncodedMessage;
 
 impl Request {
     /// `RTM_GETLINK` of the link named `name` (not a dump).
@@ -110,29 +107,6 @@ impl Request {
             body,
         }
     }
-}
-
-impl NetlinkSerializable for Request {
-    fn message_type(&self) -> u16 {
-        self.message_type
-    }
-
-    fn buffer_len(&self) -> usize {
-        self.body.len()
-    }
-
-    fn serialize(&self, buffer: &mut [u8]) {
-        buffer[..self.body.len()].copy_from_slice(&self.body);
-    }
-}
-
-/// Appends one attribute (length, type, value, padding to 4 bytes).
-fn push_attribute(out: &mut Vec<u8>, kind: u16, value: &[u8]) {
-    let length = u16::try_from(4 + value.len()).unwrap_or(u16::MAX);
-    out.extend_from_slice(&length.to_ne_bytes());
-    out.extend_from_slice(&kind.to_ne_bytes());
-    out.extend_from_slice(value);
-    out.resize(out.len().next_multiple_of(4), 0);
 }
 
 /// A kernel refusal as an I/O error (its errno).

@@ -32,6 +32,7 @@ use super::render::{DIGEST_SET, set_name};
 use super::{AddrPort, FamilyPlan, NetfilterPlan, PlanChanges, ProtoPort};
 use crate::desired::Protocol;
 use crate::model::AddressFamily;
+use crate::netlink_message::{EncodedMessage, push_attribute};
 
 /// The nfnetlink subsystem of nf_tables (`NFNL_SUBSYS_NFTABLES`).
 const NFNL_SUBSYS_NFTABLES: u16 = 10;
@@ -404,13 +405,8 @@ fn digest_of_key(key: &[u8]) -> Option<u64> {
     Some((u64::from(high) << 32) | u64::from(low))
 }
 
-/// One nfnetlink message of the batch, encoded when built.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct NftMessage {
-    message_type: u16,
-    /// `struct nfgenmsg` and the attributes.
-    body: Vec<u8>,
-}
+/// One nfnetlink message of the batch (or the digest's read), encoded when built.
+type NftMessage = EncodedMessage;
 
 impl NftMessage {
     /// A batch delimiter of nf_tables.
@@ -461,33 +457,10 @@ impl NftMessage {
     }
 }
 
-impl NetlinkSerializable for NftMessage {
-    fn message_type(&self) -> u16 {
-        self.message_type
-    }
-
-    fn buffer_len(&self) -> usize {
-        self.body.len()
-    }
-
-    fn serialize(&self, buffer: &mut [u8]) {
-        buffer[..self.body.len()].copy_from_slice(&self.body);
-    }
-}
-
 fn nul_terminated(name: &str) -> Vec<u8> {
     let mut bytes = name.as_bytes().to_vec();
     bytes.push(0);
     bytes
-}
-
-/// Appends one attribute (length, type, value, padding to 4 bytes).
-fn push_attribute(out: &mut Vec<u8>, kind: u16, value: &[u8]) {
-    let length = u16::try_from(4 + value.len()).unwrap_or(u16::MAX);
-    out.extend_from_slice(&length.to_ne_bytes());
-    out.extend_from_slice(&kind.to_ne_bytes());
-    out.extend_from_slice(value);
-    out.resize(out.len().next_multiple_of(4), 0);
 }
 
 /// Opens a nested attribute; returns where its header is, for [`end_nest`].

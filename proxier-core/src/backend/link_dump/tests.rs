@@ -1,5 +1,7 @@
 #![allow(clippy::unwrap_used)]
 
+use netlink_packet_core::NetlinkSerializable;
+
 use super::*;
 
 /// An attribute as the kernel lays it out (length, type, value, padding to 4 bytes).
