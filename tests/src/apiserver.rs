@@ -115,12 +115,28 @@ struct State {
     requests: Vec<String>,
     /// Watches from a resourceVersion older than this get 410 Gone.
     compacted_at: u64,
+    /// The initial events of the streaming lists served since the objects last changed, kept
+    /// to serve the same list again as it was: a real API server serves them from its watch
+    /// cache on another machine, while the double shares the CPUs of the daemon under test,
+    /// which asks for the same two lists at every restart.
+    streamed: Vec<StreamedList>,
+}
+
+/// The initial events (and closing bookmark) of one streaming list, as sent.
+struct StreamedList {
+    kind: Kind,
+    protobuf: bool,
+    label_selector: Option<String>,
+    field_selector: Option<String>,
+    resource_version: u64,
+    events: Bytes,
 }
 
 impl State {
     /// Stores `obj` (and its JSON text) under `key`; its protobuf encoding, if any, is stale.
     fn store(&mut self, key: (Kind, String), obj: Value) {
         self.encoded.remove(&key);
+        self.streamed.clear();
         let text = obj.to_string();
         self.objects.insert(key, (obj, text));
     }
@@ -128,6 +144,7 @@ impl State {
     /// Removes the object under `key` with its encodings; returns it.
     fn forget(&mut self, key: &(Kind, String)) -> Option<Value> {
         self.encoded.remove(key);
+        self.streamed.clear();
         self.objects.remove(key).map(|(obj, _)| obj)
     }
 
@@ -145,6 +162,33 @@ impl State {
             query,
             protobuf,
             tx,
+        });
+    }
+
+    /// The initial events of a streaming list of `kind` for `query` served before, if
+    /// nothing has changed since.
+    fn streamed(&self, kind: Kind, protobuf: bool, query: &Query) -> Option<Bytes> {
+        self.streamed
+            .iter()
+            .find(|list| {
+                list.kind == kind
+                    && list.protobuf == protobuf
+                    && list.label_selector == query.label_selector
+                    && list.field_selector == query.field_selector
+                    && list.resource_version == self.resource_version
+            })
+            .map(|list| list.events.clone())
+    }
+
+    /// Keeps the initial events of a streaming list just made (see [`State::streamed`]).
+    fn remember_streamed(&mut self, kind: Kind, protobuf: bool, query: &Query, events: Bytes) {
+        self.streamed.push(StreamedList {
+            kind,
+            protobuf,
+            label_selector: query.label_selector.clone(),
+            field_selector: query.field_selector.clone(),
+            resource_version: self.resource_version,
+            events,
         });
     }
 }
@@ -434,6 +478,7 @@ impl FakeApiServer {
             "no {kind:?} {namespace}/{name}"
         );
         st.encoded.insert(key, vec![0x0a, 0x7f]);
+        st.streamed.clear();
     }
 
     /// List pages served in protobuf so far for `kind`.
@@ -589,6 +634,15 @@ fn handle(
             let message = "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan";
             return full(422, &status_object(422, "Invalid", message));
         }
+        if let Some(events) = st.streamed(kind, in_protobuf, &q) {
+            if in_protobuf {
+                *st.protobuf_watches.entry(kind).or_default() += 1;
+            }
+            let sent = send_buffered(&tx, events);
+            *st.bytes_served.entry(kind).or_default() += sent;
+            st.watch(kind, q, in_protobuf, tx);
+            return event_stream(rx, in_protobuf);
+        }
         if in_protobuf {
             *st.protobuf_watches.entry(kind).or_default() += 1;
             // Those not encoded since they changed (usually none: see prepare_protobuf).
@@ -625,6 +679,8 @@ fn handle(
             let bookmark = protobuf::bookmark(&st.resource_version.to_string(), true);
             let object = protobuf::object_body(api_version, object_kind, &bookmark);
             initial.extend_from_slice(&protobuf::watch_frame("BOOKMARK", &object));
+            let initial = Bytes::from(initial);
+            st.remember_streamed(kind, true, &q, initial.clone());
             let sent = send_buffered(&tx, initial);
             *st.bytes_served.entry(kind).or_default() += sent;
             st.watch(kind, q, true, tx);
@@ -643,6 +699,8 @@ fn handle(
             "metadata": {"resourceVersion": st.resource_version.to_string(),
                          "annotations": {"k8s.io/initial-events-end": "true"}}}});
         let _ = writeln!(initial, "{bookmark}");
+        let initial = Bytes::from(initial);
+        st.remember_streamed(kind, false, &q, initial.clone());
         let sent = send_buffered(&tx, initial);
         *st.bytes_served.entry(kind).or_default() += sent;
         st.watch(kind, q, false, tx);
@@ -958,6 +1016,73 @@ mod tests {
         assert_eq!(wire::number(&message, 6), 410);
         assert_eq!(wire::text(&message, 4), "Expired");
         assert!(watch.ends().await);
+    }
+
+    /// The initial events of a streaming list until its bookmark: (name, first port) of each
+    /// object, and the bookmark's resourceVersion.
+    async fn initial_events(watch: &mut Watch) -> (Vec<(String, u64)>, String) {
+        let mut objects = Vec::new();
+        loop {
+            let (event_type, _, _, message) = watch.next().await;
+            if event_type == "BOOKMARK" {
+                return (objects, wire::text(wire::one(&message, 1), 6).to_owned());
+            }
+            assert_eq!(event_type, "ADDED");
+            let port = wire::number(wire::one(wire::one(&message, 2), 1), 3);
+            objects.push((name_of(&message), port));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_streaming_list_asked_again_serves_what_is_stored_now() {
+        let api = FakeApiServer::start().await;
+        for name in ["a", "b", "c"] {
+            api.apply(Kind::Service, service(name, 80));
+        }
+        let rv = api.lock().resource_version.to_string();
+        let at_80 = |names: &[&str]| -> Vec<(String, u64)> {
+            names.iter().map(|n| ((*n).to_owned(), 80)).collect()
+        };
+        let first =
+            initial_events(&mut Watch::open(&api, STREAMING_LIST, protobuf::CONTENT_TYPE).await)
+                .await;
+        assert_eq!(first, (at_80(&["a", "b", "c"]), rv.clone()));
+        // Again, unchanged: the same events; another selector gets its own.
+        let again =
+            initial_events(&mut Watch::open(&api, STREAMING_LIST, protobuf::CONTENT_TYPE).await)
+                .await;
+        assert_eq!(again, first);
+        let one_name = format!("{STREAMING_LIST}&fieldSelector=metadata.name%3Db");
+        let b =
+            initial_events(&mut Watch::open(&api, &one_name, protobuf::CONTENT_TYPE).await).await;
+        assert_eq!(b, (at_80(&["b"]), rv));
+        // A change, a deletion, an unreadable encoding: each shows in the next list.
+        api.apply(Kind::Service, service("b", 81));
+        let changed =
+            initial_events(&mut Watch::open(&api, STREAMING_LIST, protobuf::CONTENT_TYPE).await)
+                .await;
+        let rv = api.lock().resource_version.to_string();
+        assert_eq!(
+            changed,
+            (
+                vec![
+                    ("a".to_owned(), 80),
+                    ("b".to_owned(), 81),
+                    ("c".to_owned(), 80)
+                ],
+                rv
+            )
+        );
+        api.delete(Kind::Service, "default", "a");
+        let deleted =
+            initial_events(&mut Watch::open(&api, STREAMING_LIST, protobuf::CONTENT_TYPE).await)
+                .await;
+        assert_eq!(deleted.0, vec![("b".to_owned(), 81), ("c".to_owned(), 80)]);
+        api.corrupt_protobuf(Kind::Service, "default", "c");
+        let mut corrupt = Watch::open(&api, STREAMING_LIST, protobuf::CONTENT_TYPE).await;
+        let _ = corrupt.next().await;
+        let (_, _, _, message) = corrupt.next().await;
+        assert_eq!(message, vec![0x0a, 0x7f]);
     }
 
     #[tokio::test]
