@@ -31,8 +31,10 @@ pub enum Source {
 #[derive(Debug)]
 pub struct BenchDaemon {
     child: Child,
-    /// `ip`'s arguments: `netns exec NS ipvs-proxier FLAGS...`.
-    argv: Vec<OsString>,
+    /// The namespace it runs in (its file under `/run/netns`).
+    netns: PathBuf,
+    /// Its flags.
+    args: Vec<OsString>,
     log: PathBuf,
     /// When it was started.
     pub started: Instant,
@@ -49,8 +51,7 @@ impl BenchDaemon {
         sync_period: &str,
         extra: &[&str],
     ) -> anyhow::Result<BenchDaemon> {
-        let mut argv: Vec<OsString> = vec!["netns".into(), "exec".into(), ns.name().into()];
-        argv.push(proxier_bin().into());
+        let mut argv: Vec<OsString> = Vec::new();
         match source {
             Source::File(path) => argv.extend(["--source-file".into(), path.into()]),
             Source::Kube(url) => argv.extend(["--master".into(), url.into()]),
@@ -72,10 +73,11 @@ impl BenchDaemon {
         );
         let file = std::fs::File::create(log).context("daemon log")?;
         let started = Instant::now();
-        let child = spawn(&argv, file)?;
+        let child = spawn(&ns.path(), &argv, file)?;
         Ok(BenchDaemon {
             child,
-            argv,
+            netns: ns.path(),
+            args: argv,
             log: log.to_owned(),
             started,
         })
@@ -94,7 +96,7 @@ impl BenchDaemon {
             std::io::Write::write_all(&mut file, b"\n")?;
         }
         self.started = Instant::now();
-        self.child = spawn(&self.argv, file)?;
+        self.child = spawn(&self.netns, &self.args, file)?;
         Ok(())
     }
 
@@ -240,16 +242,31 @@ impl BenchDaemon {
     }
 }
 
-/// Runs `ip argv...` (the daemon in its namespace), stdout and stderr to `log`.
-fn spawn(argv: &[OsString], log: std::fs::File) -> anyhow::Result<Child> {
+/// Starts `ipvs-proxier args...` in the namespace of the file `netns`, stdout and stderr to
+/// `log`. It is started from a thread that has entered the namespace (a child begins in the
+/// namespaces of the thread that forked it), as a container runtime starts it in its pod's,
+/// not through `ip netns exec`: that would add a process of its own, and the mount
+/// namespace it makes, to every start the benchmarks time.
+fn spawn(netns: &Path, args: &[OsString], log: std::fs::File) -> anyhow::Result<Child> {
     let err = log.try_clone()?;
-    Command::new("ip")
-        .args(argv)
-        .stdin(Stdio::null())
-        .stdout(log)
-        .stderr(err)
-        .spawn()
-        .context("starting ipvs-proxier")
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                let file = std::fs::File::open(netns)
+                    .with_context(|| format!("opening {}", netns.display()))?;
+                nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
+                    .with_context(|| format!("entering {}", netns.display()))?;
+                Command::new(proxier_bin())
+                    .args(args)
+                    .stdin(Stdio::null())
+                    .stdout(log)
+                    .stderr(err)
+                    .spawn()
+                    .context("starting ipvs-proxier")
+            })
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    })
 }
 
 /// The value of a `Name:   value unit` line of a /proc file, with its spaces collapsed.
