@@ -147,18 +147,11 @@ pub async fn run(settings: Settings) -> Result<(), DaemonError> {
     });
 
     let once = settings.run_mode == RunMode::Once;
-    // The metrics recorder before anything records (the API client counts its requests).
-    let recorder = if once {
-        None
-    } else {
-        crate::exporter::install()
-            .inspect_err(|error| tracing::warn!(%error, "metrics recorder already installed"))
-            .ok()
-    };
-    // Then the kernel (not in a dry run): its sockets opened and the first sync's read
-    // begun, writing nothing, so that a restart's longest read runs while the API client
-    // is built and the lists come. The node is written to (sysctls, then the tables) only
-    // once the source has started: a bad kubeconfig is refused first.
+    // First the kernel (not in a dry run): its sockets opened and the first sync's read
+    // begun, writing nothing, so that a restart's longest read runs while the metrics
+    // recorder and the API client are built and the lists come. The node is written to
+    // (sysctls, then the tables) only once the source has started: a bad kubeconfig is
+    // refused first.
     let target = if settings.dry_run {
         Target::DryRun(Box::new(config))
     } else {
@@ -169,6 +162,15 @@ pub async fn run(settings: Settings) -> Result<(), DaemonError> {
         let mut proxier = KernelProxier::connect(config, &settings.dummy_interface).await?;
         proxier.read_ahead();
         Target::Kernel(Box::new(proxier))
+    };
+    // The metrics recorder before anything records: the API client counts its requests
+    // (the engine records nothing itself; what its reports say is recorded from them).
+    let recorder = if once {
+        None
+    } else {
+        crate::exporter::install()
+            .inspect_err(|error| tracing::warn!(%error, "metrics recorder already installed"))
+            .ok()
     };
     // Then the source: its lists are under way while the servers bind.
     let source = if once && matches!(settings.source, SourceSettings::File { .. }) {
