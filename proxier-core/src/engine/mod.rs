@@ -50,7 +50,7 @@ use crate::backend::memory::{MemoryAddressBackend, MemoryIpvsBackend};
 use crate::backend::{AddressBackend, BackendError, IpvsBackend};
 use crate::backend::{KernelAddressBackend, KernelIpvsBackend};
 use crate::conntrack::{ConntrackBackend, KernelConntrack, MemoryConntrack};
-use crate::desired::{Desired, ServicePortPlan};
+use crate::desired::{Desired, Protocol, ServicePortPlan};
 use crate::flows::{FlowFilter, stale_udp_flows_of_port};
 use crate::health_check::{HealthCheck, NoLocalEndpoints};
 use crate::model::{
@@ -1041,8 +1041,11 @@ where
         }
 
         let conntrack_started = Instant::now();
+        // Only a UDP port's virtual servers are UDP: the others are not looked up (at a
+        // start every port is in `before`).
         let filters: BTreeSet<FlowFilter> = before
             .iter()
+            .filter(|(name, _)| name.protocol == Protocol::Udp)
             .flat_map(|(name, old)| {
                 stale_udp_flows_of_port(old.as_ref(), self.desired.services.get(name))
             })

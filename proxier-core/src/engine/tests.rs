@@ -1,6 +1,6 @@
 #![allow(clippy::unwrap_used)]
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 
 use proptest::prelude::*;
@@ -967,6 +967,50 @@ fn an_incremental_sync_touches_only_the_changed_service() {
     assert!(
         script.starts_with("add element") && !script.contains("table ip"),
         "only elements change: {script}"
+    );
+}
+
+#[test]
+fn stale_flows_are_deleted_for_udp_ports_only() {
+    let rt = runtime();
+    let (mut proxier, _, _) = memory_proxier();
+    // Service 0 TCP, service 1 UDP, each with one endpoint from the first sync.
+    let udp = ServiceSpec {
+        udp: true,
+        ..ServiceSpec::cluster_ip(1)
+    };
+    proxier.apply(Change::UpsertService(ServiceSpec::cluster_ip(0).model()));
+    proxier.apply(Change::UpsertService(udp.model()));
+    proxier.apply(one_endpoint(0));
+    let udp_slice = |endpoints| SliceSpec {
+        service: 1,
+        slice: 0,
+        endpoints,
+    };
+    proxier.apply(Change::UpsertSlice(
+        udp_slice(vec![(1, true, true)]).model(true),
+    ));
+    rt.block_on(proxier.sync(SyncKind::Full)).unwrap();
+    let calls = |proxier: &MemoryProxier| proxier.conntrack.as_ref().unwrap().calls.clone();
+    // The UDP ClusterIP got its first endpoint: flows to it go (none for the TCP one).
+    let vip = SocketAddr::new(ip(2), 80);
+    assert_eq!(calls(&proxier), vec![vec![FlowFilter::to_service(vip)]]);
+
+    // Both lose their endpoint: only the UDP one's flows to it go.
+    proxier.apply(Change::UpsertSlice(
+        SliceSpec {
+            service: 0,
+            slice: 0,
+            endpoints: Vec::new(),
+        }
+        .model(false),
+    ));
+    proxier.apply(Change::UpsertSlice(udp_slice(Vec::new()).model(true)));
+    rt.block_on(proxier.sync(SyncKind::Incremental)).unwrap();
+    let endpoint = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 244, 0, 1)), 8080);
+    assert_eq!(
+        calls(&proxier)[1..],
+        [vec![FlowFilter::to_removed_endpoint(vip, endpoint)]]
     );
 }
 
