@@ -20,6 +20,11 @@ pub(super) const DATAGRAM: usize = 1 << 20;
 const SLOT: usize = 32 * 1024;
 /// Most bytes a [`NetlinkSocket::open_page_sized`] socket's datagram may take.
 const PAGE_SLOT_MAX: usize = 8 * 1024;
+/// The least room a 64-bit kernel keeps after the data of a socket buffer for the buffer's
+/// shared info: `SKB_DATA_ALIGN(sizeof(struct skb_shared_info))` with the fewest fragments
+/// a kernel is built with (`MAX_SKB_FRAGS` 17), 320 bytes. A kernel with more fragments
+/// keeps more.
+const SKB_SHARED_INFO_MIN: usize = 320;
 /// Datagrams taken by one `recvmmsg`.
 const SLOTS: usize = 32;
 /// Most bytes of requests sent in one datagram (below the default 208 KiB send buffer).
@@ -135,6 +140,17 @@ impl Inbox {
     }
 }
 
+/// The datagram buffer of a [`NetlinkSocket::open_page_sized`] socket on pages of `page`
+/// bytes.
+pub(super) fn page_slot(page: usize) -> usize {
+    let page = page.clamp(4096, PAGE_SLOT_MAX);
+    if cfg!(target_pointer_width = "64") {
+        page - SKB_SHARED_INFO_MIN
+    } else {
+        page
+    }
+}
+
 impl NetlinkSocket {
     /// Opens a socket of `protocol` (e.g. `netlink_sys::protocols::NETLINK_GENERIC`) that
     /// takes datagrams of up to 32 KiB: the kernel fills each part of a long dump that far.
@@ -142,24 +158,31 @@ impl NetlinkSocket {
         NetlinkSocket::open_with(protocol, SLOT)
     }
 
-    /// Opens a socket of `protocol` that takes datagrams of at most a page (8 KiB at most):
-    /// for many short dumps (one service's destinations each) and acknowledgements.
+    /// Opens a socket of `protocol` that takes datagrams of at most a page (8 KiB at most)
+    /// less a socket buffer's overhead: for many short dumps (one service's destinations
+    /// each) and acknowledgements.
     ///
     /// The kernel sizes the buffer of every dump part it makes for a socket to the largest
     /// receive buffer that socket has read with (up to 32 KiB), even for a dump of five
-    /// records, and a buffer above 8 KiB comes from the page allocator, zeroed on kernels
-    /// that clear memory on allocation (`init_on_alloc`, Debian's default). Measured in the
-    /// VM at 10,000 services × 5 destinations: a quarter of a whole-table read went to
-    /// clearing those pages. A page-sized receive buffer never takes less than the kernel
-    /// sends: it makes parts of at most `max(NLMSG_GOODSIZE, buffer)`, and
-    /// `NLMSG_GOODSIZE` is a page (8 KiB at most) less the buffer's overhead.
+    /// records, and a dump of one part takes two buffers (the part, then its `NLMSG_DONE`),
+    /// zeroed on kernels that clear memory on allocation (`init_on_alloc`, Debian's
+    /// default). Measured in the VM at 10,000 services × 5 destinations: with 32 KiB
+    /// buffers a quarter of a whole-table read went to clearing them, with page-sized
+    /// ones still a sixth, as a page of data and the buffer's overhead take two pages.
+    ///
+    /// Read with less than `NLMSG_GOODSIZE` (a page, 8 KiB at most, less the overhead), the
+    /// kernel makes parts of `NLMSG_GOODSIZE`: data and overhead in one page. This socket
+    /// reads with a page less the least overhead a 64-bit kernel has
+    /// ([`SKB_SHARED_INFO_MIN`]), never less than `NLMSG_GOODSIZE` and so never less than
+    /// a part: the kernel makes parts of at most `max(NLMSG_GOODSIZE, buffer)`. A 32-bit
+    /// process (whose kernel's overhead may be smaller) reads with a whole page.
     pub fn open_page_sized(protocol: isize) -> io::Result<NetlinkSocket> {
         let page = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
             .ok()
             .flatten()
             .and_then(|page| usize::try_from(page).ok())
             .unwrap_or(PAGE_SLOT_MAX);
-        NetlinkSocket::open_with(protocol, page.clamp(4096, PAGE_SLOT_MAX))
+        NetlinkSocket::open_with(protocol, page_slot(page))
     }
 
     fn open_with(protocol: isize, slot: usize) -> io::Result<NetlinkSocket> {

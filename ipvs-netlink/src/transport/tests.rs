@@ -392,3 +392,17 @@ mod generic_netlink_controller {
         }
     }
 }
+
+/// A page-sized socket reads with `NLMSG_GOODSIZE` as a 64-bit kernel with the fewest
+/// fragments computes it (`SKB_WITH_OVERHEAD(min(PAGE_SIZE, 8192))`, 320 bytes of shared
+/// info): the kernel then makes each dump part of data and overhead in one page, and never
+/// a part larger than the buffer.
+#[test]
+#[cfg(target_pointer_width = "64")]
+fn a_page_sized_socket_reads_with_a_page_less_the_buffer_overhead() {
+    use super::socket::page_slot;
+    assert_eq!(page_slot(4096), 4096 - 320);
+    // Pages above 8 KiB: the kernel's NLMSG_GOODSIZE stops at 8 KiB.
+    assert_eq!(page_slot(16 * 1024), 8192 - 320);
+    assert_eq!(page_slot(64 * 1024), 8192 - 320);
+}
