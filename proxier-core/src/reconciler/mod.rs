@@ -1057,26 +1057,6 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
         self.claimants.get(key).and_then(|set| set.first())
     }
 
-    fn rebuild_claims(&mut self, desired: &Desired) {
-        self.claims.clear();
-        self.claimants.clear();
-        self.binders.clear();
-        for (service, plan) in &desired.services {
-            let keys: Vec<VirtualServerKey> = plan.virtual_servers.keys().copied().collect();
-            for (key, vs) in &plan.virtual_servers {
-                let set = self.claimants.entry(*key).or_default();
-                let wins = set.is_empty();
-                set.insert(service.clone());
-                if wins && plan.binds(key, vs) {
-                    self.binders.entry(key.address).or_default().insert(*key);
-                }
-            }
-            if !keys.is_empty() {
-                self.claims.insert(service.clone(), keys);
-            }
-        }
-    }
-
     /// The planned virtual server at `key`, from the service port that wins it.
     fn planned<'d>(
         &self,
@@ -1682,6 +1662,35 @@ fn routable(
         }
     }
     (routed, refused)
+}
+
+/// Rebuilds from `desired` who plans what, into the maps a [`Reconciler`] keeps (their
+/// capacity kept): the virtual servers each service port plans (`claims`), the service ports
+/// planning each virtual server, the first of which wins (`claimants`), and the winning
+/// virtual servers whose address is bound, by address (`binders`).
+fn rebuild_claims(
+    desired: &Desired,
+    claims: &mut HashMap<ServicePortName, Vec<VirtualServerKey>>,
+    claimants: &mut HashMap<VirtualServerKey, SortedVecSet<ServicePortName>>,
+    binders: &mut HashMap<IpAddr, SortedVecSet<VirtualServerKey>>,
+) {
+    claims.clear();
+    claimants.clear();
+    binders.clear();
+    for (service, plan) in &desired.services {
+        let keys: Vec<VirtualServerKey> = plan.virtual_servers.keys().copied().collect();
+        for (key, vs) in &plan.virtual_servers {
+            let set = claimants.entry(*key).or_default();
+            let wins = set.is_empty();
+            set.insert(service.clone());
+            if wins && plan.binds(key, vs) {
+                binders.entry(key.address).or_default().insert(*key);
+            }
+        }
+        if !keys.is_empty() {
+            claims.insert(service.clone(), keys);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -514,12 +514,6 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
                 .is_some_and(|v| v.real_servers.contains_key(rs))
         });
 
-        self.rebuild_claims(desired);
-        for key in &previously_planned {
-            if !self.claimants.contains_key(key) {
-                self.retired.entry(*key).or_insert(0);
-            }
-        }
         self.failures
             .retain(|service, _| desired.services.contains_key(service));
         let held: HashSet<ServicePortName> = self
@@ -535,11 +529,34 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
             .cloned()
             .collect();
 
+        // Who plans what is rebuilt on a second thread while the diff runs (it finds the
+        // winners itself): a start's first sync waits for both, the other CPU idle.
+        let (mut claims, mut claimants, mut binders) = (
+            std::mem::take(&mut self.claims),
+            std::mem::take(&mut self.claimants),
+            std::mem::take(&mut self.binders),
+        );
         let policy = self.drain_policy(now);
         let scope = self.scope(&self.kernel.bound_addresses, &previously_planned);
-        let plan = diff::diff(desired, &self.kernel, &scope, &self.drains, &policy, |s| {
-            held.contains(s)
+        let plan = std::thread::scope(|threads| {
+            let rebuild = threads.spawn(|| {
+                super::rebuild_claims(desired, &mut claims, &mut claimants, &mut binders);
+            });
+            let plan = diff::diff(desired, &self.kernel, &scope, &self.drains, &policy, |s| {
+                held.contains(s)
+            });
+            // A panic there is a bug: it goes on here as it would on one thread.
+            if let Err(panic) = rebuild.join() {
+                std::panic::resume_unwind(panic);
+            }
+            plan
         });
+        (self.claims, self.claimants, self.binders) = (claims, claimants, binders);
+        for key in &previously_planned {
+            if !self.claimants.contains_key(key) {
+                self.retired.entry(*key).or_insert(0);
+            }
+        }
         self.rejections.clear();
         for rejection in plan.rejected {
             let key = match &rejection {
