@@ -288,7 +288,7 @@ where
     let (body, protobuf) = send_accepting_protobuf(&context.client, request).await?;
     Ok(Events {
         body: body.into_data_stream().boxed(),
-        buffer: BytesMut::new(),
+        pending: Pending::default(),
         protobuf,
         broken: false,
         decode: context.decode,
@@ -299,8 +299,8 @@ where
 /// The events of one watch's response: length-prefixed protobuf frames, or JSON lines.
 struct Events<W, K> {
     body: BoxStream<'static, kube::Result<Bytes>>,
-    /// What arrived and is not yet a whole event.
-    buffer: BytesMut,
+    /// What arrived and is not yet read as an event.
+    pending: Pending,
     protobuf: bool,
     /// A frame's length was beyond belief: nothing after it can be read.
     broken: bool,
@@ -325,7 +325,7 @@ where
                 Err(error) => return Some(Err(error)),
             }
             match self.body.try_next().await {
-                Ok(Some(chunk)) => self.buffer.extend_from_slice(&chunk),
+                Ok(Some(chunk)) => self.pending.push(chunk),
                 Ok(None) => return None,
                 Err(error) => {
                     self.broken = true;
@@ -335,33 +335,17 @@ where
         }
     }
 
-    /// The next whole event's bytes off the buffer, if they all arrived.
-    fn split_event(&mut self) -> kube::Result<Option<BytesMut>> {
-        if self.protobuf {
-            let Some(prefix) = self.buffer.first_chunk::<4>() else {
-                return Ok(None);
-            };
-            let length = u32::from_be_bytes(*prefix) as usize;
-            if length > MAX_FRAME {
-                self.broken = true;
-                return Err(invalid(format!(
-                    "a protobuf watch frame of {length} bytes (more than {MAX_FRAME}): the stream is out of step"
-                )));
-            }
-            if self.buffer.len() < 4 + length {
-                self.buffer.reserve(4 + length - self.buffer.len());
-                return Ok(None);
-            }
-            let _prefix = self.buffer.split_to(4);
-            return Ok(Some(self.buffer.split_to(length)));
+    /// The next whole event's bytes, if they all arrived.
+    fn split_event(&mut self) -> kube::Result<Option<Bytes>> {
+        if !self.protobuf {
+            return Ok(self.pending.next_line());
         }
-        while let Some(end) = self.buffer.iter().position(|&b| b == b'\n') {
-            let line = self.buffer.split_to(end + 1);
-            if !line.trim_ascii().is_empty() {
-                return Ok(Some(line));
-            }
-        }
-        Ok(None)
+        self.pending.next_frame().map_err(|length| {
+            self.broken = true;
+            invalid(format!(
+                "a protobuf watch frame of {length} bytes (more than {MAX_FRAME}): the stream is out of step"
+            ))
+        })
     }
 
     /// One event read in the response's encoding.
@@ -418,6 +402,93 @@ where
     }
 }
 
+/// The bytes of a response not yet read as events: what is left of the last chunk, read in
+/// place (an event that lies whole in a chunk is a view of it, not a copy: a streaming list
+/// is tens of MiB at 10,000 objects, which come faster than they are decoded), and the
+/// beginning of an event that goes on in the next chunk, gathered.
+#[derive(Default)]
+struct Pending {
+    /// What is left of the last chunk (empty when its end begins an event being gathered).
+    chunk: Bytes,
+    /// The bytes of an event begun in an earlier chunk.
+    gathered: BytesMut,
+}
+
+impl Pending {
+    /// Takes the next chunk: call it once the last one was read (no event is left whole in
+    /// it).
+    fn push(&mut self, chunk: Bytes) {
+        debug_assert!(self.chunk.is_empty(), "a chunk pushed over an unread one");
+        self.chunk = chunk;
+    }
+
+    /// The next length-prefixed frame's message (after its 4-byte big-endian length), if it
+    /// all arrived; `Err(length)` for a frame longer than [`MAX_FRAME`].
+    fn next_frame(&mut self) -> Result<Option<Bytes>, usize> {
+        let length_of = |prefix: &[u8; 4]| {
+            let length = u32::from_be_bytes(*prefix) as usize;
+            if length > MAX_FRAME {
+                Err(length)
+            } else {
+                Ok(length)
+            }
+        };
+        if self.gathered.is_empty() {
+            if let Some(prefix) = self.chunk.first_chunk::<4>() {
+                let length = length_of(prefix)?;
+                if self.chunk.len() >= 4 + length {
+                    let mut frame = self.chunk.split_to(4 + length);
+                    let _prefix = frame.split_to(4);
+                    return Ok(Some(frame));
+                }
+                self.gathered.reserve(4 + length);
+            }
+            // The chunk ends inside a frame: gathered until the frame ends.
+            self.gathered
+                .extend_from_slice(&std::mem::take(&mut self.chunk));
+            return Ok(None);
+        }
+        // A frame begun in an earlier chunk: what it misses from this one, its length first.
+        if self.gathered.len() < 4 {
+            let take = (4 - self.gathered.len()).min(self.chunk.len());
+            self.gathered.extend_from_slice(&self.chunk.split_to(take));
+        }
+        let Some(prefix) = self.gathered.first_chunk::<4>() else {
+            return Ok(None);
+        };
+        let wanted = 4 + length_of(prefix)?;
+        let take = (wanted - self.gathered.len()).min(self.chunk.len());
+        self.gathered.reserve(wanted - self.gathered.len());
+        self.gathered.extend_from_slice(&self.chunk.split_to(take));
+        if self.gathered.len() < wanted {
+            return Ok(None);
+        }
+        let mut frame = std::mem::take(&mut self.gathered).freeze();
+        let _prefix = frame.split_to(4);
+        Ok(Some(frame))
+    }
+
+    /// The next line that is not blank, with its newline, if it all arrived.
+    fn next_line(&mut self) -> Option<Bytes> {
+        while let Some(end) = self.chunk.iter().position(|&b| b == b'\n') {
+            let piece = self.chunk.split_to(end + 1);
+            let line = if self.gathered.is_empty() {
+                piece
+            } else {
+                self.gathered.extend_from_slice(&piece);
+                std::mem::take(&mut self.gathered).freeze()
+            };
+            if !line.trim_ascii().is_empty() {
+                return Some(line);
+            }
+        }
+        // No newline left: what remains begins a line, gathered until it ends.
+        self.gathered
+            .extend_from_slice(&std::mem::take(&mut self.chunk));
+        None
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use k8s_openapi::api::core::v1::Service;
@@ -458,7 +529,7 @@ mod tests {
         let chunks = chunks.into_iter().map(|chunk| Ok(Bytes::from(chunk)));
         Events {
             body: futures::stream::iter(chunks).boxed(),
-            buffer: BytesMut::new(),
+            pending: Pending::default(),
             protobuf,
             broken: false,
             decode: decode_service,
@@ -514,6 +585,27 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_frame_whole_in_a_chunk_is_read_in_place_and_one_across_chunks_gathered() {
+        let first = frame("ADDED", &meta("web", "7"));
+        let second = frame("ADDED", &meta("db", "8"));
+        let cut = 9;
+        let chunk = Bytes::from([first.clone(), second[..cut].to_vec()].concat());
+        let mut pending = Pending::default();
+        pending.push(chunk.clone());
+        let read = pending.next_frame().expect("believable").expect("whole");
+        assert_eq!(read[..], first[4..]);
+        assert!(
+            chunk.as_ptr_range().contains(&read.as_ptr()),
+            "a view of the chunk"
+        );
+        assert_eq!(pending.next_frame(), Ok(None));
+        pending.push(Bytes::from(second[cut..].to_vec()));
+        let read = pending.next_frame().expect("believable").expect("whole");
+        assert_eq!(read[..], second[4..]);
+        assert_eq!(pending.next_frame(), Ok(None));
+    }
+
     #[tokio::test]
     async fn a_frame_longer_than_believable_ends_the_stream_with_an_error() {
         let mut stream = frame("ADDED", &meta("web", "7"));
@@ -534,12 +626,15 @@ mod tests {
             r#"{"type":"ERROR","object":{"apiVersion":"v1","kind":"Status","status":"Failure","reason":"Expired","code":410}}"#,
             "\n",
         );
-        let pieces = lines.as_bytes().chunks(37).map(<[u8]>::to_vec).collect();
-        let (seen, failed) = read_all(events(pieces, false)).await;
-        assert_eq!(
-            seen,
-            ["applied web", "bookmark Some(\"9\") true", "error 410"]
-        );
-        assert!(!failed);
+        for size in [1, 37, lines.len()] {
+            let pieces = lines.as_bytes().chunks(size).map(<[u8]>::to_vec).collect();
+            let (seen, failed) = read_all(events(pieces, false)).await;
+            assert_eq!(
+                seen,
+                ["applied web", "bookmark Some(\"9\") true", "error 410"],
+                "in pieces of {size}"
+            );
+            assert!(!failed);
+        }
     }
 }
