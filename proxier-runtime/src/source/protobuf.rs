@@ -218,39 +218,80 @@ fn unknown_raw(body: &[u8]) -> Result<&[u8], ProtobufError> {
 /// Decodes a v1 Service (an item of a `ServiceList`) with what the conversion reads (see the
 /// module); what `trim_service` drops is not decoded.
 pub fn decode_service(message: &[u8]) -> Result<Service, ProtobufError> {
-    const M: &str = "Service";
     let mut service = Service::default();
+    service_into(message, &mut service)?;
+    Ok(service)
+}
+
+/// [`decode_service`] into a box made first, the Service decoded where it stays: a Service
+/// is a kilobyte, and decoding each part on the stack and returning it moved every one
+/// about four times.
+pub(crate) fn decode_service_boxed(message: &[u8]) -> Result<Box<Service>, ProtobufError> {
+    let mut service = Box::<Service>::default();
+    service_into(message, &mut service)?;
+    Ok(service)
+}
+
+/// Decodes a Service's fields into `service` (a field sent twice is merged, as protobuf
+/// merges a message field that comes again).
+fn service_into(message: &[u8], service: &mut Service) -> Result<(), ProtobufError> {
+    const M: &str = "Service";
     for field in Fields::new(message, M) {
         match field? {
-            (1, v) => service.metadata = object_meta(v.bytes(M, "metadata")?)?,
-            (2, v) => service.spec = Some(service_spec(v.bytes(M, "spec")?)?),
-            (3, v) => service.status = Some(service_status(v.bytes(M, "status")?)?),
+            (1, v) => object_meta(v.bytes(M, "metadata")?, &mut service.metadata)?,
+            (2, v) => service_spec(v.bytes(M, "spec")?, service.spec.get_or_insert_default())?,
+            (3, v) => {
+                service_status(
+                    v.bytes(M, "status")?,
+                    service.status.get_or_insert_default(),
+                )?;
+            }
             _ => {}
         }
     }
-    Ok(service)
+    Ok(())
 }
 
 /// Decodes a discovery.k8s.io/v1 EndpointSlice (an item of an `EndpointSliceList`) with what
 /// the conversion reads (see the module).
 pub fn decode_slice(message: &[u8]) -> Result<EndpointSlice, ProtobufError> {
-    const M: &str = "EndpointSlice";
     let mut slice = EndpointSlice::default();
+    slice_into(message, &mut slice)?;
+    Ok(slice)
+}
+
+/// [`decode_slice`] into a box made first (see [`decode_service_boxed`]).
+pub(crate) fn decode_slice_boxed(message: &[u8]) -> Result<Box<EndpointSlice>, ProtobufError> {
+    let mut slice = Box::<EndpointSlice>::default();
+    slice_into(message, &mut slice)?;
+    Ok(slice)
+}
+
+/// Decodes an EndpointSlice's fields into `slice`, each endpoint where it stays in the
+/// vector.
+fn slice_into(message: &[u8], slice: &mut EndpointSlice) -> Result<(), ProtobufError> {
+    const M: &str = "EndpointSlice";
     // The endpoints are counted first, so that their vector is made once: an endpoint is
     // hundreds of bytes, and a vector grown by pushes copies them at each doubling.
     let endpoints = Fields::new(message, M)
         .filter(|field| matches!(field, Ok((2, _))))
         .count();
     if endpoints > 0 {
-        slice.endpoints = Some(Vec::with_capacity(endpoints));
+        slice
+            .endpoints
+            .get_or_insert_default()
+            .reserve_exact(endpoints);
     }
     for field in Fields::new(message, M) {
         match field? {
-            (1, v) => slice.metadata = object_meta(v.bytes(M, "metadata")?)?,
-            (2, v) => slice
-                .endpoints
-                .get_or_insert_default()
-                .push(endpoint(v.bytes(M, "endpoints")?)?),
+            (1, v) => object_meta(v.bytes(M, "metadata")?, &mut slice.metadata)?,
+            (2, v) => {
+                let endpoints = slice.endpoints.get_or_insert_default();
+                endpoints.push(Endpoint::default());
+                if let Some(last) = endpoints.last_mut() {
+                    endpoint(v.bytes(M, "endpoints")?, last)?;
+                }
+            }
             (3, v) => slice
                 .ports
                 .get_or_insert_default()
@@ -259,12 +300,11 @@ pub fn decode_slice(message: &[u8]) -> Result<EndpointSlice, ProtobufError> {
             _ => {}
         }
     }
-    Ok(slice)
+    Ok(())
 }
 
-fn object_meta(message: &[u8]) -> Result<ObjectMeta, ProtobufError> {
+fn object_meta(message: &[u8], meta: &mut ObjectMeta) -> Result<(), ProtobufError> {
     const M: &str = "ObjectMeta";
-    let mut meta = ObjectMeta::default();
     for field in Fields::new(message, M) {
         match field? {
             (1, v) => meta.name = v.opt_string(M, "name")?,
@@ -288,7 +328,7 @@ fn object_meta(message: &[u8]) -> Result<ObjectMeta, ProtobufError> {
             _ => {}
         }
     }
-    Ok(meta)
+    Ok(())
 }
 
 fn time(message: &[u8]) -> Result<Time, ProtobufError> {
@@ -353,9 +393,8 @@ fn utf8<'a>(
     std::str::from_utf8(bytes).map_err(|_| ProtobufError::Utf8 { message, field })
 }
 
-fn service_spec(message: &[u8]) -> Result<ServiceSpec, ProtobufError> {
+fn service_spec(message: &[u8], spec: &mut ServiceSpec) -> Result<(), ProtobufError> {
     const M: &str = "ServiceSpec";
-    let mut spec = ServiceSpec::default();
     for field in Fields::new(message, M) {
         match field? {
             (1, v) => spec
@@ -406,7 +445,7 @@ fn service_spec(message: &[u8]) -> Result<ServiceSpec, ProtobufError> {
             _ => {}
         }
     }
-    Ok(spec)
+    Ok(())
 }
 
 fn service_port(message: &[u8]) -> Result<ServicePort, ProtobufError> {
@@ -443,9 +482,8 @@ fn session_affinity_config(message: &[u8]) -> Result<SessionAffinityConfig, Prot
     Ok(config)
 }
 
-fn service_status(message: &[u8]) -> Result<ServiceStatus, ProtobufError> {
+fn service_status(message: &[u8], status: &mut ServiceStatus) -> Result<(), ProtobufError> {
     const M: &str = "ServiceStatus";
-    let mut status = ServiceStatus::default();
     for field in Fields::new(message, M) {
         if let (1, v) = field? {
             let mut load_balancer = LoadBalancerStatus::default();
@@ -463,7 +501,7 @@ fn service_status(message: &[u8]) -> Result<ServiceStatus, ProtobufError> {
         }
         // 2: conditions, not read.
     }
-    Ok(status)
+    Ok(())
 }
 
 fn load_balancer_ingress(message: &[u8]) -> Result<LoadBalancerIngress, ProtobufError> {
@@ -480,9 +518,8 @@ fn load_balancer_ingress(message: &[u8]) -> Result<LoadBalancerIngress, Protobuf
     Ok(ingress)
 }
 
-fn endpoint(message: &[u8]) -> Result<Endpoint, ProtobufError> {
+fn endpoint(message: &[u8], endpoint: &mut Endpoint) -> Result<(), ProtobufError> {
     const M: &str = "Endpoint";
-    let mut endpoint = Endpoint::default();
     for field in Fields::new(message, M) {
         match field? {
             (1, v) => endpoint.addresses.push(v.string(M, "addresses")?),
@@ -494,7 +531,7 @@ fn endpoint(message: &[u8]) -> Result<Endpoint, ProtobufError> {
             _ => {}
         }
     }
-    Ok(endpoint)
+    Ok(())
 }
 
 fn endpoint_conditions(message: &[u8]) -> Result<EndpointConditions, ProtobufError> {
@@ -941,6 +978,39 @@ mod tests {
         let list = read_list(&last_page).expect("reads");
         assert_eq!(list.continue_token, None, "an empty token is no token");
         assert!(list.items.is_empty());
+    }
+
+    #[test]
+    fn a_message_field_sent_twice_is_merged_and_boxed_decoding_is_the_same() {
+        let meta = Message::default().string(1, "web").string(3, "default");
+        let ports = Message::default().message(1, Message::default().varint(3, 80));
+        let service = Message::default()
+            .message(1, meta)
+            .message(2, Message::default().string(3, "10.96.0.1"))
+            .message(2, ports)
+            .message(1, Message::default().string(6, "7"));
+        let decoded = decode_service(&service.0).expect("decodes");
+        assert_eq!(decoded.metadata.name.as_deref(), Some("web"));
+        assert_eq!(decoded.metadata.resource_version.as_deref(), Some("7"));
+        let spec = decoded.spec.as_ref().expect("a spec");
+        assert_eq!(spec.cluster_ip.as_deref(), Some("10.96.0.1"));
+        assert_eq!(spec.ports.as_ref().map(|p| p[0].port), Some(80));
+        assert_eq!(*decode_service_boxed(&service.0).expect("decodes"), decoded);
+
+        let endpoint = |address: &str| Message::default().string(1, address);
+        let slice = Message::default()
+            .message(2, endpoint("10.244.0.1"))
+            .message(2, endpoint("10.244.0.2"))
+            .string(4, "IPv4");
+        let decoded = decode_slice(&slice.0).expect("decodes");
+        let addresses: Vec<&str> = decoded
+            .endpoints
+            .iter()
+            .flatten()
+            .map(|e| e.addresses[0].as_str())
+            .collect();
+        assert_eq!(addresses, ["10.244.0.1", "10.244.0.2"]);
+        assert_eq!(*decode_slice_boxed(&slice.0).expect("decodes"), decoded);
     }
 
     #[test]
