@@ -40,7 +40,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::lean::{Boxed, LeanService, LeanSlice, READ_ANNOTATIONS, READ_LABELS};
-use super::protobuf::{ProtobufError, decode_service, decode_slice};
+use super::protobuf::{ProtobufError, decode_service_boxed, decode_slice_boxed};
 use super::protobuf_stream::protobuf_stream_watcher;
 use super::protobuf_watch::{protobuf_list_watcher, within};
 use super::{EVENT_CHANNEL_CAPACITY, ObjectKey, SourceBatch, SourceHandle};
@@ -194,8 +194,9 @@ impl<K: Resource, T> ObjectStore<K, T> {
     ) -> Vec<StoreChange<T>> {
         match event {
             Event::Init => {
-                // A new (re)list; an unfinished earlier one is dropped, the store stays.
-                self.relist = Some(Vec::new());
+                // A new (re)list; an unfinished earlier one is dropped, the store stays. A
+                // relist is about as long as the last list.
+                self.relist = Some(Vec::with_capacity(self.versions.len()));
                 Vec::new()
             }
             Event::InitApply(obj) => {
@@ -226,7 +227,7 @@ impl<K: Resource, T> ObjectStore<K, T> {
                     .filter(|key| !listed(key))
                     .map(|key| StoreChange::Delete(key.clone()))
                     .collect();
-                let mut upserts = Vec::new();
+                let mut upserts = Vec::with_capacity(fresh.len());
                 // Sorted and unique: collected into the tree in one pass.
                 self.versions = fresh
                     .into_iter()
@@ -235,8 +236,12 @@ impl<K: Resource, T> ObjectStore<K, T> {
                         (key, version)
                     })
                     .collect();
-                changes.append(&mut upserts);
                 self.listed = true;
+                // Deletions first; usually there are none, and the upserts are the changes.
+                if changes.is_empty() {
+                    return upserts;
+                }
+                changes.append(&mut upserts);
                 changes
             }
             Event::Apply(obj) => {
@@ -885,7 +890,7 @@ pub fn spawn(client: kube::Client, config: KubeSourceConfig) -> SourceHandle {
         silence,
         "Service",
         |service| trim_service(&mut service.0),
-        |message| decode_service(message).map(Boxed::new),
+        |message| decode_service_boxed(message).map(Boxed),
     );
     let slices = large_kind_stream::<LeanSlice, Boxed<EndpointSlice>>(
         client.clone(),
@@ -894,7 +899,7 @@ pub fn spawn(client: kube::Client, config: KubeSourceConfig) -> SourceHandle {
         silence,
         "EndpointSlice",
         |slice| trim_slice(&mut slice.0),
-        |message| decode_slice(message).map(Boxed::new),
+        |message| decode_slice_boxed(message).map(Boxed),
     );
     let nodes = watch_stream(
         Api::<Node>::all(client.clone()),
