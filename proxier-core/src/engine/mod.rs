@@ -1107,9 +1107,11 @@ where
         // of a chunk of Services are applied as soon as they are made.
         let (node, config) = (self.node.clone(), self.config.planner.clone());
         let planner = Planner::new(&node, &config);
-        // Filled in the names' order, so collected into their trees in one pass at the end.
-        let mut changed = Vec::new();
-        let mut before = Vec::new();
+        // Filled in the names' order, so collected into their trees in one pass at the end;
+        // made for every port (a start re-plans them all).
+        let ports = by_service.iter().map(|(_, ports)| ports.len()).sum();
+        let mut changed = Vec::with_capacity(ports);
+        let mut before = Vec::with_capacity(ports);
         let mut health_changed = false;
         let mut services = by_service.into_iter().peekable();
         while services.peek().is_some() {
