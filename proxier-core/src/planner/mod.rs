@@ -77,6 +77,8 @@ pub struct Planner<'a> {
     node: &'a NodeContext,
     config: &'a Config,
     node_port_addresses: [Vec<IpAddr>; 2],
+    /// The tables with no element ([`empty_plan`]), which each Service's elements start from.
+    empty_netfilter: NetfilterPlan,
 }
 
 /// A Service in one family it is planned in: what its IPVS and netfilter intents of that
@@ -105,6 +107,7 @@ impl<'a> Planner<'a> {
             config,
             node_port_addresses: AddressFamily::ALL
                 .map(|family| node_port_addresses(node, config, family)),
+            empty_netfilter: empty_plan(config),
         }
     }
 
@@ -170,7 +173,7 @@ impl<'a> Planner<'a> {
     /// port's endpoints are gathered once and feed both its real servers and its hairpin
     /// elements.
     pub fn plan_service(&self, state: &ClusterState, service: &Service) -> ServicePlan {
-        let mut netfilter = empty_plan(self.config);
+        let mut netfilter = self.empty_netfilter.clone();
         let ports = self.plan_service_into(state, service, &mut netfilter);
         let (health_check, no_local_endpoints) =
             local_endpoints_of(service, state.slices_of(&service.name), &self.node.name);
@@ -184,7 +187,7 @@ impl<'a> Planner<'a> {
 
     /// The nftables set elements of every Service in the state, in `config`'s tables.
     pub(crate) fn plan_netfilter(&self, state: &ClusterState) -> NetfilterPlan {
-        let mut out = empty_plan(self.config);
+        let mut out = self.empty_netfilter.clone();
         for service in state.services() {
             self.plan_service_into(state, service, &mut out);
         }
