@@ -172,10 +172,11 @@ impl NetlinkSocket {
     ///
     /// Read with less than `NLMSG_GOODSIZE` (a page, 8 KiB at most, less the overhead), the
     /// kernel makes parts of `NLMSG_GOODSIZE`: data and overhead in one page. This socket
-    /// reads with a page less the least overhead a 64-bit kernel has
-    /// ([`SKB_SHARED_INFO_MIN`]), never less than `NLMSG_GOODSIZE` and so never less than
-    /// a part: the kernel makes parts of at most `max(NLMSG_GOODSIZE, buffer)`. A 32-bit
-    /// process (whose kernel's overhead may be smaller) reads with a whole page.
+    /// reads with a page less the least overhead a 64-bit kernel has (320 bytes: the
+    /// buffer's shared info with the fewest fragments), never less than `NLMSG_GOODSIZE` and
+    /// so never less than a part: the kernel makes parts of at most
+    /// `max(NLMSG_GOODSIZE, buffer)`. A 32-bit process (whose kernel's overhead may be
+    /// smaller) reads with a whole page.
     pub fn open_page_sized(protocol: isize) -> io::Result<NetlinkSocket> {
         let page = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
             .ok()
