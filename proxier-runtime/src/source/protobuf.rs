@@ -15,6 +15,7 @@
 //! text would. Fields that are pointers in Go (a condition, `allocateLoadBalancerNodePorts`,
 //! an EndpointSlice port's number) keep what was sent.
 
+use std::borrow::BorrowMut;
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
@@ -218,18 +219,25 @@ fn unknown_raw(body: &[u8]) -> Result<&[u8], ProtobufError> {
 /// Decodes a v1 Service (an item of a `ServiceList`) with what the conversion reads (see the
 /// module); what `trim_service` drops is not decoded.
 pub fn decode_service(message: &[u8]) -> Result<Service, ProtobufError> {
-    let mut service = Service::default();
-    service_into(message, &mut service)?;
-    Ok(service)
+    decoded(message, service_into)
 }
 
 /// [`decode_service`] into a box made first, the Service decoded where it stays: a Service
 /// is a kilobyte, and decoding each part on the stack and returning it moved every one
 /// about four times.
 pub(crate) fn decode_service_boxed(message: &[u8]) -> Result<Box<Service>, ProtobufError> {
-    let mut service = Box::<Service>::default();
-    service_into(message, &mut service)?;
-    Ok(service)
+    decoded(message, service_into)
+}
+
+/// An object decoded by `into` from its default, in `T` (the object itself, or a box made
+/// first).
+fn decoded<T: Default + BorrowMut<K>, K>(
+    message: &[u8],
+    into: fn(&[u8], &mut K) -> Result<(), ProtobufError>,
+) -> Result<T, ProtobufError> {
+    let mut object = T::default();
+    into(message, object.borrow_mut())?;
+    Ok(object)
 }
 
 /// Decodes a Service's fields into `service` (a field sent twice is merged, as protobuf
@@ -255,16 +263,12 @@ fn service_into(message: &[u8], service: &mut Service) -> Result<(), ProtobufErr
 /// Decodes a discovery.k8s.io/v1 EndpointSlice (an item of an `EndpointSliceList`) with what
 /// the conversion reads (see the module).
 pub fn decode_slice(message: &[u8]) -> Result<EndpointSlice, ProtobufError> {
-    let mut slice = EndpointSlice::default();
-    slice_into(message, &mut slice)?;
-    Ok(slice)
+    decoded(message, slice_into)
 }
 
 /// [`decode_slice`] into a box made first (see [`decode_service_boxed`]).
 pub(crate) fn decode_slice_boxed(message: &[u8]) -> Result<Box<EndpointSlice>, ProtobufError> {
-    let mut slice = Box::<EndpointSlice>::default();
-    slice_into(message, &mut slice)?;
-    Ok(slice)
+    decoded(message, slice_into)
 }
 
 /// Decodes an EndpointSlice's fields into `slice`, each endpoint where it stays in the
