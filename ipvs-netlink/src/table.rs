@@ -114,6 +114,15 @@ impl Merge {
         Ok(Some(service_key))
     }
 
+    /// Takes one record of a dump that is the only one (a best-effort read): nothing is
+    /// compared with it later, so neither its raw bytes nor their index are kept. Returns the
+    /// key when it was not shown before (a disturbed dump can repeat one).
+    fn record_only(&mut self, entry: ServiceEntry) -> Option<ServiceKey> {
+        let key = entry.service.key;
+        self.news = true;
+        self.services.insert(key, entry).is_none().then_some(key)
+    }
+
     /// Ends the current dump; `true` when no further dump is needed.
     fn end_dump(&mut self, max_attempts: u32) -> bool {
         self.quiet = if self.attempts > 1 && !self.news {
@@ -248,25 +257,42 @@ pub(crate) fn read(
         (services, parts)
     });
     let merge = services?;
-    let mut destinations = HashMap::new();
+    let mut destinations = Vec::with_capacity(merge.services.len());
     for part in parts {
         destinations.extend(part?);
     }
     let verified = merge.verified();
     let attempts = merge.attempts;
-    let table: Table = merge
-        .services
-        .into_values()
-        .map(|entry| {
-            let dests = destinations.remove(&entry.service.key).unwrap_or_default();
-            (entry, dests)
-        })
-        .collect();
+    let table = join(merge.services, destinations);
     Ok(VerifiedTable {
         table,
         attempts,
         verified,
     })
+}
+
+/// Every service with its dumped destinations (none when it has no dump). The dumps are
+/// sorted as the service list is and joined with it in one pass, instead of hashing every
+/// key into a map made for the purpose and out again; a dump whose service left the list
+/// (deleted while the list was verified) is dropped.
+fn join(
+    services: BTreeMap<ServiceKey, ServiceEntry>,
+    mut destinations: Vec<(ServiceKey, Vec<DestinationEntry>)>,
+) -> Table {
+    destinations.sort_unstable_by(|(a, _), (b, _)| a.cmp(b));
+    let mut destinations = destinations.into_iter().peekable();
+    services
+        .into_values()
+        .map(|entry| {
+            let key = entry.service.key;
+            while destinations.next_if(|(dumped, _)| *dumped < key).is_some() {}
+            let dests = destinations
+                .next_if(|(dumped, _)| *dumped == key)
+                .map(|(_, dests)| dests)
+                .unwrap_or_default();
+            (entry, dests)
+        })
+        .collect()
 }
 
 /// Reads the service list on `socket`, queueing new keys for the destination workers.
@@ -317,6 +343,9 @@ fn merge_dumps(
                 return;
             }
             let result = rec.and_then(|rec| {
+                if max_attempts <= 1 {
+                    return record::decode_service(rec).map(|entry| merge.record_only(entry));
+                }
                 record::split_service(rec, &mut key, &mut config)?;
                 merge.record(&key, &config, || record::decode_service(rec))
             });
@@ -390,9 +419,15 @@ fn destinations_worker(
     queue: &Queue,
 ) -> Result<Vec<(ServiceKey, Vec<DestinationEntry>)>, Error> {
     let mut out = Vec::new();
+    // Services of one table tend to have as many destinations as each other: each list is
+    // made at the previous one's length, instead of growing (and being copied) as it fills.
+    let mut expected = 0;
     while let Some(key) = queue.take() {
-        match destinations(socket, family, &key) {
-            Ok(dests) => out.push((key, dests)),
+        match destinations(socket, family, &key, expected) {
+            Ok(dests) => {
+                expected = dests.len();
+                out.push((key, dests));
+            }
             Err(e) => {
                 queue.close(true);
                 return Err(e);
@@ -402,17 +437,19 @@ fn destinations_worker(
     Ok(out)
 }
 
-/// One service's destinations (a per-service dump: not affected by the dump flaw).
+/// One service's destinations (a per-service dump: not affected by the dump flaw), in a
+/// list made for `expected` of them.
 fn destinations(
     socket: &mut NetlinkSocket,
     family: u16,
     key: &ServiceKey,
+    expected: usize,
 ) -> Result<Vec<DestinationEntry>, Error> {
     let op = Operation::ListDestinations;
     let object = Object::Service(*key);
     let msg = IpvsMessage::get_destinations(key).map_err(|e| Error::from_encode(op, &object, e))?;
     let key_family = key.family();
-    let mut dests = Vec::new();
+    let mut dests = Vec::with_capacity(expected);
     let mut bad = None;
     let answer = socket
         .dump(

@@ -143,3 +143,61 @@ fn skipped_services_are_found_by_merging_dumps() {
     assert_eq!((attempts, verified, got.len()), (1, false, 4));
     assert!(asked.is_empty());
 }
+
+#[test]
+fn a_single_dump_that_repeats_a_service_keeps_its_last_configuration_and_hands_it_out_once() {
+    let rr = Scheduler::RoundRobin;
+    let mut dump: Vec<ServiceEntry> = (1..=3).map(|i| entry(i, rr.clone(), 0)).collect();
+    // A disturbed dump shows service 2 again (resumed at a shifted position), changed since.
+    let mut again = entry(2, Scheduler::WeightedLeastConnection, 0);
+    again.stats.in_packets = 9;
+    dump.push(again.clone());
+    let (got, attempts, verified, asked) = run(vec![dump], &[], 1);
+    assert_eq!((attempts, verified), (1, false));
+    assert!(asked.is_empty());
+    let expected = vec![entry(1, rr.clone(), 0), again, entry(3, rr, 0)];
+    assert_eq!(got, expected);
+}
+
+#[test]
+fn dumped_destinations_join_their_services_and_a_dump_of_a_service_gone_is_dropped() {
+    let rr = Scheduler::RoundRobin;
+    let dest = |last: u8| DestinationEntry {
+        destination: crate::Destination::new(IpAddr::V4(Ipv4Addr::new(10, 1, 0, last)), 8080),
+        active_conns: 0,
+        inactive_conns: 0,
+        persistent_conns: 0,
+        stats: Stats::default(),
+    };
+    let services: BTreeMap<ServiceKey, ServiceEntry> = [1, 3, 4, 6]
+        .into_iter()
+        .map(|i| {
+            let e = entry(i, rr.clone(), 0);
+            (e.service.key, e)
+        })
+        .collect();
+    let key = |i| entry(i, rr.clone(), 0).service.key;
+    // As the workers hand them in: out of order; 2 and 5 were dumped, then left the list;
+    // 4 was never dumped.
+    let dumped = vec![
+        (key(6), vec![dest(61)]),
+        (key(2), vec![dest(21)]),
+        (key(1), vec![dest(11), dest(12)]),
+        (key(5), vec![dest(51)]),
+        (key(3), vec![]),
+    ];
+    let table = join(services, dumped);
+    let got: Vec<(ServiceKey, Vec<DestinationEntry>)> = table
+        .into_iter()
+        .map(|(service, dests)| (service.service.key, dests))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (key(1), vec![dest(11), dest(12)]),
+            (key(3), vec![]),
+            (key(4), vec![]),
+            (key(6), vec![dest(61)]),
+        ]
+    );
+}
