@@ -1875,3 +1875,46 @@ fn dry_run_backends_program_as_in_memory_ones_but_keep_no_log() {
         "address writes logged"
     );
 }
+
+proptest! {
+    /// Re-planning everything takes every port the state's Services have and every port
+    /// planned, each once, grouped by Service in order: as collecting all their names into
+    /// one sorted set and cutting it by Service does (the oracle, the way it was done).
+    #[test]
+    fn every_port_by_service_is_the_sorted_union_grouped(
+        in_state in proptest::collection::btree_map(0usize..40, (any::<bool>(), any::<bool>()), 0..25),
+        planned in proptest::collection::btree_set((0usize..40, 0usize..3), 0..40),
+    ) {
+        let mut state = ClusterState::new();
+        for (&i, &(udp, no_ports)) in &in_state {
+            let mut service = crate::testing::service(i);
+            if udp {
+                service.ports.push(ServicePortSpec {
+                    name: "dns".into(),
+                    port: 53,
+                    protocol: Protocol::Udp,
+                    node_port: None,
+                });
+            }
+            if no_ports {
+                service.ports.clear();
+            }
+            state.apply(Change::UpsertService(service));
+        }
+        let port_names = ["dns", "http", "metrics"];
+        let protocol = |port: usize| if port == 0 { Protocol::Udp } else { Protocol::Tcp };
+        let mut desired = Desired::default();
+        for &(i, port) in &planned {
+            let name = crate::testing::service_name(i).port(port_names[port], protocol(port));
+            desired.set_plan(&name, Some(ServicePortPlan::default()));
+        }
+
+        let oracle: DirtyPorts = desired
+            .services
+            .keys()
+            .cloned()
+            .chain(state.port_names())
+            .collect();
+        prop_assert_eq!(every_port_by_service(&state, &desired), by_service(oracle));
+    }
+}

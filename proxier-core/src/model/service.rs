@@ -76,6 +76,12 @@ impl ServicePortName {
             name: Arc::clone(&self.name),
         }
     }
+
+    /// How this port's Service orders against `service` (the order of [`ServiceName`],
+    /// which the port names' own order follows first).
+    pub(crate) fn service_cmp(&self, service: &ServiceName) -> std::cmp::Ordering {
+        (&self.namespace, &self.name).cmp(&(&service.namespace, &service.name))
+    }
 }
 
 impl fmt::Display for ServicePortName {
