@@ -65,6 +65,14 @@ impl ClusterState {
         ClusterState::default()
     }
 
+    /// Makes room for `services` more Services and `slices` more EndpointSlices, so that a
+    /// whole picture applied at once does not grow (and rehash) the tables step by step.
+    pub fn reserve(&mut self, services: usize, slices: usize) {
+        self.services.reserve(services);
+        self.slices.reserve(services);
+        self.slice_owner.reserve(slices);
+    }
+
     /// Applies one change and returns the Service ports whose plan may have changed
     /// (including ports that no longer exist: their plan is now empty). A change that leaves
     /// the state as it was returns an empty set. A ServiceCIDR change dirties no port by

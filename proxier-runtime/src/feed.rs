@@ -50,6 +50,15 @@ impl Feed {
         C: ConntrackBackend + Send + 'static,
     {
         let count = batch.changes.len();
+        let (services, slices) = batch
+            .changes
+            .iter()
+            .fold((0, 0), |(services, slices), change| match change {
+                Change::UpsertService(_) => (services + 1, slices),
+                Change::UpsertSlice(_) => (services, slices + 1),
+                _ => (services, slices),
+            });
+        proxier.reserve(services, slices);
         for change in batch.changes {
             proxier.apply(change);
         }
