@@ -12,6 +12,7 @@ use tokio::sync::mpsc;
 use crate::batch::{self, Op};
 use crate::destination::{Destination, DestinationEntry, DestinationKey};
 use crate::error::{Error, Object, Operation};
+use crate::listing::Listing;
 use crate::message::{self, IpvsMessage, WireError};
 use crate::netns::{self, NetnsTarget};
 use crate::service::{Service, ServiceEntry, ServiceKey};
@@ -159,6 +160,13 @@ struct Inner {
     /// largest, since each part of a service dump walks the kernel's service table from the
     /// start up to where the last one ended.
     lister: Mutex<Option<NetlinkSocket>>,
+    /// The kernel's text listing of the handle's namespace (`/proc/net/ip_vs`), opened with
+    /// the sockets (a `/proc/net` file shows the namespace it was opened in, whichever
+    /// thread reads it) and read again from its start each time; `None` when it could not
+    /// be opened (no `/proc`).
+    listing: Mutex<Option<std::fs::File>>,
+    /// The listing's length when last read: the next read's buffer is made at it.
+    listing_len: std::sync::atomic::AtomicUsize,
 }
 
 impl std::fmt::Debug for IpvsHandle {
@@ -200,7 +208,10 @@ impl IpvsHandle {
             let mut socket = NetlinkSocket::open(NETLINK_GENERIC)?;
             let family = transport::resolve_family(&mut socket, message::FAMILY_NAME)?;
             let connection = Connection::open(NETLINK_GENERIC)?;
-            Ok((socket, family, connection))
+            // After the family is resolved (which loads ip_vs if it can): the file exists
+            // from then on.
+            let listing = std::fs::File::open(LISTING_PATH).ok();
+            Ok((socket, family, (connection, listing)))
         })
         .await
         .map_err(|e| match e.raw_os_error() {
@@ -216,7 +227,7 @@ impl IpvsHandle {
             reason: "the generic netlink family \"IPVS\" is not registered (ip_vs not loaded?)"
                 .into(),
         })?;
-        let (connection, conn) = connection;
+        let ((connection, conn), listing) = connection;
         let connection = IpvsConnection {
             inner: Box::pin(connection.run()),
         };
@@ -228,6 +239,8 @@ impl IpvsHandle {
                 netns,
                 pool: Mutex::new(Vec::new()),
                 lister: Mutex::new(Some(socket)),
+                listing: Mutex::new(listing),
+                listing_len: std::sync::atomic::AtomicUsize::new(0),
             }),
             read_sockets: None,
         };
@@ -452,6 +465,43 @@ impl IpvsHandle {
             futures::future::ready(keep)
         })
         .boxed()
+    }
+
+    /// Every (address, port, protocol) service's destinations, as the kernel's text listing
+    /// of the handle's namespace shows them (`/proc/net/ip_vs`): one read of one file, about
+    /// a seventh of the kernel's work of a destination dump per service (see
+    /// [`crate::listing`] for what it shows and what it does not). Best-effort, and less
+    /// than a single service dump: while other namespaces have IPVS services the kernel's
+    /// listing skips about one of this namespace's for each of theirs, so a caller compares
+    /// it with a service dump ([`IpvsHandle::services`]) and dumps the destinations of a
+    /// service it does not show. Fails when the file could not be opened or does not read
+    /// as the kernel writes it.
+    pub async fn listed_destinations(&self) -> Result<Listing, Error> {
+        let op = Operation::ListDestinations;
+        let inner = Arc::clone(&self.inner);
+        let read = tokio::task::spawn_blocking(move || -> io::Result<String> {
+            use std::io::{Read, Seek};
+            let mut slot = inner.listing.lock().unwrap_or_else(|p| p.into_inner());
+            let file = slot.as_mut().ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::NotFound,
+                    format!("{LISTING_PATH} could not be opened"),
+                )
+            })?;
+            file.rewind()?;
+            let last = inner.listing_len.load(std::sync::atomic::Ordering::Relaxed);
+            let mut text = String::with_capacity(last + last / 8 + 4096);
+            file.read_to_string(&mut text)?;
+            inner
+                .listing_len
+                .store(text.len(), std::sync::atomic::Ordering::Relaxed);
+            Ok(text)
+        })
+        .await
+        .map_err(|e| Error::io(op, io::Error::other(e.to_string())))?
+        .map_err(|e| Error::io(op, e))?;
+        crate::listing::parse_listing(&read)
+            .map_err(|e| Error::io(op, io::Error::new(io::ErrorKind::InvalidData, e)))
     }
 
     /// One service. Fails with [`Error::ServiceNotFound`] if it does not exist.
@@ -804,6 +854,9 @@ impl IpvsHandle {
         read
     }
 }
+
+/// The kernel's text listing of the calling thread's network namespace.
+const LISTING_PATH: &str = "/proc/thread-self/net/ip_vs";
 
 fn connection_lost(op: Operation) -> Error {
     Error::io(

@@ -50,6 +50,7 @@ pub mod error;
 pub mod forward;
 pub mod handle;
 pub mod info;
+pub mod listing;
 pub mod message;
 pub mod netns;
 pub mod protocol;
@@ -73,6 +74,7 @@ pub use handle::{
     new_connection_in_netns,
 };
 pub use info::Info;
+pub use listing::{ListedDestination, Listing, ListingError};
 pub use netns::NetnsTarget;
 pub use protocol::Protocol;
 pub use scheduler::{Scheduler, SchedulerNameError};

@@ -279,7 +279,7 @@ fn join(
     services: BTreeMap<ServiceKey, ServiceEntry>,
     mut destinations: Vec<(ServiceKey, Vec<DestinationEntry>)>,
 ) -> Table {
-    destinations.sort_unstable_by(|(a, _), (b, _)| a.cmp(b));
+    destinations.sort_unstable_by_key(|(key, _)| *key);
     let mut destinations = destinations.into_iter().peekable();
     services
         .into_values()
