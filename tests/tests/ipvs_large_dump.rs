@@ -241,3 +241,147 @@ fn ipvs_dumps_of_one_handle_nest_and_an_abandoned_dump_does_not_hold_up_the_next
     assert_eq!(saved.iter().filter(|l| l.starts_with("-A ")).count(), 1_000);
     assert_eq!(saved.iter().filter(|l| l.starts_with("-a ")).count(), 1_000);
 }
+
+/// The kernel's text listing (`IpvsHandle::listed_destinations`) shows a tuple service's
+/// destinations as the netlink table read does (address, port, forwarding method, weight,
+/// connection counts), across many of the listing's pages; it leaves firewall-mark services
+/// out and shows the handle's own namespace, not the caller's. While another namespace has
+/// IPVS services the kernel's listing skips some of ours at page boundaries (it ends a page
+/// counting every namespace's services, and resumes counting only ours): the engine's
+/// best-effort read built on it still finds every service and destination (it dumps the
+/// ones the listing left out), as the verified netlink read does.
+#[test]
+fn ipvs_the_listing_shows_destinations_as_a_table_read_does() {
+    use ipvs_netlink::{ForwardMethod, ListedDestination};
+    use proxier_core::backend::{IpvsBackend, KernelIpvsBackend};
+    use std::collections::BTreeMap;
+
+    require_kernel!();
+    let _alone = ALONE.lock().unwrap_or_else(|p| p.into_inner());
+    let ns = netns_with_routes();
+    // Every kind of line the listing has, made with ipvsadm.
+    ns.sh_ok(
+        "modprobe ip_vs_sh 2>/dev/null; modprobe ip_vs_wlc 2>/dev/null; \
+         ipvsadm -A -t 10.96.0.1:443 -s rr && \
+         ipvsadm -a -t 10.96.0.1:443 -r 10.1.0.1:6443 -m -w 1 && \
+         ipvsadm -a -t 10.96.0.1:443 -r 10.1.0.2:6443 -g -w 0 && \
+         ipvsadm -a -t 10.96.0.1:443 -r 10.1.0.3:6443 -i -w 65535 && \
+         ipvsadm -A -u 10.96.0.10:53 -s sh -b sh-port -p 300 && \
+         ipvsadm -a -u 10.96.0.10:53 -r 10.1.1.1:53 -m && \
+         ipvsadm -A --sctp-service 10.96.0.20:9000 -s wlc && \
+         ipvsadm -a --sctp-service 10.96.0.20:9000 -r 10.1.2.1:9000 -m -x 10 -y 5 && \
+         ipvsadm -A -t [fd00::a]:80 -s rr && \
+         ipvsadm -a -t [fd00::a]:80 -r [fd00:1::1]:8080 -m -w 3 && \
+         ipvsadm -A -f 16 -s rr && ipvsadm -a -f 16 -r 10.1.3.1:0 -g && \
+         ipvsadm -A -t 10.96.0.30:80 -s rr",
+    );
+    // Another namespace's services, which the handle must not see.
+    let other = netns_with_routes();
+    other.sh_ok(
+        "for i in $(seq 1 40); do ipvsadm -A -t 10.96.9.$i:80 -s rr && \
+         ipvsadm -a -t 10.96.9.$i:80 -r 10.1.9.9:80 -m || exit 1; done",
+    );
+    with_handle(&ns, |h| async move {
+        // Enough services for the listing to take a few hundred of the kernel's pages.
+        let mut ops = Vec::new();
+        for i in 0..2_000u32 {
+            let [_, _, hi, lo] = i.to_be_bytes();
+            let key = ServiceKey::udp(IpAddr::V4(Ipv4Addr::new(10, 63, hi, lo)), 53);
+            ops.push(Op::AddService(Service::new(key, Scheduler::RoundRobin)));
+            for d in 1..=(u8::try_from(i % 4).unwrap()) {
+                let mut destination =
+                    Destination::new(IpAddr::V4(Ipv4Addr::new(10, 64, lo, d)), 5353);
+                destination.weight = u32::from(d) * 7;
+                ops.push(Op::AddDestination(key, destination));
+            }
+        }
+        assert!(h.batch(ops).await.iter().all(|r| r.is_ok()));
+
+        let listing = h.listed_destinations().await.unwrap();
+        let table = h.table().await.unwrap();
+        type Shown = Vec<(IpAddr, u16, ForwardMethod, u32, u32, u32)>;
+        let sorted = |mut shown: Shown| {
+            shown.sort();
+            shown
+        };
+        let from_listing: BTreeMap<ServiceKey, Shown> = listing
+            .into_iter()
+            .map(|(key, destinations)| {
+                let shown = destinations
+                    .iter()
+                    .map(|d: &ListedDestination| {
+                        (
+                            d.addr,
+                            d.port,
+                            d.forward,
+                            d.weight,
+                            d.active_conns,
+                            d.inactive_conns,
+                        )
+                    })
+                    .collect();
+                (key, sorted(shown))
+            })
+            .collect();
+        let from_table: BTreeMap<ServiceKey, Shown> = table
+            .into_iter()
+            .filter(|(entry, _)| matches!(entry.service.key, ServiceKey::Tuple { .. }))
+            .map(|(entry, destinations)| {
+                let shown = destinations
+                    .iter()
+                    .map(|d| {
+                        let c = &d.destination;
+                        (
+                            c.addr,
+                            c.port,
+                            c.forward,
+                            c.weight,
+                            d.active_conns,
+                            d.inactive_conns,
+                        )
+                    })
+                    .collect();
+                (entry.service.key, sorted(shown))
+            })
+            .collect();
+        assert_eq!(from_table.len(), 2_000 + 5);
+        // Whatever the listing shows is what the table read shows.
+        for (key, shown) in &from_listing {
+            assert_eq!(Some(shown), from_table.get(key), "{key}");
+        }
+        // Most of it: the listing skips about one of ours for each service of the other
+        // namespace it walks past (40).
+        assert!(
+            from_listing.len() * 10 >= from_table.len() * 9,
+            "the listing shows {} of {} services",
+            from_listing.len(),
+            from_table.len()
+        );
+        println!(
+            "the listing showed {} of {} services (another namespace has 40)",
+            from_listing.len(),
+            from_table.len()
+        );
+        let varied = [
+            ServiceKey::tcp(IpAddr::V4(Ipv4Addr::new(10, 96, 0, 1)), 443),
+            ServiceKey::tcp("fd00::a".parse().unwrap(), 80),
+        ];
+        for key in varied {
+            if let Some(shown) = from_listing.get(&key) {
+                assert!(!shown.is_empty(), "{key}");
+            }
+        }
+
+        // The engine's best-effort read on the listing finds every service and destination
+        // the verified read does.
+        let backend = KernelIpvsBackend::new(h.clone());
+        let best_effort = backend.read_table_best_effort().await.unwrap();
+        let verified = backend.read_table().await.unwrap();
+        assert_eq!(best_effort.virtual_servers.len(), 2_000 + 5);
+        assert_eq!(best_effort.virtual_servers, verified.virtual_servers);
+    });
+    // The oracle's own count of destinations, firewall-mark service aside.
+    let dests = ns.sh_ok("ipvsadm -Sn | grep '^-a' | grep -vc '^-a -f'");
+    let expected = 3 + 1 + 1 + 1 + (0..2_000u32).map(|i| i % 4).sum::<u32>();
+    assert_eq!(dests.trim(), expected.to_string());
+}
