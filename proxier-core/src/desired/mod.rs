@@ -158,6 +158,35 @@ impl Desired {
         }
     }
 
+    /// Sets the plan of one Service port as [`Desired::set_plan`] does, looking the port up
+    /// once: `None` when the plan is the one it had (nothing changed), else `Some` of the
+    /// plan it had. `changing` sees the new plan and the old one before the change is made.
+    pub(crate) fn replace_plan(
+        &mut self,
+        name: ServicePortName,
+        plan: Option<ServicePortPlan>,
+        changing: impl FnOnce(Option<&ServicePortPlan>, Option<&ServicePortPlan>),
+    ) -> Option<Option<ServicePortPlan>> {
+        use std::collections::btree_map::Entry;
+        match (self.services.entry(name), plan) {
+            (Entry::Vacant(_), None) => None,
+            (Entry::Vacant(vacant), Some(plan)) => {
+                changing(Some(&plan), None);
+                vacant.insert(plan);
+                Some(None)
+            }
+            (Entry::Occupied(occupied), Some(plan)) if *occupied.get() == plan => None,
+            (Entry::Occupied(mut occupied), Some(plan)) => {
+                changing(Some(&plan), Some(occupied.get()));
+                Some(Some(occupied.insert(plan)))
+            }
+            (Entry::Occupied(occupied), None) => {
+                changing(None, Some(occupied.get()));
+                Some(Some(occupied.remove()))
+            }
+        }
+    }
+
     /// Applies the result of [`crate::Planner::plan_ports`]: the incremental path's way of
     /// keeping the whole plan current. Returns the ports whose plan actually changed.
     pub fn apply_plans(
@@ -225,6 +254,41 @@ mod tests {
         assert_eq!(
             desired.services.keys().cloned().collect::<BTreeSet<_>>(),
             BTreeSet::from([same, new])
+        );
+    }
+
+    #[test]
+    fn replace_plan_reports_the_old_plan_of_a_change_and_nothing_else() {
+        let mut desired = Desired::default();
+        let a = port("a");
+        let plan = |owned: u8| ServicePortPlan {
+            node_owned_addresses: BTreeSet::from([IpAddr::from([192, 0, 2, owned])]),
+            ..ServicePortPlan::default()
+        };
+        let mut seen = Vec::new();
+        let mut replace = |desired: &mut Desired, p: Option<ServicePortPlan>| {
+            desired.replace_plan(a.clone(), p, |new, old| {
+                seen.push((new.cloned(), old.cloned()));
+            })
+        };
+        // Nothing planned, nothing to plan: no change.
+        assert_eq!(replace(&mut desired, None), None);
+        // A first plan.
+        assert_eq!(replace(&mut desired, Some(plan(1))), Some(None));
+        // The same again: no change.
+        assert_eq!(replace(&mut desired, Some(plan(1))), None);
+        // Another: the old one comes back.
+        assert_eq!(replace(&mut desired, Some(plan(2))), Some(Some(plan(1))));
+        // Gone.
+        assert_eq!(replace(&mut desired, None), Some(Some(plan(2))));
+        assert!(desired.services.is_empty());
+        assert_eq!(
+            seen,
+            vec![
+                (Some(plan(1)), None),
+                (Some(plan(2)), Some(plan(1))),
+                (None, Some(plan(2))),
+            ]
         );
     }
 }

@@ -1139,18 +1139,19 @@ where
         };
         for port in ports {
             let plan = port_plans.remove(&port);
-            if self.desired.services.get(&port) == plan.as_ref() {
-                continue;
+            let (size, bound) = (&mut self.size, &mut self.bound);
+            let replaced = self.desired.replace_plan(port.clone(), plan, |new, old| {
+                if let Some(new) = new {
+                    account(size, bound, new, true);
+                }
+                if let Some(old) = old {
+                    account(size, bound, old, false);
+                }
+            });
+            if let Some(old) = replaced {
+                changed.push(port.clone());
+                before.push((port, old));
             }
-            if let Some(plan) = &plan {
-                self.account(plan, true);
-            }
-            let old = self.desired.set_plan(&port, plan);
-            if let Some(old) = &old {
-                self.account(old, false);
-            }
-            changed.push(port.clone());
-            before.push((port, old));
         }
         self.netfilter_plan.set_service(name, netfilter);
 
@@ -1167,34 +1168,6 @@ where
             self.no_local.insert(name.clone(), no_local_endpoints);
         }
         old != health_check
-    }
-
-    /// Keeps the plan's sizes current as one port's plan comes (`up`) or goes.
-    fn account(&mut self, plan: &ServicePortPlan, up: bool) {
-        let servers = plan.virtual_servers.len();
-        let reals: usize = plan
-            .virtual_servers
-            .values()
-            .map(|vs| vs.real_servers.len())
-            .sum();
-        if up {
-            self.size.virtual_servers += servers;
-            self.size.real_servers += reals;
-        } else {
-            self.size.virtual_servers -= servers;
-            self.size.real_servers -= reals;
-        }
-        for address in plan.bound_addresses() {
-            let entry = self.bound.entry(address).or_insert(0);
-            if up {
-                *entry += 1;
-            } else {
-                *entry -= 1;
-                if *entry == 0 {
-                    self.bound.remove(&address);
-                }
-            }
-        }
     }
 
     /// Deletes conntrack entries matching `filters` on a worker thread (ctnetlink calls
@@ -1429,6 +1402,40 @@ async fn incremental_reconcile<I: IpvsBackend, A: AddressBackend>(
 
 /// A Service to re-plan and its ports to re-plan.
 type ServicePorts = (ServiceName, Vec<ServicePortName>);
+
+/// Keeps the plan's sizes and the count of ports binding each address current as one
+/// port's plan comes (`up`) or goes.
+fn account(
+    size: &mut PlanSize,
+    bound: &mut HashMap<IpAddr, u32>,
+    plan: &ServicePortPlan,
+    up: bool,
+) {
+    let servers = plan.virtual_servers.len();
+    let reals: usize = plan
+        .virtual_servers
+        .values()
+        .map(|vs| vs.real_servers.len())
+        .sum();
+    if up {
+        size.virtual_servers += servers;
+        size.real_servers += reals;
+    } else {
+        size.virtual_servers -= servers;
+        size.real_servers -= reals;
+    }
+    for address in plan.bound_addresses() {
+        let entry = bound.entry(address).or_insert(0);
+        if up {
+            *entry += 1;
+        } else {
+            *entry -= 1;
+            if *entry == 0 {
+                bound.remove(&address);
+            }
+        }
+    }
+}
 
 /// Sorted port names grouped by Service, in order (each Service's ports come one after
 /// the other).
