@@ -84,7 +84,7 @@ pub async fn new_connection_in_netns(
     IpvsHandle::build(Some(Arc::new(fd))).await
 }
 
-pub use crate::table::{Table, VerifiedTable};
+pub use crate::table::{Table, VerifiedServices, VerifiedTable};
 
 /// The shared connection's dump slot while a dump's replies are read. A dump stream dropped
 /// before its end (the caller stopped reading) keeps the slot on a task of its own until the
@@ -811,6 +811,42 @@ impl IpvsHandle {
     /// destination dumps (one per service) take most of either read.
     pub async fn table_best_effort(&self) -> Result<Table, Error> {
         Ok(self.read_table(1).await?.table)
+    }
+
+    /// The service list alone, verified as [`table_verified`](IpvsHandle::table_verified)'s
+    /// is (dumps repeated until two in a row agree with the earlier ones, then the
+    /// unconfirmed ones read one by one), without any destination: for a caller that takes
+    /// the destinations from the kernel's listing
+    /// ([`listed_destinations`](IpvsHandle::listed_destinations)).
+    pub async fn services_verified(&self) -> Result<VerifiedServices, Error> {
+        let failed = |e: io::Error| Error::io(Operation::ListServices, e);
+        let taken = self
+            .inner
+            .lister
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        let mut lister = match taken {
+            Some(lister) => lister,
+            None => netns::run_in(self.inner.netns.clone(), || {
+                NetlinkSocket::open(NETLINK_GENERIC)
+            })
+            .await
+            .map_err(failed)?,
+        };
+        let family = self.inner.family;
+        let (read, mut lister) = tokio::task::spawn_blocking(move || {
+            let read = table::read_service_list(&mut lister, family, MAX_TABLE_ATTEMPTS);
+            (read, lister)
+        })
+        .await
+        .map_err(|e| failed(io::Error::other(e.to_string())))?;
+        if read.is_ok() {
+            lister.release_buffers();
+            let mut slot = self.inner.lister.lock().unwrap_or_else(|p| p.into_inner());
+            slot.get_or_insert(lister);
+        }
+        read
     }
 
     async fn read_table(&self, max_attempts: u32) -> Result<VerifiedTable, Error> {

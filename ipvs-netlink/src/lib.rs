@@ -70,8 +70,8 @@ pub use destination::{
 pub use error::{Error, Object, Operation, RangeError};
 pub use forward::ForwardMethod;
 pub use handle::{
-    IpvsConnection, IpvsHandle, MAX_TABLE_ATTEMPTS, Table, VerifiedTable, new_connection,
-    new_connection_in_netns,
+    IpvsConnection, IpvsHandle, MAX_TABLE_ATTEMPTS, Table, VerifiedServices, VerifiedTable,
+    new_connection, new_connection_in_netns,
 };
 pub use info::Info;
 pub use listing::{ListedDestination, Listing, ListingError};

@@ -28,6 +28,19 @@ use crate::transport::NetlinkSocket;
 /// Every service with its destinations, as [`IpvsHandle::table`](crate::IpvsHandle::table) returns it.
 pub type Table = Vec<(ServiceEntry, Vec<DestinationEntry>)>;
 
+/// The service list read by [`IpvsHandle::services_verified`](crate::IpvsHandle::services_verified).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct VerifiedServices {
+    /// Every service, sorted by key.
+    pub services: Vec<ServiceEntry>,
+    /// How many service dumps were made.
+    pub attempts: u32,
+    /// Whether two service dumps in a row agreed with the earlier ones (as
+    /// [`VerifiedTable::verified`]).
+    pub verified: bool,
+}
+
 /// A table read by [`IpvsHandle::table_verified`](crate::IpvsHandle::table_verified).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -268,6 +281,23 @@ pub(crate) fn read(
         table,
         attempts,
         verified,
+    })
+}
+
+/// Reads the service list alone on `lister`, with up to `max_attempts` dumps merged as a
+/// table read's are.
+pub(crate) fn read_service_list(
+    lister: &mut NetlinkSocket,
+    family: u16,
+    max_attempts: u32,
+) -> Result<VerifiedServices, Error> {
+    // Nobody takes the keys: no destination is dumped.
+    let queue = Queue::default();
+    let merge = read_services(lister, family, max_attempts, &queue)?;
+    Ok(VerifiedServices {
+        verified: merge.verified(),
+        attempts: merge.attempts,
+        services: merge.services.into_values().collect(),
     })
 }
 

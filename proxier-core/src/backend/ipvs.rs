@@ -254,30 +254,57 @@ impl KernelIpvsBackend {
 }
 
 impl IpvsBackend for KernelIpvsBackend {
-    /// The first verified read (start, adoption after a restart) uses the library's
-    /// parallel dump sockets; later ones run beside incremental syncs (full resyncs) and
-    /// read on one socket, leaving the other CPUs and the kernel's IPVS lock to the syncs.
+    /// A verified read (every full resync's): the service list verified
+    /// (`IpvsHandle::services_verified`: dumps repeated until two agree), beside the kernel's
+    /// listing of the namespace for the destinations, as the best-effort read takes them
+    /// ([`IpvsBackend::read_table_best_effort`]). A full resync then holds the kernel's IPVS
+    /// lock for three service dumps, not for a destination dump per service besides, while
+    /// the incremental syncs beside it write. When the listing cannot be read or leaves out
+    /// too many services, the library's verified read dumps every service's destinations:
+    /// the first on its parallel dump sockets, later ones (beside incremental syncs) on one.
     fn read_table(&self) -> PendingTableRead {
-        let handle = if self.reads.verifying_reads() == 0 {
-            self.handle.clone()
-        } else {
-            self.handle.with_read_sockets(1)
-        };
+        let handle = self.handle.clone();
+        let background = self.reads.verifying_reads() > 0;
         Box::pin(async move {
             let started = std::time::Instant::now();
+            let (services, listing) =
+                tokio::join!(handle.services_verified(), handle.listed_destinations());
+            let listed = match listing {
+                Ok(listing) => {
+                    let services = services.map_err(map_error)?;
+                    listed_table(&handle, services.services, listing)
+                        .await?
+                        .map(|table| (table, services.attempts, services.verified))
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "the kernel's IPVS listing could not be read: dumping every service's destinations instead");
+                    None
+                }
+            };
+            let (virtual_servers, dumps, verified) = match listed {
+                Some(read) => read,
+                None => {
+                    let handle = if background {
+                        handle.with_read_sockets(1)
+                    } else {
+                        handle
+                    };
+                    let read = handle.table_verified().await.map_err(map_error)?;
+                    (observed_table(&read.table), read.attempts, read.verified)
+                }
+            };
             // Verified, but an unverified merged read is still used (and counted): every
             // service in it exists, and one a dump skipped throughout is found by a later sync.
-            let read = handle.table_verified().await.map_err(map_error)?;
-            if !read.verified {
+            if !verified {
                 tracing::warn!(
-                    dumps = read.attempts,
+                    dumps,
                     "IPVS service dumps kept changing (churn in another network namespace?): using the merged table"
                 );
             }
             Ok(TableRead {
-                virtual_servers: observed_table(&read.table),
-                dumps: read.attempts,
-                verified: read.verified,
+                virtual_servers,
+                dumps,
+                verified,
                 best_effort: false,
                 took: started.elapsed(),
             })
