@@ -321,6 +321,10 @@ pub type PendingLinkRead =
 pub type PendingBind =
     Pin<Box<dyn Future<Output = Vec<Result<(), BackendError>>> + Send + 'static>>;
 
+/// The answers of [`AddressBackend::change_addresses`]: one per address bound, one per
+/// address removed, each in order.
+pub type AddressChanges = (Vec<Result<(), BackendError>>, Vec<Result<(), BackendError>>);
+
 /// Manages the dummy link and the service addresses bound on it (/32 or /128).
 pub trait AddressBackend: Send {
     /// Name of the link.
@@ -383,6 +387,29 @@ pub trait AddressBackend: Send {
                 results.push(self.add_address(*address).await);
             }
             results
+        }
+    }
+
+    /// Binds `bind`, then removes `unbind`: one result per address of each, in order. The
+    /// kernel backend sends both on one socket, pipelined, the removals after the binds, so
+    /// a sync that adds one Service and deletes another waits for one exchange, not two.
+    fn change_addresses(
+        &mut self,
+        bind: &[IpAddr],
+        unbind: &[IpAddr],
+    ) -> impl Future<Output = AddressChanges> + Send {
+        async move {
+            let bound = if bind.is_empty() {
+                Vec::new()
+            } else {
+                self.add_addresses(bind).await
+            };
+            let unbound = if unbind.is_empty() {
+                Vec::new()
+            } else {
+                self.remove_addresses(unbind).await
+            };
+            (bound, unbound)
         }
     }
 

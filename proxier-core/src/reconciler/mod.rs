@@ -1508,15 +1508,10 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
         let ((bound, unbound, address_time), (results, ipvs_time)) = tokio::join!(
             async {
                 let started = std::time::Instant::now();
-                let bound = if bind.is_empty() {
-                    Vec::new()
+                let (bound, unbound) = if bind.is_empty() && unbind.is_empty() {
+                    (Vec::new(), Vec::new())
                 } else {
-                    addresses.add_addresses(bind).await
-                };
-                let unbound = if unbind.is_empty() {
-                    Vec::new()
-                } else {
-                    addresses.remove_addresses(unbind).await
+                    addresses.change_addresses(bind, unbind).await
                 };
                 (bound, unbound, started.elapsed())
             },
