@@ -977,9 +977,11 @@ What the rows measure:
   to its first sync, which must write nothing (read from the daemon's metrics and its sync
   event). Compared with what reading that kernel costs the library alone: a verified
   `table()` plus a dump of the link's addresses. (The daemon's first sync reads the table
-  best-effort, one service dump instead of a verified read's three, and looks up alone each
-  planned virtual server that read lacks; the verified read, the stricter one, stays the
-  yardstick.) Each is run three times (the daemon stopped
+  best-effort: one service dump instead of a verified read's three, and the destinations
+  from the kernel's text listing of the namespace, `/proc/net/ip_vs`, instead of a
+  destination dump per service; it looks up alone each planned virtual server that read
+  lacks. The verified netlink read, the stricter one and what any netlink client pays for
+  the table, stays the yardstick.) Each is run three times (the daemon stopped
   and started again between adoptions) and the median run shown, every run's time beside
   it. **CPU time**, of the median runs: the daemon's user and system time from its start to
   that sync, that of the benchmark's own process meanwhile (the API double serving the
