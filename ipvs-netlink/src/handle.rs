@@ -820,31 +820,16 @@ impl IpvsHandle {
     /// ([`listed_destinations`](IpvsHandle::listed_destinations)).
     pub async fn services_verified(&self) -> Result<VerifiedServices, Error> {
         let failed = |e: io::Error| Error::io(Operation::ListServices, e);
-        let taken = self
-            .inner
-            .lister
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
-        let mut lister = match taken {
-            Some(lister) => lister,
-            None => netns::run_in(self.inner.netns.clone(), || {
-                NetlinkSocket::open(NETLINK_GENERIC)
-            })
-            .await
-            .map_err(failed)?,
-        };
+        let mut lister = self.take_lister().await.map_err(failed)?;
         let family = self.inner.family;
-        let (read, mut lister) = tokio::task::spawn_blocking(move || {
+        let (read, lister) = tokio::task::spawn_blocking(move || {
             let read = table::read_service_list(&mut lister, family, MAX_TABLE_ATTEMPTS);
             (read, lister)
         })
         .await
         .map_err(|e| failed(io::Error::other(e.to_string())))?;
         if read.is_ok() {
-            lister.release_buffers();
-            let mut slot = self.inner.lister.lock().unwrap_or_else(|p| p.into_inner());
-            slot.get_or_insert(lister);
+            self.give_back_lister(lister);
         }
         read
     }
@@ -857,23 +842,10 @@ impl IpvsHandle {
                 .clamp(2, MAX_DUMP_WORKERS)
         });
         let failed = |e: io::Error| Error::io(Operation::ListServices, e);
-        let taken = self
-            .inner
-            .lister
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
-        let mut lister = match taken {
-            Some(lister) => lister,
-            None => netns::run_in(self.inner.netns.clone(), || {
-                NetlinkSocket::open(NETLINK_GENERIC)
-            })
-            .await
-            .map_err(failed)?,
-        };
+        let mut lister = self.take_lister().await.map_err(failed)?;
         let mut sockets = self.take_sockets(workers).await.map_err(failed)?;
         let family = self.inner.family;
-        let (read, mut lister, sockets) = tokio::task::spawn_blocking(move || {
+        let (read, lister, sockets) = tokio::task::spawn_blocking(move || {
             let read = table::read(&mut lister, &mut sockets, family, max_attempts);
             (read, lister, sockets)
         })
@@ -881,13 +853,37 @@ impl IpvsHandle {
         .map_err(|e| failed(io::Error::other(e.to_string())))?;
         if read.is_ok() {
             self.give_back(sockets);
-            // Kept for the next read, which comes seconds or minutes later (a resync): its
-            // megabyte of buffers goes back meanwhile.
-            lister.release_buffers();
-            let mut slot = self.inner.lister.lock().unwrap_or_else(|p| p.into_inner());
-            slot.get_or_insert(lister);
+            self.give_back_lister(lister);
         }
         read
+    }
+
+    /// The socket service lists are dumped on: the handle's, or a new one in its namespace
+    /// while another read holds it.
+    async fn take_lister(&self) -> io::Result<NetlinkSocket> {
+        let taken = self
+            .inner
+            .lister
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        match taken {
+            Some(lister) => Ok(lister),
+            None => {
+                netns::run_in(self.inner.netns.clone(), || {
+                    NetlinkSocket::open(NETLINK_GENERIC)
+                })
+                .await
+            }
+        }
+    }
+
+    /// Keeps `lister` for the next read, which comes seconds or minutes later (a resync):
+    /// its megabyte of buffers goes back meanwhile.
+    fn give_back_lister(&self, mut lister: NetlinkSocket) {
+        lister.release_buffers();
+        let mut slot = self.inner.lister.lock().unwrap_or_else(|p| p.into_inner());
+        slot.get_or_insert(lister);
     }
 }
 

@@ -94,6 +94,16 @@ fn observed_table(table: &Table) -> BTreeMap<VirtualServerKey, ObservedVirtualSe
         .collect()
 }
 
+/// The listing read, or `None` (logged) when it could not be: the caller then dumps every
+/// service's destinations.
+fn usable(listing: Result<Listing, ipvs_netlink::Error>) -> Option<Listing> {
+    listing
+        .inspect_err(|error| {
+            tracing::warn!(%error, "the kernel's IPVS listing could not be read: dumping every service's destinations instead");
+        })
+        .ok()
+}
+
 /// The tuple virtual servers of a service dump, with the real servers the listing shows
 /// for each; those of a service it does not show are dumped. `None` when the listing
 /// leaves out more than [`MOST_UNLISTED`] of them: the kernel resumes each page of the
@@ -269,17 +279,14 @@ impl IpvsBackend for KernelIpvsBackend {
             let started = std::time::Instant::now();
             let (services, listing) =
                 tokio::join!(handle.services_verified(), handle.listed_destinations());
-            let listed = match listing {
-                Ok(listing) => {
+            let listed = match usable(listing) {
+                Some(listing) => {
                     let services = services.map_err(map_error)?;
                     listed_table(&handle, services.services, listing)
                         .await?
                         .map(|table| (table, services.attempts, services.verified))
                 }
-                Err(error) => {
-                    tracing::warn!(%error, "the kernel's IPVS listing could not be read: dumping every service's destinations instead");
-                    None
-                }
+                None => None,
             };
             let (virtual_servers, dumps, verified) = match listed {
                 Some(read) => read,
@@ -327,12 +334,11 @@ impl IpvsBackend for KernelIpvsBackend {
                 handle.services().try_collect::<Vec<_>>(),
                 handle.listed_destinations()
             );
-            let listed = match listing {
-                Ok(listing) => listed_table(&handle, services.map_err(map_error)?, listing).await?,
-                Err(error) => {
-                    tracing::warn!(%error, "the kernel's IPVS listing could not be read: dumping every service's destinations instead");
-                    None
+            let listed = match usable(listing) {
+                Some(listing) => {
+                    listed_table(&handle, services.map_err(map_error)?, listing).await?
                 }
+                None => None,
             };
             let virtual_servers = match listed {
                 Some(table) => table,
