@@ -4,7 +4,7 @@
 //! kernel read, diff, address writes, IPVS writes, nftables, conntrack).
 
 use std::fmt;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use serde_json::{Map, Value};
 
@@ -68,6 +68,12 @@ impl LogEvent {
         }
     }
 
+    /// When the event was logged: its `timestamp`, RFC 3339 in UTC
+    /// (`2026-12-06T19:48:16.372207Z`, as tracing-subscriber writes it).
+    pub fn logged_at(&self) -> Option<SystemTime> {
+        parse_utc_timestamp(self.str("timestamp")?)
+    }
+
     /// Removes a field (tests build older event shapes from real ones).
     pub fn without(mut self, name: &str) -> LogEvent {
         self.fields.remove(name);
@@ -100,6 +106,85 @@ pub fn events(log: &str) -> impl Iterator<Item = LogEvent> + '_ {
 /// The `sync done` events of `log`, in order.
 pub fn syncs(log: &str) -> Vec<LogEvent> {
     events(log).filter(|e| e.message() == SYNC_DONE).collect()
+}
+
+/// Parses an RFC 3339 time in UTC with a `Z` (`YYYY-MM-DDTHH:MM:SS[.fraction]Z`).
+pub fn parse_utc_timestamp(text: &str) -> Option<SystemTime> {
+    let (date, time) = text.strip_suffix('Z')?.split_once('T')?;
+    let mut date = date.splitn(3, '-').map(str::parse::<i64>);
+    let (year, month, day) = (date.next()?.ok()?, date.next()?.ok()?, date.next()?.ok()?);
+    let mut time = time.splitn(3, ':');
+    let (hour, minute) = (
+        time.next()?.parse::<u64>().ok()?,
+        time.next()?.parse::<u64>().ok()?,
+    );
+    let seconds: f64 = time.next()?.parse().ok()?;
+    if !(1..=12).contains(&month) || !(1..=31).contains(&day) || hour > 23 || minute > 59 {
+        return None;
+    }
+    // Days from 1970-01-01 to the date, by the proleptic Gregorian calendar (years counted
+    // from March, so that the leap day ends a year).
+    let (y, m) = if month <= 2 {
+        (year - 1, month + 9)
+    } else {
+        (year, month - 3)
+    };
+    let era = y.div_euclid(400);
+    let year_of_era = y - era * 400;
+    let day_of_year = (153 * m + 2) / 5 + day - 1;
+    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
+    let days = u64::try_from(era * 146_097 + day_of_era - 719_468).ok()?;
+    let whole = days * 86_400 + hour * 3_600 + minute * 60;
+    SystemTime::UNIX_EPOCH
+        .checked_add(Duration::from_secs(whole))?
+        .checked_add(Duration::try_from_secs_f64(seconds).ok()?)
+}
+
+/// Where the time of one change timed to the kernel went, by the daemon's syncs that started
+/// while it was on its way (from [`change_parts`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ChangeParts {
+    /// From the change made (the API call) to the start of the first of those syncs: the
+    /// event's delivery and the wait for a sync already running.
+    pub until_first_sync: Duration,
+    /// How many syncs started while the change was on its way.
+    pub syncs: usize,
+    /// Their time, added up.
+    pub sync_time: Duration,
+    /// Their address writes (binds and unbinds on the dummy link), added up.
+    pub address_writes: Duration,
+}
+
+/// Sets the change made at `made`, in the kernel `took` later, against the daemon's `sync
+/// done` events (each started at its logged time less its `total_s`); `None` when no sync
+/// started meanwhile (or the events carry no times).
+pub fn change_parts(made: SystemTime, took: Duration, syncs: &[LogEvent]) -> Option<ChangeParts> {
+    let seen = made + took;
+    let mut parts: Option<ChangeParts> = None;
+    for sync in syncs {
+        let (Some(ended), Some(total)) = (sync.logged_at(), sync.duration("total_s")) else {
+            continue;
+        };
+        let Some(started) = ended.checked_sub(total) else {
+            continue;
+        };
+        if started < made || started > seen {
+            continue;
+        }
+        let address = sync.duration("address_writes_s").unwrap_or_default();
+        let into = started.duration_since(made).unwrap_or_default();
+        let parts = parts.get_or_insert(ChangeParts {
+            until_first_sync: into,
+            syncs: 0,
+            sync_time: Duration::ZERO,
+            address_writes: Duration::ZERO,
+        });
+        parts.until_first_sync = parts.until_first_sync.min(into);
+        parts.syncs += 1;
+        parts.sync_time += total;
+        parts.address_writes += address;
+    }
+    parts
 }
 
 /// Phases of one sync and of the start-up before it (absent ones are `None`).
@@ -368,5 +453,59 @@ thread 'main' panicked at src/main.rs:1:1: not JSON
         let json = Phases::from_log(LOG, 2).to_json();
         assert_eq!(json["sysctls"], Value::Null);
         assert_eq!(json["sync total"].as_f64(), Some(0.000205065));
+    }
+
+    #[test]
+    fn utc_timestamps_parse_to_the_epoch_seconds_python_gives() {
+        // Oracle: Python's datetime(..., tzinfo=timezone.utc).timestamp().
+        let at = |text: &str| {
+            parse_utc_timestamp(text).map(|t| {
+                t.duration_since(SystemTime::UNIX_EPOCH)
+                    .expect("after 1970")
+                    .as_secs_f64()
+            })
+        };
+        assert_eq!(at("1970-01-01T00:00:00Z"), Some(0.0));
+        assert_eq!(at("2000-02-29T23:59:59Z"), Some(951_868_799.0));
+        let t = at("2026-12-06T19:48:16.372207Z").expect("a real daemon's timestamp");
+        assert!((t - 1_796_586_496.372_207).abs() < 1e-6, "{t}");
+        for bad in [
+            "2026-12-06T19:48:16.372207",
+            "2026-13-06T19:48:16Z",
+            "2026-12-06 19:48:16Z",
+            "yesterday",
+        ] {
+            assert_eq!(at(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_change_is_set_against_the_syncs_that_started_while_it_was_on_its_way() {
+        let syncs = syncs(LOG);
+        let at = |text: &str| parse_utc_timestamp(text).expect("a valid time");
+        let ms = Duration::from_millis;
+        // The second sync started 205.065 µs before it was logged at 16.094433.
+        let parts = change_parts(at("2026-12-02T01:42:16.090Z"), ms(10), &syncs)
+            .expect("the second sync started 4.2 ms after the change");
+        assert_eq!(parts.syncs, 1);
+        let until = parts.until_first_sync.as_secs_f64();
+        assert!((until - 0.004_227_935).abs() < 1e-6, "{until}");
+        assert!(close(Some(parts.sync_time), us(205.065)));
+        assert!(close(Some(parts.address_writes), us(0.26)));
+        // Both syncs: the first started 15.990945 ms before 12.876113.
+        let both = change_parts(at("2026-12-02T01:42:12.000Z"), ms(5_000), &syncs)
+            .expect("both syncs started during the change");
+        assert_eq!(both.syncs, 2);
+        assert!(close(Some(both.address_writes), us(2.133 + 0.26)));
+        assert!(close(Some(both.sync_time), us(15_990.945 + 205.065)));
+        // A sync that started before the change did not take it; none after it either.
+        assert_eq!(
+            change_parts(at("2026-12-02T01:42:16.0943Z"), ms(10), &syncs),
+            None
+        );
+        assert_eq!(
+            change_parts(at("2026-12-02T01:42:13.000Z"), ms(10), &syncs),
+            None
+        );
     }
 }

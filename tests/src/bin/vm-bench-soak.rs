@@ -45,7 +45,7 @@ use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, bail, ensure};
 use ipvs_netlink::IpvsHandle;
@@ -55,9 +55,9 @@ use ipvs_proxier_tests::bench::cluster::{self, ENDPOINT_ROUTE};
 use ipvs_proxier_tests::bench::daemon::{BenchDaemon, METRICS, Source};
 use ipvs_proxier_tests::bench::latency::{Percentiles, wait_for_destination, wait_for_service};
 use ipvs_proxier_tests::bench::metrics;
-use ipvs_proxier_tests::bench::phases::{LogEvent, SYNC_WITH_ERRORS};
+use ipvs_proxier_tests::bench::phases::{ChangeParts, LogEvent, SYNC_WITH_ERRORS, change_parts};
 use ipvs_proxier_tests::bench::report;
-use serde_json::json;
+use serde_json::{Value, json};
 
 /// Services whose endpoints are the pods (never churned).
 const TRAFFIC_SERVICES: usize = 10;
@@ -544,6 +544,58 @@ fn address_write_cost(node: &Netns, link: &str) -> anyhow::Result<(Duration, Dur
     Ok((each[0], each[1]))
 }
 
+/// Where each Service add + delete's time went: its window set against the daemon's
+/// incremental syncs that started in it ([`change_parts`]); printed, and returned for the
+/// report (`null` when no window could be set against a sync).
+fn service_change_parts(windows: &[(SystemTime, Duration)], syncs: &[LogEvent]) -> Value {
+    let mut parts: Vec<(Duration, ChangeParts)> = windows
+        .iter()
+        .filter_map(|&(made, took)| change_parts(made, took, syncs).map(|parts| (took, parts)))
+        .collect();
+    if parts.is_empty() {
+        return Value::Null;
+    }
+    let of = |part: fn(&ChangeParts) -> Duration| {
+        Percentiles::of(&parts.iter().map(|(_, p)| part(p)).collect::<Vec<_>>())
+    };
+    let until = of(|p| p.until_first_sync);
+    let address = of(|p| p.address_writes);
+    let in_syncs = of(|p| p.sync_time);
+    let mut counts: Vec<usize> = parts.iter().map(|(_, p)| p.syncs).collect();
+    counts.sort_unstable();
+    let syncs_p50 = counts[counts.len() / 2];
+    // The slowest 1 % (at least one): what their time was made of, on average.
+    parts.sort_by_key(|(took, _)| std::cmp::Reverse(*took));
+    let slowest = &parts[..(parts.len() / 100).max(1)];
+    let mean_ms = |part: &dyn Fn(&(Duration, ChangeParts)) -> Duration| {
+        slowest.iter().map(|p| part(p).as_secs_f64()).sum::<f64>() * 1e3 / slowest.len() as f64
+    };
+    let slow = json!({
+        "count": slowest.len(),
+        "took_ms": mean_ms(&|(took, _)| *took),
+        "until_first_sync_ms": mean_ms(&|(_, p)| p.until_first_sync),
+        "address_writes_ms": mean_ms(&|(_, p)| p.address_writes),
+        "syncs_ms": mean_ms(&|(_, p)| p.sync_time),
+    });
+    let show = |p: &Option<Percentiles>| p.as_ref().map_or("none".into(), ToString::to_string);
+    println!(
+        "Service add + delete, set against the daemon's syncs ({} of {} changes): until the first sync taking it {}; address writes of its syncs {}; its syncs {}, {syncs_p50} of them (p50); the slowest 1 %: {slow}",
+        parts.len(),
+        windows.len(),
+        show(&until),
+        show(&address),
+        show(&in_syncs)
+    );
+    json!({
+        "changes": parts.len(),
+        "until_first_sync": report::percentiles(until),
+        "address_writes": report::percentiles(address),
+        "syncs": report::percentiles(in_syncs),
+        "syncs_per_change_p50": syncs_p50,
+        "slowest": slow,
+    })
+}
+
 fn rss_mib(daemon: &BenchDaemon) -> anyhow::Result<f64> {
     Ok(daemon.memory_kib()?.0 as f64 / 1024.0)
 }
@@ -691,10 +743,14 @@ fn main() -> anyhow::Result<()> {
     };
     // The netlink op counts of the daemon lives a fault ended (a restart starts them at 0).
     let mut ended_lives: Option<BTreeMap<String, u64>> = None;
-    let (endpoint_samples, service_samples, rss_samples, slow, outcomes) = node.block_on(|| async {
+    let (endpoint_samples, service_samples, service_windows, rss_samples, slow, outcomes) =
+        node.block_on(|| async {
         let handle = IpvsHandle::new().await?;
         let mut endpoint_samples = Vec::new();
         let mut service_samples = Vec::new();
+        // Each Service add + delete: when it was made (wall clock, as the daemon's log
+        // times its syncs) and how long until the kernel held both changes.
+        let mut service_windows: Vec<(SystemTime, Duration)> = Vec::new();
         let mut rss_samples = Vec::new();
         let mut slow = Vec::new();
         let mut outcomes = Vec::new();
@@ -743,6 +799,7 @@ fn main() -> anyhow::Result<()> {
             // Every second: a new Service added, the previous one deleted.
             if tick % 10 == 5 {
                 let new = n + tick / 10;
+                let made = SystemTime::now();
                 let t = Instant::now();
                 api.add_service(new, &cluster::initial_endpoints(new, m));
                 if let Some(old) = added.replace(new) {
@@ -767,6 +824,7 @@ fn main() -> anyhow::Result<()> {
                 )
                 .await?;
                 service_samples.push(seen - t);
+                service_windows.push((made, seen - t));
                 if seen - t >= SLOW {
                     slow.push((wall_clock(t), seen - t, "Service delete+add"));
                 }
@@ -780,7 +838,7 @@ fn main() -> anyhow::Result<()> {
             }
             tick += 1;
         }
-        anyhow::Ok((endpoint_samples, service_samples, rss_samples, slow, outcomes))
+        anyhow::Ok((endpoint_samples, service_samples, service_windows, rss_samples, slow, outcomes))
     })?;
     stop.store(true, Ordering::Relaxed);
     match client_thread.join() {
@@ -923,6 +981,7 @@ fn main() -> anyhow::Result<()> {
             phases.join("; ")
         );
     }
+    let service_parts = service_change_parts(&service_windows, &incremental);
     let ok = traffic.ok.load(Ordering::Relaxed);
     let failed = traffic.failed.load(Ordering::Relaxed);
     let endpoint = Percentiles::of(&endpoint_samples);
@@ -1086,6 +1145,7 @@ fn main() -> anyhow::Result<()> {
         },
         "endpoint_change": report::percentiles(endpoint),
         "service_change": report::percentiles(service),
+        "service_change_parts": service_parts,
         "incremental_sync": {
             "total": report::percentiles(sync_total),
             "nftables": report::percentiles(sync_nft),

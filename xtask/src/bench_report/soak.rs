@@ -149,6 +149,24 @@ pub fn section(facts: &Facts, s: &Value) -> Result<String> {
         "| Service add + delete → kernel | {service} | {goal} | {} |",
         met(service_met)
     );
+    if s["service_change_parts"]["until_first_sync"].is_object() {
+        let parts = |key: &str| p50_p99(s, &format!("service_change_parts.{key}"));
+        let slow = |key: &str| num(s, &format!("service_change_parts.slowest.{key}"));
+        let _ = writeln!(
+            out,
+            "| where a Service add + delete's time went (each set against the daemon's syncs that started during it, from its log; {} changes) | until the first of those syncs started: {}; their address writes, added up: {}; the syncs, added up: {}; {} syncs (p50). The slowest 1 % ({}), on average: {:.1} ms, of it {:.1} ms until the first sync, {:.1} ms address writes, {:.1} ms in syncs | | |",
+            thousands(num(s, "service_change_parts.changes")?),
+            parts("until_first_sync")?,
+            parts("address_writes")?,
+            parts("syncs")?,
+            num(s, "service_change_parts.syncs_per_change_p50")?,
+            slow("count")?,
+            slow("took_ms")?,
+            slow("until_first_sync_ms")?,
+            slow("address_writes_ms")?,
+            slow("syncs_ms")?
+        );
+    }
     let p = |key: &str| p50_p99(s, &format!("incremental_sync.{key}"));
     if s["incremental_sync"]["total"].is_object() && s["incremental_sync"]["nftables"].is_object() {
         let _ = writeln!(
@@ -431,5 +449,34 @@ mod tests {
         )
         .unwrap();
         assert!(plain.contains("bound on kube-ipvs0"), "{plain}");
+    }
+
+    #[test]
+    fn a_report_that_sets_the_service_changes_against_the_syncs_shows_where_their_time_went() {
+        let mut report: Value = serde_json::from_str(SOAK).unwrap();
+        let facts = facts("cargo xtask bench-report --soak-only");
+        // The older report has no such figures: no row.
+        let without = section(&facts, &report).unwrap();
+        assert!(!without.contains("where a Service add"), "{without}");
+        let p = |p50: f64, p99: f64| serde_json::json!({"count": 57, "p50_ms": p50, "p99_ms": p99, "max_ms": p99 + 1.0});
+        report["service_change_parts"] = serde_json::json!({
+            "changes": 57,
+            "until_first_sync": p(5.5, 11.0),
+            "address_writes": p(18.6, 37.0),
+            "syncs": p(24.0, 48.0),
+            "syncs_per_change_p50": 2,
+            "slowest": {
+                "count": 1,
+                "took_ms": 57.7,
+                "until_first_sync_ms": 5.5,
+                "address_writes_ms": 38.2,
+                "syncs_ms": 48.1,
+            },
+        });
+        let section = section(&facts, &report).unwrap();
+        assert!(
+            section.contains("| where a Service add + delete's time went (each set against the daemon's syncs that started during it, from its log; 57 changes) | until the first of those syncs started: p50 5.5 ms, p99 11.0 ms; their address writes, added up: p50 18.6 ms, p99 37.0 ms; the syncs, added up: p50 24.0 ms, p99 48.0 ms; 2 syncs (p50). The slowest 1 % (1), on average: 57.7 ms, of it 5.5 ms until the first sync, 38.2 ms address writes, 48.1 ms in syncs | | |"),
+            "{section}"
+        );
     }
 }
