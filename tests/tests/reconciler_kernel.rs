@@ -11,9 +11,10 @@ use std::time::Duration;
 
 use ipvs_proxier_tests::{Netns, require_kernel};
 use proxier_core::backend::{
-    AddressBackend, BackendError, KernelAddressBackend, KernelIpvsBackend,
+    AddressBackend, BackendError, IpvsBackend, KernelAddressBackend, KernelIpvsBackend,
 };
 use proxier_core::desired::{Protocol, Scheduler};
+use proxier_core::observed::Forwarding;
 use proxier_core::{
     Desired, RealServer, RealServerKey, Reconciler, ReconcilerConfig, ServicePortName,
     ServicePortPlan, VirtualServer, VirtualServerKey, VirtualServerRole,
@@ -227,6 +228,67 @@ fn reconciler_from_empty_programs_ipvs_and_binds_vips() {
     assert_eq!(link_addresses(&netns), cluster_addresses());
     // The NodePort's node address is not bound on the dummy link.
     assert!(!netns.sh_ok("ip -o addr show").contains("192.168.99.2"));
+}
+
+#[test]
+fn the_backend_reads_one_virtual_server_with_its_real_servers_and_none_once_it_is_gone() {
+    require_kernel!();
+    let netns = node();
+    // Made with ipvsadm, the oracle: a persistent round-robin service, a masquerading real
+    // server with weight 3, a draining one (weight 0), one routed directly (ipvsadm gives a
+    // direct-routing real server the virtual port, whatever port it is told).
+    netns.sh_ok(
+        "ipvsadm -A -t 10.96.7.7:80 -s rr -p 600 \
+         && ipvsadm -a -t 10.96.7.7:80 -r 10.244.7.1:8080 -m -w 3 \
+         && ipvsadm -a -t 10.96.7.7:80 -r 10.244.7.2:8080 -m -w 0 \
+         && ipvsadm -a -t 10.96.7.7:80 -r 10.244.7.3:8080 -g -w 1",
+    );
+    let key = VirtualServerKey {
+        address: ip("10.96.7.7"),
+        port: 80,
+        protocol: Protocol::Tcp,
+    };
+    netns.block_on(|| async {
+        let mut ipvs = KernelIpvsBackend::connect_in_netns(netns.path())
+            .await
+            .unwrap();
+        let vs = ipvs
+            .get_virtual_server(&key)
+            .await
+            .unwrap()
+            .expect("the service ipvsadm added");
+        assert_eq!(vs.settings.scheduler, Scheduler::RoundRobin);
+        assert_eq!(vs.settings.persistence_timeout, Some(600));
+        let real = |address: &str| {
+            let port = if address == "10.244.7.3" { 80 } else { 8080 };
+            vs.real_servers
+                .get(&RealServerKey {
+                    address: ip(address),
+                    port,
+                })
+                .copied()
+                .unwrap_or_else(|| panic!("{address} missing: {vs:?}"))
+        };
+        assert_eq!(vs.real_servers.len(), 3, "{vs:?}");
+        assert_eq!(
+            (real("10.244.7.1").weight, real("10.244.7.1").forward),
+            (3, Forwarding::Masquerade)
+        );
+        assert_eq!(
+            (real("10.244.7.2").weight, real("10.244.7.2").forward),
+            (0, Forwarding::Masquerade)
+        );
+        assert_eq!(
+            (real("10.244.7.3").weight, real("10.244.7.3").forward),
+            (1, Forwarding::Other)
+        );
+
+        // Gone behind the backend's back, and one that never was: no virtual server.
+        netns.sh_ok("ipvsadm -D -t 10.96.7.7:80");
+        assert_eq!(ipvs.get_virtual_server(&key).await.unwrap(), None);
+        let never = VirtualServerKey { port: 81, ..key };
+        assert_eq!(ipvs.get_virtual_server(&never).await.unwrap(), None);
+    });
 }
 
 #[test]

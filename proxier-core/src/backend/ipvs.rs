@@ -371,17 +371,20 @@ impl IpvsBackend for KernelIpvsBackend {
         key: &VirtualServerKey,
     ) -> Result<Option<ObservedVirtualServer>, BackendError> {
         let service_key = service_key(key);
-        let entry = match self.handle.service(&service_key).await {
+        // Both requests go out at once (one round trip, not two): the service's settings,
+        // and its destinations, which the kernel lists empty for a service that is gone.
+        let (entry, destinations) = futures::join!(
+            self.handle.service(&service_key),
+            self.handle
+                .destinations(&service_key)
+                .try_collect::<Vec<DestinationEntry>>()
+        );
+        let entry = match entry {
             Ok(entry) => entry,
             Err(error) if error.is_not_found() => return Ok(None),
             Err(error) => return Err(map_error(error)),
         };
-        let destinations: Vec<DestinationEntry> = self
-            .handle
-            .destinations(&service_key)
-            .try_collect()
-            .await
-            .map_err(map_error)?;
+        let destinations = destinations.map_err(map_error)?;
         Ok(Some(ObservedVirtualServer {
             settings: settings(&entry.service),
             real_servers: destinations.iter().map(real_server).collect(),
