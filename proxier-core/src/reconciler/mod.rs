@@ -1508,11 +1508,7 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
         let ((bound, unbound, address_time), (results, ipvs_time)) = tokio::join!(
             async {
                 let started = std::time::Instant::now();
-                let (bound, unbound) = if bind.is_empty() && unbind.is_empty() {
-                    (Vec::new(), Vec::new())
-                } else {
-                    addresses.change_addresses(bind, unbind).await
-                };
+                let (bound, unbound) = addresses.change_addresses(bind, unbind).await;
                 (bound, unbound, started.elapsed())
             },
             async {

@@ -155,24 +155,45 @@ pub struct ChangeParts {
     pub address_writes: Duration,
 }
 
-/// Sets the change made at `made`, in the kernel `took` later, against the daemon's `sync
-/// done` events (each started at its logged time less its `total_s`); `None` when no sync
-/// started meanwhile (or the events carry no times).
-pub fn change_parts(made: SystemTime, took: Duration, syncs: &[LogEvent]) -> Option<ChangeParts> {
+/// When a sync started and what it took, from its `sync done` event (see [`sync_spans`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SyncSpan {
+    /// Its logged time less its `total_s`.
+    pub started: SystemTime,
+    /// Its `total_s`.
+    pub total: Duration,
+    /// Its `address_writes_s` (zero when absent).
+    pub address_writes: Duration,
+}
+
+/// The spans of `syncs` (`sync done` events), read once for every change set against them;
+/// events without a time or a total are left out.
+pub fn sync_spans(syncs: &[LogEvent]) -> Vec<SyncSpan> {
+    syncs
+        .iter()
+        .filter_map(|sync| {
+            let total = sync.duration("total_s")?;
+            Some(SyncSpan {
+                started: sync.logged_at()?.checked_sub(total)?,
+                total,
+                address_writes: sync.duration("address_writes_s").unwrap_or_default(),
+            })
+        })
+        .collect()
+}
+
+/// Sets the change made at `made`, in the kernel `took` later, against the syncs that
+/// started meanwhile; `None` when none did.
+pub fn change_parts(made: SystemTime, took: Duration, syncs: &[SyncSpan]) -> Option<ChangeParts> {
     let seen = made + took;
     let mut parts: Option<ChangeParts> = None;
     for sync in syncs {
-        let (Some(ended), Some(total)) = (sync.logged_at(), sync.duration("total_s")) else {
+        let Ok(into) = sync.started.duration_since(made) else {
             continue;
         };
-        let Some(started) = ended.checked_sub(total) else {
-            continue;
-        };
-        if started < made || started > seen {
+        if sync.started > seen {
             continue;
         }
-        let address = sync.duration("address_writes_s").unwrap_or_default();
-        let into = started.duration_since(made).unwrap_or_default();
         let parts = parts.get_or_insert(ChangeParts {
             until_first_sync: into,
             syncs: 0,
@@ -181,8 +202,8 @@ pub fn change_parts(made: SystemTime, took: Duration, syncs: &[LogEvent]) -> Opt
         });
         parts.until_first_sync = parts.until_first_sync.min(into);
         parts.syncs += 1;
-        parts.sync_time += total;
-        parts.address_writes += address;
+        parts.sync_time += sync.total;
+        parts.address_writes += sync.address_writes;
     }
     parts
 }
@@ -481,7 +502,7 @@ thread 'main' panicked at src/main.rs:1:1: not JSON
 
     #[test]
     fn a_change_is_set_against_the_syncs_that_started_while_it_was_on_its_way() {
-        let syncs = syncs(LOG);
+        let syncs = sync_spans(&syncs(LOG));
         let at = |text: &str| parse_utc_timestamp(text).expect("a valid time");
         let ms = Duration::from_millis;
         // The second sync started 205.065 µs before it was logged at 16.094433.

@@ -55,7 +55,9 @@ use ipvs_proxier_tests::bench::cluster::{self, ENDPOINT_ROUTE};
 use ipvs_proxier_tests::bench::daemon::{BenchDaemon, METRICS, Source};
 use ipvs_proxier_tests::bench::latency::{Percentiles, wait_for_destination, wait_for_service};
 use ipvs_proxier_tests::bench::metrics;
-use ipvs_proxier_tests::bench::phases::{ChangeParts, LogEvent, SYNC_WITH_ERRORS, change_parts};
+use ipvs_proxier_tests::bench::phases::{
+    ChangeParts, LogEvent, SYNC_WITH_ERRORS, SyncSpan, change_parts, sync_spans,
+};
 use ipvs_proxier_tests::bench::report;
 use serde_json::{Value, json};
 
@@ -547,7 +549,7 @@ fn address_write_cost(node: &Netns, link: &str) -> anyhow::Result<(Duration, Dur
 /// Where each Service add + delete's time went: its window set against the daemon's
 /// incremental syncs that started in it ([`change_parts`]); printed, and returned for the
 /// report (`null` when no window could be set against a sync).
-fn service_change_parts(windows: &[(SystemTime, Duration)], syncs: &[LogEvent]) -> Value {
+fn service_change_parts(windows: &[(SystemTime, Duration)], syncs: &[SyncSpan]) -> Value {
     let mut parts: Vec<(Duration, ChangeParts)> = windows
         .iter()
         .filter_map(|&(made, took)| change_parts(made, took, syncs).map(|parts| (took, parts)))
@@ -981,7 +983,7 @@ fn main() -> anyhow::Result<()> {
             phases.join("; ")
         );
     }
-    let service_parts = service_change_parts(&service_windows, &incremental);
+    let service_parts = service_change_parts(&service_windows, &sync_spans(&incremental));
     let ok = traffic.ok.load(Ordering::Relaxed);
     let failed = traffic.failed.load(Ordering::Relaxed);
     let endpoint = Percentiles::of(&endpoint_samples);
