@@ -1505,12 +1505,13 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
         let addresses = &mut self.addresses;
         let ipvs = &mut self.ipvs;
         let ipvs_written = self.ipvs_written.take();
-        let ((bound, unbound, address_time), (results, ipvs_time)) = tokio::join!(
-            async {
-                let started = std::time::Instant::now();
-                let (bound, unbound) = addresses.change_addresses(bind, unbind).await;
-                (bound, unbound, started.elapsed())
-            },
+        // The IPVS writes are polled first: the kernel backend hands them to a thread of
+        // their own at once, while the address writes are sent from this task and the
+        // kernel carries each out inside the send (10,000 addresses on the link: milliseconds
+        // each). Polled second, they would wait for the addresses. So, as kube-proxy orders
+        // them, a new virtual server is in before its address is bound and an old one is
+        // gone before its address is unbound.
+        let ((results, ipvs_time), (bound, unbound, address_time)) = tokio::join!(
             async {
                 let started = std::time::Instant::now();
                 let results = if ops.is_empty() {
@@ -1522,6 +1523,11 @@ impl<I: IpvsBackend, A: AddressBackend> Reconciler<I, A> {
                     signal.notify_one();
                 }
                 (results, started.elapsed())
+            },
+            async {
+                let started = std::time::Instant::now();
+                let (bound, unbound) = addresses.change_addresses(bind, unbind).await;
+                (bound, unbound, started.elapsed())
             }
         );
         report.timings.addresses += address_time;
