@@ -366,7 +366,7 @@ where
     if let Some((events, _task)) = rest {
         tokio::spawn(feed::forward(events, handle.clone(), feed));
     }
-    let mut observer = SettlesAfterFirstSync {
+    let mut observer = SettlesAfterFullSyncs {
         inner: observer,
         settled: false,
     };
@@ -383,20 +383,24 @@ where
 }
 
 /// An observer that ends the allocator's start ([`crate::allocator::settle`]) once the
-/// first sync is done, whatever its outcome: the start's burst of allocations is over.
-struct SettlesAfterFirstSync<O> {
+/// first sync is done, whatever its outcome: the start's burst of allocations is over. It
+/// settles again after every full sync (one each sync period): what the bursts since then
+/// freed (the full sync's own read of the whole kernel table, the source's relists after an
+/// API outage or a 410 Gone) goes back to the kernel then, rather than staying in the
+/// threads' free pages until they happen to be reused.
+struct SettlesAfterFullSyncs<O> {
     inner: O,
     settled: bool,
 }
 
-impl<P, O: SyncObserver<P>> SyncObserver<P> for SettlesAfterFirstSync<O> {
+impl<P, O: SyncObserver<P>> SyncObserver<P> for SettlesAfterFullSyncs<O> {
     fn queued(&mut self) {
         self.inner.queued();
     }
 
     fn synced(&mut self, proxier: &P, outcome: &SyncOutcome<'_>) {
         self.inner.synced(proxier, outcome);
-        if !self.settled {
+        if !self.settled || outcome.kind == SyncKind::Full {
             self.settled = true;
             crate::allocator::settle();
         }
