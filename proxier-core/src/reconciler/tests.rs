@@ -955,6 +955,73 @@ async fn unbinds_go_out_beside_the_ipvs_writes_not_after_them() {
     );
 }
 
+/// kube-proxy's order within a sync: a virtual server is added before its ClusterIP is
+/// bound, and deleted before it is unbound. The IPVS writes are handed on first, so they do
+/// not wait while the kernel binds or unbinds (inside the address writes' send).
+#[tokio::test]
+async fn ipvs_writes_start_before_the_address_writes() {
+    #[derive(Debug, Clone)]
+    struct SeesAddresses {
+        ipvs: MemoryIpvsBackend,
+        addresses: MemoryAddressBackend,
+        watched: IpAddr,
+        /// Whether `watched` was bound when each batch of writes started.
+        bound_at_apply: Arc<std::sync::Mutex<Vec<bool>>>,
+    }
+    impl IpvsBackend for SeesAddresses {
+        fn read_table(&self) -> crate::backend::PendingTableRead {
+            self.ipvs.read_table()
+        }
+        async fn get_virtual_server(
+            &mut self,
+            key: &VirtualServerKey,
+        ) -> Result<Option<ObservedVirtualServer>, BackendError> {
+            self.ipvs.get_virtual_server(key).await
+        }
+        async fn apply(&mut self, ops: &[IpvsOp]) -> Vec<Result<(), BackendError>> {
+            let bound = self.addresses.addresses().contains(&self.watched);
+            self.bound_at_apply.lock().unwrap().push(bound);
+            self.ipvs.apply(ops).await
+        }
+    }
+    let dns = ip("10.96.0.53");
+    let dns_key = vkey("10.96.0.53", 53, Protocol::Udp);
+    let mut smaller = two_services();
+    smaller.services.remove(&spn("dns", Protocol::Udp));
+    let ipvs = MemoryIpvsBackend::new();
+    let addresses = MemoryAddressBackend::new();
+    let sees = SeesAddresses {
+        ipvs: ipvs.clone(),
+        addresses: addresses.clone(),
+        watched: dns,
+        bound_at_apply: Arc::default(),
+    };
+    let mut rec = Reconciler::new(sees.clone(), addresses.clone(), ReconcilerConfig::default());
+    rec.full_sync(&smaller).await.unwrap();
+    sees.bound_at_apply.lock().unwrap().clear();
+
+    let added = rec.full_sync(&two_services()).await.unwrap();
+    assert!(added.errors.is_empty(), "{:?}", added.errors);
+    assert!(ipvs.table().contains_key(&dns_key));
+    assert!(addresses.addresses().contains(&dns));
+    assert_eq!(
+        *sees.bound_at_apply.lock().unwrap(),
+        vec![false],
+        "the virtual server's writes started after its address was bound"
+    );
+
+    sees.bound_at_apply.lock().unwrap().clear();
+    let removed = rec.full_sync(&smaller).await.unwrap();
+    assert!(removed.errors.is_empty(), "{:?}", removed.errors);
+    assert!(!ipvs.table().contains_key(&dns_key));
+    assert!(!addresses.addresses().contains(&dns));
+    assert_eq!(
+        *sees.bound_at_apply.lock().unwrap(),
+        vec![true],
+        "the virtual server's delete started after its address was unbound"
+    );
+}
+
 #[tokio::test]
 async fn a_listing_failure_fails_the_whole_sync() {
     #[derive(Debug)]
