@@ -222,20 +222,42 @@ impl<K: Resource, T> ObjectStore<K, T> {
                     }
                     same
                 });
-                let listed = |key: &ObjectKey| fresh.binary_search_by(|(k, _)| k.cmp(key)).is_ok();
-                let mut changes: Vec<StoreChange<T>> = (self.versions.keys())
-                    .filter(|key| !listed(key))
-                    .map(|key| StoreChange::Delete(key.clone()))
-                    .collect();
-                let mut upserts = Vec::with_capacity(fresh.len());
-                // Sorted and unique: collected into the tree in one pass.
-                self.versions = fresh
-                    .into_iter()
-                    .map(|(key, Listed { version, converted })| {
-                        upserts.extend(converted.map(StoreChange::Upsert));
-                        (key, version)
-                    })
-                    .collect();
+                let mut upserts = Vec::new();
+                let mut changes: Vec<StoreChange<T>> = Vec::new();
+                if self.versions.is_empty() {
+                    // The first list: sorted and unique, collected into the tree in one pass.
+                    upserts.reserve(fresh.len());
+                    self.versions = fresh
+                        .into_iter()
+                        .map(|(key, Listed { version, converted })| {
+                            upserts.extend(converted.map(StoreChange::Upsert));
+                            (key, version)
+                        })
+                        .collect();
+                } else {
+                    // A relist changes the tree in place: the entries of unchanged objects
+                    // (all of them, after a 410 Gone) stay where they are, and the relist's
+                    // copies of their keys and versions go with the rest of its transient
+                    // memory. Rebuilt, the tree of every key and version was made anew
+                    // between the relist's other allocations at each relist, and those
+                    // pages were held afterwards by the entries living on them.
+                    let listed =
+                        |key: &ObjectKey| fresh.binary_search_by(|(k, _)| k.cmp(key)).is_ok();
+                    self.versions.retain(|key, _| {
+                        let keep = listed(key);
+                        if !keep {
+                            changes.push(StoreChange::Delete(key.clone()));
+                        }
+                        keep
+                    });
+                    for (key, Listed { version, converted }) in fresh {
+                        // `None`: the version already known, nothing to change.
+                        if let Some(converted) = converted {
+                            upserts.push(StoreChange::Upsert(converted));
+                            self.versions.insert(key, version);
+                        }
+                    }
+                }
                 self.listed = true;
                 // Deletions first; usually there are none, and the upserts are the changes.
                 if changes.is_empty() {
@@ -1158,6 +1180,49 @@ mod tests {
             [(true, 2, 2), (true, 2, 1), (true, 1, 1)],
             "a's new version, then b's deletion"
         );
+    }
+
+    /// A relist keeps the entries of the objects it did not change where they are (their
+    /// keys' strings not made anew), changes the changed one, and removes the unlisted one.
+    #[test]
+    fn a_relist_changes_the_store_in_place() {
+        let mut store: ObjectStore<Service> = ObjectStore::default();
+        let list = |store: &mut ObjectStore<Service>, services: &[(&str, &str)]| {
+            let mut changes = store.apply(Event::Init);
+            for &(name, version) in services {
+                changes.extend(store.apply(Event::InitApply(service(name, version))));
+            }
+            changes.extend(store.apply(Event::InitDone));
+            changes
+        };
+        let name_at = |store: &ObjectStore<Service>, name: &str| {
+            let (key, _) = store
+                .versions
+                .iter()
+                .find(|(key, _)| key.name == name)
+                .expect("listed");
+            key.name.as_ptr()
+        };
+        assert_eq!(
+            list(&mut store, &[("a", "1"), ("b", "1"), ("c", "1")]).len(),
+            3
+        );
+        let (a, b) = (name_at(&store, "a"), name_at(&store, "b"));
+
+        let changes = list(&mut store, &[("a", "1"), ("b", "2")]);
+        assert!(
+            matches!(&changes[..], [StoreChange::Delete(gone), StoreChange::Upsert(changed)]
+                if gone.name == "c" && changed.metadata.name.as_deref() == Some("b")),
+            "{changes:?}"
+        );
+        let versions: Vec<_> = store
+            .versions
+            .iter()
+            .map(|(key, version)| (key.name.as_str(), version.as_deref()))
+            .collect();
+        assert_eq!(versions, [("a", Some("1")), ("b", Some("2"))]);
+        assert_eq!(name_at(&store, "a"), a, "a unchanged entry was made anew");
+        assert_eq!(name_at(&store, "b"), b, "a changed entry keeps its key");
     }
 
     fn one_change() -> SourceBatch {
