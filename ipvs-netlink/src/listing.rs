@@ -128,6 +128,25 @@ pub fn parse_listing(text: &str) -> Result<Listing, ListingError> {
 
 /// A service shown more than once (the listing resumed at a shifted position) counts as
 /// last shown, in that place.
+/// Counts the service lines in `chunk`, the next bytes of a listing read in pieces: lines
+/// that start with something other than a space, the two header lines that do among them
+/// (`IP Virtual Server ...`, `Prot LocalAddress:Port ...`) when `chunk` holds them.
+/// `at_line_start` carries, from one piece to the next, whether the next byte starts a line
+/// (`true` before the first piece).
+pub(crate) fn count_line_starts(chunk: &[u8], at_line_start: &mut bool) -> usize {
+    let mut count = 0;
+    for &byte in chunk {
+        if *at_line_start && byte != b' ' && byte != b'\n' {
+            count += 1;
+        }
+        *at_line_start = byte == b'\n';
+    }
+    count
+}
+
+/// How many of a listing's lines counted by [`count_line_starts`] are its header's.
+pub(crate) const HEADER_LINE_STARTS: usize = 2;
+
 fn last_showings(listing: Listing) -> Listing {
     let mut seen = std::collections::HashSet::with_capacity(listing.len());
     let mut kept: Listing = listing
@@ -305,6 +324,36 @@ mod tests {
             let error = parse_listing(&format!("{HEADER}{bad}")).unwrap_err();
             assert_eq!(error.line, line, "{bad:?}: {error}");
             assert!(error.to_string().contains(says), "{bad:?}: {error}");
+        }
+    }
+
+    #[test]
+    fn service_lines_are_counted_across_the_pieces_of_a_read() {
+        let listing = "IP Virtual Server version 1.2.1 (size=4096)\n\
+                       Prot LocalAddress:Port Scheduler Flags\n\
+                       \x20 -> RemoteAddress:Port Forward Weight ActiveConn InActConn\n\
+                       TCP  0A600001:01BB rr\n\
+                       \x20 -> 0A000001:192B      Masq    1      0          0\n\
+                       UDP  [fd00:0000:0000:0000:0000:0000:0000:000a]:0035 sh  persistent 75000 FFFFFFFF\n\
+                       \x20 -> [fd00:0001:0000:0000:0000:0000:0000:0001]:0035      Route   0      2          5\n\
+                       FWM  00000010 rr\n";
+        assert_eq!(
+            parse_listing(listing).unwrap().len(),
+            2,
+            "the tuple services"
+        );
+        for piece in [1, 2, 3, 7, 64, listing.len()] {
+            let mut at_line_start = true;
+            let counted: usize = listing
+                .as_bytes()
+                .chunks(piece)
+                .map(|chunk| count_line_starts(chunk, &mut at_line_start))
+                .sum();
+            assert_eq!(
+                counted - HEADER_LINE_STARTS,
+                3,
+                "pieces of {piece} bytes: TCP, UDP and FWM"
+            );
         }
     }
 }

@@ -298,6 +298,20 @@ fn ipvs_the_listing_shows_destinations_as_a_table_read_does() {
         assert!(h.batch(ops).await.iter().all(|r| r.is_ok()));
 
         let listing = h.listed_destinations().await.unwrap();
+        // Bounded: read no further than the services asked for, whole when they are enough
+        // (the 2,006 of this namespace, or fewer when the other's make it skip some).
+        assert!(
+            h.listed_destinations_up_to(1_000).await.unwrap().is_none(),
+            "a listing of about 2,000 services read whole for at most 1,000"
+        );
+        assert_eq!(
+            h.listed_destinations_up_to(2_006)
+                .await
+                .unwrap()
+                .map(|l| l.len()),
+            Some(listing.len()),
+            "a listing bounded by its own size read whole"
+        );
         let table = h.table().await.unwrap();
         type Shown = Vec<(IpAddr, u16, ForwardMethod, u32, u32, u32)>;
         let sorted = |mut shown: Shown| {
