@@ -288,7 +288,7 @@ impl IpvsBackend for KernelIpvsBackend {
     /// ([`IpvsBackend::read_table_best_effort`]). A full resync then holds the kernel's IPVS
     /// lock for three service dumps, not for a destination dump per service besides, while
     /// the incremental syncs beside it write. When the listing cannot be read or leaves out
-    /// too many services, or shows more than [`LISTING_MOST_SERVICES`], the library's
+    /// too many services, or shows more than 20,000 services, the library's
     /// verified read dumps every service's destinations:
     /// the first on its parallel dump sockets, later ones (beside incremental syncs) on one.
     fn read_table(&self) -> PendingTableRead {
@@ -345,7 +345,7 @@ impl IpvsBackend for KernelIpvsBackend {
     /// service, about a seventh of the kernel's work at 10,000 services). A service the
     /// listing does not show (created while it was read, or skipped by it) has its
     /// destinations dumped on its own. When the listing cannot be read or shows more than
-    /// [`LISTING_MOST_SERVICES`] (its cost grows with their square), the library's
+    /// 20,000 services (its cost grows with their square), the library's
     /// best-effort read (one service dump, then every service's destinations on its
     /// parallel dump sockets) is made instead.
     fn read_table_best_effort(&self) -> PendingTableRead {
