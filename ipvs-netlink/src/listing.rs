@@ -126,8 +126,6 @@ pub fn parse_listing(text: &str) -> Result<Listing, ListingError> {
     Ok(last_showings(listing))
 }
 
-/// A service shown more than once (the listing resumed at a shifted position) counts as
-/// last shown, in that place.
 /// Counts the service lines in `chunk`, the next bytes of a listing read in pieces: lines
 /// that start with something other than a space, the two header lines that do among them
 /// (`IP Virtual Server ...`, `Prot LocalAddress:Port ...`) when `chunk` holds them.
@@ -147,6 +145,8 @@ pub(crate) fn count_line_starts(chunk: &[u8], at_line_start: &mut bool) -> usize
 /// How many of a listing's lines counted by [`count_line_starts`] are its header's.
 pub(crate) const HEADER_LINE_STARTS: usize = 2;
 
+/// A service shown more than once (the listing resumed at a shifted position) counts as
+/// last shown, in that place.
 fn last_showings(listing: Listing) -> Listing {
     let mut seen = std::collections::HashSet::with_capacity(listing.len());
     let mut kept: Listing = listing
