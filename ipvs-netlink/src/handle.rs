@@ -872,13 +872,46 @@ impl IpvsHandle {
         read
     }
 
-    async fn read_table(&self, max_attempts: u32) -> Result<VerifiedTable, Error> {
-        let workers = self.read_sockets.unwrap_or_else(|| {
+    /// The table of services already read (by [`services`](IpvsHandle::services) or
+    /// [`services_verified`](IpvsHandle::services_verified)): every one's destinations
+    /// dumped on the parallel sockets a table read uses, without dumping the service list
+    /// again. For a caller that has the service list and finds the kernel's listing not
+    /// worth reading for their destinations
+    /// ([`listed_destinations_up_to`](IpvsHandle::listed_destinations_up_to)). Sorted by
+    /// service key, each service once. A service deleted since it was read is shown with
+    /// no destinations: the kernel ends the destination dump of a service it does not have
+    /// as it ends that of a service without destinations, with no error.
+    pub async fn table_of(&self, services: Vec<ServiceEntry>) -> Result<Table, Error> {
+        let failed = |e: io::Error| Error::io(Operation::ListDestinations, e);
+        let mut sockets = self
+            .take_sockets(self.dump_workers())
+            .await
+            .map_err(failed)?;
+        let family = self.inner.family;
+        let (read, sockets) = tokio::task::spawn_blocking(move || {
+            let read = table::read_destinations(&mut sockets, family, services);
+            (read, sockets)
+        })
+        .await
+        .map_err(|e| failed(io::Error::other(e.to_string())))?;
+        if read.is_ok() {
+            self.give_back(sockets);
+        }
+        read
+    }
+
+    /// How many sockets a whole-table read dumps destinations on.
+    fn dump_workers(&self) -> usize {
+        self.read_sockets.unwrap_or_else(|| {
             std::thread::available_parallelism()
                 .map(|n| n.get())
                 .unwrap_or(2)
                 .clamp(2, MAX_DUMP_WORKERS)
-        });
+        })
+    }
+
+    async fn read_table(&self, max_attempts: u32) -> Result<VerifiedTable, Error> {
+        let workers = self.dump_workers();
         let failed = |e: io::Error| Error::io(Operation::ListServices, e);
         let mut lister = self.take_lister().await.map_err(failed)?;
         let mut sockets = self.take_sockets(workers).await.map_err(failed)?;

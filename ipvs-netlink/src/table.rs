@@ -248,35 +248,16 @@ pub(crate) fn read(
         ));
     };
     let queue = Queue::default();
-    let (services, parts) = std::thread::scope(|scope| {
-        let workers: Vec<_> = others
-            .iter_mut()
-            .map(|socket| {
-                let queue = &queue;
-                scope.spawn(move || destinations_worker(socket, family, queue))
-            })
-            .collect();
+    let (services, destinations) = with_destination_workers(first, others, family, &queue, || {
         let services = read_services(lister, family, max_attempts, &queue);
         queue.close(services.is_err());
-        let mut parts = vec![destinations_worker(first, family, &queue)];
-        for worker in workers {
-            parts.push(worker.join().unwrap_or_else(|_| {
-                Err(Error::io(
-                    Operation::ListDestinations,
-                    io::Error::other("dump worker panicked"),
-                ))
-            }));
-        }
-        (services, parts)
+        services
     });
     let merge = services?;
-    let mut destinations = Vec::with_capacity(merge.services.len());
-    for part in parts {
-        destinations.extend(part?);
-    }
+    let destinations = destinations?;
     let verified = merge.verified();
     let attempts = merge.attempts;
-    let table = join(merge.services, destinations);
+    let table = join(merge.services.into_values(), destinations);
     Ok(VerifiedTable {
         table,
         attempts,
@@ -301,18 +282,79 @@ pub(crate) fn read_service_list(
     })
 }
 
-/// Every service with its dumped destinations (none when it has no dump). The dumps are
-/// sorted as the service list is and joined with it in one pass, instead of hashing every
-/// key into a map made for the purpose and out again; a dump whose service left the list
-/// (deleted while the list was verified) is dropped.
-fn join(
-    services: BTreeMap<ServiceKey, ServiceEntry>,
-    mut destinations: Vec<(ServiceKey, Vec<DestinationEntry>)>,
-) -> Table {
+/// The destinations of services already read, dumped on `sockets`, one thread each (the
+/// calling thread takes the first): the table of `services`, sorted by key, each once (a
+/// dump disturbed by another namespace may have shown one twice).
+pub(crate) fn read_destinations(
+    sockets: &mut [NetlinkSocket],
+    family: u16,
+    mut services: Vec<ServiceEntry>,
+) -> Result<Table, Error> {
+    let Some((first, others)) = sockets.split_first_mut() else {
+        return Err(Error::io(
+            Operation::ListDestinations,
+            io::Error::other("no socket to dump destinations with"),
+        ));
+    };
+    services.sort_unstable_by_key(|entry| entry.service.key);
+    services.dedup_by_key(|entry| entry.service.key);
+    let keys: Vec<ServiceKey> = services.iter().map(|entry| entry.service.key).collect();
+    let queue = Queue::default();
+    queue.push(&keys);
+    queue.close(false);
+    let ((), destinations) = with_destination_workers(first, others, family, &queue, || ());
+    Ok(join(services, destinations?))
+}
+
+/// Runs `meanwhile` while a destination worker on each of `others` dumps the destinations
+/// of the keys `queue` hands out; then the calling thread dumps on `first` too, until the
+/// queue is closed and drained. What `meanwhile` returned, and every worker's dumps (the
+/// first error, if any).
+fn with_destination_workers<T>(
+    first: &mut NetlinkSocket,
+    others: &mut [NetlinkSocket],
+    family: u16,
+    queue: &Queue,
+    meanwhile: impl FnOnce() -> T,
+) -> (T, Result<Dumps, Error>) {
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = others
+            .iter_mut()
+            .map(|socket| scope.spawn(move || destinations_worker(socket, family, queue)))
+            .collect();
+        let done = meanwhile();
+        let mut dumps = destinations_worker(first, family, queue);
+        for worker in workers {
+            let part = worker.join().unwrap_or_else(|_| {
+                Err(Error::io(
+                    Operation::ListDestinations,
+                    io::Error::other("dump worker panicked"),
+                ))
+            });
+            dumps = match (dumps, part) {
+                (Ok(mut dumps), Ok(part)) => {
+                    dumps.extend(part);
+                    Ok(dumps)
+                }
+                (Err(e), _) | (_, Err(e)) => Err(e),
+            };
+        }
+        (done, dumps)
+    })
+}
+
+/// Each service's dumped destinations, as a worker made them.
+type Dumps = Vec<(ServiceKey, Vec<DestinationEntry>)>;
+
+/// Every service of `services` (sorted by key) with its dumped destinations (none when it
+/// has no dump). The dumps are sorted as the service list is and joined with it in one
+/// pass, instead of hashing every key into a map made for the purpose and out again; a
+/// dump whose service left the list (deleted while the list was verified) is dropped.
+fn join(services: impl IntoIterator<Item = ServiceEntry>, mut destinations: Dumps) -> Table {
     destinations.sort_unstable_by_key(|(key, _)| *key);
     let mut destinations = destinations.into_iter().peekable();
     services
-        .into_values()
+        .into_iter()
         .map(|entry| {
             let key = entry.service.key;
             while destinations.next_if(|(dumped, _)| *dumped < key).is_some() {}
@@ -447,7 +489,7 @@ fn destinations_worker(
     socket: &mut NetlinkSocket,
     family: u16,
     queue: &Queue,
-) -> Result<Vec<(ServiceKey, Vec<DestinationEntry>)>, Error> {
+) -> Result<Dumps, Error> {
     let mut out = Vec::new();
     // Services of one table tend to have as many destinations as each other: each list is
     // made at the previous one's length, instead of growing (and being copied) as it fills.

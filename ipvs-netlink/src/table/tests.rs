@@ -186,7 +186,7 @@ fn dumped_destinations_join_their_services_and_a_dump_of_a_service_gone_is_dropp
         (key(5), vec![dest(51)]),
         (key(3), vec![]),
     ];
-    let table = join(services, dumped);
+    let table = join(services.into_values(), dumped);
     let got: Vec<(ServiceKey, Vec<DestinationEntry>)> = table
         .into_iter()
         .map(|(service, dests)| (service.service.key, dests))
