@@ -499,3 +499,112 @@ fn ipvs_the_listing_shows_destinations_as_a_table_read_does() {
     let expected = 3 + 1 + 1 + 1 + (0..2_000u32).map(|i| i % 4).sum::<u32>();
     assert_eq!(dests.trim(), expected.to_string());
 }
+
+/// The destinations of services already read (`IpvsHandle::table_of`): every service's are
+/// dumped without dumping the service list again, and a service deleted since it was read
+/// (and one listed twice) is shown once, with no destinations. The engine's reads past the most services it reads the kernel's listing
+/// for (20,000; its cost grows with their square) take that way, and find the table the
+/// library's verified read finds, as `ipvsadm` counts it.
+#[test]
+fn ipvs_destinations_of_services_already_read_and_reads_past_the_listing_bound() {
+    use proxier_core::backend::{IpvsBackend, KernelIpvsBackend};
+    use std::collections::BTreeMap;
+
+    require_kernel!();
+    let _alone = ALONE.lock().unwrap_or_else(|p| p.into_inner());
+    let ns = netns_with_routes();
+    const SERVICES: u32 = 20_010;
+    let key_of = |i: u32| {
+        let [_, _, hi, lo] = i.to_be_bytes();
+        ServiceKey::tcp(IpAddr::V4(Ipv4Addr::new(10, 65, hi, lo)), 80)
+    };
+    let gone = key_of(7);
+    with_handle(&ns, |h| async move {
+        let mut ops = Vec::new();
+        for i in 0..SERVICES {
+            let key = key_of(i);
+            ops.push(Op::AddService(Service::new(key, Scheduler::RoundRobin)));
+            let [_, _, hi, lo] = i.to_be_bytes();
+            for d in 1..=u8::try_from(i % 3).unwrap() {
+                let mut destination =
+                    Destination::new(IpAddr::V4(Ipv4Addr::new(10, 66 + hi, lo, d)), 8080);
+                destination.weight = u32::from(d);
+                ops.push(Op::AddDestination(key, destination));
+            }
+        }
+        assert!(h.batch(ops).await.iter().all(|r| r.is_ok()));
+        let mut services: Vec<ipvs_netlink::ServiceEntry> =
+            h.services().try_collect().await.unwrap();
+        assert_eq!(services.len(), SERVICES as usize);
+        h.delete_service(&gone).await.unwrap();
+        // As a dump disturbed by another namespace may show one.
+        let twice = services[SERVICES as usize / 2].clone();
+        services.push(twice);
+
+        type Shape = BTreeMap<ServiceKey, Vec<(IpAddr, u16, u32)>>;
+        let shape = |table: &ipvs_netlink::Table| -> Shape {
+            table
+                .iter()
+                .map(|(entry, dests)| {
+                    let mut d: Vec<(IpAddr, u16, u32)> = dests
+                        .iter()
+                        .map(|d| {
+                            let c = &d.destination;
+                            (c.addr, c.port, c.weight)
+                        })
+                        .collect();
+                    d.sort();
+                    (entry.service.key, d)
+                })
+                .collect()
+        };
+        let whole = shape(&h.table().await.unwrap());
+        assert_eq!(whole.len(), SERVICES as usize - 1);
+        assert!(!whole.contains_key(&gone));
+        let of = h.table_of(services).await.unwrap();
+        assert!(
+            of.windows(2)
+                .all(|w| w[0].0.service.key < w[1].0.service.key),
+            "sorted by service key, each once"
+        );
+        let mut of = shape(&of);
+        assert_eq!(of.remove(&gone), Some(Vec::new()), "the deleted service");
+        assert_eq!(of, whole);
+
+        // The engine's reads, of more services than it reads the listing for (20,000).
+        // The first reads try the listing and stop at the bound; once a recorded read has
+        // found more services, the next ones do not read it at all.
+        let mut backend = KernelIpvsBackend::new(h.clone());
+        let reads = [
+            backend
+                .read_table_best_effort()
+                .await
+                .unwrap()
+                .virtual_servers,
+            backend.list_virtual_servers().await.unwrap(),
+            backend.read_table().await.unwrap().virtual_servers,
+        ];
+        for (n, read) in reads.into_iter().enumerate() {
+            let got: Shape = read
+                .iter()
+                .map(|(key, vs)| {
+                    let mut d: Vec<(IpAddr, u16, u32)> = vs
+                        .real_servers
+                        .iter()
+                        .map(|(rs, real)| (rs.address, rs.port, real.weight))
+                        .collect();
+                    d.sort();
+                    (ServiceKey::tcp(key.address, key.port), d)
+                })
+                .collect();
+            assert_eq!(got, whole, "read {n}");
+        }
+    });
+    // ipvsadm's own count: every service but the deleted one, and its destinations.
+    let dests: u32 = (0..SERVICES).filter(|&i| i != 7).map(|i| i % 3).sum();
+    assert_eq!(
+        ns.sh_ok("ipvsadm -Sn | awk '/^-A/ { s++ } /^-a/ { d++ } END { print s, d }'")
+            .trim(),
+        format!("{} {dests}", SERVICES - 1)
+    );
+}

@@ -100,7 +100,9 @@ fn observed_table(table: &Table) -> BTreeMap<VirtualServerKey, ObservedVirtualSe
 /// dump per service with their number: at 10,000 services × 5 the listing costs the
 /// kernel a seventh of the dumps' work, at 50,000 about three times their time (a restart's
 /// read in the test VM: 22.2 s against 7.5 s). Half-way on that curve, and where route
-/// mode takes over in docs/migration.md.
+/// mode takes over in docs/migration.md. Once a read has found more, the next ones do not
+/// read the listing at all (a full resync's every 30 s would read this much of it only to
+/// stop there), until one finds fewer again.
 const LISTING_MOST_SERVICES: usize = 20_000;
 
 /// The listing read, or `None` when it could not be (logged) or shows more than
@@ -122,33 +124,48 @@ fn usable(listing: Result<Option<Listing>, ipvs_netlink::Error>) -> Option<Listi
     }
 }
 
-/// The tuple virtual servers of a service dump, with the real servers the listing shows
-/// for each; those of a service it does not show are dumped. `None` when the listing
-/// leaves out more than [`MOST_UNLISTED`] of them: the kernel resumes each page of the
-/// listing by counting only this namespace's services, but counts every namespace's to
-/// end it, so while other namespaces have IPVS services it skips some at every page; their
-/// destinations are then better dumped all at once, on parallel sockets.
-async fn listed_table(
+/// The tuple virtual servers of a service read, with their real servers: those the listing
+/// shows when it is usable and leaves out few of them ([`listed_table`]), otherwise every
+/// service's destinations dumped on the handle's parallel sockets
+/// (`IpvsHandle::table_of`: the services already read are not dumped again).
+async fn read_with_listing(
     handle: &IpvsHandle,
     services: Vec<ServiceEntry>,
-    listing: Listing,
-) -> Result<Option<BTreeMap<VirtualServerKey, ObservedVirtualServer>>, BackendError> {
-    let mut listed: HashMap<ServiceKey, Vec<ListedDestination>> = listing.into_iter().collect();
-    let unlisted = services
-        .iter()
-        .filter(|entry| {
-            matches!(entry.service.key, ServiceKey::Tuple { .. })
-                && !listed.contains_key(&entry.service.key)
-        })
-        .count();
-    if unlisted > MOST_UNLISTED.max(services.len() / 50) {
+    listing: Option<Listing>,
+) -> Result<BTreeMap<VirtualServerKey, ObservedVirtualServer>, BackendError> {
+    if let Some(listing) = listing {
+        let listed: HashMap<ServiceKey, Vec<ListedDestination>> = listing.into_iter().collect();
+        let unlisted = services
+            .iter()
+            .filter(|entry| {
+                matches!(entry.service.key, ServiceKey::Tuple { .. })
+                    && !listed.contains_key(&entry.service.key)
+            })
+            .count();
+        if unlisted <= MOST_UNLISTED.max(services.len() / 50) {
+            return listed_table(handle, services, listed).await;
+        }
         tracing::info!(
             unlisted,
             services = services.len(),
             "the kernel's IPVS listing left out services (other namespaces have IPVS services): dumping every service's destinations instead"
         );
-        return Ok(None);
     }
+    let table = handle.table_of(services).await.map_err(map_error)?;
+    Ok(observed_table(&table))
+}
+
+/// The tuple virtual servers of a service read, with the real servers the listing shows for
+/// each; those of a service it does not show are dumped. [`read_with_listing`] takes it
+/// only when the listing leaves out at most [`MOST_UNLISTED`] of them: the kernel resumes
+/// each page of the listing by counting only this namespace's services, but counts every
+/// namespace's to end it, so while other namespaces have IPVS services it skips some at
+/// every page; their destinations are then better dumped all at once, on parallel sockets.
+async fn listed_table(
+    handle: &IpvsHandle,
+    services: Vec<ServiceEntry>,
+    mut listed: HashMap<ServiceKey, Vec<ListedDestination>>,
+) -> Result<BTreeMap<VirtualServerKey, ObservedVirtualServer>, BackendError> {
     let mut table = BTreeMap::new();
     for entry in services {
         let Some(key) = virtual_server_key(&entry.service.key) else {
@@ -177,7 +194,7 @@ async fn listed_table(
             },
         );
     }
-    Ok(Some(table))
+    Ok(table)
 }
 
 /// Services left out of the listing whose destinations are dumped one by one (or 2 % of the
@@ -251,6 +268,9 @@ fn op(op: &IpvsOp) -> Op {
 pub struct KernelIpvsBackend {
     handle: IpvsHandle,
     reads: TableReads,
+    /// Virtual servers the last recorded read found: past [`LISTING_MOST_SERVICES`], the
+    /// next reads do not start the kernel's listing only to stop it at that bound.
+    last_read_size: usize,
 }
 
 impl KernelIpvsBackend {
@@ -259,6 +279,7 @@ impl KernelIpvsBackend {
         KernelIpvsBackend {
             handle,
             reads: TableReads::default(),
+            last_read_size: 0,
         }
     }
 
@@ -279,6 +300,28 @@ impl KernelIpvsBackend {
     pub fn handle(&self) -> &IpvsHandle {
         &self.handle
     }
+
+    /// The kernel's listing for a read's destinations, up to [`LISTING_MOST_SERVICES`]
+    /// services; `None` when it could not be read or showed more, or, without reading it,
+    /// when the last recorded read found more.
+    fn listing(&self) -> impl Future<Output = Option<Listing>> + Send + 'static {
+        let handle = self.handle.clone();
+        let worth_reading = self.last_read_size <= LISTING_MOST_SERVICES;
+        async move {
+            if !worth_reading {
+                tracing::debug!(
+                    most = LISTING_MOST_SERVICES,
+                    "the last table read found more services than the kernel's IPVS listing is read for: dumping every service's destinations"
+                );
+                return None;
+            }
+            usable(
+                handle
+                    .listed_destinations_up_to(LISTING_MOST_SERVICES)
+                    .await,
+            )
+        }
+    }
 }
 
 impl IpvsBackend for KernelIpvsBackend {
@@ -288,39 +331,23 @@ impl IpvsBackend for KernelIpvsBackend {
     /// ([`IpvsBackend::read_table_best_effort`]). A full resync then holds the kernel's IPVS
     /// lock for three service dumps, not for a destination dump per service besides, while
     /// the incremental syncs beside it write. When the listing cannot be read or leaves out
-    /// too many services, or shows more than 20,000 services, the library's
-    /// verified read dumps every service's destinations:
-    /// the first on its parallel dump sockets, later ones (beside incremental syncs) on one.
+    /// too many services, or shows more than 20,000 services, every verified service's
+    /// destinations are dumped (`IpvsHandle::table_of`, the service list is not dumped
+    /// again): by the first such read on the library's parallel dump sockets, by later ones
+    /// (beside incremental syncs) on one.
     fn read_table(&self) -> PendingTableRead {
-        let handle = self.handle.clone();
-        let background = self.reads.verifying_reads() > 0;
+        let handle = if self.reads.verifying_reads() > 0 {
+            self.handle.with_read_sockets(1)
+        } else {
+            self.handle.clone()
+        };
+        let listing = self.listing();
         Box::pin(async move {
             let started = std::time::Instant::now();
-            let (services, listing) = tokio::join!(
-                handle.services_verified(),
-                handle.listed_destinations_up_to(LISTING_MOST_SERVICES)
-            );
-            let listed = match usable(listing) {
-                Some(listing) => {
-                    let services = services.map_err(map_error)?;
-                    listed_table(&handle, services.services, listing)
-                        .await?
-                        .map(|table| (table, services.attempts, services.verified))
-                }
-                None => None,
-            };
-            let (virtual_servers, dumps, verified) = match listed {
-                Some(read) => read,
-                None => {
-                    let handle = if background {
-                        handle.with_read_sockets(1)
-                    } else {
-                        handle
-                    };
-                    let read = handle.table_verified().await.map_err(map_error)?;
-                    (observed_table(&read.table), read.attempts, read.verified)
-                }
-            };
+            let (services, listing) = tokio::join!(handle.services_verified(), listing);
+            let services = services.map_err(map_error)?;
+            let (dumps, verified) = (services.attempts, services.verified);
+            let virtual_servers = read_with_listing(&handle, services.services, listing).await?;
             // Verified, but an unverified merged read is still used (and counted): every
             // service in it exists, and one a dump skipped throughout is found by a later sync.
             if !verified {
@@ -345,27 +372,18 @@ impl IpvsBackend for KernelIpvsBackend {
     /// service, about a seventh of the kernel's work at 10,000 services). A service the
     /// listing does not show (created while it was read, or skipped by it) has its
     /// destinations dumped on its own. When the listing cannot be read or shows more than
-    /// 20,000 services (its cost grows with their square), the library's
-    /// best-effort read (one service dump, then every service's destinations on its
-    /// parallel dump sockets) is made instead.
+    /// 20,000 services (its cost grows with their square), every dumped service's
+    /// destinations are dumped on the library's parallel dump sockets instead
+    /// (`IpvsHandle::table_of`).
     fn read_table_best_effort(&self) -> PendingTableRead {
         let handle = self.handle.clone();
+        let listing = self.listing();
         Box::pin(async move {
             let started = std::time::Instant::now();
-            let (services, listing) = tokio::join!(
-                handle.services().try_collect::<Vec<_>>(),
-                handle.listed_destinations_up_to(LISTING_MOST_SERVICES)
-            );
-            let listed = match usable(listing) {
-                Some(listing) => {
-                    listed_table(&handle, services.map_err(map_error)?, listing).await?
-                }
-                None => None,
-            };
-            let virtual_servers = match listed {
-                Some(table) => table,
-                None => observed_table(&handle.table_best_effort().await.map_err(map_error)?),
-            };
+            let (services, listing) =
+                tokio::join!(handle.services().try_collect::<Vec<_>>(), listing);
+            let services = services.map_err(map_error)?;
+            let virtual_servers = read_with_listing(&handle, services, listing).await?;
             Ok(TableRead {
                 virtual_servers,
                 dumps: 1,
@@ -377,6 +395,7 @@ impl IpvsBackend for KernelIpvsBackend {
     }
 
     fn record_read(&mut self, read: &TableRead) {
+        self.last_read_size = read.virtual_servers.len();
         if read.best_effort {
             self.reads.record_best_effort();
         } else {
