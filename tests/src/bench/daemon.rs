@@ -202,6 +202,18 @@ impl BenchDaemon {
         Ok(parts.join(", "))
     }
 
+    /// How many threads it has (`Threads` of `/proc/PID/status`).
+    pub fn threads(&self) -> anyhow::Result<u64> {
+        proc_field(&self.proc_file("status")?, "Threads")
+            .and_then(|v| v.trim().parse().ok())
+            .context("no Threads in /proc/PID/status")
+    }
+
+    /// Where its anonymous resident memory lies, from `/proc/PID/smaps` ([`AnonByMapping`]).
+    pub fn anon_by_mapping(&self) -> anyhow::Result<AnonByMapping> {
+        Ok(AnonByMapping::from_smaps(&self.proc_file("smaps")?))
+    }
+
     /// CPU time used so far (user and system, from `/proc/PID/stat`), in seconds.
     pub fn cpu_seconds(&self) -> anyhow::Result<f64> {
         Ok(self.cpu()?.total())
@@ -270,6 +282,108 @@ fn spawn(netns: &Path, args: &[OsString], log: std::fs::File) -> anyhow::Result<
 }
 
 /// The value of a `Name:   value unit` line of a /proc file, with its spaces collapsed.
+/// A process's anonymous resident memory (`Anonymous:` of its mappings in
+/// `/proc/PID/smaps`) by kind of region, a region being adjacent unnamed mappings taken
+/// together (the allocator commits its reservations piece by piece, and a thread's stack
+/// lies next to its guard page, so either spans several mappings of different protections).
+/// Told apart by size: the allocator's arenas (a reservation of 64 MiB or more), thread
+/// stacks (regions of 1 to 16 MiB, and the main thread's `[stack]`), glibc's `[heap]`, and
+/// the rest.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AnonByMapping {
+    /// In regions of 64 MiB or more (KiB).
+    pub arenas_kib: u64,
+    /// In stack-sized regions and `[stack]` (KiB).
+    pub stacks_kib: u64,
+    /// How many stack-sized regions hold some.
+    pub stacks: usize,
+    /// In `[heap]` (KiB).
+    pub brk_kib: u64,
+    /// Elsewhere (KiB).
+    pub other_kib: u64,
+}
+
+/// Adjacent mappings with one name (none, for most anonymous ones): their span and the
+/// anonymous memory in them.
+#[derive(Debug)]
+struct Region {
+    start: u64,
+    end: u64,
+    name: String,
+    anon_kib: u64,
+}
+
+impl AnonByMapping {
+    /// Sums the `Anonymous:` lines of `smaps` by the region each belongs to.
+    pub fn from_smaps(smaps: &str) -> AnonByMapping {
+        let mut regions: Vec<Region> = Vec::new();
+        for line in smaps.lines() {
+            let mut fields = line.split_whitespace();
+            let Some(first) = fields.next() else {
+                continue;
+            };
+            if let Some((start, end)) = first.split_once('-')
+                && let (Ok(start), Ok(end)) =
+                    (u64::from_str_radix(start, 16), u64::from_str_radix(end, 16))
+            {
+                let name = fields.nth(4).unwrap_or("").to_string();
+                match regions.last_mut() {
+                    Some(last) if last.end == start && last.name == name => last.end = end,
+                    _ => regions.push(Region {
+                        start,
+                        end,
+                        name,
+                        anon_kib: 0,
+                    }),
+                }
+                continue;
+            }
+            if first == "Anonymous:"
+                && let (Some(region), Some(kib)) = (
+                    regions.last_mut(),
+                    fields.next().and_then(|v| v.parse::<u64>().ok()),
+                )
+            {
+                region.anon_kib += kib;
+            }
+        }
+        let mut by = AnonByMapping::default();
+        for region in regions.iter().filter(|r| r.anon_kib > 0) {
+            let size_kib = (region.end - region.start) / 1024;
+            let kib = region.anon_kib;
+            match region.name.as_str() {
+                "[heap]" => by.brk_kib += kib,
+                "[stack]" => {
+                    by.stacks_kib += kib;
+                    by.stacks += 1;
+                }
+                "" if size_kib >= 64 * 1024 => by.arenas_kib += kib,
+                "" if (1024..=16 * 1024).contains(&size_kib) => {
+                    by.stacks_kib += kib;
+                    by.stacks += 1;
+                }
+                _ => by.other_kib += kib,
+            }
+        }
+        by
+    }
+}
+
+impl std::fmt::Display for AnonByMapping {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mib = |kib: u64| kib as f64 / 1024.0;
+        write!(
+            f,
+            "arenas {:.1}, stacks {:.1} ({}), [heap] {:.1}, other {:.1}",
+            mib(self.arenas_kib),
+            mib(self.stacks_kib),
+            self.stacks,
+            mib(self.brk_kib),
+            mib(self.other_kib)
+        )
+    }
+}
+
 fn proc_field(text: &str, name: &str) -> Option<String> {
     text.lines().find_map(|line| {
         let value = line.strip_prefix(name)?.strip_prefix(':')?;
@@ -280,5 +394,60 @@ fn proc_field(text: &str, name: &str) -> Option<String> {
 impl Drop for BenchDaemon {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::AnonByMapping;
+
+    #[test]
+    fn anonymous_memory_is_summed_by_the_kind_of_its_region() {
+        // A 1 GiB arena committed in two pieces around a reserved one, a 2 MiB thread
+        // stack after its guard page, the main stack, glibc's heap, a small unnamed
+        // mapping, a file mapping with private copies, and a stack-sized region that holds
+        // nothing.
+        let smaps = "\
+7f0000000000-7f0000400000 rw-p 00000000 00:00 0
+Size:               4096 kB
+Anonymous:         30000 kB
+7f0000400000-7f0020000000 ---p 00000000 00:00 0
+Size:             520192 kB
+Anonymous:             0 kB
+7f0020000000-7f0040000000 rw-p 00000000 00:00 0
+Size:             524288 kB
+Anonymous:         10000 kB
+7f0050000000-7f0050001000 ---p 00000000 00:00 0
+Size:                  4 kB
+Anonymous:             0 kB
+7f0050001000-7f0050201000 rw-p 00000000 00:00 0
+Size:               2048 kB
+Anonymous:            24 kB
+7ffd00000000-7ffd00021000 rw-p 00000000 00:00 0                          [stack]
+Size:                132 kB
+Anonymous:            36 kB
+55d000000000-55d000100000 rw-p 00000000 00:00 0                          [heap]
+Size:               1024 kB
+Anonymous:           300 kB
+7f0060000000-7f0060010000 rw-p 00000000 00:00 0
+Size:                 64 kB
+Anonymous:            12 kB
+55c000000000-55c000200000 r--p 00000000 fe:01 1234                       /usr/bin/ipvs-proxier
+Size:               2048 kB
+Anonymous:             8 kB
+7f0070000000-7f0070200000 rw-p 00000000 00:00 0
+Size:               2048 kB
+Anonymous:             0 kB
+";
+        assert_eq!(
+            AnonByMapping::from_smaps(smaps),
+            AnonByMapping {
+                arenas_kib: 40_000,
+                stacks_kib: 24 + 36,
+                stacks: 2,
+                brk_kib: 300,
+                other_kib: 12 + 8,
+            }
+        );
     }
 }

@@ -602,6 +602,16 @@ fn rss_mib(daemon: &BenchDaemon) -> anyhow::Result<f64> {
     Ok(daemon.memory_kib()?.0 as f64 / 1024.0)
 }
 
+/// Where the daemon's anonymous memory lies, and its threads: what the RSS lines show
+/// beside the totals, to tell the allocator's pages from threads' stacks.
+fn anon_detail(daemon: &BenchDaemon) -> anyhow::Result<String> {
+    Ok(format!(
+        "{}; {} threads",
+        daemon.anon_by_mapping()?,
+        daemon.threads()?
+    ))
+}
+
 /// The daemon's `RssAnon` and `RssFile` in MiB.
 fn rss_split_mib(daemon: &BenchDaemon) -> anyhow::Result<(f64, f64)> {
     let (anon, file) = daemon.rss_split_kib()?;
@@ -715,7 +725,8 @@ fn main() -> anyhow::Result<()> {
     let split_start = rss_split_mib(&daemon)?;
     let ops_start = metrics::netlink_ops(&metrics::scrape(&node, METRICS)?);
     println!(
-        "converged: RSS {rss_start:.1} MiB, kernel ops {}",
+        "converged: RSS {rss_start:.1} MiB (anon: {}), kernel ops {}",
+        anon_detail(&daemon)?,
         metrics::describe(&ops_start)
     );
 
@@ -836,6 +847,7 @@ fn main() -> anyhow::Result<()> {
                     started.elapsed(),
                     rss_mib(&daemon)?,
                     rss_split_mib(&daemon)?,
+                    anon_detail(&daemon)?,
                 ));
             }
             tick += 1;
@@ -863,6 +875,10 @@ fn main() -> anyhow::Result<()> {
     );
     let rss_end = rss_mib(&daemon)?;
     let split_end = rss_split_mib(&daemon)?;
+    println!(
+        "end: RSS {rss_end:.1} MiB (anon: {})",
+        anon_detail(&daemon)?
+    );
     let ops_end = metrics::netlink_ops(&metrics::scrape(&node, METRICS)?);
     ensure!(
         !ops_end.is_empty(),
@@ -993,8 +1009,8 @@ fn main() -> anyhow::Result<()> {
         "\nRSS during churn: {}",
         rss_samples
             .iter()
-            .map(|(t, r, (anon, file))| format!(
-                "{:.0} s {r:.1} MiB (anon {anon:.1}, file {file:.1})",
+            .map(|(t, r, (anon, file), detail)| format!(
+                "{:.0} s {r:.1} MiB (anon {anon:.1}: {detail}; file {file:.1})",
                 t.as_secs_f64()
             ))
             .collect::<Vec<_>>()
