@@ -882,43 +882,47 @@ async fn settings_and_forwarding_changes_are_updates_not_recreations() {
     );
 }
 
+/// What [`BeforeEachBatch`] runs before each batch of IPVS writes.
+type BatchHook = Arc<dyn Fn() -> futures::future::BoxFuture<'static, ()> + Send + Sync>;
+
+/// The in-memory IPVS backend, with a hook run (and awaited) before each batch of writes
+/// starts: what a test sees of the other writes of the sync at that moment.
+#[derive(Clone)]
+struct BeforeEachBatch {
+    ipvs: MemoryIpvsBackend,
+    hook: BatchHook,
+}
+
+impl std::fmt::Debug for BeforeEachBatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BeforeEachBatch")
+            .field("ipvs", &self.ipvs)
+            .finish_non_exhaustive()
+    }
+}
+
+impl IpvsBackend for BeforeEachBatch {
+    fn read_table(&self) -> crate::backend::PendingTableRead {
+        self.ipvs.read_table()
+    }
+    async fn get_virtual_server(
+        &mut self,
+        key: &VirtualServerKey,
+    ) -> Result<Option<ObservedVirtualServer>, BackendError> {
+        self.ipvs.get_virtual_server(key).await
+    }
+    async fn apply(&mut self, ops: &[IpvsOp]) -> Vec<Result<(), BackendError>> {
+        (self.hook)().await;
+        self.ipvs.apply(ops).await
+    }
+}
+
 /// A sync that deletes one Service and keeps another: its unbind goes out beside its IPVS
 /// writes, not after them (at 10,000 addresses on the link each address write costs the
 /// kernel milliseconds). The IPVS writes here end only once the unbind is seen, or after a
 /// second: a sync that unbinds after its IPVS writes only gets there after that second.
 #[tokio::test]
 async fn unbinds_go_out_beside_the_ipvs_writes_not_after_them() {
-    #[derive(Debug, Clone)]
-    struct WaitsForUnbind {
-        ipvs: MemoryIpvsBackend,
-        addresses: MemoryAddressBackend,
-        gone: IpAddr,
-        saw_unbind: Arc<std::sync::atomic::AtomicBool>,
-    }
-    impl IpvsBackend for WaitsForUnbind {
-        fn read_table(&self) -> crate::backend::PendingTableRead {
-            self.ipvs.read_table()
-        }
-        async fn get_virtual_server(
-            &mut self,
-            key: &VirtualServerKey,
-        ) -> Result<Option<ObservedVirtualServer>, BackendError> {
-            self.ipvs.get_virtual_server(key).await
-        }
-        async fn apply(&mut self, ops: &[IpvsOp]) -> Vec<Result<(), BackendError>> {
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
-            while self.addresses.addresses().contains(&self.gone)
-                && tokio::time::Instant::now() < deadline
-            {
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
-            if !self.addresses.addresses().contains(&self.gone) {
-                self.saw_unbind
-                    .store(true, std::sync::atomic::Ordering::SeqCst);
-            }
-            self.ipvs.apply(ops).await
-        }
-    }
     let ipvs = MemoryIpvsBackend::new();
     let addresses = MemoryAddressBackend::new();
     reconciler(&ipvs, &addresses)
@@ -927,17 +931,29 @@ async fn unbinds_go_out_beside_the_ipvs_writes_not_after_them() {
         .unwrap();
     let dns = ip("10.96.0.53");
     assert!(addresses.addresses().contains(&dns));
-    let waits = WaitsForUnbind {
-        ipvs: ipvs.clone(),
-        addresses: addresses.clone(),
-        gone: dns,
-        saw_unbind: Arc::default(),
+    // Each batch of IPVS writes waits (up to a second) until the unbind is seen.
+    let saw_unbind = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let hook: BatchHook = {
+        let (addresses, saw_unbind) = (addresses.clone(), saw_unbind.clone());
+        Arc::new(move || {
+            let (addresses, saw_unbind) = (addresses.clone(), saw_unbind.clone());
+            Box::pin(async move {
+                let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
+                while addresses.addresses().contains(&dns) && tokio::time::Instant::now() < deadline
+                {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                if !addresses.addresses().contains(&dns) {
+                    saw_unbind.store(true, std::sync::atomic::Ordering::SeqCst);
+                }
+            })
+        })
     };
-    let mut rec = Reconciler::new(
-        waits.clone(),
-        addresses.clone(),
-        ReconcilerConfig::default(),
-    );
+    let waits = BeforeEachBatch {
+        ipvs: ipvs.clone(),
+        hook,
+    };
+    let mut rec = Reconciler::new(waits, addresses.clone(), ReconcilerConfig::default());
     rec.full_sync(&two_services()).await.unwrap();
     let mut smaller = two_services();
     smaller.services.remove(&spn("dns", Protocol::Udp));
@@ -950,7 +966,7 @@ async fn unbinds_go_out_beside_the_ipvs_writes_not_after_them() {
             .contains_key(&vkey("10.96.0.53", 53, Protocol::Udp))
     );
     assert!(
-        waits.saw_unbind.load(std::sync::atomic::Ordering::SeqCst),
+        saw_unbind.load(std::sync::atomic::Ordering::SeqCst),
         "the IPVS writes ended before the unbind went out"
     );
 }
@@ -960,63 +976,47 @@ async fn unbinds_go_out_beside_the_ipvs_writes_not_after_them() {
 /// not wait while the kernel binds or unbinds (inside the address writes' send).
 #[tokio::test]
 async fn ipvs_writes_start_before_the_address_writes() {
-    #[derive(Debug, Clone)]
-    struct SeesAddresses {
-        ipvs: MemoryIpvsBackend,
-        addresses: MemoryAddressBackend,
-        watched: IpAddr,
-        /// Whether `watched` was bound when each batch of writes started.
-        bound_at_apply: Arc<std::sync::Mutex<Vec<bool>>>,
-    }
-    impl IpvsBackend for SeesAddresses {
-        fn read_table(&self) -> crate::backend::PendingTableRead {
-            self.ipvs.read_table()
-        }
-        async fn get_virtual_server(
-            &mut self,
-            key: &VirtualServerKey,
-        ) -> Result<Option<ObservedVirtualServer>, BackendError> {
-            self.ipvs.get_virtual_server(key).await
-        }
-        async fn apply(&mut self, ops: &[IpvsOp]) -> Vec<Result<(), BackendError>> {
-            let bound = self.addresses.addresses().contains(&self.watched);
-            self.bound_at_apply.lock().unwrap().push(bound);
-            self.ipvs.apply(ops).await
-        }
-    }
     let dns = ip("10.96.0.53");
     let dns_key = vkey("10.96.0.53", 53, Protocol::Udp);
     let mut smaller = two_services();
     smaller.services.remove(&spn("dns", Protocol::Udp));
     let ipvs = MemoryIpvsBackend::new();
     let addresses = MemoryAddressBackend::new();
-    let sees = SeesAddresses {
-        ipvs: ipvs.clone(),
-        addresses: addresses.clone(),
-        watched: dns,
-        bound_at_apply: Arc::default(),
+    // Whether the ClusterIP was bound when each batch of writes started.
+    let bound_at_apply: Arc<std::sync::Mutex<Vec<bool>>> = Arc::default();
+    let hook: BatchHook = {
+        let (addresses, bound_at_apply) = (addresses.clone(), bound_at_apply.clone());
+        Arc::new(move || {
+            let bound = addresses.addresses().contains(&dns);
+            bound_at_apply.lock().unwrap().push(bound);
+            Box::pin(std::future::ready(()))
+        })
     };
-    let mut rec = Reconciler::new(sees.clone(), addresses.clone(), ReconcilerConfig::default());
+    let sees = BeforeEachBatch {
+        ipvs: ipvs.clone(),
+        hook,
+    };
+    let mut rec = Reconciler::new(sees, addresses.clone(), ReconcilerConfig::default());
     rec.full_sync(&smaller).await.unwrap();
-    sees.bound_at_apply.lock().unwrap().clear();
+    bound_at_apply.lock().unwrap().clear();
 
     let added = rec.full_sync(&two_services()).await.unwrap();
     assert!(added.errors.is_empty(), "{:?}", added.errors);
     assert!(ipvs.table().contains_key(&dns_key));
     assert!(addresses.addresses().contains(&dns));
     assert_eq!(
-        *sees.bound_at_apply.lock().unwrap(),
+        *bound_at_apply.lock().unwrap(),
         vec![false],
         "the virtual server's writes started after its address was bound"
     );
 
-    sees.bound_at_apply.lock().unwrap().clear();
+    bound_at_apply.lock().unwrap().clear();
     let removed = rec.full_sync(&smaller).await.unwrap();
     assert!(removed.errors.is_empty(), "{:?}", removed.errors);
     assert!(!ipvs.table().contains_key(&dns_key));
     assert!(!addresses.addresses().contains(&dns));
     assert_eq!(
-        *sees.bound_at_apply.lock().unwrap(),
+        *bound_at_apply.lock().unwrap(),
         vec![true],
         "the virtual server's delete started after its address was unbound"
     );
