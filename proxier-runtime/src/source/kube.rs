@@ -139,22 +139,41 @@ pub enum StoreChange<K> {
 /// conversion), so a relist under way holds converted objects, never the API's.
 #[derive(Debug)]
 pub struct ObjectStore<K, T = K> {
-    versions: BTreeMap<ObjectKey, Option<String>>,
-    /// The relist under way, in the order the objects came: each listed object's resource
-    /// version and, unless it is the version already known, what it converted to. Sorted
-    /// once at `InitDone` rather than kept in a tree as it grows (an API server lists in key
-    /// order, and the sort of a sorted run is one pass).
-    relist: Option<Vec<(ObjectKey, Listed<T>)>>,
+    /// Every known object's resource version, and the last relist that listed it.
+    versions: BTreeMap<ObjectKey, Known>,
+    /// The relist under way.
+    relist: Option<Relist<T>>,
+    /// How many relists have begun: each marks the known objects it lists with its number.
+    relists: u64,
     listed: bool,
     kind: PhantomData<fn(K)>,
 }
 
-/// One object of a relist under way.
+/// What the store keeps of one object.
+#[derive(Debug)]
+struct Known {
+    version: Option<String>,
+    /// The number of the last relist that listed it.
+    listed_by: u64,
+}
+
+/// A relist under way. A listed object whose version is the one known is only marked as
+/// listed, in place: nothing of it is kept, so its key and version are not copied while the
+/// relist runs (after a 410 Gone, every object), and nothing the relist leaves behind sits
+/// between allocations made meanwhile that live on. The others are kept until `InitDone`,
+/// in the order they came; sorted once then (an API server lists in key order, and the
+/// sort of a sorted run is one pass).
+#[derive(Debug)]
+struct Relist<T> {
+    number: u64,
+    changed: Vec<(ObjectKey, Listed<T>)>,
+}
+
+/// One new or changed object of a relist under way.
 #[derive(Debug)]
 struct Listed<T> {
     version: Option<String>,
-    /// `None` when the version is the one already known: nothing to apply.
-    converted: Option<T>,
+    converted: T,
 }
 
 impl<K, T> Default for ObjectStore<K, T> {
@@ -162,6 +181,7 @@ impl<K, T> Default for ObjectStore<K, T> {
         ObjectStore {
             versions: BTreeMap::new(),
             relist: None,
+            relists: 0,
             listed: false,
             kind: PhantomData,
         }
@@ -179,9 +199,18 @@ impl<K: Resource> ObjectStore<K> {
 impl<K: Resource, T> ObjectStore<K, T> {
     /// Whether `object` is the version already known (same resource version).
     fn known(&self, key: &ObjectKey, object: &K) -> bool {
-        self.versions
-            .get(key)
-            .is_some_and(|version| version.is_some() && *version == object.meta().resource_version)
+        self.versions.get(key).is_some_and(|known| {
+            known.version.is_some() && known.version == object.meta().resource_version
+        })
+    }
+
+    /// Begins a relist, superseding an unfinished one (the store stays as it is).
+    fn begin_relist(&mut self) -> &mut Relist<T> {
+        self.relists += 1;
+        self.relist.insert(Relist {
+            number: self.relists,
+            changed: Vec::new(),
+        })
     }
 
     /// Applies one watcher event and returns what changed, each added or changed object
@@ -194,26 +223,59 @@ impl<K: Resource, T> ObjectStore<K, T> {
     ) -> Vec<StoreChange<T>> {
         match event {
             Event::Init => {
-                // A new (re)list; an unfinished earlier one is dropped, the store stays. A
-                // relist is about as long as the last list.
-                self.relist = Some(Vec::with_capacity(self.versions.len()));
+                self.begin_relist();
                 Vec::new()
             }
-            Event::InitApply(obj) => {
-                // The known versions do not change until InitDone, so whether this one is
+            Event::InitApply(mut obj) => {
+                if self.relist.is_none() {
+                    self.begin_relist();
+                }
+                let number = self.relists;
+                // The key is the object's own strings, lent and given back if it is kept:
+                // the versions known do not change until InitDone, so whether this one is
                 // known can be told now, and only a new version is converted and kept.
-                let key = ObjectKey::of(obj.meta());
+                let meta = obj.meta_mut();
+                let (had_namespace, had_name) = (meta.namespace.is_some(), meta.name.is_some());
+                let key = ObjectKey {
+                    namespace: meta.namespace.take().unwrap_or_default(),
+                    name: meta.name.take().unwrap_or_default(),
+                };
+                if let Some(known) = self.versions.get_mut(&key)
+                    && known.version.is_some()
+                    && known.version == obj.meta().resource_version
+                {
+                    known.listed_by = number;
+                    return Vec::new();
+                }
+                let meta = obj.meta_mut();
+                meta.namespace = had_namespace.then(|| key.namespace.clone());
+                meta.name = had_name.then(|| key.name.clone());
                 let version = obj.meta().resource_version.clone();
-                let converted = (!self.known(&key, &obj)).then(|| convert(obj));
-                self.relist
-                    .get_or_insert_default()
-                    .push((key, Listed { version, converted }));
+                if let Some(relist) = &mut self.relist {
+                    relist.changed.push((
+                        key,
+                        Listed {
+                            version,
+                            converted: convert(obj),
+                        },
+                    ));
+                }
                 Vec::new()
             }
             Event::InitDone => {
-                let mut fresh = self.relist.take().unwrap_or_default();
-                // Stable: an object listed twice keeps its later copy (moved into the slot
-                // the dedup keeps).
+                let Relist {
+                    number,
+                    changed: mut fresh,
+                } = match self.relist.take() {
+                    Some(relist) => relist,
+                    // Nothing listed: every object known is gone.
+                    None => Relist {
+                        number: self.relists + 1,
+                        changed: Vec::new(),
+                    },
+                };
+                // Stable: an object listed twice with new versions keeps its later copy
+                // (moved into the slot the dedup keeps).
                 fresh.sort_by(|a, b| a.0.cmp(&b.0));
                 fresh.dedup_by(|later, earlier| {
                     let same = later.0 == earlier.0;
@@ -222,40 +284,44 @@ impl<K: Resource, T> ObjectStore<K, T> {
                     }
                     same
                 });
-                let mut upserts = Vec::new();
+                let mut upserts = Vec::with_capacity(fresh.len());
                 let mut changes: Vec<StoreChange<T>> = Vec::new();
                 if self.versions.is_empty() {
                     // The first list: sorted and unique, collected into the tree in one pass.
-                    upserts.reserve(fresh.len());
                     self.versions = fresh
                         .into_iter()
                         .map(|(key, Listed { version, converted })| {
-                            upserts.extend(converted.map(StoreChange::Upsert));
-                            (key, version)
+                            upserts.push(StoreChange::Upsert(converted));
+                            (
+                                key,
+                                Known {
+                                    version,
+                                    listed_by: number,
+                                },
+                            )
                         })
                         .collect();
                 } else {
                     // A relist changes the tree in place: the entries of unchanged objects
-                    // (all of them, after a 410 Gone) stay where they are, and the relist's
-                    // copies of their keys and versions go with the rest of its transient
-                    // memory. Rebuilt, the tree of every key and version was made anew
-                    // between the relist's other allocations at each relist, and those
-                    // pages were held afterwards by the entries living on them.
-                    let listed =
+                    // stay where they are. Gone: what it neither marked nor changed.
+                    let changed =
                         |key: &ObjectKey| fresh.binary_search_by(|(k, _)| k.cmp(key)).is_ok();
-                    self.versions.retain(|key, _| {
-                        let keep = listed(key);
+                    self.versions.retain(|key, known| {
+                        let keep = known.listed_by == number || changed(key);
                         if !keep {
                             changes.push(StoreChange::Delete(key.clone()));
                         }
                         keep
                     });
                     for (key, Listed { version, converted }) in fresh {
-                        // `None`: the version already known, nothing to change.
-                        if let Some(converted) = converted {
-                            upserts.push(StoreChange::Upsert(converted));
-                            self.versions.insert(key, version);
-                        }
+                        upserts.push(StoreChange::Upsert(converted));
+                        self.versions.insert(
+                            key,
+                            Known {
+                                version,
+                                listed_by: number,
+                            },
+                        );
                     }
                 }
                 self.listed = true;
@@ -269,8 +335,13 @@ impl<K: Resource, T> ObjectStore<K, T> {
             Event::Apply(obj) => {
                 let key = ObjectKey::of(obj.meta());
                 let unchanged = self.known(&key, &obj);
-                self.versions
-                    .insert(key, obj.meta().resource_version.clone());
+                self.versions.insert(
+                    key,
+                    Known {
+                        version: obj.meta().resource_version.clone(),
+                        listed_by: self.relists,
+                    },
+                );
                 if unchanged {
                     Vec::new()
                 } else {
@@ -1212,13 +1283,14 @@ mod tests {
         let changes = list(&mut store, &[("a", "1"), ("b", "2")]);
         assert!(
             matches!(&changes[..], [StoreChange::Delete(gone), StoreChange::Upsert(changed)]
-                if gone.name == "c" && changed.metadata.name.as_deref() == Some("b")),
+                if gone.name == "c" && changed.metadata.name.as_deref() == Some("b")
+                    && changed.metadata.namespace.as_deref() == Some("ns")),
             "{changes:?}"
         );
         let versions: Vec<_> = store
             .versions
             .iter()
-            .map(|(key, version)| (key.name.as_str(), version.as_deref()))
+            .map(|(key, known)| (key.name.as_str(), known.version.as_deref()))
             .collect();
         assert_eq!(versions, [("a", Some("1")), ("b", Some("2"))]);
         assert_eq!(name_at(&store, "a"), a, "a unchanged entry was made anew");
