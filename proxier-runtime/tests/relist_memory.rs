@@ -76,6 +76,17 @@ fn slice(i: usize) -> EndpointSlice {
     slice
 }
 
+/// Begins a (re)list of Services 0..n and their slices and delivers every object, as the
+/// watchers do, one at a time, decoded just before; the caller ends it (`InitDone`).
+fn list_without_ending(state: &mut KubeSourceState, n: usize) {
+    assert!(state.on_service(Event::Init).is_none());
+    assert!(state.on_slice(Event::Init).is_none());
+    for i in 0..n {
+        assert!(state.on_service(Event::InitApply(service(i))).is_none());
+        assert!(state.on_slice(Event::InitApply(slice(i))).is_none());
+    }
+}
+
 #[test]
 fn a_first_list_holds_converted_objects_not_the_apis() {
     let _alone = ALONE.lock().unwrap_or_else(|p| p.into_inner());
@@ -90,12 +101,7 @@ fn a_first_list_holds_converted_objects_not_the_apis() {
     let start = live_bytes();
     reset_peak();
     let mut state = KubeSourceState::new(false);
-    assert!(state.on_service(Event::Init).is_none());
-    assert!(state.on_slice(Event::Init).is_none());
-    for i in 0..n {
-        assert!(state.on_service(Event::InitApply(service(i))).is_none());
-        assert!(state.on_slice(Event::InitApply(slice(i))).is_none());
-    }
+    list_without_ending(&mut state, n);
     assert!(state.on_service(Event::InitDone).is_none());
     let batch = state.on_slice(Event::InitDone).unwrap();
     let peak = peak_bytes() - start;
@@ -131,22 +137,12 @@ fn an_unchanged_relist_holds_nothing_per_object_while_it_runs() {
     let _alone = ALONE.lock().unwrap_or_else(|p| p.into_inner());
     let n = services();
     let mut state = KubeSourceState::new(false);
-    assert!(state.on_service(Event::Init).is_none());
-    assert!(state.on_slice(Event::Init).is_none());
-    for i in 0..n {
-        assert!(state.on_service(Event::InitApply(service(i))).is_none());
-        assert!(state.on_slice(Event::InitApply(slice(i))).is_none());
-    }
+    list_without_ending(&mut state, n);
     assert!(state.on_service(Event::InitDone).is_none());
     assert!(state.on_slice(Event::InitDone).is_some(), "the first batch");
 
     let start = live_bytes();
-    assert!(state.on_service(Event::Init).is_none());
-    assert!(state.on_slice(Event::Init).is_none());
-    for i in 0..n {
-        assert!(state.on_service(Event::InitApply(service(i))).is_none());
-        assert!(state.on_slice(Event::InitApply(slice(i))).is_none());
-    }
+    list_without_ending(&mut state, n);
     let held = live_bytes() - start;
     let services_done = state.on_service(Event::InitDone);
     let slices_done = state.on_slice(Event::InitDone);

@@ -205,12 +205,12 @@ impl<K: Resource, T> ObjectStore<K, T> {
     }
 
     /// Begins a relist, superseding an unfinished one (the store stays as it is).
-    fn begin_relist(&mut self) -> &mut Relist<T> {
+    fn begin_relist(&mut self) {
         self.relists += 1;
-        self.relist.insert(Relist {
+        self.relist = Some(Relist {
             number: self.relists,
             changed: Vec::new(),
-        })
+        });
     }
 
     /// Applies one watcher event and returns what changed, each added or changed object
