@@ -116,11 +116,7 @@ pub async fn client(
                 .map_err(|e| KubeSourceError::Infer(e.to_string()))?,
         },
     };
-    // The API-client metrics (`rest_client_*`) wrap the default stack.
-    let metrics = crate::api_metrics::ApiMetricsLayer::for_server(&config.cluster_url);
-    let builder = kube::client::ClientBuilder::try_from(config)
-        .map_err(|e| KubeSourceError::Client(e.to_string()))?;
-    Ok(builder.with_layer(&metrics).build())
+    super::api_client::build(config)
 }
 
 /// A change an [`ObjectStore`] reports.

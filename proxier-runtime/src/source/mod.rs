@@ -4,6 +4,8 @@
 //! channel and raise the same "synced" signal once they hold a complete picture;
 //! [`crate::feed`] hands them to the engine.
 
+#[cfg(feature = "kube")]
+pub mod api_client;
 #[cfg(feature = "file")]
 pub mod file;
 #[cfg(feature = "kube")]
