@@ -53,7 +53,8 @@ fn scratch(name: &str) -> PathBuf {
 
 #[test]
 fn the_sample_becomes_the_table_its_manifests_describe() {
-    let file = scratch("sample").join("cni-services.yaml");
+    let dir = scratch("sample");
+    let file = dir.join("cni-services.yaml");
     std::fs::write(&file, SAMPLE).unwrap();
     let out = cni_proxier(&[], &file).output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -82,6 +83,7 @@ fn the_sample_becomes_the_table_its_manifests_describe() {
         ),
         "{stdout}"
     );
+    std::fs::remove_dir_all(dir).unwrap();
 }
 
 #[test]
