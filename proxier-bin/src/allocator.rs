@@ -47,7 +47,7 @@ thread_local! {
 /// What the delay costs: memory freed meanwhile is reused without being handed back, and a
 /// page that lives on after the start keeps resident whatever the freed memory had touched
 /// beyond its own blocks (mimalloc's view of its pages accounts for it nowhere). In the VM at
-/// 10,000 × 5 (kube source, 2026-12-07, two boots): settled RSS 58.5 MiB and peak 88.8
+/// 10,000 × 5 (kube source, two boots of one build): settled RSS 58.5 MiB and peak 88.8
 /// against 51.3 and 71.3 with no delay, restart adoption 2.30 s (daemon CPU 3.85 s, about
 /// 17,000 page faults) against 3.53 s (5.82 s, 30,000). Kept for the adoption; the fault
 /// soak's RSS growth compares a fresh daemon with a restarted one, each with its own share.
