@@ -1,7 +1,7 @@
 //! `cargo xtask test`: every check CI runs, in order, stopping at the first failure:
 //! fmt, clippy, public API, library docs, host tests, packaging of the library crates,
 //! cargo-deny (licenses, bans, sources; then advisories against the offline snapshot),
-//! kernel tests in a VM.
+//! kernel tests in a VM on each kernel and nft of the matrix ([`KERNEL_MATRIX`]).
 
 use std::ffi::OsString;
 use std::path::Path;
@@ -13,6 +13,7 @@ use anyhow::{Context, Result};
 use crate::advisories;
 use crate::artifacts::TestSelection;
 use crate::deps;
+use crate::guest_kernel::{KernelChoice, NftChoice};
 use crate::public_api;
 use crate::vm::{self, VmConfig};
 use crate::workspace::Workspace;
@@ -256,21 +257,128 @@ pub fn full_test(config: &VmConfig) -> Result<ExitCode> {
             return Ok(ExitCode::FAILURE);
         }
     }
-    println!("xtask: == kernel tests: cargo xtask vm-test");
-    let code = vm::vm_test(None, &TestSelection::default(), &[], config)?;
-    if code == ExitCode::SUCCESS {
+    for run in KERNEL_MATRIX {
+        let shown = run.command();
+        println!("xtask: == kernel tests: {shown}");
+        let step_started = Instant::now();
+        let config = VmConfig {
+            kernel: run.kernel,
+            nft: run.nft,
+            ..config.clone()
+        };
+        let selection = TestSelection {
+            packages: if run.tests.is_empty() {
+                Vec::new()
+            } else {
+                vec![KERNEL_TESTS_PACKAGE.to_owned()]
+            },
+            test_targets: run.tests.iter().map(|t| (*t).to_owned()).collect(),
+        };
+        // A kernel or nft that cannot be fetched is an error here, not a skipped run.
+        let code = vm::vm_test(None, &selection, &[], &config)?;
+        if code != ExitCode::SUCCESS {
+            println!(
+                "xtask: FAILED at step 'kernel tests' ({shown}){}",
+                free_disk(&workspace.target_dir)
+            );
+            return Ok(code);
+        }
         println!(
-            "xtask: all checks passed in {:.1}s",
-            started.elapsed().as_secs_f64()
-        );
-    } else {
-        println!(
-            "xtask: FAILED at step 'kernel tests' (cargo xtask vm-test){}",
-            free_disk(&workspace.target_dir)
+            "xtask: == kernel tests on {} with nft {} passed in {:.1}s",
+            run.kernel.name(),
+            run.nft.name(),
+            step_started.elapsed().as_secs_f64()
         );
     }
-    Ok(code)
+    println!(
+        "xtask: all checks passed in {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(ExitCode::SUCCESS)
 }
+
+/// One boot of the kernel matrix: a kernel, the guest's nft, and the test binaries of
+/// [`KERNEL_TESTS_PACKAGE`] it runs (empty: every test binary of the workspace).
+struct MatrixRun {
+    kernel: KernelChoice,
+    nft: NftChoice,
+    tests: &'static [&'static str],
+}
+
+impl MatrixRun {
+    /// The `cargo xtask vm-test` command line that runs the same boot.
+    fn command(&self) -> String {
+        let mut command = format!(
+            "cargo xtask vm-test --kernel {} --nft {}",
+            self.kernel.name(),
+            self.nft.name()
+        );
+        if !self.tests.is_empty() {
+            command.push_str(&format!(" -p {KERNEL_TESTS_PACKAGE}"));
+            for test in self.tests {
+                command.push_str(&format!(" --test {test}"));
+            }
+        }
+        command
+    }
+}
+
+/// The package of the kernel-facing suites.
+const KERNEL_TESTS_PACKAGE: &str = "ipvs-proxier-tests";
+
+/// The suites that touch what differs between kernels and nft releases: IPVS, the dummy
+/// link's addresses, netfilter, Services end to end with real traffic, the takeover.
+const KERNEL_FACING: &[&str] = &[
+    "kernel_smoke",
+    "ipvs_ops",
+    "ipvs_roundtrip",
+    "ipvs_errors",
+    "reconciler_kernel",
+    "netfilter_atomic",
+    "netfilter_conntrack",
+    "netfilter_sysctl",
+    "netfilter_traffic",
+    "netfilter_kernels",
+    "e2e_services",
+    "e2e_endpoints",
+    "takeover_kube_proxy",
+    "daemon_kernel",
+];
+
+/// The suites that differ by nft release alone.
+const NFT_FACING: &[&str] = &[
+    "netfilter_atomic",
+    "netfilter_traffic",
+    "netfilter_kernels",
+    "e2e_services",
+];
+
+/// What CI boots (docs/kernels.md): the whole suite on the host's kernel and nft, the
+/// kernel-facing suites on the oldest and newest kernels (the newest with the nft Debian 12
+/// nodes have, the oldest with the nft the image ships), and the nft-facing suites on the
+/// newest kernel with the image's nft.
+const KERNEL_MATRIX: &[MatrixRun] = &[
+    MatrixRun {
+        kernel: KernelChoice::Bookworm,
+        nft: NftChoice::Host,
+        tests: &[],
+    },
+    MatrixRun {
+        kernel: KernelChoice::Trixie,
+        nft: NftChoice::Host,
+        tests: KERNEL_FACING,
+    },
+    MatrixRun {
+        kernel: KernelChoice::Bullseye,
+        nft: NftChoice::Trixie,
+        tests: KERNEL_FACING,
+    },
+    MatrixRun {
+        kernel: KernelChoice::Trixie,
+        nft: NftChoice::Trixie,
+        tests: NFT_FACING,
+    },
+];
 
 /// `", N GiB free on the target directory's disk"`, or nothing when `df` cannot tell: a step
 /// that fails for want of disk then says so beside its own error.

@@ -22,6 +22,10 @@ pub const DEBIAN_PACKAGES: &[&str] = &[
     "cpio",
     "iptables",
     "ipset",
+    // The kernels of the matrix other than the host's: depmod for their module trees,
+    // xz for their compressed modules.
+    "kmod",
+    "xz-utils",
 ];
 
 /// A host command the runner uses, and the package that provides it.
@@ -86,6 +90,14 @@ const TOOLS: &[Tool] = &[
     Tool {
         command: "gzip",
         package: "gzip",
+    },
+    Tool {
+        command: "depmod",
+        package: "kmod",
+    },
+    Tool {
+        command: "xz",
+        package: "xz-utils",
     },
     Tool {
         command: "ldd",

@@ -13,7 +13,7 @@ use anyhow::{Context, Result, bail};
 
 use crate::cpio::{CpioWriter, Kind};
 use crate::deps::{GUEST_PLUGIN_DIRS, GUEST_TOOLS, HostTools};
-use crate::guest_kernel::GuestKernel;
+use crate::guest_kernel::{GUEST_NFT_ROOT, GuestKernel, GuestNft};
 use crate::guest_modules;
 use crate::guest_scripts;
 
@@ -166,6 +166,56 @@ impl RootFs {
                 };
                 self.insert(name, source, permissions);
                 return Ok(());
+            }
+        }
+        Ok(())
+    }
+
+    /// Adds the host file `host` at `path` in the archive (no leading `/`), whatever its
+    /// host path.
+    pub fn add_host_file_at(&mut self, path: &str, host: &Path) -> Result<()> {
+        let meta =
+            std::fs::metadata(host).with_context(|| format!("reading {}", host.display()))?;
+        if let Some((parent, _)) = path.trim_matches('/').rsplit_once('/') {
+            self.add_dir(parent);
+        }
+        let mtime_ns = i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec());
+        self.insert(
+            path.trim_matches('/').to_owned(),
+            Source::HostFile {
+                path: host.to_path_buf(),
+                size: meta.len(),
+                mtime_ns,
+            },
+            meta.permissions().mode() & 0o7777,
+        );
+        Ok(())
+    }
+
+    /// Adds the host directory `host` with everything below it (symlinks as symlinks) at
+    /// `path` in the archive.
+    pub fn add_host_tree_at(&mut self, path: &str, host: &Path) -> Result<()> {
+        self.add_dir(path);
+        let mut entries: Vec<PathBuf> = std::fs::read_dir(host)
+            .with_context(|| format!("reading {}", host.display()))?
+            .flatten()
+            .map(|e| e.path())
+            .collect();
+        entries.sort();
+        for entry in entries {
+            let Some(name) = entry.file_name().map(|n| n.to_string_lossy().into_owned()) else {
+                continue;
+            };
+            let inside = format!("{}/{name}", path.trim_matches('/'));
+            let meta = std::fs::symlink_metadata(&entry)
+                .with_context(|| format!("reading {}", entry.display()))?;
+            if meta.file_type().is_symlink() {
+                let target = std::fs::read_link(&entry)?;
+                self.add_symlink(&inside, &target.to_string_lossy());
+            } else if meta.is_dir() {
+                self.add_host_tree_at(&inside, &entry)?;
+            } else if meta.is_file() {
+                self.add_host_file_at(&inside, &entry)?;
             }
         }
         Ok(())
@@ -344,19 +394,18 @@ fn add_modules(root: &mut RootFs, kernel: &GuestKernel) -> Result<Vec<String>> {
         guest_scripts::GUEST_MODULES,
         guest_scripts::REQUIRED_MODULES,
     )?;
+    let guest_dir = kernel.guest_modules_dir();
     for file in &selection.files {
-        root.add_host_path(&kernel.modules.join(file))?;
+        root.add_host_file_at(&format!("{guest_dir}/{file}"), &kernel.modules.join(file))?;
     }
     for index in &selection.index_files {
         let path = kernel.modules.join(index);
         if path.is_file() {
-            root.add_host_path(&path)?;
+            root.add_host_file_at(&format!("{guest_dir}/{index}"), &path)?;
         }
     }
-    let modules_dir = std::fs::canonicalize(&kernel.modules)
-        .with_context(|| format!("resolving {}", kernel.modules.display()))?;
     root.add_inline(
-        &format!("{}/modules.dep", archive_path(&modules_dir)),
+        &format!("{guest_dir}/modules.dep"),
         selection.modules_dep.into_bytes(),
         0o644,
     );
@@ -396,9 +445,21 @@ fn add_busybox(root: &mut RootFs, busybox: &Path) -> Result<()> {
 pub fn assemble(
     tools: &HostTools,
     kernel: &GuestKernel,
+    nft: Option<&GuestNft>,
     extra_binaries: &[PathBuf],
 ) -> Result<RootFs> {
     let mut root = RootFs::default();
+    // Another nft first: the first member at a path wins, so the host's is not copied.
+    if let Some(nft) = nft {
+        root.add_host_tree_at(GUEST_NFT_ROOT, &nft.root)?;
+        let host_nft = crate::deps::find_command("nft").context("nft not found")?;
+        let host_nft = std::fs::canonicalize(&host_nft).unwrap_or(host_nft);
+        root.add_inline(
+            &archive_path(&host_nft),
+            GuestNft::wrapper_script().into_bytes(),
+            0o755,
+        );
+    }
     for dir in [
         "proc", "sys", "dev", "run", "tmp", "mnt", "root", "etc", "var",
     ] {

@@ -9,6 +9,7 @@ mod artifacts;
 mod bench_report;
 mod ci;
 mod cpio;
+mod debian_archive;
 mod deps;
 mod disk;
 mod guest_kernel;
@@ -50,6 +51,13 @@ struct VmOptions {
     /// vm-test: kill a test binary still running after this many minutes (it counts as failed).
     #[arg(long, default_value_t = 15)]
     binary_timeout_minutes: u64,
+    /// The guest kernel: Debian's cloud kernel of bullseye (5.10), bookworm (6.1, the
+    /// host's package) or trixie (6.12); the others are fetched from Debian's archive.
+    #[arg(long, value_enum, default_value = "6.1")]
+    kernel: guest_kernel::KernelChoice,
+    /// The guest's nft: the host's (Debian 12, 1.0.6) or trixie's (1.1.x, fetched).
+    #[arg(long, value_enum, default_value = "host")]
+    nft: guest_kernel::NftChoice,
 }
 
 impl VmOptions {
@@ -146,6 +154,9 @@ enum Command {
         /// and at `--services` Services (two boots) and rewrite only the scale section.
         #[arg(long, conflicts_with_all = ["soak_only", "traffic_only"])]
         scale_only: bool,
+        /// The guest kernel (as for vm-test).
+        #[arg(long, value_enum, default_value = "6.1")]
+        kernel: guest_kernel::KernelChoice,
     },
     /// Compare the public API of ipvs-netlink and proxier-core (read from their sources)
     /// with the snapshots in `xtask/public-api/`; print the differences.
@@ -201,6 +212,7 @@ fn main() -> ExitCode {
             faults,
             bind_service_cidrs,
             scale_only,
+            kernel,
         } => {
             let options = bench_report::Options {
                 services,
@@ -220,6 +232,8 @@ fn main() -> ExitCode {
                 memory_mib,
                 keep_debug: false,
                 binary_timeout: Duration::from_secs(timeout_minutes.saturating_mul(60)),
+                kernel,
+                nft: guest_kernel::NftChoice::Host,
             };
             bench_report::run(&options, &config)
         }
@@ -243,6 +257,8 @@ impl VmOptions {
             memory_mib: self.memory_mib,
             keep_debug: self.keep_debug,
             binary_timeout: Duration::from_secs(self.binary_timeout_minutes.saturating_mul(60)),
+            kernel: self.kernel,
+            nft: self.nft,
         }
     }
 }

@@ -9,7 +9,7 @@ use anyhow::{Context, Result};
 use crate::artifacts::{self, Executable, Profile, TestSelection};
 use crate::deps::{self, HostTools};
 use crate::disk::DiskStaging;
-use crate::guest_kernel::{self, GuestKernel};
+use crate::guest_kernel::{self, GuestKernel, GuestNft, KernelChoice, NftChoice};
 use crate::guest_scripts::{self, GuestTest, RunLayout};
 use crate::initramfs;
 use crate::qemu::{self, BootSpec, GuestOutcome};
@@ -29,6 +29,10 @@ pub struct VmConfig {
     pub keep_debug: bool,
     /// Kill a test binary (and count it failed) after this long.
     pub binary_timeout: Duration,
+    /// The kernel to boot.
+    pub kernel: KernelChoice,
+    /// The `nft` the guest runs.
+    pub nft: NftChoice,
 }
 
 /// Durations of the runner's own steps.
@@ -109,18 +113,27 @@ struct Prepared {
     workspace: Workspace,
     tools: HostTools,
     kernel: GuestKernel,
+    nft: Option<GuestNft>,
     run_dir: RunDir,
 }
 
-fn prepare() -> Result<Prepared> {
+fn prepare(config: &VmConfig) -> Result<Prepared> {
     let tools = deps::ensure()?;
-    let kernel = guest_kernel::find()?;
     let workspace = Workspace::locate()?;
+    let kernel = guest_kernel::resolve(config.kernel, &workspace.vm_dir())?;
+    let nft = guest_kernel::resolve_nft(config.nft, &workspace.vm_dir())?;
+    println!(
+        "xtask: guest kernel {} ({}), nft {}",
+        config.kernel.name(),
+        kernel.version,
+        config.nft.name()
+    );
     let run_dir = RunDir::create(&workspace.vm_dir())?;
     Ok(Prepared {
         workspace,
         tools,
         kernel,
+        nft,
         run_dir,
     })
 }
@@ -153,12 +166,13 @@ fn boot_with(
         workspace,
         tools,
         kernel,
+        nft,
         run_dir,
     } = prepared;
     let run_dir = &run_dir.0;
 
     let started = Instant::now();
-    let root = initramfs::assemble(tools, kernel, files)?;
+    let root = initramfs::assemble(tools, kernel, nft.as_ref(), files)?;
     let initramfs = initramfs::build_or_reuse(&root, kernel, &workspace.vm_dir(), started)?;
     timings.initramfs = initramfs.elapsed;
     timings.initramfs_cache_hit = initramfs.cache_hit;
@@ -284,7 +298,7 @@ pub fn vm_test(
     config: &VmConfig,
 ) -> Result<ExitCode> {
     let total = Instant::now();
-    let prepared = prepare()?;
+    let prepared = prepare(config)?;
     let workspace = &prepared.workspace;
     let mut timings = Timings::default();
 
@@ -424,7 +438,7 @@ pub fn vm_run(release: bool, command: &[String], config: &VmConfig) -> Result<Ex
     let (program, args) = command
         .split_first()
         .context("vm-run needs a program to run")?;
-    let prepared = prepare()?;
+    let prepared = prepare(config)?;
     let workspace = &prepared.workspace;
     let profile = if release {
         Profile::Release
@@ -458,7 +472,7 @@ pub fn vm_run(release: bool, command: &[String], config: &VmConfig) -> Result<Ex
 /// `cargo xtask vm-bench NAME [ARGS...]`.
 pub fn vm_bench(name: &str, args: &[String], config: &VmConfig) -> Result<ExitCode> {
     let total = Instant::now();
-    let prepared = prepare()?;
+    let prepared = prepare(config)?;
     let workspace = &prepared.workspace;
     let mut timings = Timings::default();
     let started = Instant::now();

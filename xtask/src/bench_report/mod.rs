@@ -90,7 +90,7 @@ pub fn run(options: &Options, config: &VmConfig) -> Result<ExitCode> {
         command: command_line(options, config),
         date: output_of("date", &["-u", "+%Y-%m-%d %H:%M UTC"]).unwrap_or_else(|| "?".into()),
         commit: commit(&workspace.root),
-        guest_kernel: crate::guest_kernel::find()?.version,
+        guest_kernel: crate::guest_kernel::resolve(config.kernel, &workspace.vm_dir())?.version,
         memory_mib: config.memory_mib,
         qemu: output_of("qemu-system-x86_64", &["--version"])
             .and_then(|v| v.lines().next().map(str::to_owned))
@@ -270,6 +270,9 @@ fn command_line(options: &Options, config: &VmConfig) -> String {
     }
     if options.scale_only {
         command.push_str(" --scale-only");
+    }
+    if config.kernel != crate::guest_kernel::KernelChoice::Bookworm {
+        let _ = write!(command, " --kernel {}", config.kernel.name());
     }
     command
 }
