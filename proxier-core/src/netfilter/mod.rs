@@ -50,7 +50,7 @@
 //! | `load-balancer-ips` / `load-balancer-ips-local` | LB ingress IP:port with eTP Cluster / Local (`KUBE-LOAD-BALANCER(-LOCAL)`) |
 //! | `node-ports` / `node-ports-local` | `inet_proto . inet_service`: NodePorts with eTP Cluster / Local (`KUBE-NODE-PORT-{TCP,UDP,SCTP}` and `-LOCAL-`) |
 //! | `load-balancer-firewall` | LB IP:port that have source ranges (`KUBE-LOAD-BALANCER-FW`) |
-//! | `load-balancer-source-ranges` | `… . address` interval set: allowed sources (`KUBE-LOAD-BALANCER-SOURCE-CIDR`) |
+//! | `load-balancer-source-ranges-{tcp,udp,sctp}` | `address . inet_service . address` interval sets, one per protocol: allowed sources (`KUBE-LOAD-BALANCER-SOURCE-CIDR`) |
 //! | `load-balancer-node-allowed` | firewalled LB IP:port the node itself may reach (`KUBE-LOAD-BALANCER-SOURCE-IP`) |
 //! | `hairpin` | `… . address`: endpoint ip:port plus the same ip as source (`KUBE-LOOP-BACK`) |
 //! | `health-check-node-ports` | `inet_service`: health-check NodePorts (`KUBE-HEALTH-CHECK-NODE-PORT`) |
@@ -205,6 +205,19 @@ impl<B: NetfilterBackend> Netfilter<B> {
             in_flight: None,
             update_ended: std::sync::Arc::default(),
         })
+    }
+
+    /// Asks the running kernel whether it takes the tables of `plan` as this backend writes
+    /// them, writing nothing ([`NetfilterBackend::check`]): a start checks its rules this
+    /// way before its first write, so that a kernel and nft that refuse them stop the start
+    /// with the refused rule instead of leaving a node with IPVS and no netfilter. `Ok` when
+    /// the backend has no kernel to ask.
+    pub async fn check_plan(&self, plan: &NetfilterPlan) -> Result<(), NetfilterError> {
+        let script = render::render_replace(plan, &self.options)?;
+        match self.backend.check(script) {
+            Some(check) => check.await,
+            None => Ok(()),
+        }
     }
 
     /// Lists what a previous run left (the proxier's tables and the digest each holds),
@@ -943,7 +956,7 @@ mod tests {
         assert_eq!(nf.backend().memory.scripts.len(), 2);
         assert!(
             nf.backend().memory.scripts[1]
-                .starts_with("add element ip ipvs-proxier load-balancer-source-ranges")
+                .starts_with("add element ip ipvs-proxier load-balancer-source-ranges-tcp")
         );
 
         // A refused batch: the next sync replaces the tables whole.

@@ -43,8 +43,14 @@ pub(super) mod set_name {
     pub const NODE_PORTS_LOCAL: &str = "node-ports-local";
     /// `load-balancer-firewall`.
     pub const LOAD_BALANCER_FIREWALL: &str = "load-balancer-firewall";
-    /// `load-balancer-source-ranges`.
-    pub const LOAD_BALANCER_SOURCE_RANGES: &str = "load-balancer-source-ranges";
+    /// `load-balancer-source-ranges-tcp`, `-udp` and `-sctp`: one interval set per protocol.
+    pub fn load_balancer_source_ranges(protocol: crate::desired::Protocol) -> &'static str {
+        match protocol {
+            crate::desired::Protocol::Tcp => "load-balancer-source-ranges-tcp",
+            crate::desired::Protocol::Udp => "load-balancer-source-ranges-udp",
+            crate::desired::Protocol::Sctp => "load-balancer-source-ranges-sctp",
+        }
+    }
     /// `load-balancer-node-allowed`.
     pub const LOAD_BALANCER_NODE_ALLOWED: &str = "load-balancer-node-allowed";
     /// `hairpin`.
@@ -291,11 +297,18 @@ fn render_table(out: &mut String, plan: &FamilyPlan, sets: &[SetContent], option
     let _ = writeln!(out, "  }}");
 
     // Filtering of traffic to service addresses, before IPVS takes it (LOCAL_IN, priority 98).
+    // One interval set per protocol, the protocol matched before the lookup: nft before 1.1
+    // puts a byte-order conversion of the one-byte `meta l4proto` into an interval
+    // concatenation's key, which kernels from 6.12 on refuse (docs/kernels.md).
     let _ = writeln!(out, "  chain source-ranges {{");
-    let _ = writeln!(
-        out,
-        "    {dst_key} . {fam} saddr @load-balancer-source-ranges return"
-    );
+    for protocol in PROTOCOLS {
+        let _ = writeln!(
+            out,
+            "    meta l4proto {} {fam} daddr . th dport . {fam} saddr @{} return",
+            proto(protocol),
+            set_name::load_balancer_source_ranges(protocol)
+        );
+    }
     let _ = writeln!(out, "    drop");
     let _ = writeln!(out, "  }}");
 
@@ -447,17 +460,23 @@ pub(super) fn visit_sets(plan: &FamilyPlan, visitor: &mut impl SetVisitor) {
         &plan.firewalled,
         addr_port_elem,
     );
-    sets.each(
-        set_name::LOAD_BALANCER_SOURCE_RANGES,
-        &with_addr,
-        true,
-        &plan.source_ranges,
-        |buf, range| {
-            addr_port_elem(buf, &range.target);
-            buf.push_str(" . ");
-            net_elem(buf, range.source);
-        },
-    );
+    let port_with_addr = format!("{addr} . inet_service . {addr}");
+    for protocol in PROTOCOLS {
+        sets.each_where(
+            set_name::load_balancer_source_ranges(protocol),
+            &port_with_addr,
+            true,
+            &plan.source_ranges,
+            |range| range.target.protocol == protocol,
+            |buf, range| {
+                push_ip(buf, range.target.address);
+                buf.push_str(" . ");
+                push_decimal(buf, u32::from(range.target.port));
+                buf.push_str(" . ");
+                net_elem(buf, range.source);
+            },
+        );
+    }
     sets.each(
         set_name::LOAD_BALANCER_NODE_ALLOWED,
         &addr_port,
@@ -521,8 +540,21 @@ impl<V: SetVisitor> SetWriter<'_, V> {
         items: &BTreeSet<T>,
         write: impl Fn(&mut String, &T),
     ) {
+        self.each_where(name, key_type, interval, items, |_| true, write);
+    }
+
+    /// [`Self::each`] for the items `keep` accepts.
+    fn each_where<T>(
+        &mut self,
+        name: &'static str,
+        key_type: &str,
+        interval: bool,
+        items: &BTreeSet<T>,
+        keep: impl Fn(&T) -> bool,
+        write: impl Fn(&mut String, &T),
+    ) {
         self.visitor.set(name, key_type, interval);
-        for item in items {
+        for item in items.iter().filter(|item| keep(item)) {
             self.buf.clear();
             write(self.buf, item);
             self.visitor.element(self.buf);
@@ -667,6 +699,9 @@ fn set(out: &mut String, name: &str, key_type: &str, interval: bool, elements: &
     }
     let _ = writeln!(out, "  }}");
 }
+
+/// The protocols a Service port may have, in the order their sets and rules are written.
+const PROTOCOLS: [Protocol; 3] = [Protocol::Tcp, Protocol::Udp, Protocol::Sctp];
 
 fn proto(protocol: Protocol) -> &'static str {
     match protocol {

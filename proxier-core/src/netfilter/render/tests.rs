@@ -102,17 +102,47 @@ fn elements_are_rendered_as_concatenations() {
     assert!(script.contains("elements = { 10.96.0.10 . tcp . 80, 10.96.0.11 . udp . 53 };"));
     assert!(script.contains("elements = { tcp . 30080 };"));
     assert!(script.contains("elements = { sctp . 30099 };"));
-    assert!(script.contains("elements = { 198.51.100.7 . tcp . 443 . 192.168.7.0/24 };"));
+    assert!(script.contains("elements = { 198.51.100.7 . 443 . 192.168.7.0/24 };"));
     assert!(script.contains("elements = { 10.244.0.5 . tcp . 8080 . 10.244.0.5 };"));
     assert!(script.contains("elements = { 32000 };"));
-    // The source-range set is an interval set.
-    let ranges = script
-        .split("set load-balancer-source-ranges {")
-        .nth(1)
-        .unwrap();
-    let ranges = &ranges[..ranges.find("  }").unwrap()];
-    assert!(ranges.contains("flags interval;"));
-    assert!(ranges.contains("type ipv4_addr . inet_proto . inet_service . ipv4_addr;"));
+    // The source ranges are interval sets, one per protocol, keyed without the protocol.
+    let set_body = |name: &str| {
+        let body = script.split(&format!("set {name} {{")).nth(1).unwrap();
+        body[..body.find("  }").unwrap()].to_owned()
+    };
+    let tcp = set_body("load-balancer-source-ranges-tcp");
+    assert!(tcp.contains("flags interval;"));
+    assert!(tcp.contains("type ipv4_addr . inet_service . ipv4_addr;"));
+    assert!(tcp.contains("198.51.100.7 . 443 . 192.168.7.0/24"));
+    let udp = set_body("load-balancer-source-ranges-udp");
+    assert!(udp.contains("flags interval;") && !udp.contains("elements"));
+    assert!(!set_body("load-balancer-source-ranges-sctp").contains("elements"));
+}
+
+#[test]
+fn source_ranges_match_the_protocol_before_an_interval_lookup_without_it() {
+    let plan = NetfilterPlan {
+        v4: Some(sample_v4()),
+        v6: Some(FamilyPlan::new(AddressFamily::V6, ClusterIpMasquerade::All)),
+    };
+    let script = render_replace(&plan, &RenderOptions::default()).unwrap();
+    for (fam, proto) in [("ip", "tcp"), ("ip", "udp"), ("ip", "sctp"), ("ip6", "tcp")] {
+        let rule = format!(
+            "    meta l4proto {proto} {fam} daddr . th dport . {fam} saddr @load-balancer-source-ranges-{proto} return\n"
+        );
+        assert!(script.contains(&rule), "missing: {rule}");
+    }
+    // No interval set's key holds the protocol (nft before 1.1 converts its byte order,
+    // which 6.12 refuses).
+    for set in script.split("  set ").skip(1) {
+        let body = &set[..set.find("  }").unwrap()];
+        if body.contains("flags interval;") {
+            assert!(
+                !body.contains("inet_proto"),
+                "interval set keyed by protocol: {body}"
+            );
+        }
+    }
 }
 
 #[test]
