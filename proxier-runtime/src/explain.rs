@@ -31,7 +31,7 @@ use proxier_core::explain::kernel::{self, KernelQuery};
 use proxier_core::explain::{EnginePicture, Explanation, HealthAnswer};
 use proxier_core::kernel_modules::ModuleFiles;
 use proxier_core::model::ServiceName;
-use proxier_core::netfilter::NftBackend;
+use proxier_core::netfilter::{Netfilter, NftBackend, empty_plan};
 use proxier_core::{Backends, EngineError, Proxier, ProxierConfig, SyncKind};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -128,6 +128,15 @@ pub async fn explain(
         module_files,
     );
     let mut facts = kernel::read(&query, &NftBackend::default()).await;
+    // The check a start makes before its first write (`KernelProxier::connect`), with the
+    // same words.
+    let check = Netfilter::new(NftBackend::default(), request.config.netfilter.clone())
+        .map_err(EngineError::from)?;
+    facts.netfilter_refused = check
+        .check_plan(&empty_plan(&request.config.planner))
+        .await
+        .err()
+        .map(|error| EngineError::NetfilterRefused(error).to_string());
     for port in &query.health_check_ports {
         let answer = probe(SocketAddr::new(request.health_check_address, *port)).await;
         facts.health_checks.insert(*port, answer);

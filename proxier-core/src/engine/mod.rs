@@ -57,8 +57,8 @@ use crate::model::{
     Config, NodeContext, RefusedRoute, ServiceName, ServicePortName, decide_routes,
 };
 use crate::netfilter::{
-    MemoryNetfilterBackend, Netfilter, NetfilterBackend, NetfilterPlan, NetfilterTracker,
-    NftBackend, RenderError, RenderOptions, StoredTables, empty_plan,
+    MemoryNetfilterBackend, Netfilter, NetfilterBackend, NetfilterError, NetfilterPlan,
+    NetfilterTracker, NftBackend, RenderError, RenderOptions, StoredTables, empty_plan,
 };
 use crate::planner::{Planner, ServicePlan};
 use crate::reconciler::{
@@ -284,6 +284,10 @@ pub enum EngineError {
     /// The nftables settings are invalid.
     #[error("nftables settings: {0}")]
     Netfilter(#[from] RenderError),
+    /// The running kernel refuses the proxier's nftables tables (checked at start, before
+    /// anything was written).
+    #[error("checking the nftables tables: {0}")]
+    NetfilterRefused(NetfilterError),
     /// The kernel could not be read or prepared; nothing was applied.
     #[error("reconciling IPVS: {0}")]
     Reconcile(#[from] ReconcileError),
@@ -1241,6 +1245,15 @@ where
         &self.desired
     }
 
+    /// Asks the kernel whether it takes this configuration's nftables tables (rules and
+    /// sets, as with no Service), writing nothing; `Ok` for backends with no kernel.
+    pub async fn check_netfilter(&self) -> Result<(), EngineError> {
+        self.netfilter
+            .check_plan(&empty_plan(&self.config.planner))
+            .await
+            .map_err(EngineError::NetfilterRefused)
+    }
+
     /// The nftables contents as of the last sync.
     pub fn netfilter_plan(&self) -> &NetfilterPlan {
         self.netfilter_plan.plan()
@@ -1292,9 +1305,16 @@ impl KernelProxier {
     /// longest read then runs while the API client is built and the lists come), and set
     /// the node's sysctls ([`KernelProxier::set_kernel_settings`]) only once it does.
     /// [`KernelProxier::open`] does both at once.
+    ///
+    /// Before it returns, the running kernel is asked (`nft --check`, nothing written)
+    /// whether it takes the nftables tables of this configuration as the node's `nft`
+    /// writes them: a refusal ([`EngineError::NetfilterRefused`]) names the rule, the
+    /// kernel's release and nft's version.
     pub async fn connect(config: ProxierConfig, link: &str) -> Result<Self, EngineError> {
         let backends = Backends::kernel(link).await?;
-        Proxier::new(config, backends)
+        let proxier = Proxier::new(config, backends)?;
+        proxier.check_netfilter().await?;
+        Ok(proxier)
     }
 
     /// Sets the sysctls IPVS mode needs and the configured IPVS timeouts; failures are

@@ -39,6 +39,10 @@ pub struct KernelFacts {
     /// kernel (each as `family name`, `ip ipvs-proxier`); or why the tables could not be
     /// listed.
     pub missing_tables: Result<BTreeSet<String>, String>,
+    /// Why the running kernel refuses the proxier's tables as the node's `nft` writes them
+    /// (a start stops on it: [`crate::engine::EngineError::NetfilterRefused`]); `None` when
+    /// it takes them or was not asked.
+    pub netfilter_refused: Option<String>,
     /// Sets of the proxier's tables, by (`ip`/`ip6`, set name); sets of a missing table are
     /// not read.
     pub netfilter_sets: BTreeMap<(String, String), NetfilterSetRead>,
@@ -157,6 +161,7 @@ pub async fn read<N: NetfilterBackend>(query: &KernelQuery, netfilter: &N) -> Ke
         link_addresses,
         local_routes,
         missing_tables,
+        netfilter_refused: None,
         netfilter_sets,
         scheduler_modules,
         health_checks: BTreeMap::new(),

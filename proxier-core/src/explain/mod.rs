@@ -89,6 +89,9 @@ pub enum ReasonKind {
     ForeignVirtualServer,
     /// The Service's health check does not answer as planned.
     HealthCheckMismatch,
+    /// The running kernel refuses the proxier's nftables tables as the node's `nft` writes
+    /// them: the daemon does not start.
+    NetfilterRefused,
     /// A part of the kernel could not be read (IPVS, the dummy link, an nftables set): what
     /// depends on it is not checked.
     KernelUnreadable,
@@ -507,6 +510,15 @@ fn finish(mut out: Explanation, reasons: Reasons) -> Explanation {
 }
 
 fn unreadable_reasons(reasons: &mut Reasons, kernel: &KernelFacts) {
+    if let Some(refusal) = &kernel.netfilter_refused {
+        reasons.push(
+            ReasonKind::NetfilterRefused,
+            Severity::Blocking,
+            None,
+            None,
+            format!("the daemon cannot start on this node: {refusal}"),
+        );
+    }
     let mut unreadable = Vec::new();
     if let Err(error) = &kernel.virtual_servers {
         unreadable.push(format!("the IPVS table ({error})"));

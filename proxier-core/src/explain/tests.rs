@@ -105,6 +105,7 @@ impl World {
             link_addresses: Ok(desired.bound_addresses()),
             local_routes: Ok(BTreeSet::new()),
             missing_tables: Ok(BTreeSet::new()),
+            netfilter_refused: None,
             netfilter_sets: sets,
             scheduler_modules: BTreeMap::from([("rr".to_owned(), ModuleStatus::Loaded)]),
             health_checks: BTreeMap::new(),

@@ -50,6 +50,24 @@ pub enum NetfilterError {
     /// The options cannot be rendered.
     #[error(transparent)]
     Render(#[from] super::render::RenderError),
+    /// The running kernel refused the proxier's tables as this `nft` writes them, when
+    /// checked before anything was written ([`NetfilterBackend::check`]).
+    #[error(
+        "kernel {kernel} refuses the proxier's nftables tables as {nft} ({version}) writes them; \
+         nothing was written. nft said: {stderr}. Run nft 1.1 or newer on this node (the \
+         ipvs-proxier image ships one), or see docs/kernels.md for the kernels and nft \
+         releases tested together"
+    )]
+    TablesRefused {
+        /// Path of the binary.
+        nft: PathBuf,
+        /// What `nft --version` printed.
+        version: String,
+        /// The running kernel's release.
+        kernel: String,
+        /// What nft printed on standard error: the refused rule, marked.
+        stderr: String,
+    },
     /// The tables could not be listed over nfnetlink ([`NftBackend::list_tables`]).
     #[error("listing the nftables tables over netlink: {0}")]
     Listing(std::io::Error),
@@ -102,6 +120,14 @@ pub trait NetfilterBackend: Send {
     /// update goes by script.
     fn apply_elements_detached(&self, batch: ElementBatch) -> Option<PendingApply> {
         let _ = batch;
+        None
+    }
+
+    /// Checks `script` against the running kernel without applying it (the kernel evaluates
+    /// the whole transaction and discards it): an error names what the kernel refused.
+    /// `None` (the default): this backend has no kernel to ask.
+    fn check(&self, script: String) -> Option<PendingApply> {
+        let _ = script;
         None
     }
 
@@ -258,6 +284,41 @@ impl NetfilterBackend for NftBackend {
         }))
     }
 
+    /// `nft --check -f -`: nft builds the transaction, the kernel evaluates it and aborts it.
+    /// A refusal comes back as [`NetfilterError::TablesRefused`], with nft's version and the
+    /// kernel's release.
+    fn check(&self, script: String) -> Option<PendingApply> {
+        let nft = self.nft.clone();
+        let child = tokio::process::Command::new(&nft)
+            .args(["--check", "-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|source| NetfilterError::Spawn {
+                nft: nft.clone(),
+                source,
+            });
+        Some(Box::pin(async move {
+            match finish_apply(nft.clone(), child?, script).await {
+                Err(NetfilterError::Rejected { stderr, .. }) => {
+                    let version = nft_version(&nft).await;
+                    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+                        .map(|release| release.trim().to_owned())
+                        .unwrap_or_else(|_| "(release unknown)".to_owned());
+                    Err(NetfilterError::TablesRefused {
+                        nft,
+                        version,
+                        kernel,
+                        stderr,
+                    })
+                }
+                other => other,
+            }
+        }))
+    }
+
     fn list_set(&self, table: &str, set: &str) -> Option<PendingSetList> {
         let mut what = vec!["set".to_owned()];
         what.extend(table.split_whitespace().map(str::to_owned));
@@ -308,6 +369,22 @@ async fn finish_apply(
             status: output.status,
             stderr: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
         })
+    }
+}
+
+/// What `nft --version` prints (`nftables v1.0.6 (Lester Gooch #5)`), or why it printed nothing.
+async fn nft_version(nft: &std::path::Path) -> String {
+    match tokio::process::Command::new(nft)
+        .arg("--version")
+        .stdin(Stdio::null())
+        .output()
+        .await
+    {
+        Ok(output) if output.status.success() => {
+            String::from_utf8_lossy(&output.stdout).trim().to_owned()
+        }
+        Ok(output) => format!("version unknown: --version exited with {}", output.status),
+        Err(error) => format!("version unknown: {error}"),
     }
 }
 
