@@ -21,6 +21,7 @@ const SCHED_IP: &str = "10.96.0.67";
 const LB_LOCAL_IP: &str = "192.168.70.64";
 const LB_RANGES_IP: &str = "192.168.70.66";
 const HEALTH_CHECK_PORT: u16 = 32_064;
+const NUMERIC_IP: &str = "10.96.0.70";
 
 /// One explained case: the Service, the flags, what to do to the kernel first (shell, in
 /// the node), and the reasons expected as `(kind, severity)`: exactly these kinds, no other.
@@ -358,4 +359,91 @@ fn every_reason_class_is_reproduced_and_reported() {
             _ => assert!(text.contains("ip_vs_ovf"), "names the module: {text}"),
         }
     }
+}
+
+/// Hides `/etc/protocols` (in the shell's own mount namespace), as on a node without
+/// `netbase`: nft then prints the protocol of a set element as its number.
+const HIDE_PROTOCOLS: &str = "set -e
+    mount --bind /dev/null /etc/protocols";
+
+#[test]
+fn a_healthy_service_is_explained_healthy_where_nft_prints_protocols_as_numbers() {
+    require_kernel!();
+    let mut t = Topology::new(1);
+    let _ = t.node.sh("modprobe sctp");
+    t.serve_tcp(0, 8080);
+    let svc = Svc::cluster_ip(
+        "numeric",
+        &[NUMERIC_IP],
+        vec![
+            port("http", 80),
+            Port::of(Proto::Udp, "dns", 53, 5353),
+            Port::of(Proto::Sctp, "sig", 3868, 3868),
+        ],
+    );
+    let slice = Slice::of(&svc, false, vec![ready(0)]);
+    t.write_source(&[svc], &[slice]);
+    t.start_daemon(&[]);
+    t.wait_backends(&format!("TCP  {NUMERIC_IP}:80"), &backends(&[0], 8080));
+    t.wait_backends(&format!("UDP  {NUMERIC_IP}:53"), &backends(&[0], 5353));
+    t.wait_backends(&format!("SCTP  {NUMERIC_IP}:3868"), &backends(&[0], 3868));
+    let pod0 = pod_ip(0);
+    let numeric = [
+        ("cluster-ips", format!("{NUMERIC_IP} . 6 . 80")),
+        ("cluster-ips", format!("{NUMERIC_IP} . 17 . 53")),
+        ("cluster-ips", format!("{NUMERIC_IP} . 132 . 3868")),
+        ("hairpin", format!("{pod0} . 6 . 8080 . {pod0}")),
+    ];
+    ipvs_proxier_tests::wait_until(
+        CONVERGE,
+        "nft prints the Service's elements with numbers where /etc/protocols is hidden",
+        || {
+            numeric.iter().all(|(set, element)| {
+                let out = t.node.sh(&format!(
+                    "{HIDE_PROTOCOLS}\nnft list set ip ipvs-proxier {set}"
+                ));
+                String::from_utf8_lossy(&out.stdout)
+                    .split([',', '{', '}'])
+                    .any(|e| e.split_whitespace().collect::<Vec<_>>().join(" ") == *element)
+            })
+        },
+        || {
+            t.node
+                .sh_ok(&format!("{HIDE_PROTOCOLS}\nnft list table ip ipvs-proxier"))
+        },
+    );
+
+    let doc = check(
+        &t,
+        &Case {
+            service: "numeric",
+            extra: &[],
+            prefix: HIDE_PROTOCOLS,
+            expect: &[],
+        },
+    );
+    let netfilter = doc["netfilter"].as_array().unwrap();
+    for element in [
+        format!("{NUMERIC_IP} . tcp . 80"),
+        format!("{NUMERIC_IP} . udp . 53"),
+        format!("{NUMERIC_IP} . sctp . 3868"),
+        format!("{pod0} . tcp . 8080 . {pod0}"),
+    ] {
+        assert!(
+            netfilter
+                .iter()
+                .any(|m| m["element"] == element.as_str() && m["present"] == true),
+            "{element} is read back from the kernel's sets: {netfilter:?}"
+        );
+    }
+    assert!(
+        netfilter.iter().all(|m| m["present"] == true),
+        "{netfilter:?}"
+    );
+    let text = t.explain(HIDE_PROTOCOLS, "default/numeric", &[]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("Service default/numeric on node node-a: healthy"),
+        "{text}"
+    );
 }

@@ -432,3 +432,110 @@ fn set_listings_parse_into_elements() {
     let empty = "table ip ipvs-proxier {\n\tset cluster-ips {\n\t\ttype ipv4_addr\n\t}\n}\n";
     assert!(crate::netfilter::render::parse_set_elements(empty).is_empty());
 }
+
+#[test]
+fn protocols_listed_as_numbers_parse_as_the_names_the_plan_writes() {
+    let named = "table ip ipvs-proxier {\n\tset hairpin {\n\t\ttype ipv4_addr . inet_proto . inet_service . ipv4_addr\n\t\telements = { 10.244.0.5 . tcp . 8080 . 10.244.0.5,\n\t\t\t     10.244.0.5 . udp . 53 . 10.244.0.5,\n\t\t\t     10.244.0.5 . sctp . 3868 . 10.244.0.5 }\n\t}\n}\n";
+    let numbered = "table ip ipvs-proxier {\n\tset hairpin {\n\t\ttype ipv4_addr . inet_proto . inet_service . ipv4_addr\n\t\telements = { 10.244.0.5 . 6 . 8080 . 10.244.0.5,\n\t\t\t     10.244.0.5 . 17 . 53 . 10.244.0.5,\n\t\t\t     10.244.0.5 . 132 . 3868 . 10.244.0.5 }\n\t}\n}\n";
+    let expected = BTreeSet::from([
+        "10.244.0.5 . tcp . 8080 . 10.244.0.5".to_owned(),
+        "10.244.0.5 . udp . 53 . 10.244.0.5".to_owned(),
+        "10.244.0.5 . sctp . 3868 . 10.244.0.5".to_owned(),
+    ]);
+    assert_eq!(
+        crate::netfilter::render::parse_set_elements(named),
+        expected
+    );
+    assert_eq!(
+        crate::netfilter::render::parse_set_elements(numbered),
+        expected
+    );
+}
+
+#[test]
+fn only_fields_typed_inet_proto_are_read_as_protocols() {
+    // Port 6 and port 17 stay numbers; an IP protocol no Service uses stays as listed.
+    let listing = "table ip6 ipvs-proxier {\n\tset node-ports {\n\t\ttype inet_proto . inet_service\n\t\telements = { 6 . 6, udp . 17, 50 . 80 }\n\t}\n}\n";
+    assert_eq!(
+        crate::netfilter::render::parse_set_elements(listing),
+        BTreeSet::from([
+            "tcp . 6".to_owned(),
+            "udp . 17".to_owned(),
+            "50 . 80".to_owned()
+        ])
+    );
+    // Without a type line, or with fields that do not match it, elements stay as listed.
+    let untyped = "table ip ipvs-proxier {\n\tset cluster-ips {\n\t\telements = { 10.96.0.10 .  6 . 80 }\n\t}\n}\n";
+    assert_eq!(
+        crate::netfilter::render::parse_set_elements(untyped),
+        BTreeSet::from(["10.96.0.10 . 6 . 80".to_owned()])
+    );
+    let mismatched = "table ip ipvs-proxier {\n\tset node-ports {\n\t\ttype inet_proto . inet_service\n\t\telements = { 10.96.0.10 . 6 . 80 }\n\t}\n}\n";
+    assert_eq!(
+        crate::netfilter::render::parse_set_elements(mismatched),
+        BTreeSet::from(["10.96.0.10 . 6 . 80".to_owned()])
+    );
+}
+
+/// A set as `nft list set` prints it on a host without `/etc/protocols`: each protocol as
+/// its number, under the key type its elements' fields have.
+fn listing_with_numbered_protocols(family: &str, set: &str, elements: &BTreeSet<String>) -> String {
+    let number = |field: &str| match field {
+        "tcp" => Some("6"),
+        "udp" => Some("17"),
+        "sctp" => Some("132"),
+        _ => None,
+    };
+    let first = elements.first().map(String::as_str).unwrap_or_default();
+    let key_type: Vec<&str> = first
+        .split(" . ")
+        .map(|field| match (number(field), field.parse::<IpAddr>()) {
+            (Some(_), _) => "inet_proto",
+            (None, Ok(IpAddr::V4(_))) => "ipv4_addr",
+            (None, Ok(IpAddr::V6(_))) => "ipv6_addr",
+            (None, Err(_)) => "inet_service",
+        })
+        .collect();
+    let listed: Vec<String> = elements
+        .iter()
+        .map(|element| {
+            element
+                .split(" . ")
+                .map(|field| number(field).unwrap_or(field))
+                .collect::<Vec<_>>()
+                .join(" . ")
+        })
+        .collect();
+    format!(
+        "table {family} ipvs-proxier {{\n\tset {set} {{\n\t\ttype {}\n\t\telements = {{ {} }}\n\t}}\n}}\n",
+        key_type.join(" . "),
+        listed.join(",\n\t\t\t     ")
+    )
+}
+
+#[test]
+fn a_kernel_that_lists_protocols_as_numbers_holds_the_planned_elements() {
+    let mut world = World::new(
+        web(Some(30080)),
+        vec![
+            endpoint("10.244.0.5", NODE),
+            endpoint("10.244.1.5", "node-b"),
+        ],
+    );
+    let mut numbered = 0;
+    for ((family, set), read) in &mut world.kernel.netfilter_sets {
+        let elements = read.as_ref().expect("every set read");
+        let listing = listing_with_numbered_protocols(family, set, elements);
+        numbered += usize::from(listing.contains(" 6 . "));
+        *read = Ok(crate::netfilter::render::parse_set_elements(&listing));
+    }
+    assert!(numbered >= 2, "cluster-ips and hairpin list a protocol");
+    let explanation = world.explain(None);
+    assert!(explanation.healthy, "{:#?}", explanation.reasons);
+    assert!(
+        explanation
+            .netfilter
+            .iter()
+            .all(|m| m.present == Some(true))
+    );
+}

@@ -607,18 +607,68 @@ pub fn set_elements(plan: &NetfilterPlan) -> Vec<(AddressFamily, &'static str, S
         .collect()
 }
 
-/// The elements of one set in an `nft list set` listing (`elements = { a, b }`), each with
-/// its whitespace made single spaces: the inverse of this module's rendering of them.
+/// The elements of one set in an `nft list set` listing (`elements = { a, b }`), each written
+/// as this module renders it: whitespace made single spaces, and a field of type
+/// `inet_proto` (read from the listing's `type` line) as the protocol's name, whether nft
+/// printed the name or the number (it prints the number where `/etc/protocols` lacks the
+/// protocol). A listing read on any host compares equal to [`set_elements`].
 pub fn parse_set_elements(listing: &str) -> BTreeSet<String> {
     let Some(start) = listing.find("elements = {") else {
         return BTreeSet::new();
     };
+    let key_type: Vec<&str> = listing[..start]
+        .lines()
+        .filter_map(|line| line.trim().strip_prefix("type "))
+        .next_back()
+        .map(|key| {
+            key.trim_end_matches(';')
+                .split(" . ")
+                .map(str::trim)
+                .collect()
+        })
+        .unwrap_or_default();
     let body = &listing[start + "elements = {".len()..];
     let body = body.split('}').next().unwrap_or_default();
     body.split(',')
-        .map(|element| element.split_whitespace().collect::<Vec<_>>().join(" "))
+        .map(|element| listed_element(element, &key_type))
         .filter(|element| !element.is_empty())
         .collect()
+}
+
+/// One element of a listing, its fields (`a . b . c`) matched with the set's `key_type`:
+/// each `inet_proto` field named as [`proto`] names it. An element whose fields do not
+/// match the key type keeps its words as listed.
+fn listed_element(element: &str, key_type: &[&str]) -> String {
+    let words: Vec<&str> = element.split_whitespace().collect();
+    let fields: Vec<&[&str]> = words.split(|word| *word == ".").collect();
+    if fields.len() != key_type.len() {
+        return words.join(" ");
+    }
+    let mut out = String::with_capacity(element.len());
+    for (i, (field, field_type)) in fields.iter().zip(key_type).enumerate() {
+        if i > 0 {
+            out.push_str(" . ");
+        }
+        let name = match field {
+            [word] if *field_type == "inet_proto" => listed_protocol(word).map(proto),
+            _ => None,
+        };
+        match name {
+            Some(name) => out.push_str(name),
+            None => out.push_str(&field.join(" ")),
+        }
+    }
+    out
+}
+
+/// The protocol an `inet_proto` field names, written as its name or its IP protocol number.
+fn listed_protocol(word: &str) -> Option<Protocol> {
+    match word.parse::<u16>() {
+        Ok(number) => Protocol::from_number(number),
+        Err(_) => [Protocol::Tcp, Protocol::Udp, Protocol::Sctp]
+            .into_iter()
+            .find(|protocol| proto(*protocol) == word),
+    }
 }
 
 /// Renders the script that turns the tables of `old` (as applied) into those of `new` by
