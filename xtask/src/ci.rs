@@ -351,6 +351,7 @@ const NFT_FACING: &[&str] = &[
     "netfilter_traffic",
     "netfilter_kernels",
     "e2e_services",
+    "e2e_explain",
 ];
 
 /// What CI boots (docs/kernels.md): the whole suite on the host's kernel and nft, the
