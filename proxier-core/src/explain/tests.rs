@@ -539,3 +539,21 @@ fn a_kernel_that_lists_protocols_as_numbers_holds_the_planned_elements() {
             .all(|m| m.present == Some(true))
     );
 }
+
+#[test]
+fn a_kernel_that_refuses_the_tables_blocks_with_the_start_checks_words() {
+    let mut world = World::new(web(None), vec![endpoint("10.244.0.5", NODE)]);
+    world.kernel.netfilter_refused =
+        Some("kernel 6.12 refuses the proxier's nftables tables".into());
+    let explanation = world.explain(None);
+    assert_eq!(
+        kinds(&explanation),
+        [(ReasonKind::NetfilterRefused, Severity::Blocking)]
+    );
+    assert!(
+        explanation.reasons[0]
+            .message
+            .contains("kernel 6.12 refuses")
+    );
+    assert!(!explanation.healthy);
+}
