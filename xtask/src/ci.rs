@@ -266,16 +266,9 @@ pub fn full_test(config: &VmConfig) -> Result<ExitCode> {
             nft: run.nft,
             ..config.clone()
         };
-        let selection = TestSelection {
-            packages: if run.tests.is_empty() {
-                Vec::new()
-            } else {
-                vec![KERNEL_TESTS_PACKAGE.to_owned()]
-            },
-            test_targets: run.tests.iter().map(|t| (*t).to_owned()).collect(),
-        };
-        // A kernel or nft that cannot be fetched is an error here, not a skipped run.
-        let code = vm::vm_test(None, &selection, &[], &config)?;
+        // Every run takes its binaries from the one whole-workspace build. A kernel or nft
+        // that cannot be fetched is an error here, not a skipped run.
+        let code = vm::vm_test_binaries(None, &TestSelection::default(), run.tests, &[], &config)?;
         if code != ExitCode::SUCCESS {
             println!(
                 "xtask: FAILED at step 'kernel tests' ({shown}){}",

@@ -297,6 +297,19 @@ pub fn vm_test(
     extra_args: &[String],
     config: &VmConfig,
 ) -> Result<ExitCode> {
+    vm_test_binaries(filter, selection, &[], extra_args, config)
+}
+
+/// [`vm_test`], running only the test binaries of these targets (empty: every one built).
+/// The build is the selection's: a run that keeps some binaries of a whole-workspace
+/// build reuses it as it is (`-p`/`--test` would build with other features).
+pub fn vm_test_binaries(
+    filter: Option<&str>,
+    selection: &TestSelection,
+    only_targets: &[&str],
+    extra_args: &[String],
+    config: &VmConfig,
+) -> Result<ExitCode> {
     let total = Instant::now();
     let prepared = prepare(config)?;
     let workspace = &prepared.workspace;
@@ -319,7 +332,15 @@ pub fn vm_test(
         Some(programs) => programs,
         None => artifacts::build_test_programs(workspace, Profile::Debug)?,
     };
-    let tests = build.tests;
+    let mut tests = build.tests;
+    if !only_targets.is_empty() {
+        tests.retain(|t| only_targets.contains(&t.target_name.as_str()));
+        let missing: Vec<&&str> = only_targets
+            .iter()
+            .filter(|name| !tests.iter().any(|t| t.target_name == **name))
+            .collect();
+        anyhow::ensure!(missing.is_empty(), "no test binary for {missing:?}");
+    }
     timings.cargo_build = started.elapsed();
 
     let mut files: Vec<PathBuf> = tests.iter().map(|t| t.path.clone()).collect();
