@@ -28,6 +28,9 @@ pub struct BootSpec<'a> {
     pub timeout: Duration,
     /// Copy of the console output.
     pub console_log: PathBuf,
+    /// Run both vCPUs on one host thread (`-accel tcg,thread=single`): code the kernel
+    /// patches at run time (static keys) is then seen by every vCPU at once.
+    pub single_thread: bool,
 }
 
 /// What the console showed.
@@ -51,9 +54,14 @@ pub struct GuestOutcome {
 
 /// qemu arguments: TCG (KVM hangs on these machines), no NIC at all.
 fn qemu_args(spec: &BootSpec<'_>) -> Vec<String> {
+    let accel = if spec.single_thread {
+        "tcg,thread=single"
+    } else {
+        "tcg"
+    };
     let mut args: Vec<String> = [
         "-accel",
-        "tcg",
+        accel,
         "-cpu",
         "max",
         "-smp",
@@ -199,6 +207,7 @@ mod tests {
             memory_mib: 2048,
             timeout: Duration::from_secs(1),
             console_log: PathBuf::from("/tmp/log"),
+            single_thread: false,
         };
         let args = qemu_args(&spec).join(" ");
         assert!(args.contains("-nic none"));
