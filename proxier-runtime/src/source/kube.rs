@@ -767,9 +767,10 @@ impl KubeSourceConfig {
     }
 }
 
-/// Whether a watcher error is the API server refusing a streaming list: 422 Invalid (or 400)
-/// about `sendInitialEvents` (1.27 and later with the WatchList gate off) or about
-/// `resourceVersionMatch` on a watch (servers older than 1.27).
+/// Whether a watcher error is the API server refusing a streaming list: 422 Invalid (or 400
+/// Bad Request) naming `sendInitialEvents` (1.27 and later with the WatchList gate off) or
+/// `resourceVersionMatch` on a watch (servers older than 1.27) as the field at fault, in the
+/// Status's causes or, where a server gives none, in its message.
 fn refuses_streaming_list(error: &watcher::Error) -> bool {
     let status = match error {
         watcher::Error::WatchStartFailed(kube::Error::Api(status))
@@ -777,10 +778,17 @@ fn refuses_streaming_list(error: &watcher::Error) -> bool {
         | watcher::Error::WatchError(status) => status,
         _ => return false,
     };
-    matches!(status.code, 400 | 422)
-        && ["sendInitialEvents", "resourceVersionMatch"]
-            .iter()
-            .any(|field| status.message.contains(field))
+    const FIELDS: [&str; 2] = ["sendInitialEvents", "resourceVersionMatch"];
+    let refused = matches!(
+        (status.code, status.reason.as_str()),
+        (422, "Invalid" | "") | (400, "BadRequest" | "")
+    );
+    let causes = status.details.iter().flat_map(|details| &details.causes);
+    let named = causes
+        .map(|cause| cause.field.as_str())
+        .chain(std::iter::once(status.message.as_str()))
+        .any(|text| FIELDS.iter().any(|field| text.contains(field)));
+    refused && named
 }
 
 type WatchStream<K> = BoxStream<'static, watcher::Result<Event<K>>>;
@@ -1088,8 +1096,35 @@ fn kind_changes<K: KindChanges>(
 }
 
 fn log_watch_error(kind: &'static str, error: &watcher::Error) {
-    tracing::warn!(kind, %error, "watch failed; retrying with backoff, keeping known objects");
+    tracing::warn!(
+        kind,
+        error = %WatchErrorText(error),
+        "watch failed; retrying with backoff, keeping known objects"
+    );
     crate::metrics::record_watch_error(kind);
+}
+
+/// A watcher error as the log gives it: what failed, then the API server's `Status` as
+/// `CODE Reason: message` (kube's own text repeats the Status in Rust's debug form).
+struct WatchErrorText<'a>(&'a watcher::Error);
+
+impl std::fmt::Display for WatchErrorText<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (what, status) = match self.0 {
+            watcher::Error::InitialListFailed(kube::Error::Api(status)) => ("listing", status),
+            watcher::Error::WatchStartFailed(kube::Error::Api(status)) => {
+                ("starting the watch", status)
+            }
+            watcher::Error::WatchFailed(kube::Error::Api(status)) => ("watching", status),
+            watcher::Error::WatchError(status) => ("the watch ended with an error", status),
+            other => return write!(f, "{other}"),
+        };
+        write!(
+            f,
+            "{what}: {} {}: {}",
+            status.code, status.reason, status.message
+        )
+    }
 }
 
 /// The watch streams the source follows, and the tasks that run them.

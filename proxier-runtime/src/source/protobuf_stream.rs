@@ -32,7 +32,7 @@ use serde::de::DeserializeOwned;
 use super::protobuf::{
     INITIAL_EVENTS_END, ProtobufError, WatchFrame, read_bookmark, read_status, read_watch_frame,
 };
-use super::protobuf_watch::{WATCH_IDLE, invalid, send_accepting_protobuf, within};
+use super::protobuf_watch::{WATCH_IDLE, invalid, kube_status, send_accepting_protobuf, within};
 
 /// The largest frame a protobuf watch is believed to send. An object is at most a few MiB
 /// (etcd's request limit is 1.5 MiB); a length beyond this is a stream out of step.
@@ -389,9 +389,7 @@ where
             }
             "ERROR" => {
                 let status = read_status(object).map_err(frame_error)?;
-                Change::Error(Box::new(
-                    Status::failure(&status.message, &status.reason).with_code(status.code),
-                ))
+                Change::Error(Box::new(kube_status(status)))
             }
             other => {
                 return Err(invalid(format!(
