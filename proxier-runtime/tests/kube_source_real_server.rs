@@ -271,3 +271,57 @@ async fn an_error_the_server_answers_in_protobuf_is_read_as_its_status() {
         *logs.0.lock().expect("logs") = Vec::new();
     }
 }
+
+#[tokio::test]
+async fn streaming_lists_ask_for_a_consistent_picture_and_so_does_the_relist_after_a_410() {
+    // Without the watch cache, a watch from a compacted resourceVersion is answered 410 Gone.
+    let Some(api) = RealApiServer::start(&["--watch-cache=false"]) else {
+        return;
+    };
+    populate(&api);
+    let mut source = start(&api, ListMode::ProtobufStreaming).await;
+    let first = next_batch(&mut source).await;
+    assert!(described(&first).contains(&"service upsert default/web".to_owned()));
+    let listed = api.requests().len();
+
+    move_past_the_sources(&api, "elsewhere");
+    api.compact();
+    api.close_watches();
+    api.create(SERVICES, &service("after", "10.96.0.11"));
+    batch_with(&mut source, "default/after", Duration::from_secs(10)).await;
+
+    for path in [
+        "/api/v1/services",
+        "/apis/discovery.k8s.io/v1/endpointslices",
+        NODES,
+    ] {
+        // Each kind relists on its own: the Services' being done says nothing of the others.
+        let relisted = |requests: &[LoggedRequest]| {
+            requests.iter().filter(|r| r.is_streaming_list()).count() >= 2
+        };
+        let streaming: Vec<LoggedRequest> =
+            requests_until(&api, path, 0, relisted, Duration::from_secs(10))
+                .await
+                .into_iter()
+                .filter(LoggedRequest::is_streaming_list)
+                .collect();
+        for request in &streaming {
+            // client-go's reflector: a streaming list asks for "" (a consistent read) with
+            // NotOlderThan, and after a 410 it never asks for an older picture than that.
+            assert_eq!(
+                (
+                    request.query("resourceVersion"),
+                    request.query("resourceVersionMatch")
+                ),
+                (Some(""), Some("NotOlderThan")),
+                "{path}: {}",
+                request.uri
+            );
+        }
+        let relists = requests_for(&api, path, listed)
+            .into_iter()
+            .filter(LoggedRequest::is_streaming_list)
+            .count();
+        assert!(relists >= 1, "{path}: no relist after the 410");
+    }
+}

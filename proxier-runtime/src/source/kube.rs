@@ -1,4 +1,4 @@
-//! The Kubernetes source: kube-runtime watchers of v1 Services and discovery.k8s.io/v1
+//! The Kubernetes source: watchers of v1 Services and discovery.k8s.io/v1
 //! EndpointSlices (both with kube-proxy's label selector), of this node's Node and, when
 //! asked ([`KubeSourceConfig::service_cidrs`]), of networking.k8s.io/v1 ServiceCIDRs.
 //!
@@ -41,7 +41,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use super::lean::{Boxed, LeanService, LeanSlice, READ_ANNOTATIONS, READ_LABELS};
 use super::protobuf::{ProtobufError, decode_service_boxed, decode_slice_boxed};
-use super::protobuf_stream::protobuf_stream_watcher;
+use super::protobuf_stream::{json_stream_watcher, protobuf_stream_watcher};
 use super::protobuf_watch::{protobuf_list_watcher, within};
 use super::{EVENT_CHANNEL_CAPACITY, ObjectKey, SourceBatch, SourceHandle};
 use proxier_core::k8s::{HEADLESS_LABEL, PROXIED_OBJECTS_SELECTOR, SERVICE_PROXY_NAME_LABEL};
@@ -796,8 +796,9 @@ type WatchStream<K> = BoxStream<'static, watcher::Result<Event<K>>>;
 /// How a kind lists when its streaming list is refused or ignored, made when it falls back.
 type Fallback<K> = Box<dyn FnOnce() -> WatchStream<K> + Send>;
 
-/// kube-runtime's watcher for `config` in `mode`: a streaming list (with the fallback to
-/// paginated lists) when `mode` streams JSON, paginated lists otherwise.
+/// The watcher for `config` in `mode`: a streaming list in JSON
+/// ([`super::protobuf_stream::json_stream_watcher`], with the fallback to kube-runtime's
+/// paginated lists) when `mode` streams JSON, kube-runtime's paginated lists otherwise.
 fn watcher_with_fallback<K>(
     api: Api<K>,
     config: watcher::Config,
@@ -811,7 +812,8 @@ where
     if !mode.streams_json() {
         return make_watcher(api, config).boxed();
     }
-    let streaming = make_watcher(api.clone(), config.clone().streaming_lists()).boxed();
+    let streaming =
+        json_stream_watcher(api.clone().into_client(), api.clone(), config.clone()).boxed();
     with_fallback(
         streaming,
         Box::new(move || make_watcher(api, config).boxed()),
