@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use ipvs_proxier_tests::RealApiServer;
 use ipvs_proxier_tests::realapi::LoggedRequest;
+use proxier_runtime::source::api_client::user_agent;
 use proxier_runtime::source::kube::{KubeSourceConfig, ListMode, client, spawn};
 use proxier_runtime::source::{SourceBatch, SourceHandle, describe};
 use serde_json::{Value, json};
@@ -323,5 +324,40 @@ async fn streaming_lists_ask_for_a_consistent_picture_and_so_does_the_relist_aft
             .filter(LoggedRequest::is_streaming_list)
             .count();
         assert!(relists >= 1, "{path}: no relist after the 410");
+    }
+}
+
+#[tokio::test]
+async fn every_request_carries_the_proxiers_user_agent() {
+    let Some(api) = RealApiServer::start(&[]) else {
+        return;
+    };
+    populate(&api);
+    for mode in [ListMode::ProtobufStreaming, ListMode::Paginated] {
+        let mut source = start(&api, mode).await;
+        next_batch(&mut source).await;
+        drop(source);
+    }
+    let version = env!("CARGO_PKG_VERSION");
+    let requests: Vec<LoggedRequest> = api
+        .requests()
+        .into_iter()
+        .filter(|r| matches!(r.verb.as_str(), "list" | "watch"))
+        .collect();
+    assert!(requests.len() >= 6, "{requests:#?}");
+    for request in &requests {
+        let agent = &request.user_agent;
+        assert_eq!(agent, &user_agent(), "{}", request.uri);
+        assert!(
+            agent.starts_with(&format!("ipvs-proxier/v{version} (linux/")),
+            "{agent:?} for {}",
+            request.uri
+        );
+        if cfg!(target_arch = "x86_64") {
+            assert!(
+                agent.ends_with("(linux/amd64)"),
+                "Go's name of the arch: {agent:?}"
+            );
+        }
     }
 }
