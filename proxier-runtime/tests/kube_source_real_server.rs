@@ -361,3 +361,39 @@ async fn every_request_carries_the_proxiers_user_agent() {
         }
     }
 }
+
+#[tokio::test]
+async fn the_relist_after_a_410_comes_at_once_whatever_backoff_an_outage_left() {
+    let Some(mut api) = RealApiServer::start(&[]) else {
+        return;
+    };
+    populate(&api);
+    let mut source = start(&api, ListMode::ProtobufStreaming).await;
+    next_batch(&mut source).await;
+
+    // The restarted server's watch cache begins past every resourceVersion the source saw:
+    // its re-watch is answered 410 Gone. The outage before it leaves the watch backing off
+    // from a few connection errors.
+    move_past_the_sources(&api, "elsewhere");
+    api.stop();
+    let restarted = api.requests().len();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    api.start_again();
+    api.create(SERVICES, &service("after", "10.96.0.11"));
+    batch_with(&mut source, "default/after", Duration::from_secs(30)).await;
+
+    let requests = requests_for(&api, "/api/v1/services", restarted);
+    let rewatch = requests
+        .iter()
+        .position(|r| r.verb == "watch" && !r.is_streaming_list())
+        .unwrap_or_else(|| panic!("no re-watch after the restart: {requests:#?}"));
+    let relist = requests[rewatch..]
+        .iter()
+        .find(|r| r.is_streaming_list())
+        .unwrap_or_else(|| panic!("no relist after the re-watch: {requests:#?}"));
+    let waited = relist.at.saturating_sub(requests[rewatch].at);
+    assert!(
+        waited < Duration::from_secs(1),
+        "the relist came {waited:?} after the re-watch that got 410: {requests:#?}"
+    );
+}

@@ -34,8 +34,9 @@ use k8s_openapi::api::networking::v1::ServiceCIDR;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
 use kube::api::Api;
+use kube::runtime::utils::Backoff as _;
+use kube::runtime::watcher as make_watcher;
 use kube::runtime::watcher::{self, Event};
-use kube::runtime::{WatchStreamExt, watcher as make_watcher};
 use serde::de::DeserializeOwned;
 use tokio::sync::{mpsc, oneshot, watch};
 
@@ -918,8 +919,7 @@ fn into_kind<W, K: From<W>>(event: Event<W>) -> Event<K> {
 }
 
 /// A kind's watch: the watcher (with the fallback) decoding objects as `W`, each converted to
-/// the kind `K` and trimmed by `trim` as it arrives, kube-runtime's default backoff after
-/// errors.
+/// the kind `K` and trimmed by `trim` as it arrives, with [`backoff_between_errors`].
 fn watch_stream<W, K>(
     api: Api<W>,
     config: watcher::Config,
@@ -932,9 +932,50 @@ where
     W: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
     K: From<W> + Send + 'static,
 {
-    watcher_with_fallback(api, config, mode, silence, kind)
-        .map(move |event| event.map(|event| into_kind(event).modify(trim)))
-        .default_backoff()
+    backoff_between_errors(
+        watcher_with_fallback(api, config, mode, silence, kind)
+            .map(move |event| event.map(|event| into_kind(event).modify(trim))),
+    )
+}
+
+/// `events` paused after each error for kube-runtime's default backoff (client-go's
+/// reflector's: 800 ms doubling up to 30 s, with jitter), which every event resets. A 410
+/// Gone resets it too and is followed by no pause: the server asks for a relist, and the
+/// errors before it (an API server restart's) say nothing about how soon to make one.
+fn backoff_between_errors<K: Send + 'static>(
+    events: impl Stream<Item = watcher::Result<Event<K>>> + Send + 'static,
+) -> BoxStream<'static, watcher::Result<Event<K>>> {
+    let backoff = watcher::DefaultBackoff::default();
+    futures::stream::unfold(
+        (events.boxed(), backoff, None::<Duration>),
+        |(mut events, mut backoff, pause)| async move {
+            if let Some(pause) = pause {
+                tokio::time::sleep(pause).await;
+            }
+            let item = events.next().await?;
+            let pause = match &item {
+                Err(error) if !resource_version_gone(error) => backoff.next(),
+                _ => {
+                    backoff.reset();
+                    None
+                }
+            };
+            Some((item, (events, backoff, pause)))
+        },
+    )
+    .boxed()
+}
+
+/// Whether a watcher error is the API server's 410 Gone: the resourceVersion asked for is
+/// no longer served (compacted, or older than a new watch cache), and the watcher relists.
+fn resource_version_gone(error: &watcher::Error) -> bool {
+    match error {
+        watcher::Error::InitialListFailed(kube::Error::Api(status))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(status))
+        | watcher::Error::WatchFailed(kube::Error::Api(status))
+        | watcher::Error::WatchError(status) => status.code == 410,
+        _ => false,
+    }
 }
 
 /// [`watch_stream`] for a kind with a protobuf decoder: with [`ListMode::Protobuf`], its lists
@@ -968,10 +1009,7 @@ where
             return watch_stream(api, config, mode, silence, kind, trim).boxed();
         }
     };
-    watcher
-        .map(move |event| event.map(|event| event.modify(trim)))
-        .default_backoff()
-        .boxed()
+    backoff_between_errors(watcher.map(move |event| event.map(|event| event.modify(trim))))
 }
 
 /// Starts the watchers. Watch errors (API outages, expired resource versions) are logged and
