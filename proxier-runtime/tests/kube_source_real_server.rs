@@ -9,9 +9,6 @@
 //! The faults a real server cannot make (torn responses, hung connections, a server ignoring
 //! `sendInitialEvents`) are tested against the double, in `parts/kube_source.rs`.
 
-// Helpers of the tests the next commits add.
-#![allow(dead_code)]
-
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -396,4 +393,176 @@ async fn the_relist_after_a_410_comes_at_once_whatever_backoff_an_outage_left() 
         waited < Duration::from_secs(1),
         "the relist came {waited:?} after the re-watch that got 410: {requests:#?}"
     );
+}
+
+#[tokio::test]
+async fn every_list_mode_reaches_the_same_picture_and_follows_the_same_changes() {
+    let Some(api) = RealApiServer::start(&[]) else {
+        return;
+    };
+    populate(&api);
+    api.create(SERVICES, &service("db", "10.96.0.20"));
+    api.create(SLICES, &slice("db-1", "db", &["10.244.1.1"]));
+    let mut sources = Vec::new();
+    for mode in ALL_MODES {
+        sources.push((mode, start(&api, mode).await));
+    }
+    // The first batch holds the Services and EndpointSlices; the Node may come with it or
+    // after it.
+    let picture = [
+        "node update node-a",
+        "service upsert default/db",
+        "service upsert default/web",
+        "slice upsert default/db-1",
+        "slice upsert default/web-1",
+    ];
+    let mut firsts = Vec::new();
+    for (mode, source) in &mut sources {
+        firsts.push((*mode, changes_until(source, &picture).await));
+    }
+    for (mode, first) in &firsts[1..] {
+        assert_eq!(first, &firsts[0].1, "{mode:?} against {:?}", firsts[0].0);
+    }
+
+    // A change of each kind; each source sees it as the others do.
+    api.merge_patch(
+        &format!("{SLICES}/web-1"),
+        &slice("web-1", "web", &["10.244.0.2", "10.244.0.3"]),
+    );
+    api.delete(&format!("{SERVICES}/db"));
+    api.merge_patch(
+        &format!("{NODES}/node-a"),
+        &json!({"metadata": {"labels": {"zone": "z2"}}}),
+    );
+    let changes = [
+        "node update node-a",
+        "service delete default/db",
+        "slice upsert default/web-1",
+    ];
+    let mut seen = Vec::new();
+    for (mode, source) in &mut sources {
+        seen.push((*mode, changes_until(source, &changes).await));
+    }
+    for (mode, changes) in &seen[1..] {
+        assert_eq!(changes, &seen[0].1, "{mode:?} against {:?}", seen[0].0);
+    }
+    let web = seen[0].1.iter().find(|c| c.contains("web-1"));
+    assert!(
+        web.is_some_and(|c| c.contains("10.244.0.3") && !c.contains("10.244.0.1")),
+        "{web:?}"
+    );
+}
+
+/// The changes of the batches `source` sends until their descriptions are `wanted` (sorted),
+/// each whole ([`contents`]), sorted.
+async fn changes_until(source: &mut SourceHandle, wanted: &[&str]) -> Vec<String> {
+    let (mut names, mut changes) = (Vec::new(), Vec::new());
+    while names.len() < wanted.len() {
+        let batch = next_batch(source).await;
+        names.extend(described(&batch));
+        changes.extend(contents(&batch));
+    }
+    names.sort();
+    assert_eq!(names, wanted);
+    changes.sort();
+    changes
+}
+
+#[tokio::test]
+async fn a_server_without_watch_list_is_listed_in_pages_in_every_mode() {
+    let Some(api) = RealApiServer::start(&["--feature-gates=WatchList=false"]) else {
+        return;
+    };
+    populate(&api);
+    for mode in [ListMode::ProtobufStreaming, ListMode::Streaming] {
+        let skip = api.requests().len();
+        let mut source = start(&api, mode).await;
+        let first = described(&next_batch(&mut source).await);
+        assert!(
+            first.contains(&"service upsert default/web".to_owned()),
+            "{mode:?}: {first:?}"
+        );
+        api.merge_patch(
+            &format!("{SLICES}/web-1"),
+            &json!({"metadata": {"annotations": {"touched": format!("{mode:?}")}},
+                    "endpoints": [{"addresses": ["10.244.0.9"], "conditions": {"ready": true},
+                                   "nodeName": "node-a"}]}),
+        );
+        batch_with(
+            &mut source,
+            "slice upsert default/web-1",
+            Duration::from_secs(10),
+        )
+        .await;
+        drop(source);
+        for path in [
+            "/api/v1/services",
+            "/apis/discovery.k8s.io/v1/endpointslices",
+        ] {
+            let requests = requests_for(&api, path, skip);
+            let verbs: Vec<(&str, bool)> = requests
+                .iter()
+                .map(|r| (r.verb.as_str(), r.is_streaming_list()))
+                .collect();
+            assert_eq!(
+                verbs[..3],
+                [("watch", true), ("list", false), ("watch", false)],
+                "{mode:?} {path}: refused streaming list, list, watch: {requests:#?}"
+            );
+            assert_eq!(requests[1].query("limit"), Some("500"), "{mode:?} {path}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_410_after_a_compaction_relists_and_the_source_converges_at_once() {
+    let Some(api) = RealApiServer::start(&["--watch-cache=false"]) else {
+        return;
+    };
+    populate(&api);
+    for mode in [
+        ListMode::ProtobufStreaming,
+        ListMode::Protobuf,
+        ListMode::Paginated,
+    ] {
+        let mut source = start(&api, mode).await;
+        next_batch(&mut source).await;
+        let before = api.requests().len();
+        move_past_the_sources(
+            &api,
+            &format!("elsewhere-{}", format!("{mode:?}").to_lowercase()),
+        );
+        api.compact();
+        api.close_watches();
+        api.merge_patch(
+            &format!("{SLICES}/web-1"),
+            &json!({"endpoints": [{"addresses": [format!("10.244.0.{}", before % 200)],
+                                   "conditions": {"ready": true}, "nodeName": "node-a"}]}),
+        );
+        let started = std::time::Instant::now();
+        let batch = batch_with(
+            &mut source,
+            "slice upsert default/web-1",
+            Duration::from_secs(10),
+        )
+        .await;
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "{mode:?}: the change came {:?} after the compaction",
+            started.elapsed()
+        );
+        assert!(
+            !described(&batch).iter().any(|c| c.contains("delete")),
+            "{mode:?}: the relist deleted nothing: {:?}",
+            described(&batch)
+        );
+        let requests = requests_for(&api, "/apis/discovery.k8s.io/v1/endpointslices", before);
+        assert!(
+            requests
+                .iter()
+                .any(|r| r.verb == "list" || r.is_streaming_list()),
+            "{mode:?}: no relist after the 410: {requests:#?}"
+        );
+        drop(source);
+    }
 }
