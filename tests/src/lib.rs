@@ -8,6 +8,9 @@
 //!
 //! [`Netns`] gives each test its own network namespace, so tests running in
 //! parallel do not see each other's IPVS services, links or addresses.
+//!
+//! [`RealApiServer`] starts a real Kubernetes API server (k8s.io/apiserver on etcd) for a
+//! test; [`apiserver`] is the in-repo double, for the faults a real server cannot make.
 
 pub mod apiserver;
 mod background;
@@ -16,12 +19,14 @@ mod capabilities;
 pub mod http_client;
 mod kernel;
 mod netns;
+pub mod realapi;
 
 pub use background::{Background, ShellProcess, load_modules, wait_until};
 pub use capabilities::set_thread_capabilities;
 
 pub use kernel::{KERNEL_TESTS_ENV, PROXIER_BIN_ENV, kernel_tests_enabled, proxier_bin};
 pub use netns::Netns;
+pub use realapi::RealApiServer;
 
 /// Skips the current kernel test unless [`kernel_tests_enabled`] says the
 /// kernel can run it.

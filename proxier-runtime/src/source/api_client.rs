@@ -13,6 +13,8 @@
 //! and the client's expiry for exec-plugin certificates (`Client::valid_until`, which the
 //! source does not read).
 
+use http::HeaderValue;
+use http::header::USER_AGENT;
 use hyper_timeout::TimeoutConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -28,10 +30,16 @@ use crate::api_metrics::ApiMetricsLayer;
 /// keeps. An event larger than this still arrives whole (it is gathered across reads).
 pub const READ_BUFFER_MAX: usize = 32 * 1024;
 
-/// A client for `config`'s API server. A proxy in the configuration goes through kube's own
-/// stack (which says whether this build can use it), with its default read buffer.
-pub(crate) fn build(config: kube::Config) -> Result<kube::Client, KubeSourceError> {
+/// A client for `config`'s API server, its requests sent with [`user_agent`] unless the
+/// configuration names another. A proxy in the configuration goes through kube's own stack
+/// (which says whether this build can use it), with its default read buffer.
+pub(crate) fn build(mut config: kube::Config) -> Result<kube::Client, KubeSourceError> {
     let error = |e: kube::Error| KubeSourceError::Client(e.to_string());
+    if !config.headers.iter().any(|(name, _)| name == USER_AGENT) {
+        let agent = HeaderValue::from_str(&user_agent())
+            .map_err(|e| KubeSourceError::Client(format!("the User-Agent header: {e}")))?;
+        config.headers.push((USER_AGENT, agent));
+    }
     let metrics = ApiMetricsLayer::for_server(&config.cluster_url);
     if config.proxy_url.is_some() {
         let builder = kube::client::ClientBuilder::try_from(config).map_err(error)?;
@@ -64,4 +72,47 @@ pub(crate) fn build(config: kube::Config) -> Result<kube::Client, KubeSourceErro
         .map_err(tower::BoxError::from)
         .service(hyper_client);
     Ok(kube::Client::new(service, config.default_namespace))
+}
+
+/// The `User-Agent` of the API client, in kube-proxy's form (`kube-proxy/v1.35.0
+/// (linux/amd64) kubernetes/<commit>`): `ipvs-proxier/v<version> (<os>/<arch>)`, the
+/// operating system and architecture named as Go names them (`GOOS/GOARCH`), so the API
+/// server's audit log and metrics tell this client apart the way they tell kube-proxy.
+pub fn user_agent() -> String {
+    format!(
+        "ipvs-proxier/v{} ({}/{})",
+        env!("CARGO_PKG_VERSION"),
+        std::env::consts::OS,
+        go_arch(std::env::consts::ARCH)
+    )
+}
+
+/// Go's name (`GOARCH`) of a Rust target architecture; Rust's own where they agree.
+fn go_arch(arch: &str) -> &str {
+    match arch {
+        "x86_64" => "amd64",
+        "x86" => "386",
+        "aarch64" => "arm64",
+        "powerpc64" if cfg!(target_endian = "little") => "ppc64le",
+        "loongarch64" => "loong64",
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_user_agent_names_the_version_and_the_platform_as_go_does() {
+        let agent = user_agent();
+        assert!(agent.starts_with(&format!("ipvs-proxier/v{} (", env!("CARGO_PKG_VERSION"))));
+        assert!(HeaderValue::from_str(&agent).is_ok(), "{agent:?}");
+        assert_eq!(go_arch("x86_64"), "amd64");
+        assert_eq!(go_arch("aarch64"), "arm64");
+        assert_eq!(go_arch("s390x"), "s390x");
+        if cfg!(all(target_os = "linux", target_arch = "x86_64")) {
+            assert!(agent.ends_with(" (linux/amd64)"), "{agent:?}");
+        }
+    }
 }

@@ -1,4 +1,4 @@
-//! The Kubernetes source: kube-runtime watchers of v1 Services and discovery.k8s.io/v1
+//! The Kubernetes source: watchers of v1 Services and discovery.k8s.io/v1
 //! EndpointSlices (both with kube-proxy's label selector), of this node's Node and, when
 //! asked ([`KubeSourceConfig::service_cidrs`]), of networking.k8s.io/v1 ServiceCIDRs.
 //!
@@ -34,14 +34,15 @@ use k8s_openapi::api::networking::v1::ServiceCIDR;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
 use kube::api::Api;
+use kube::runtime::utils::Backoff as _;
+use kube::runtime::watcher as make_watcher;
 use kube::runtime::watcher::{self, Event};
-use kube::runtime::{WatchStreamExt, watcher as make_watcher};
 use serde::de::DeserializeOwned;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::lean::{Boxed, LeanService, LeanSlice, READ_ANNOTATIONS, READ_LABELS};
 use super::protobuf::{ProtobufError, decode_service_boxed, decode_slice_boxed};
-use super::protobuf_stream::protobuf_stream_watcher;
+use super::protobuf_stream::{json_stream_watcher, protobuf_stream_watcher};
 use super::protobuf_watch::{protobuf_list_watcher, within};
 use super::{EVENT_CHANNEL_CAPACITY, ObjectKey, SourceBatch, SourceHandle};
 use proxier_core::k8s::{HEADLESS_LABEL, PROXIED_OBJECTS_SELECTOR, SERVICE_PROXY_NAME_LABEL};
@@ -767,9 +768,10 @@ impl KubeSourceConfig {
     }
 }
 
-/// Whether a watcher error is the API server refusing a streaming list: 422 Invalid (or 400)
-/// about `sendInitialEvents` (1.27 and later with the WatchList gate off) or about
-/// `resourceVersionMatch` on a watch (servers older than 1.27).
+/// Whether a watcher error is the API server refusing a streaming list: 422 Invalid (or 400
+/// Bad Request) naming `sendInitialEvents` (1.27 and later with the WatchList gate off) or
+/// `resourceVersionMatch` on a watch (servers older than 1.27) as the field at fault, in the
+/// Status's causes or, where a server gives none, in its message.
 fn refuses_streaming_list(error: &watcher::Error) -> bool {
     let status = match error {
         watcher::Error::WatchStartFailed(kube::Error::Api(status))
@@ -777,10 +779,17 @@ fn refuses_streaming_list(error: &watcher::Error) -> bool {
         | watcher::Error::WatchError(status) => status,
         _ => return false,
     };
-    matches!(status.code, 400 | 422)
-        && ["sendInitialEvents", "resourceVersionMatch"]
-            .iter()
-            .any(|field| status.message.contains(field))
+    const FIELDS: [&str; 2] = ["sendInitialEvents", "resourceVersionMatch"];
+    let refused = matches!(
+        (status.code, status.reason.as_str()),
+        (422, "Invalid" | "") | (400, "BadRequest" | "")
+    );
+    let causes = status.details.iter().flat_map(|details| &details.causes);
+    let named = causes
+        .map(|cause| cause.field.as_str())
+        .chain(std::iter::once(status.message.as_str()))
+        .any(|text| FIELDS.iter().any(|field| text.contains(field)));
+    refused && named
 }
 
 type WatchStream<K> = BoxStream<'static, watcher::Result<Event<K>>>;
@@ -788,8 +797,9 @@ type WatchStream<K> = BoxStream<'static, watcher::Result<Event<K>>>;
 /// How a kind lists when its streaming list is refused or ignored, made when it falls back.
 type Fallback<K> = Box<dyn FnOnce() -> WatchStream<K> + Send>;
 
-/// kube-runtime's watcher for `config` in `mode`: a streaming list (with the fallback to
-/// paginated lists) when `mode` streams JSON, paginated lists otherwise.
+/// The watcher for `config` in `mode`: a streaming list in JSON
+/// ([`super::protobuf_stream::json_stream_watcher`], with the fallback to kube-runtime's
+/// paginated lists) when `mode` streams JSON, kube-runtime's paginated lists otherwise.
 fn watcher_with_fallback<K>(
     api: Api<K>,
     config: watcher::Config,
@@ -803,7 +813,8 @@ where
     if !mode.streams_json() {
         return make_watcher(api, config).boxed();
     }
-    let streaming = make_watcher(api.clone(), config.clone().streaming_lists()).boxed();
+    let streaming =
+        json_stream_watcher(api.clone().into_client(), api.clone(), config.clone()).boxed();
     with_fallback(
         streaming,
         Box::new(move || make_watcher(api, config).boxed()),
@@ -908,8 +919,7 @@ fn into_kind<W, K: From<W>>(event: Event<W>) -> Event<K> {
 }
 
 /// A kind's watch: the watcher (with the fallback) decoding objects as `W`, each converted to
-/// the kind `K` and trimmed by `trim` as it arrives, kube-runtime's default backoff after
-/// errors.
+/// the kind `K` and trimmed by `trim` as it arrives, with [`backoff_between_errors`].
 fn watch_stream<W, K>(
     api: Api<W>,
     config: watcher::Config,
@@ -922,9 +932,50 @@ where
     W: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
     K: From<W> + Send + 'static,
 {
-    watcher_with_fallback(api, config, mode, silence, kind)
-        .map(move |event| event.map(|event| into_kind(event).modify(trim)))
-        .default_backoff()
+    backoff_between_errors(
+        watcher_with_fallback(api, config, mode, silence, kind)
+            .map(move |event| event.map(|event| into_kind(event).modify(trim))),
+    )
+}
+
+/// `events` paused after each error for kube-runtime's default backoff (client-go's
+/// reflector's: 800 ms doubling up to 30 s, with jitter), which every event resets. A 410
+/// Gone resets it too and is followed by no pause: the server asks for a relist, and the
+/// errors before it (an API server restart's) say nothing about how soon to make one.
+fn backoff_between_errors<K: Send + 'static>(
+    events: impl Stream<Item = watcher::Result<Event<K>>> + Send + 'static,
+) -> BoxStream<'static, watcher::Result<Event<K>>> {
+    let backoff = watcher::DefaultBackoff::default();
+    futures::stream::unfold(
+        (events.boxed(), backoff, None::<Duration>),
+        |(mut events, mut backoff, pause)| async move {
+            if let Some(pause) = pause {
+                tokio::time::sleep(pause).await;
+            }
+            let item = events.next().await?;
+            let pause = match &item {
+                Err(error) if !resource_version_gone(error) => backoff.next(),
+                _ => {
+                    backoff.reset();
+                    None
+                }
+            };
+            Some((item, (events, backoff, pause)))
+        },
+    )
+    .boxed()
+}
+
+/// Whether a watcher error is the API server's 410 Gone: the resourceVersion asked for is
+/// no longer served (compacted, or older than a new watch cache), and the watcher relists.
+fn resource_version_gone(error: &watcher::Error) -> bool {
+    match error {
+        watcher::Error::InitialListFailed(kube::Error::Api(status))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(status))
+        | watcher::Error::WatchFailed(kube::Error::Api(status))
+        | watcher::Error::WatchError(status) => status.code == 410,
+        _ => false,
+    }
 }
 
 /// [`watch_stream`] for a kind with a protobuf decoder: with [`ListMode::Protobuf`], its lists
@@ -958,10 +1009,7 @@ where
             return watch_stream(api, config, mode, silence, kind, trim).boxed();
         }
     };
-    watcher
-        .map(move |event| event.map(|event| event.modify(trim)))
-        .default_backoff()
-        .boxed()
+    backoff_between_errors(watcher.map(move |event| event.map(|event| event.modify(trim))))
 }
 
 /// Starts the watchers. Watch errors (API outages, expired resource versions) are logged and
@@ -1088,8 +1136,35 @@ fn kind_changes<K: KindChanges>(
 }
 
 fn log_watch_error(kind: &'static str, error: &watcher::Error) {
-    tracing::warn!(kind, %error, "watch failed; retrying with backoff, keeping known objects");
+    tracing::warn!(
+        kind,
+        error = %WatchErrorText(error),
+        "watch failed; retrying with backoff, keeping known objects"
+    );
     crate::metrics::record_watch_error(kind);
+}
+
+/// A watcher error as the log gives it: what failed, then the API server's `Status` as
+/// `CODE Reason: message` (kube's own text repeats the Status in Rust's debug form).
+struct WatchErrorText<'a>(&'a watcher::Error);
+
+impl std::fmt::Display for WatchErrorText<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (what, status) = match self.0 {
+            watcher::Error::InitialListFailed(kube::Error::Api(status)) => ("listing", status),
+            watcher::Error::WatchStartFailed(kube::Error::Api(status)) => {
+                ("starting the watch", status)
+            }
+            watcher::Error::WatchFailed(kube::Error::Api(status)) => ("watching", status),
+            watcher::Error::WatchError(status) => ("the watch ended with an error", status),
+            other => return write!(f, "{other}"),
+        };
+        write!(
+            f,
+            "{what}: {} {}: {}",
+            status.code, status.reason, status.message
+        )
+    }
 }
 
 /// The watch streams the source follows, and the tasks that run them.

@@ -175,28 +175,52 @@ pub(crate) fn read_bookmark(object: &[u8]) -> Result<(Option<String>, bool), Pro
 /// The annotation on the bookmark that ends a streaming list's initial events.
 pub(crate) const INITIAL_EVENTS_END: &str = "k8s.io/initial-events-end";
 
-/// What a watch's `ERROR` event says: a `metav1.Status`.
+/// A `metav1.Status`, as a watch's `ERROR` event carries it and as the API server answers
+/// an error to a request that prefers protobuf.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct WatchStatus {
+pub(crate) struct ProtobufStatus {
     /// `Failure` (or `Success`).
     pub(crate) status: String,
     /// The server's words.
     pub(crate) message: String,
-    /// Why, in one CamelCase word (`Expired`, `Gone`, ...).
+    /// Why, in one CamelCase word (`Expired`, `Gone`, `Invalid`, `Unauthorized`, ...).
     pub(crate) reason: String,
     /// The HTTP status code it stands for (410 when the resourceVersion is too old).
     pub(crate) code: u16,
+    /// The object the status is about and the causes, when the server gave them.
+    pub(crate) details: Option<ProtobufStatusDetails>,
 }
 
-/// Reads a `metav1.Status` (the object of a watch's `ERROR` event).
-pub(crate) fn read_status(object: &[u8]) -> Result<WatchStatus, ProtobufError> {
+/// A `metav1.StatusDetails`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct ProtobufStatusDetails {
+    pub(crate) name: String,
+    pub(crate) group: String,
+    pub(crate) kind: String,
+    pub(crate) uid: String,
+    pub(crate) retry_after_seconds: u32,
+    pub(crate) causes: Vec<ProtobufStatusCause>,
+}
+
+/// A `metav1.StatusCause`: for an invalid request, the field at fault.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct ProtobufStatusCause {
+    pub(crate) reason: String,
+    pub(crate) message: String,
+    pub(crate) field: String,
+}
+
+/// Reads a `metav1.Status` message (the object of a watch's `ERROR` event, out of its
+/// envelope).
+pub(crate) fn read_status(object: &[u8]) -> Result<ProtobufStatus, ProtobufError> {
     const M: &str = "Status";
-    let mut status = WatchStatus::default();
+    let mut status = ProtobufStatus::default();
     for field in Fields::new(object, M) {
         match field? {
             (2, v) => status.status = v.string(M, "status")?,
             (3, v) => status.message = v.string(M, "message")?,
             (4, v) => status.reason = v.string(M, "reason")?,
+            (5, v) => status.details = Some(status_details(v.bytes(M, "details")?)?),
             (6, v) => status.code = u16::try_from(v.varint(M, "code")?).unwrap_or(0),
             _ => {}
         }
@@ -204,16 +228,73 @@ pub(crate) fn read_status(object: &[u8]) -> Result<WatchStatus, ProtobufError> {
     Ok(status)
 }
 
-/// The `raw` field of the `runtime.Unknown` envelope after the magic.
-fn unknown_raw(body: &[u8]) -> Result<&[u8], ProtobufError> {
-    let envelope = body.strip_prefix(MAGIC).ok_or(ProtobufError::Magic)?;
-    let mut raw: &[u8] = &[];
-    for field in Fields::new(envelope, "Unknown") {
-        if let (2, value) = field? {
-            raw = value.bytes("Unknown", "raw")?;
+/// Reads a whole body holding a `metav1.Status` (the magic, `runtime.Unknown`, the Status):
+/// how the API server answers an error in protobuf. `None` when the envelope names another
+/// kind.
+pub(crate) fn read_status_body(body: &[u8]) -> Result<Option<ProtobufStatus>, ProtobufError> {
+    let (kind, raw) = unknown_kind_and_raw(body)?;
+    if !kind.is_empty() && kind != "Status" {
+        return Ok(None);
+    }
+    read_status(raw).map(Some)
+}
+
+fn status_details(message: &[u8]) -> Result<ProtobufStatusDetails, ProtobufError> {
+    const M: &str = "StatusDetails";
+    let mut details = ProtobufStatusDetails::default();
+    for field in Fields::new(message, M) {
+        match field? {
+            (1, v) => details.name = v.string(M, "name")?,
+            (2, v) => details.group = v.string(M, "group")?,
+            (3, v) => details.kind = v.string(M, "kind")?,
+            (4, v) => {
+                const C: &str = "StatusCause";
+                let mut cause = ProtobufStatusCause::default();
+                for field in Fields::new(v.bytes(M, "causes")?, C) {
+                    match field? {
+                        (1, v) => cause.reason = v.string(C, "reason")?,
+                        (2, v) => cause.message = v.string(C, "message")?,
+                        (3, v) => cause.field = v.string(C, "field")?,
+                        _ => {}
+                    }
+                }
+                details.causes.push(cause);
+            }
+            (5, v) => {
+                details.retry_after_seconds =
+                    u32::try_from(v.varint(M, "retryAfterSeconds")?).unwrap_or(0);
+            }
+            (6, v) => details.uid = v.string(M, "uid")?,
+            _ => {}
         }
     }
-    Ok(raw)
+    Ok(details)
+}
+
+/// The `raw` field of the `runtime.Unknown` envelope after the magic.
+fn unknown_raw(body: &[u8]) -> Result<&[u8], ProtobufError> {
+    unknown_kind_and_raw(body).map(|(_, raw)| raw)
+}
+
+/// The kind named in the `runtime.Unknown` envelope after the magic (empty when not named),
+/// and its `raw` field.
+fn unknown_kind_and_raw(body: &[u8]) -> Result<(&str, &[u8]), ProtobufError> {
+    let envelope = body.strip_prefix(MAGIC).ok_or(ProtobufError::Magic)?;
+    let (mut kind, mut raw): (&str, &[u8]) = ("", &[]);
+    for field in Fields::new(envelope, "Unknown") {
+        match field? {
+            (1, type_meta) => {
+                for field in Fields::new(type_meta.bytes("Unknown", "typeMeta")?, "TypeMeta") {
+                    if let (2, value) = field? {
+                        kind = utf8(value.bytes("TypeMeta", "kind")?, "TypeMeta", "kind")?;
+                    }
+                }
+            }
+            (2, value) => raw = value.bytes("Unknown", "raw")?,
+            _ => {}
+        }
+    }
+    Ok((kind, raw))
 }
 
 /// Decodes a v1 Service (an item of a `ServiceList`) with what the conversion reads (see the
@@ -1148,12 +1229,61 @@ mod tests {
         let event = read_watch_frame(&frame).expect("reads");
         assert_eq!(
             read_status(event.object),
-            Ok(WatchStatus {
+            Ok(ProtobufStatus {
                 status: "Failure".to_owned(),
                 message: "too old resource version: 1 (42)".to_owned(),
                 reason: "Expired".to_owned(),
                 code: 410,
+                details: None,
             })
+        );
+    }
+
+    #[test]
+    fn an_error_answer_gives_its_status_with_the_causes() {
+        let cause = Message::default()
+            .string(1, "FieldValueForbidden")
+            .string(2, "Forbidden: sendInitialEvents is forbidden")
+            .string(3, "sendInitialEvents");
+        let details = Message::default()
+            .string(1, "")
+            .string(2, "meta.k8s.io")
+            .string(3, "ListOptions")
+            .message(4, cause)
+            .varint(5, 0)
+            .string(6, "");
+        let status = Message::default()
+            .message(1, Message::default())
+            .string(2, "Failure")
+            .string(3, "ListOptions.meta.k8s.io \"\" is invalid")
+            .string(4, "Invalid")
+            .message(5, details)
+            .varint(6, 422);
+        let read = read_status_body(&wrapped("Status", status))
+            .expect("reads")
+            .expect("a Status");
+        assert_eq!((read.code, read.reason.as_str()), (422, "Invalid"));
+        assert_eq!(read.message, "ListOptions.meta.k8s.io \"\" is invalid");
+        let details = read.details.expect("details");
+        assert_eq!(
+            (details.group.as_str(), details.kind.as_str()),
+            ("meta.k8s.io", "ListOptions")
+        );
+        assert_eq!(
+            details.causes,
+            [ProtobufStatusCause {
+                reason: "FieldValueForbidden".to_owned(),
+                message: "Forbidden: sendInitialEvents is forbidden".to_owned(),
+                field: "sendInitialEvents".to_owned(),
+            }]
+        );
+
+        // Another kind is not taken for a Status; a body not in the envelope is an error.
+        let service = Message::default().message(1, Message::default().string(1, "web"));
+        assert_eq!(read_status_body(&wrapped("Service", service)), Ok(None));
+        assert_eq!(
+            read_status_body(b"{\"kind\":\"Status\"}"),
+            Err(ProtobufError::Magic)
         );
     }
 }

@@ -9,11 +9,13 @@
 //!
 //! The events are kube-runtime's watcher's (`Init`, one `InitApply` per object, `InitDone`,
 //! then `Apply` and `Delete`). A watch that ends after the picture resumes from the last
-//! resourceVersion seen (a plain watch, in protobuf too); one that ends before it, or a 410
-//! Gone, lists again. A server that answers in JSON is read as JSON. A refusal of the
+//! resourceVersion seen (a plain watch, in protobuf too); one that ends before it lists again
+//! no older than it listed before, and a 410 Gone lists again with a consistent read
+//! (`resourceVersion=""`), as client-go's reflector does: a relist never goes back in time.
+//! A server that answers in JSON is read as JSON, and [`json_stream_watcher`] is the same
+//! watcher asking for JSON, for the kinds without a protobuf decoder. A refusal of the
 //! streaming list (422) and a server that ignores `sendInitialEvents` are for the caller to
-//! tell, as with kube-runtime's streaming watcher: [`super::kube`] falls back to paginated
-//! lists.
+//! tell: [`super::kube`] falls back to paginated lists.
 
 use std::fmt::Debug;
 use std::marker::PhantomData;
@@ -32,7 +34,7 @@ use serde::de::DeserializeOwned;
 use super::protobuf::{
     INITIAL_EVENTS_END, ProtobufError, WatchFrame, read_bookmark, read_status, read_watch_frame,
 };
-use super::protobuf_watch::{WATCH_IDLE, invalid, send_accepting_protobuf, within};
+use super::protobuf_watch::{WATCH_IDLE, invalid, kube_status, send_accepting, within};
 
 /// The largest frame a protobuf watch is believed to send. An object is at most a few MiB
 /// (etcd's request limit is 1.5 MiB); a length beyond this is a stream out of step.
@@ -40,14 +42,19 @@ const MAX_FRAME: usize = 64 << 20;
 
 /// Where the watcher is.
 enum State<W, K> {
-    /// Nothing listed: open a streaming list.
-    Empty,
+    /// Nothing listed, or the picture to be made anew: open a streaming list of a picture not
+    /// older than `not_older_than` (client-go's reflector's rule: the resourceVersion last
+    /// synced, or `""`, a consistent read, at first and after a 410 Gone: a relist never asks
+    /// for an older picture than the one it replaces).
+    Empty { not_older_than: String },
     /// A watch open: the streaming list until its initial events end (`initial`), then
-    /// changes; `resource_version` is the last one seen.
+    /// changes; `resource_version` is the last one seen, `listed_from` what the streaming
+    /// list asked for (asked again if its picture breaks off).
     Watching {
         events: Events<W, K>,
         resource_version: Option<String>,
         initial: bool,
+        listed_from: String,
     },
     /// Listed, the watch ended: open a plain watch from `resource_version`.
     Resume { resource_version: String },
@@ -60,6 +67,42 @@ pub(crate) fn protobuf_stream_watcher<W, K>(
     api: Api<W>,
     config: watcher::Config,
     decode: fn(&[u8]) -> Result<K, ProtobufError>,
+) -> impl Stream<Item = watcher::Result<Event<K>>> + Send
+where
+    W: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+    K: From<W> + Resource + Send + 'static,
+{
+    stream_watcher(client, api, config, PROTOBUF_ACCEPT, Some(decode))
+}
+
+/// The streaming-list watch of one kind in JSON, every event decoded as `W`: the same
+/// watcher as [`protobuf_stream_watcher`], for kinds without a protobuf decoder.
+pub(crate) fn json_stream_watcher<W>(
+    client: kube::Client,
+    api: Api<W>,
+    config: watcher::Config,
+) -> impl Stream<Item = watcher::Result<Event<W>>> + Send
+where
+    W: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+{
+    stream_watcher(client, api, config, JSON_ACCEPT, None)
+}
+
+/// Reads one object of a protobuf answer.
+type Decode<K> = fn(&[u8]) -> Result<K, ProtobufError>;
+
+/// What a protobuf streaming list asks for: protobuf, or JSON from a server without it.
+const PROTOBUF_ACCEPT: &str = "application/vnd.kubernetes.protobuf, application/json";
+
+/// What a JSON streaming list asks for.
+const JSON_ACCEPT: &str = "application/json";
+
+fn stream_watcher<W, K>(
+    client: kube::Client,
+    api: Api<W>,
+    config: watcher::Config,
+    accept: &'static str,
+    decode: Option<Decode<K>>,
 ) -> impl Stream<Item = watcher::Result<Event<K>>> + Send
 where
     W: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
@@ -80,27 +123,40 @@ where
             ..resume.clone()
         },
         resume,
+        accept,
         decode,
     };
+    let empty = State::Empty {
+        not_older_than: String::new(),
+    };
     // The context boxed: the unfold moves its state with every event.
-    futures::stream::unfold(
-        (Box::new(context), State::Empty),
-        |(context, state)| async move {
-            let (event, state) = step(&context, state).await;
-            Some((event, (context, state)))
-        },
-    )
+    futures::stream::unfold((Box::new(context), empty), |(context, state)| async move {
+        let (event, state) = step(&context, state).await;
+        Some((event, (context, state)))
+    })
 }
 
 /// What every step needs.
 struct Context<W, K> {
     client: kube::Client,
     api: Api<W>,
-    /// The streaming list's parameters (`sendInitialEvents`, bookmarks).
+    /// The streaming list's parameters (`sendInitialEvents`, bookmarks; with them kube asks
+    /// for `resourceVersionMatch=NotOlderThan`).
     list: WatchParams,
     /// A resumed watch's parameters.
     resume: WatchParams,
-    decode: fn(&[u8]) -> Result<K, ProtobufError>,
+    /// The requests' `Accept`.
+    accept: &'static str,
+    /// Reads an object of a protobuf answer (`None`: protobuf is not asked for).
+    decode: Option<Decode<K>>,
+}
+
+/// Where a watcher starts over after a 410 Gone: a consistent picture, never an older one
+/// than it had.
+fn relist_consistently<W, K>() -> State<W, K> {
+    State::Empty {
+        not_older_than: String::new(),
+    }
 }
 
 /// Advances the watcher to its next event.
@@ -114,32 +170,39 @@ where
 {
     loop {
         state = match state {
-            State::Empty => {
-                // As kube-runtime's streaming lists: "0" with NotOlderThan, served from the
-                // API server's watch cache.
-                return match open(context, &context.list, "0").await {
+            State::Empty { not_older_than } => {
+                return match open(context, &context.list, &not_older_than).await {
                     Ok(events) => (
                         Ok(Event::Init),
                         State::Watching {
                             events,
                             resource_version: None,
                             initial: true,
+                            listed_from: not_older_than,
                         },
                     ),
-                    Err(error) => (Err(watcher::Error::WatchStartFailed(error)), State::Empty),
+                    Err(kube::Error::Api(status)) if status.code == 410 => (
+                        Err(watcher::Error::WatchStartFailed(kube::Error::Api(status))),
+                        relist_consistently(),
+                    ),
+                    Err(error) => (
+                        Err(watcher::Error::WatchStartFailed(error)),
+                        State::Empty { not_older_than },
+                    ),
                 };
             }
             State::Resume { resource_version } => {
                 match open(context, &context.resume, &resource_version).await {
                     Ok(events) => State::Watching {
                         events,
-                        resource_version: Some(resource_version),
+                        resource_version: Some(resource_version.clone()),
                         initial: false,
+                        listed_from: resource_version,
                     },
                     Err(kube::Error::Api(status)) if status.code == 410 => {
                         return (
                             Err(watcher::Error::WatchStartFailed(kube::Error::Api(status))),
-                            State::Empty,
+                            relist_consistently(),
                         );
                     }
                     Err(error) => {
@@ -154,11 +217,18 @@ where
                 mut events,
                 resource_version,
                 initial,
+                listed_from,
             } => {
                 let next = within(WATCH_IDLE, events.next()).await.ok().flatten();
                 match next {
                     Some(Ok(change)) => {
-                        match on_change(change, events, resource_version, initial) {
+                        let watch = Watch {
+                            events,
+                            resource_version,
+                            initial,
+                            listed_from,
+                        };
+                        match on_change(change, watch) {
                             Next::Event(event, state) => return (event, state),
                             Next::Quiet(state) => state,
                         }
@@ -168,13 +238,19 @@ where
                     // programs (as a list page that cannot be read fails the whole list).
                     // After the picture, the change is skipped and the watch goes on.
                     Some(Err(error)) if initial => {
-                        return (Err(watcher::Error::WatchFailed(error)), State::Empty);
+                        return (
+                            Err(watcher::Error::WatchFailed(error)),
+                            State::Empty {
+                                not_older_than: listed_from,
+                            },
+                        );
                     }
                     Some(Err(error)) => {
                         let watching = State::Watching {
                             events,
                             resource_version,
                             initial,
+                            listed_from,
                         };
                         return (Err(watcher::Error::WatchFailed(error)), watching);
                     }
@@ -182,7 +258,9 @@ where
                     // if it was not whole, else the watch resumes.
                     None => match resource_version {
                         Some(resource_version) if !initial => State::Resume { resource_version },
-                        _ => State::Empty,
+                        _ => State::Empty {
+                            not_older_than: listed_from,
+                        },
                     },
                 }
             }
@@ -198,20 +276,30 @@ enum Next<W, K> {
     Quiet(State<W, K>),
 }
 
-/// The event a change of the watch is, the watch going on (or the list starting over).
-fn on_change<W, K>(
-    change: Change<K>,
+/// An open watch, between its changes.
+struct Watch<W, K> {
     events: Events<W, K>,
     resource_version: Option<String>,
     initial: bool,
-) -> Next<W, K>
+    listed_from: String,
+}
+
+/// The event a change of the watch is, the watch going on (or the list starting over).
+fn on_change<W, K>(change: Change<K>, watch: Watch<W, K>) -> Next<W, K>
 where
     K: Resource,
 {
+    let Watch {
+        events,
+        resource_version,
+        initial,
+        listed_from,
+    } = watch;
     let watching = |resource_version, initial| State::Watching {
         events,
         resource_version,
         initial,
+        listed_from,
     };
     match change {
         Change::Applied(object) if initial => Next::Event(
@@ -221,7 +309,10 @@ where
         Change::Applied(object) | Change::Deleted(object)
             if object.resource_version().is_none() =>
         {
-            Next::Event(Err(watcher::Error::NoResourceVersion), State::Empty)
+            Next::Event(
+                Err(watcher::Error::NoResourceVersion),
+                relist_consistently(),
+            )
         }
         Change::Applied(object) => {
             let version = object.resource_version();
@@ -238,15 +329,19 @@ where
         Change::Bookmark {
             initial_events_end: true,
             ..
-        } if initial => Next::Event(Err(watcher::Error::NoResourceVersion), State::Empty),
+        } if initial => Next::Event(
+            Err(watcher::Error::NoResourceVersion),
+            relist_consistently(),
+        ),
         Change::Bookmark {
             resource_version: version,
             ..
         } => Next::Quiet(watching(version.or(resource_version), initial)),
         // 410 Gone: the resourceVersion is too old to resume from; list again.
-        Change::Error(status) if status.code == 410 => {
-            Next::Event(Err(watcher::Error::WatchError(status)), State::Empty)
-        }
+        Change::Error(status) if status.code == 410 => Next::Event(
+            Err(watcher::Error::WatchError(status)),
+            relist_consistently(),
+        ),
         Change::Error(status) => Next::Event(
             Err(watcher::Error::WatchError(status)),
             watching(resource_version, initial),
@@ -285,7 +380,7 @@ where
     request
         .headers_mut()
         .insert(ACCEPT_ENCODING, http::HeaderValue::from_static("identity"));
-    let (body, protobuf) = send_accepting_protobuf(&context.client, request).await?;
+    let (body, protobuf) = send_accepting(&context.client, request, context.accept).await?;
     Ok(Events {
         body: body.into_data_stream().boxed(),
         pending: Pending::default(),
@@ -304,7 +399,8 @@ struct Events<W, K> {
     protobuf: bool,
     /// A frame's length was beyond belief: nothing after it can be read.
     broken: bool,
-    decode: fn(&[u8]) -> Result<K, ProtobufError>,
+    /// Reads an object of a protobuf answer (`None`: protobuf was not asked for).
+    decode: Option<Decode<K>>,
     json: PhantomData<fn() -> W>,
 }
 
@@ -375,7 +471,12 @@ where
         let frame_error =
             |error: ProtobufError| invalid(format!("reading a protobuf watch event: {error}"));
         let WatchFrame { event_type, object } = read_watch_frame(event).map_err(frame_error)?;
-        let decode = |object| (self.decode)(object).map_err(frame_error);
+        let Some(decode) = self.decode else {
+            return Err(invalid(
+                "a protobuf watch event in answer to a request for JSON".to_owned(),
+            ));
+        };
+        let decode = |object| decode(object).map_err(frame_error);
         Ok(match event_type {
             "ADDED" | "MODIFIED" => Change::Applied(decode(object)?),
             "DELETED" => Change::Deleted(decode(object)?),
@@ -389,9 +490,7 @@ where
             }
             "ERROR" => {
                 let status = read_status(object).map_err(frame_error)?;
-                Change::Error(Box::new(
-                    Status::failure(&status.message, &status.reason).with_code(status.code),
-                ))
+                Change::Error(Box::new(kube_status(status)))
             }
             other => {
                 return Err(invalid(format!(
@@ -532,7 +631,7 @@ mod tests {
             pending: Pending::default(),
             protobuf,
             broken: false,
-            decode: decode_service,
+            decode: Some(decode_service),
             json: PhantomData,
         }
     }

@@ -17,11 +17,14 @@ use futures::{FutureExt as _, Stream, StreamExt};
 use http::header::{ACCEPT, CONTENT_TYPE};
 use kube::api::{ListParams, ObjectList, WatchEvent, WatchParams};
 use kube::core::Status;
+use kube::core::response::{StatusCause, StatusDetails};
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
-use super::protobuf::{PROTOBUF_CONTENT_TYPE, ProtobufError, read_list};
+use super::protobuf::{
+    PROTOBUF_CONTENT_TYPE, ProtobufError, ProtobufStatus, read_list, read_status_body,
+};
 
 /// Objects asked for in one list request (kube-runtime's default page).
 const PAGE_SIZE: u32 = 500;
@@ -309,11 +312,22 @@ where
 /// the server answered in protobuf (else JSON); a failed request is the error kube reports.
 pub(super) async fn send_accepting_protobuf(
     client: &kube::Client,
+    request: http::Request<Vec<u8>>,
+) -> kube::Result<(kube::client::Body, bool)> {
+    send_accepting(client, request, LIST_ACCEPT).await
+}
+
+/// Sends `request` with `accept` as its `Accept`: the response's body, and whether the server
+/// answered in protobuf (else JSON). A failed request is the error kube reports, the server's
+/// `Status` read in the encoding its `Content-Type` names.
+pub(super) async fn send_accepting(
+    client: &kube::Client,
     mut request: http::Request<Vec<u8>>,
+    accept: &'static str,
 ) -> kube::Result<(kube::client::Body, bool)> {
     request
         .headers_mut()
-        .insert(ACCEPT, http::HeaderValue::from_static(LIST_ACCEPT));
+        .insert(ACCEPT, http::HeaderValue::from_static(accept));
     let response = client.send(request.map(kube::client::Body::from)).await?;
     let status = response.status();
     let protobuf = response
@@ -323,23 +337,73 @@ pub(super) async fn send_accepting_protobuf(
         .is_some_and(|value| value.starts_with(PROTOBUF_CONTENT_TYPE));
     if !status.is_success() {
         let body = response.into_body().collect_bytes().await?;
-        return Err(api_error(status.as_u16(), &body));
+        return Err(api_error(status, &body, protobuf));
     }
     Ok((response.into_body(), protobuf))
 }
 
-/// A failed request as kube reports one: the server's `Status` when the body is one (in
-/// JSON; an API server sends its errors in JSON when asked for protobuf too), else the body
-/// as the message.
-fn api_error(code: u16, body: &[u8]) -> kube::Error {
-    let status = serde_json::from_slice::<Status>(body).unwrap_or_else(|_| {
-        Status::failure(
-            String::from_utf8_lossy(body).trim(),
-            "Failed to parse error data",
-        )
-        .with_code(code)
+/// A failed request as kube reports one: the server's `Status`, read from the body in the
+/// encoding the server chose (`protobuf`, else JSON). A body that holds no readable Status
+/// becomes one with the HTTP status's code and reason, and the body (or, in protobuf, why it
+/// could not be read) as the message.
+fn api_error(http_status: http::StatusCode, body: &[u8], protobuf: bool) -> kube::Error {
+    let code = http_status.as_u16();
+    let reason = http_status.canonical_reason().unwrap_or("Unknown");
+    let read = if protobuf {
+        match read_status_body(body) {
+            Ok(Some(status)) => Ok(kube_status(status)),
+            Ok(None) => Err("an error answer in protobuf that is not a Status".to_owned()),
+            Err(error) => Err(format!(
+                "an error answer in protobuf that cannot be read: {error}"
+            )),
+        }
+    } else {
+        serde_json::from_slice::<Status>(body)
+            .map_err(|_| String::from_utf8_lossy(body).trim().to_owned())
+    };
+    let mut status = read.unwrap_or_else(|message| {
+        Status::failure(&message, reason.replace(' ', "").as_str()).with_code(code)
     });
+    if status.code == 0 {
+        status.code = code;
+    }
     kube::Error::Api(Box::new(status))
+}
+
+/// A `metav1.Status` read from protobuf, as kube gives one read from JSON.
+pub(super) fn kube_status(status: ProtobufStatus) -> Status {
+    let ProtobufStatus {
+        status: summary,
+        message,
+        reason,
+        code,
+        details,
+    } = status;
+    let mut status = if summary == "Success" {
+        Status::success()
+    } else {
+        Status::failure(&message, &reason)
+    };
+    status.message = message;
+    status.reason = reason;
+    status.code = code;
+    status.details = details.map(|details| StatusDetails {
+        name: details.name,
+        group: details.group,
+        kind: details.kind,
+        uid: details.uid,
+        retry_after_seconds: details.retry_after_seconds,
+        causes: details
+            .causes
+            .into_iter()
+            .map(|cause| StatusCause {
+                reason: cause.reason,
+                message: cause.message,
+                field: cause.field,
+            })
+            .collect(),
+    });
+    status
 }
 
 fn protobuf_error<W: Resource, K>(context: &Context<W, K>, error: ProtobufError) -> kube::Error {
