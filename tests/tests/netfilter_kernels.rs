@@ -113,7 +113,7 @@ fn nft_adding_the_probe_to_checks(dir: &std::path::Path) -> PathBuf {
     std::fs::write(
         &wrapper,
         format!(
-            "#!/bin/bash\nif [ \"$1\" = --check ]; then\n  {{ cat; cat {probe}; }} | exec {real} \"$@\"\nfi\nexec {real} \"$@\"\n",
+            "#!/bin/bash\nif [ \"$1\" = --check ]; then\n  {{ cat; cat {probe}; }} | {real} \"$@\"\n  exit ${{PIPESTATUS[1]}}\nfi\nexec {real} \"$@\"\n",
             probe = probe.display(),
             real = real.trim()
         ),

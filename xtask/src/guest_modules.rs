@@ -38,6 +38,11 @@ const KEPT_MODULE_PREFIXES: &[&str] = &[
     "kernel/drivers/block/virtio_blk.ko",
 ];
 
+/// Modules left out of every guest although their directory is kept: the IPVS `twos`
+/// scheduler (6.7 and later), so that on every kernel of the matrix the guest lacks one
+/// scheduler the daemon knows, as a node whose kernel lacks it does.
+const EXCLUDED_MODULES: &[&str] = &["ip_vs_twos"];
+
 /// Index files copied as they are (busybox modprobe reads the text forms).
 const INDEX_FILES: &[&str] = &[
     "modules.alias",
@@ -105,6 +110,7 @@ fn select_from(
     let mut pending: Vec<&str> = dep_lines
         .iter()
         .filter(|d| prefixes.iter().any(|p| d.file.starts_with(p)))
+        .filter(|d| !EXCLUDED_MODULES.contains(&module_name(&d.file).as_str()))
         .map(|d| d.file.as_str())
         .collect();
     let mut load = Vec::new();
