@@ -264,6 +264,7 @@ pub fn full_test(config: &VmConfig) -> Result<ExitCode> {
         let config = VmConfig {
             kernel: run.kernel,
             nft: run.nft,
+            single_thread_tcg: VmConfig::single_thread_for_tests(run.kernel),
             ..config.clone()
         };
         // Every run takes its binaries from the one whole-workspace build. A kernel or nft

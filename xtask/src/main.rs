@@ -197,7 +197,13 @@ fn main() -> ExitCode {
             vm,
             command,
         } => vm::vm_run(release, &command, &vm.to_config()),
-        Command::VmBench { vm, name, args } => vm::vm_bench(&name, &args, &vm.to_config()),
+        Command::VmBench { vm, name, args } => {
+            let config = vm::VmConfig {
+                single_thread_tcg: false,
+                ..vm.to_config()
+            };
+            vm::vm_bench(&name, &args, &config)
+        }
         Command::BenchReport {
             services,
             dests,
@@ -234,6 +240,7 @@ fn main() -> ExitCode {
                 binary_timeout: Duration::from_secs(timeout_minutes.saturating_mul(60)),
                 kernel,
                 nft: guest_kernel::NftChoice::Host,
+                single_thread_tcg: false,
             };
             bench_report::run(&options, &config)
         }
@@ -259,6 +266,7 @@ impl VmOptions {
             binary_timeout: Duration::from_secs(self.binary_timeout_minutes.saturating_mul(60)),
             kernel: self.kernel,
             nft: self.nft,
+            single_thread_tcg: vm::VmConfig::single_thread_for_tests(self.kernel),
         }
     }
 }

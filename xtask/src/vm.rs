@@ -33,6 +33,19 @@ pub struct VmConfig {
     pub kernel: KernelChoice,
     /// The `nft` the guest runs.
     pub nft: NftChoice,
+    /// Both vCPUs on one host thread ([`VmConfig::single_thread_for_tests`]).
+    pub single_thread_tcg: bool,
+}
+
+impl VmConfig {
+    /// Whether a test run boots `kernel` with single-threaded TCG: multi-threaded TCG left
+    /// a stale int3 of a static-key patch on the other vCPU of a 6.12 guest (an Oops in
+    /// `NF_HOOK` from the IPv6 router-solicitation timer), so the fetched kernels run their
+    /// vCPUs on one host thread. Benchmarks keep multi-threaded TCG on every kernel, so
+    /// that kernels compare under the same emulation.
+    pub fn single_thread_for_tests(kernel: KernelChoice) -> bool {
+        kernel != KernelChoice::Bookworm
+    }
 }
 
 /// Durations of the runner's own steps.
@@ -211,10 +224,7 @@ fn boot_with(
         memory_mib: config.memory_mib,
         timeout: config.timeout,
         console_log: run_dir.join("console.log"),
-        // Multi-threaded TCG left a stale int3 of a static-key patch on the other vCPU of a
-        // 6.12 guest (an Oops in NF_HOOK from the IPv6 router-solicitation timer): the
-        // fetched kernels run their vCPUs on one host thread.
-        single_thread: config.kernel != KernelChoice::Bookworm,
+        single_thread: config.single_thread_tcg,
     };
     let outcome = qemu::boot(&spec);
     let _ = std::fs::rename(run_dir.join("console.log"), &console_log);

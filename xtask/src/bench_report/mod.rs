@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::Value;
 
+use crate::guest_kernel::KernelChoice;
 use crate::vm::{self, VmConfig};
 use crate::workspace::Workspace;
 
@@ -198,11 +199,18 @@ pub fn run(options: &Options, config: &VmConfig) -> Result<ExitCode> {
         let page = old_page
             .with_context(|| format!("reading {} to rewrite one section", output.display()))?;
         if options.scale_only {
+            let (begin, end) = scale::markers(config.kernel);
             splice(
                 &page,
-                scale::BEGIN,
-                scale::END,
-                &scale::section(&facts, &reports[0], &reports[1], reports.get(2))?,
+                &begin,
+                &end,
+                &scale::section(
+                    &facts,
+                    &reports[0],
+                    &reports[1],
+                    reports.get(2),
+                    config.kernel,
+                )?,
             )
         } else if options.traffic_only {
             splice(
@@ -219,16 +227,26 @@ pub fn run(options: &Options, config: &VmConfig) -> Result<ExitCode> {
         let page = render(&facts, &reports[0], &reports[1], &reports[2])?;
         // The soak's and the scale's sections, each from its own run, stay.
         let old_page = old_page.unwrap_or_default();
-        [
+        let mut kept: Vec<(String, String)> = [
             (soak::BEGIN, soak::END),
             (soak::FAULTS_BEGIN, soak::FAULTS_END),
             (soak::ROUTED_BEGIN, soak::ROUTED_END),
-            (scale::BEGIN, scale::END),
         ]
         .into_iter()
-        .fold(page, |page, (begin, end)| {
-            match section_of(&old_page, begin, end) {
-                Some(kept) => splice(&page, begin, end, kept),
+        .map(|(begin, end)| (begin.to_owned(), end.to_owned()))
+        .collect();
+        kept.extend(
+            [
+                KernelChoice::Bookworm,
+                KernelChoice::Trixie,
+                KernelChoice::Bullseye,
+            ]
+            .into_iter()
+            .map(scale::markers),
+        );
+        kept.into_iter().fold(page, |page, (begin, end)| {
+            match section_of(&old_page, &begin, &end) {
+                Some(kept) => splice(&page, &begin, &end, kept),
                 None => page,
             }
         })

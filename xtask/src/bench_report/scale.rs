@@ -11,11 +11,26 @@ use anyhow::{Result, ensure};
 use serde_json::Value;
 
 use super::{Facts, PHASES, met, num, secs, thousands};
+use crate::guest_kernel::KernelChoice;
 
 /// Where the section starts on the page.
 pub const BEGIN: &str = "<!-- vm-bench proxier scale -->";
 /// Where it ends.
 pub const END: &str = "<!-- /vm-bench proxier scale -->";
+
+/// The markers of the section of a run on `kernel`: the host's kernel (6.1) has the plain
+/// ones, each other kernel markers of its own, so the sections of the kernels stand side by
+/// side on the page.
+pub fn markers(kernel: KernelChoice) -> (String, String) {
+    if kernel == KernelChoice::Bookworm {
+        return (BEGIN.to_owned(), END.to_owned());
+    }
+    let name = kernel.name();
+    (
+        format!("<!-- vm-bench proxier scale {name} -->"),
+        format!("<!-- /vm-bench proxier scale {name} -->"),
+    )
+}
 
 /// The size the scale is judged from.
 pub const BASE_SERVICES: usize = 10_000;
@@ -289,7 +304,9 @@ pub fn section(
     base: &Value,
     large: &Value,
     quiet: Option<&Value>,
+    kernel: KernelChoice,
 ) -> Result<String> {
+    let (begin, end) = markers(kernel);
     let base_services = num(base, "services")?;
     let services = num(large, "services")?;
     ensure!(
@@ -306,11 +323,12 @@ pub fn section(
         None => ("Two boots", ""),
     };
     let mut out = String::new();
-    let _ = writeln!(out, "{BEGIN}");
+    let _ = writeln!(out, "{begin}");
     let _ = writeln!(
         out,
-        "## At {} Services (`vm-bench proxier --services {} --source kube --bind-service-cidrs`)\n",
+        "## At {} Services, kernel {} (`vm-bench proxier --services {} --source kube --bind-service-cidrs`)\n",
         thousands(services),
+        kernel.name(),
         services
     );
     let _ = writeln!(
@@ -426,7 +444,7 @@ pub fn section(
         );
     }
     out.push_str(SCALE_TEXT);
-    let _ = writeln!(out, "{END}");
+    let _ = writeln!(out, "{end}");
     Ok(out)
 }
 
@@ -489,7 +507,7 @@ mod tests {
         };
         let base = with_parts(10_000.0, [0.1, 1.0, 6.0]);
         let large = with_parts(50_000.0, [2.5, 7.0, 45.0]);
-        let section = section(&facts(), &base, &large, None).unwrap();
+        let section = section(&facts(), &base, &large, None, KernelChoice::Bookworm).unwrap();
         assert!(
             section.contains(
                 "| reference: `ipvsadm -Sn` of the programmed kernel | 6.00 s | 45.0 s | 7.50 × |"
@@ -511,6 +529,7 @@ mod tests {
             &report(10_000.0, 10.0, 70.0, 40.0),
             &report(50_000.0, 50.0, 300.0, 40.0),
             None,
+            KernelChoice::Bookworm,
         )
         .unwrap();
         assert!(!plain.contains("ipvsadm -Sn") && !plain.contains("Reading the table"));
@@ -527,7 +546,14 @@ mod tests {
         let mut quiet = report(50_000.0, 50.0, 300.0, 30.0);
         quiet["no_rate_estimation"] = json!(true);
         quiet["sources"][0]["changes"]["max_ms"] = json!(31.0);
-        let text = section(&facts(), &base, &large, Some(&quiet)).unwrap();
+        let text = section(
+            &facts(),
+            &base,
+            &large,
+            Some(&quiet),
+            KernelChoice::Bookworm,
+        )
+        .unwrap();
         assert!(
             text.contains("The slowest endpoint changes at 50,000: #83 made 2.80 s after the first, 176.7 ms; #26 made 0.90 s after the first, 166.2 ms."),
             "{text}"
@@ -538,7 +564,16 @@ mod tests {
         );
         // A third run that is not the large size without estimation is refused.
         assert!(text.contains("Three boots:"), "{text}");
-        assert!(section(&facts(), &base, &large, Some(&large)).is_err());
+        assert!(
+            section(
+                &facts(),
+                &base,
+                &large,
+                Some(&large),
+                KernelChoice::Bookworm
+            )
+            .is_err()
+        );
     }
 
     #[test]
@@ -549,6 +584,7 @@ mod tests {
             &report(10_000.0, 10.0, 70.0, 40.0),
             &report(50_000.0, 100.0, 300.0, 120.0),
             None,
+            KernelChoice::Bookworm,
         )
         .unwrap();
         assert!(section.starts_with(BEGIN) && section.trim_end().ends_with(END));
@@ -583,11 +619,21 @@ mod tests {
                 &facts(),
                 &report(10_000.0, 1.0, 1.0, 1.0),
                 &address_mode,
-                None
+                None,
+                KernelChoice::Bookworm
             )
             .is_err()
         );
         let small = report(5_000.0, 1.0, 1.0, 1.0);
-        assert!(section(&facts(), &report(10_000.0, 1.0, 1.0, 1.0), &small, None).is_err());
+        assert!(
+            section(
+                &facts(),
+                &report(10_000.0, 1.0, 1.0, 1.0),
+                &small,
+                None,
+                KernelChoice::Bookworm
+            )
+            .is_err()
+        );
     }
 }
