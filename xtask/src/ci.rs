@@ -297,6 +297,19 @@ struct MatrixRun {
     kernel: KernelChoice,
     nft: NftChoice,
     tests: &'static [&'static str],
+    /// Binaries of `tests` this boot leaves out, each with its reason at the run.
+    except: &'static [&'static str],
+}
+
+impl MatrixRun {
+    /// The test binaries this boot runs (empty: every one).
+    fn binaries(&self) -> Vec<&'static str> {
+        self.tests
+            .iter()
+            .copied()
+            .filter(|test| !self.except.contains(test))
+            .collect()
+    }
 }
 
 impl MatrixRun {
@@ -309,7 +322,7 @@ impl MatrixRun {
         );
         if !self.tests.is_empty() {
             command.push_str(&format!(" -p {KERNEL_TESTS_PACKAGE}"));
-            for test in self.tests {
+            for test in self.binaries() {
                 command.push_str(&format!(" --test {test}"));
             }
         }
@@ -357,21 +370,28 @@ const KERNEL_MATRIX: &[MatrixRun] = &[
         kernel: KernelChoice::Bookworm,
         nft: NftChoice::Host,
         tests: &[],
+        except: &[],
     },
     MatrixRun {
         kernel: KernelChoice::Trixie,
         nft: NftChoice::Host,
         tests: KERNEL_FACING,
+        except: &[],
     },
     MatrixRun {
         kernel: KernelChoice::Bullseye,
         nft: NftChoice::Trixie,
         tests: KERNEL_FACING,
+        // Debian 12's iptables-nft (1.8.9) cannot insert into the nat table's built-in
+        // chains on 5.10 (`RULE_INSERT failed (No such file or directory)`, even a plain
+        // jump), so the takeover test cannot build kube-proxy's footprint there.
+        except: &["takeover_kube_proxy"],
     },
     MatrixRun {
         kernel: KernelChoice::Trixie,
         nft: NftChoice::Trixie,
         tests: NFT_FACING,
+        except: &[],
     },
 ];
 
