@@ -329,7 +329,8 @@ pub struct FileStamp {
 /// Decides whether the file changed: by stamp first, then by a hash of the content (a
 /// rewrite with the same content is not a change). Every `verify_every` polls the content is
 /// hashed even when the stamp is unchanged, to catch same-size rewrites within the
-/// timestamp's granularity.
+/// timestamp's granularity. The file source records every content it reads, refused ones
+/// too, so a refused content is parsed and counted once, not at every look.
 #[derive(Debug, Clone)]
 pub struct ChangeDetector {
     stamp: Option<FileStamp>,
@@ -418,8 +419,22 @@ pub fn spawn(config: FileSourceConfig) -> SourceHandle {
     }
 }
 
+/// Whether an event on the file's name may mean its content changed: a write or the close
+/// after one, a creation, a rename onto or away from the name, a removal. Opens, reads, the
+/// close after a read (the source's own reads cause all three) and metadata changes do not.
+fn may_change_content(kind: &notify::EventKind) -> bool {
+    use notify::event::{AccessKind, AccessMode, EventKind, ModifyKind};
+    match kind {
+        EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
+        EventKind::Access(_) | EventKind::Modify(ModifyKind::Metadata(_)) => false,
+        EventKind::Create(_) | EventKind::Modify(_) | EventKind::Remove(_) => true,
+        EventKind::Any | EventKind::Other => true,
+    }
+}
+
 /// Wakes the source when the file's directory changes (rename-into-place replaces the file's
-/// inode, so the directory is watched). `None` when inotify is unavailable: polling only.
+/// inode, so the directory is watched) in a way that may change the file's content, or when
+/// the kernel dropped events. `None` when inotify is unavailable: polling only.
 fn watch_directory(
     path: &Path,
 ) -> Option<(notify::RecommendedWatcher, mpsc::UnboundedReceiver<()>)> {
@@ -432,10 +447,12 @@ fn watch_directory(
     };
     let handler = move |event: notify::Result<notify::Event>| {
         if let Ok(event) = event
-            && event
-                .paths
-                .iter()
-                .any(|p| p.file_name() == Some(name.as_os_str()))
+            && (event.need_rescan()
+                || may_change_content(&event.kind)
+                    && event
+                        .paths
+                        .iter()
+                        .any(|p| p.file_name() == Some(name.as_os_str())))
         {
             let _ = tx.send(());
         }
@@ -506,10 +523,10 @@ async fn run(config: FileSourceConfig, tx: mpsc::Sender<SourceBatch>, synced: wa
         let batch = match result {
             Ok(batch) => batch,
             Err(error) => {
+                // A refused content stays recorded in the detector: the same bytes are neither
+                // parsed nor counted again, whatever wakes the source, until they change.
                 let message = error.to_string();
-                if !matches!(error, FileSourceError::Empty { .. }) {
-                    crate::metrics::record_rejected_source_file();
-                }
+                crate::metrics::record_rejected_source_file();
                 // Logged once per distinct problem, not on every poll.
                 if reported.as_deref() != Some(message.as_str()) {
                     match error {
@@ -518,8 +535,6 @@ async fn run(config: FileSourceConfig, tx: mpsc::Sender<SourceBatch>, synced: wa
                     }
                     reported = Some(message);
                 }
-                // Read again at the next look even if the bytes stay the same.
-                detector = ChangeDetector::new(10);
                 continue;
             }
         };
@@ -533,6 +548,43 @@ async fn run(config: FileSourceConfig, tx: mpsc::Sender<SourceBatch>, synced: wa
         synced.send_replace(true);
         if (!batch.is_empty() || first) && tx.send(batch).await.is_err() {
             return; // the daemon is gone
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::may_change_content;
+    use notify::event::{
+        AccessKind, AccessMode, CreateKind, DataChange, EventKind, MetadataKind, ModifyKind,
+        RemoveKind, RenameMode,
+    };
+
+    #[test]
+    fn only_events_that_may_change_the_content_wake_the_source() {
+        let wake = [
+            EventKind::Access(AccessKind::Close(AccessMode::Write)),
+            EventKind::Create(CreateKind::File),
+            EventKind::Modify(ModifyKind::Data(DataChange::Any)),
+            EventKind::Modify(ModifyKind::Name(RenameMode::To)),
+            EventKind::Modify(ModifyKind::Name(RenameMode::From)),
+            EventKind::Remove(RemoveKind::File),
+        ];
+        for kind in wake {
+            assert!(may_change_content(&kind), "{kind:?} must wake the source");
+        }
+        // What a read causes (inotify's IN_OPEN, IN_ACCESS, IN_CLOSE_NOWRITE), and a chmod.
+        let ignore = [
+            EventKind::Access(AccessKind::Open(AccessMode::Any)),
+            EventKind::Access(AccessKind::Read),
+            EventKind::Access(AccessKind::Close(AccessMode::Read)),
+            EventKind::Modify(ModifyKind::Metadata(MetadataKind::Any)),
+        ];
+        for kind in ignore {
+            assert!(
+                !may_change_content(&kind),
+                "{kind:?} must not wake the source"
+            );
         }
     }
 }

@@ -280,3 +280,159 @@ async fn watching_emits_a_batch_per_content_change() {
     handle.task.abort();
     let _ = std::fs::remove_file(&path);
 }
+
+/// How many reads of the source file were refused, as `ipvs_proxier_source_file_rejected_total`
+/// renders in `handle` (0 before the first).
+fn refusals(handle: &metrics_exporter_prometheus::PrometheusHandle) -> u64 {
+    handle
+        .render()
+        .lines()
+        .find_map(|line| line.strip_prefix("ipvs_proxier_source_file_rejected_total "))
+        .map_or(0, |value| value.trim().parse().expect("a counter value"))
+}
+
+/// A file cut inside its last document: it ends with a newline but does not parse.
+fn torn() -> String {
+    format!(
+        "{CLUSTER}---\napiVersion: v1\nkind: Service\nmetadata: {{name: db, namespace: shop}}\n---\nkind: [broken\n"
+    )
+}
+
+/// The cluster with one more Service, `shop/db`.
+fn with_db() -> String {
+    format!(
+        "{CLUSTER}---\napiVersion: v1\nkind: Service\nmetadata: {{name: db, namespace: shop}}\nspec: {{clusterIP: 10.96.0.30}}\n"
+    )
+}
+
+/// The next batch, which must come within `within` (well under the 5 s poll interval: only a
+/// change notification brings it that soon).
+async fn batch_within(handle: &mut SourceHandle, within: Duration) -> SourceBatch {
+    tokio::time::timeout(within, handle.events.recv())
+        .await
+        .unwrap_or_else(|_| panic!("a batch within {within:?}"))
+        .expect("channel open")
+}
+
+// The source runs on this test's thread (a current-thread runtime), so the thread's default
+// recorder sees its metrics and no other test's.
+#[tokio::test(flavor = "current_thread")]
+async fn a_torn_file_left_in_place_is_refused_and_counted_once() {
+    let recorder = crate::metrics::build_recorder();
+    let counted = recorder.handle();
+    let _recorder = metrics::set_default_local_recorder(&recorder);
+    let path = temp_path("torn-left");
+    std::fs::write(&path, CLUSTER).expect("write");
+    let mut handle = spawn(FileSourceConfig::new(&path, "node-a"));
+    next_batch(&mut handle).await;
+
+    std::fs::write(&path, torn()).expect("write torn");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        refusals(&counted),
+        1,
+        "the same refused content is refused once, however long it stays"
+    );
+    assert!(
+        handle.events.try_recv().is_err(),
+        "the last good state stays in force"
+    );
+    handle.task.abort();
+    let _ = std::fs::remove_file(&path);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn an_empty_file_is_refused_and_counted_once() {
+    let recorder = crate::metrics::build_recorder();
+    let counted = recorder.handle();
+    let _recorder = metrics::set_default_local_recorder(&recorder);
+    let path = temp_path("empty-left");
+    std::fs::write(&path, CLUSTER).expect("write");
+    // Frequent looks: every one finds the same stamp, every tenth reads the bytes again.
+    let mut handle = spawn(FileSourceConfig {
+        path: path.clone(),
+        hostname: "node-a".into(),
+        poll_interval: Duration::from_millis(20),
+    });
+    next_batch(&mut handle).await;
+
+    std::fs::write(&path, "").expect("truncate");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        refusals(&counted),
+        1,
+        "an empty file is a refusal, counted once"
+    );
+    assert!(
+        handle.events.try_recv().is_err(),
+        "the last good state stays in force"
+    );
+    handle.task.abort();
+    let _ = std::fs::remove_file(&path);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn each_new_refused_content_is_counted_once() {
+    let recorder = crate::metrics::build_recorder();
+    let counted = recorder.handle();
+    let _recorder = metrics::set_default_local_recorder(&recorder);
+    let path = temp_path("refused-in-turn");
+    std::fs::write(&path, CLUSTER).expect("write");
+    let mut handle = spawn(FileSourceConfig {
+        path: path.clone(),
+        hostname: "node-a".into(),
+        poll_interval: Duration::from_millis(20),
+    });
+    next_batch(&mut handle).await;
+
+    std::fs::write(&path, torn()).expect("write torn");
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(refusals(&counted), 1);
+    std::fs::write(&path, "").expect("truncate");
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(refusals(&counted), 2, "new content: a new refusal");
+    let unfinished = CLUSTER.trim_end_matches('\n');
+    std::fs::write(&path, unfinished).expect("write unfinished");
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(refusals(&counted), 3, "new content: a new refusal");
+    assert!(
+        handle.events.try_recv().is_err(),
+        "the last good state stays in force"
+    );
+    handle.task.abort();
+    let _ = std::fs::remove_file(&path);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_good_file_written_after_a_torn_one_is_picked_up_within_two_seconds() {
+    let path = temp_path("torn-then-good");
+    std::fs::write(&path, CLUSTER).expect("write");
+    let mut handle = spawn(FileSourceConfig::new(&path, "node-a"));
+    next_batch(&mut handle).await;
+
+    std::fs::write(&path, torn()).expect("write torn");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    std::fs::write(&path, with_db()).expect("write good");
+    let batch = batch_within(&mut handle, Duration::from_secs(2)).await;
+    assert_eq!(described(&batch), ["service upsert shop/db"]);
+    handle.task.abort();
+    let _ = std::fs::remove_file(&path);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_good_file_renamed_over_a_torn_one_is_picked_up_within_two_seconds() {
+    let path = temp_path("torn-then-renamed");
+    let temporary = temp_path("torn-then-renamed-next");
+    std::fs::write(&path, CLUSTER).expect("write");
+    let mut handle = spawn(FileSourceConfig::new(&path, "node-a"));
+    next_batch(&mut handle).await;
+
+    std::fs::write(&path, torn()).expect("write torn");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    std::fs::write(&temporary, with_db()).expect("write temporary");
+    std::fs::rename(&temporary, &path).expect("rename over");
+    let batch = batch_within(&mut handle, Duration::from_secs(2)).await;
+    assert_eq!(described(&batch), ["service upsert shop/db"]);
+    handle.task.abort();
+    let _ = std::fs::remove_file(&path);
+}
