@@ -13,7 +13,7 @@ use anyhow::{Context, Result};
 use crate::advisories;
 use crate::artifacts::TestSelection;
 use crate::deps;
-use crate::guest_kernel::{KernelChoice, NftChoice};
+use crate::guest_kernel::{self, KernelChoice, NftChoice};
 use crate::public_api;
 use crate::vm::{self, VmConfig};
 use crate::workspace::Workspace;
@@ -257,38 +257,179 @@ pub fn full_test(config: &VmConfig) -> Result<ExitCode> {
             return Ok(ExitCode::FAILURE);
         }
     }
-    for run in KERNEL_MATRIX {
-        let shown = run.command();
-        println!("xtask: == kernel tests: {shown}");
-        let step_started = Instant::now();
-        let config = VmConfig {
-            kernel: run.kernel,
-            nft: run.nft,
-            single_thread_tcg: VmConfig::single_thread_for_tests(run.kernel),
-            ..config.clone()
-        };
-        // Every run takes its binaries from the one whole-workspace build. A kernel or nft
-        // that cannot be fetched is an error here, not a skipped run.
-        let code = vm::vm_test_binaries(None, &TestSelection::default(), run.tests, &[], &config)?;
-        if code != ExitCode::SUCCESS {
-            println!(
-                "xtask: FAILED at step 'kernel tests' ({shown}){}",
-                free_disk(&workspace.target_dir)
-            );
-            return Ok(code);
-        }
-        println!(
-            "xtask: == kernel tests on {} with nft {} passed in {:.1}s",
-            run.kernel.name(),
-            run.nft.name(),
-            step_started.elapsed().as_secs_f64()
-        );
+    if !kernel_matrix(&workspace, config)? {
+        return Ok(ExitCode::FAILURE);
     }
     println!(
         "xtask: all checks passed in {:.1}s",
         started.elapsed().as_secs_f64()
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// Runs [`KERNEL_MATRIX`]: the first boot (the whole suite, both host cores under
+/// multi-threaded TCG) alone, then the others in their lanes at once, each boot a
+/// `cargo xtask vm-test` of its own (the fetched kernels boot with single-threaded TCG, one
+/// host core each), its output kept in a file and printed when its lane is done. Whether
+/// every boot passed.
+fn kernel_matrix(workspace: &Workspace, config: &VmConfig) -> Result<bool> {
+    let Some((first, later)) = KERNEL_MATRIX.split_first() else {
+        return Ok(true);
+    };
+    let shown = first.command();
+    println!("xtask: == kernel tests: {shown}");
+    let started = Instant::now();
+    let config_first = VmConfig {
+        kernel: first.kernel,
+        nft: first.nft,
+        single_thread_tcg: VmConfig::single_thread_for_tests(first.kernel),
+        ..config.clone()
+    };
+    // Every boot takes its binaries from the one whole-workspace build. A kernel or nft
+    // that cannot be fetched is an error here, not a skipped boot.
+    let code = vm::vm_test_binaries(
+        None,
+        &TestSelection::default(),
+        &first.binaries(),
+        &[],
+        &config_first,
+    )?;
+    if code != ExitCode::SUCCESS {
+        println!(
+            "xtask: FAILED at step 'kernel tests' ({shown}){}",
+            free_disk(&workspace.target_dir)
+        );
+        return Ok(false);
+    }
+    first.passed(started.elapsed());
+
+    // The later boots' kernels and nft, fetched one at a time (they share one apt state).
+    let vm_dir = workspace.vm_dir();
+    for run in later {
+        guest_kernel::resolve(run.kernel, &vm_dir)?;
+        guest_kernel::resolve_nft(run.nft, &vm_dir)?;
+    }
+    let lanes: Vec<Vec<&MatrixRun>> = (0..=later.iter().map(|r| r.lane).max().unwrap_or(0))
+        .map(|lane| later.iter().filter(|r| r.lane == lane).collect())
+        .collect();
+    println!(
+        "xtask: == kernel tests: {} boots in {} lanes at once: {}",
+        later.len(),
+        lanes.len(),
+        later
+            .iter()
+            .map(|r| format!("{}/{}", r.kernel.name(), r.nft.name()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let results: Vec<Result<Vec<BootResult>>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = lanes
+            .iter()
+            .map(|lane| scope.spawn(|| run_lane(&vm_dir, lane, config)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("a lane of boots panicked")))
+            })
+            .collect()
+    });
+    let mut passed = true;
+    for lane in results {
+        for boot in lane? {
+            println!("xtask: == kernel tests: {}", boot.run.command());
+            let log = std::fs::read_to_string(&boot.log).unwrap_or_default();
+            print!("{log}");
+            if boot.passed {
+                boot.run.passed(boot.took);
+            } else {
+                println!(
+                    "xtask: FAILED at step 'kernel tests' ({}) after {:.1}s; its output: {}",
+                    boot.run.command(),
+                    boot.took.as_secs_f64(),
+                    boot.log.display()
+                );
+                passed = false;
+            }
+        }
+    }
+    Ok(passed)
+}
+
+/// What one boot of a lane did.
+struct BootResult {
+    run: &'static MatrixRun,
+    passed: bool,
+    took: std::time::Duration,
+    log: std::path::PathBuf,
+}
+
+/// Runs a lane's boots one after another, each as `xtask vm-test` with its output in
+/// `target/vm/matrix-<kernel>-<nft>.log`; stops at the first that fails.
+fn run_lane(
+    vm_dir: &Path,
+    lane: &[&'static MatrixRun],
+    config: &VmConfig,
+) -> Result<Vec<BootResult>> {
+    let xtask = std::env::current_exe().context("finding the xtask binary")?;
+    let mut done = Vec::new();
+    for run in lane {
+        let log = vm_dir.join(format!(
+            "matrix-{}-{}.log",
+            run.kernel.name(),
+            run.nft.name()
+        ));
+        let output =
+            std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        let mut command = Command::new(&xtask);
+        command
+            .args([
+                "vm-test",
+                "--kernel",
+                run.kernel.name(),
+                "--nft",
+                run.nft.name(),
+            ])
+            .arg(format!(
+                "--timeout-minutes={}",
+                config.timeout.as_secs().div_ceil(60)
+            ))
+            .arg(format!("--memory-mib={}", config.memory_mib))
+            .arg(format!(
+                "--binary-timeout-minutes={}",
+                config.binary_timeout.as_secs().div_ceil(60)
+            ));
+        if config.keep_debug {
+            command.arg("--keep-debug");
+        }
+        for test in run.binaries() {
+            command.arg(format!("--only-target={test}"));
+        }
+        println!(
+            "xtask: starting {} (output: {})",
+            run.command(),
+            log.display()
+        );
+        let started = Instant::now();
+        let status = command
+            .stdin(std::process::Stdio::null())
+            .stdout(output.try_clone()?)
+            .stderr(output)
+            .status()
+            .with_context(|| format!("running {}", xtask.display()))?;
+        let passed = status.success();
+        done.push(BootResult {
+            run,
+            passed,
+            took: started.elapsed(),
+            log,
+        });
+        if !passed {
+            break;
+        }
+    }
+    Ok(done)
 }
 
 /// One boot of the kernel matrix: a kernel, the guest's nft, and the test binaries of
@@ -299,6 +440,8 @@ struct MatrixRun {
     tests: &'static [&'static str],
     /// Binaries of `tests` this boot leaves out, each with its reason at the run.
     except: &'static [&'static str],
+    /// The boots after the first run in lanes at once; a lane's boots one after another.
+    lane: u8,
 }
 
 impl MatrixRun {
@@ -313,6 +456,15 @@ impl MatrixRun {
 }
 
 impl MatrixRun {
+    fn passed(&self, took: std::time::Duration) {
+        println!(
+            "xtask: == kernel tests on {} with nft {} passed in {:.1}s",
+            self.kernel.name(),
+            self.nft.name(),
+            took.as_secs_f64()
+        );
+    }
+
     /// The `cargo xtask vm-test` command line that runs the same boot.
     fn command(&self) -> String {
         let mut command = format!(
@@ -364,19 +516,22 @@ const NFT_FACING: &[&str] = &[
 /// What CI boots (docs/kernels.md): the whole suite on the host's kernel and nft, the
 /// kernel-facing suites on the oldest and newest kernels (the newest with the nft Debian 12
 /// nodes have, the oldest with the nft the image ships), and the nft-facing suites on the
-/// newest kernel with the image's nft.
+/// newest kernel with the image's nft. The first boot runs alone; the others in two lanes
+/// at once (see [`kernel_matrix`]), balanced by their durations on a 2-core machine.
 const KERNEL_MATRIX: &[MatrixRun] = &[
     MatrixRun {
         kernel: KernelChoice::Bookworm,
         nft: NftChoice::Host,
         tests: &[],
         except: &[],
+        lane: 0,
     },
     MatrixRun {
         kernel: KernelChoice::Trixie,
         nft: NftChoice::Host,
         tests: KERNEL_FACING,
         except: &[],
+        lane: 0,
     },
     MatrixRun {
         kernel: KernelChoice::Bullseye,
@@ -386,12 +541,14 @@ const KERNEL_MATRIX: &[MatrixRun] = &[
         // chains on 5.10 (`RULE_INSERT failed (No such file or directory)`, even a plain
         // jump), so the takeover test cannot build kube-proxy's footprint there.
         except: &["takeover_kube_proxy"],
+        lane: 1,
     },
     MatrixRun {
         kernel: KernelChoice::Trixie,
         nft: NftChoice::Trixie,
         tests: NFT_FACING,
         except: &[],
+        lane: 1,
     },
 ];
 

@@ -18,6 +18,7 @@ mod guest_scripts;
 mod initramfs;
 mod public_api;
 mod qemu;
+mod realapi;
 mod vm;
 mod workspace;
 
@@ -80,6 +81,10 @@ enum Command {
         /// Only build and run these integration test targets (`tests/tests/NAME.rs`).
         #[arg(long = "test")]
         test_targets: Vec<String>,
+        /// Run only these test binaries (target names) of the whole-workspace build: how
+        /// `cargo xtask test` runs the matrix's later boots.
+        #[arg(long = "only-target", hide = true)]
+        only_targets: Vec<String>,
         #[command(flatten)]
         vm: VmOptions,
         /// More arguments for every test binary (after `--`), e.g. `-- --exact`.
@@ -183,6 +188,7 @@ fn main() -> ExitCode {
             filter,
             packages,
             test_targets,
+            only_targets,
             vm,
             test_args,
         } => {
@@ -190,7 +196,14 @@ fn main() -> ExitCode {
                 packages,
                 test_targets,
             };
-            vm::vm_test(filter.as_deref(), &selection, &test_args, &vm.to_config())
+            let only: Vec<&str> = only_targets.iter().map(String::as_str).collect();
+            vm::vm_test_binaries(
+                filter.as_deref(),
+                &selection,
+                &only,
+                &test_args,
+                &vm.to_config(),
+            )
         }
         Command::VmRun {
             release,
