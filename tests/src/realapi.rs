@@ -14,6 +14,11 @@
 //! the `CI` environment variable set it panics instead: CI always has the directory.
 //!
 //! Objects are written with `curl` (which `start.sh` needs too), as JSON.
+//!
+//! In the VM, `cargo xtask vm-test` puts the directory on the guest's disk with the binaries
+//! already unpacked beside `start.sh` (`mini-apiserver`, `root/usr/bin/etcd`) and names it in
+//! `$IPVS_PROXIER_REALAPI`; [`RealApiServer::start_in_netns`] runs the server in a test's
+//! network namespace, where the daemon under test reaches it on that namespace's loopback.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -36,6 +41,8 @@ pub struct RealApiServer {
     url: String,
     token: String,
     running: bool,
+    /// The network namespace the server (and every request of the kit) runs in.
+    netns: Option<String>,
 }
 
 /// One resource request as the server logged it when it began (`--log-requests`, which
@@ -83,6 +90,19 @@ impl RealApiServer {
     /// # Panics
     /// When the directory is missing in CI, or the server does not start.
     pub fn start(args: &[&str]) -> Option<RealApiServer> {
+        RealApiServer::start_inside(None, args)
+    }
+
+    /// [`RealApiServer::start`] inside the named network namespace (`ip netns exec`): the
+    /// server listens on that namespace's loopback, and the kit's own requests go there too.
+    ///
+    /// # Panics
+    /// As [`RealApiServer::start`].
+    pub fn start_in_netns(netns: &str, args: &[&str]) -> Option<RealApiServer> {
+        RealApiServer::start_inside(Some(netns.to_owned()), args)
+    }
+
+    fn start_inside(netns: Option<String>, args: &[&str]) -> Option<RealApiServer> {
         let scripts = match realapi_dir() {
             Ok(dir) => dir,
             Err(reason) if std::env::var_os("CI").is_some() => {
@@ -116,6 +136,7 @@ impl RealApiServer {
             url: String::new(),
             token: String::new(),
             running: false,
+            netns,
         };
         server.start_again();
         Some(server)
@@ -129,7 +150,8 @@ impl RealApiServer {
     /// When it does not start.
     pub fn start_again(&mut self) {
         assert!(!self.running, "the server is running");
-        let out = Command::new(self.scripts.join("start.sh"))
+        let out = self
+            .command(&self.scripts.join("start.sh"))
             .arg(&self.state)
             .args(&self.args)
             .env("ROOT", self.binaries.join("root"))
@@ -150,7 +172,8 @@ impl RealApiServer {
     /// Stops the server (a graceful shutdown: watches end, then etcd stops).
     pub fn stop(&mut self) {
         if self.running {
-            let _ = Command::new(self.scripts.join("stop.sh"))
+            let _ = self
+                .command(&self.scripts.join("stop.sh"))
                 .arg(&self.state)
                 .output();
             self.running = false;
@@ -249,6 +272,18 @@ impl RealApiServer {
         std::fs::read_to_string(self.state.join("apiserver.log")).unwrap_or_default()
     }
 
+    /// A command running `program`, inside the server's network namespace if it has one.
+    fn command(&self, program: &Path) -> Command {
+        match &self.netns {
+            Some(netns) => {
+                let mut command = Command::new("ip");
+                command.args(["netns", "exec", netns]).arg(program);
+                command
+            }
+            None => Command::new(program),
+        }
+    }
+
     fn read_state(&self, name: &str) -> String {
         std::fs::read_to_string(self.state.join(name))
             .unwrap_or_else(|e| panic!("reading {name} of {}: {e}", self.state.display()))
@@ -264,7 +299,7 @@ impl RealApiServer {
         content_type: Option<&str>,
         body: Option<&str>,
     ) -> (u16, String) {
-        let mut curl = Command::new("curl");
+        let mut curl = self.command(Path::new("curl"));
         curl.args(["-sS", "-k", "--max-time", "20", "-X", method])
             .args(["-H", &format!("Authorization: Bearer {}", self.token)])
             .args(["-w", "\n%{http_code}"]);
@@ -331,11 +366,13 @@ fn realapi_dir() -> Result<PathBuf, String> {
         Some(dir) => PathBuf::from(dir),
         None => workspace_root().join("../shared/realapi"),
     };
-    if dir.join("start.sh").is_file() && dir.join("bin/mini-apiserver.xz").is_file() {
+    let shipped = dir.join("bin/mini-apiserver.xz").is_file();
+    if dir.join("start.sh").is_file() && (shipped || is_unpacked(&dir)) {
         Ok(dir)
     } else {
         Err(format!(
-            "no real API server at {} (start.sh and bin/*.xz; set {REALAPI_ENV})",
+            "no real API server at {} (start.sh, and bin/*.xz or the unpacked binaries; \
+             set {REALAPI_ENV})",
             dir.display()
         ))
     }
@@ -347,8 +384,17 @@ fn workspace_root() -> PathBuf {
         .map_or_else(|| PathBuf::from("."), Path::to_owned)
 }
 
-/// The directory the binaries are unpacked in (unpacking them the first time).
+/// Whether `dir` holds the binaries unpacked, in the layout `start.sh` reads.
+fn is_unpacked(dir: &Path) -> bool {
+    dir.join("mini-apiserver").is_file() && dir.join("root/usr/bin/etcd").is_file()
+}
+
+/// The directory the binaries are unpacked in (unpacking them the first time), or the
+/// `realapi` directory itself when it holds them unpacked (the VM's copy).
 fn unpacked(scripts: &Path) -> PathBuf {
+    if is_unpacked(scripts) {
+        return scripts.to_owned();
+    }
     // Threads of one test binary unpack once; binaries racing are kept apart by the rename.
     static UNPACKING: Mutex<()> = Mutex::new(());
     let _one = UNPACKING
@@ -358,9 +404,7 @@ fn unpacked(scripts: &Path) -> PathBuf {
         .map_or_else(|| workspace_root().join("target"), PathBuf::from)
         .join("realapi");
     let dir = target.join(stamp(scripts));
-    let complete = |dir: &Path| {
-        dir.join("mini-apiserver").is_file() && dir.join("root/usr/bin/etcd").is_file()
-    };
+    let complete = is_unpacked;
     if complete(&dir) {
         return dir;
     }

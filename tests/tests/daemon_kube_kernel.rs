@@ -6,6 +6,10 @@
 //! alone through a periodic full resync, a change after the outage, a deleted Service, and
 //! drift made with `ipvsadm` behind the daemon's back that its next full resync repairs.
 //!
+//! The same daemon with `--kubeconfig` against a real API server (`mini-apiserver`:
+//! k8s.io/apiserver on etcd, [`RealApiServer`]) in the node netns: a Service created over the
+//! API carries traffic, an endpoint change and a Service delete reach the kernel.
+//!
 //! The oracles are `ipvsadm -Sn` and the pods' own answers. Expected `ipvsadm -Sn` lines are
 //! written from the objects in the test (kube-proxy's semantics: round robin, masquerade,
 //! weight 1), not from the daemon's output.
@@ -19,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use ipvs_proxier_tests::apiserver::{FakeApiServer, Kind};
 use ipvs_proxier_tests::bench::api::ApiInNetns;
+use ipvs_proxier_tests::realapi::RealApiServer;
 use ipvs_proxier_tests::{Background, Netns, proxier_bin, require_kernel};
 use serde_json::{Value, json};
 
@@ -81,9 +86,14 @@ impl Daemon {
 
     /// [`Daemon::start`] with more flags.
     fn start_with(node: &Netns, master: &str, flags: &str) -> Daemon {
+        Daemon::start_flags(node, &format!("--master {master} {flags}"))
+    }
+
+    /// The daemon with these flags besides the node name, ports and sync period.
+    fn start_flags(node: &Netns, flags: &str) -> Daemon {
         let log = std::env::temp_dir().join(format!("daemon-kube-{}.log", node.name()));
         let pid = node.sh_ok(&format!(
-            "{bin} --master {master} --hostname-override node-a \
+            "{bin} --hostname-override node-a \
              --metrics-bind-address 127.0.0.1:10249 --healthz-bind-address 127.0.0.1:10256 \
              --ipvs-sync-period 5s -v 2 {flags} >{log} 2>&1 </dev/null & echo $!",
             bin = proxier_bin().display(),
@@ -528,4 +538,75 @@ fn a_kubeconfig_that_cannot_be_read_is_refused_with_the_node_untouched() {
     );
     assert_eq!(node.sh_ok("ipvsadm -Sn").trim(), "");
     assert!(!node.sh_ok("nft list tables").contains("ipvs-proxier"));
+}
+
+/// The API paths of the objects the real-server test writes.
+const NODES: &str = "/api/v1/nodes";
+const SERVICES: &str = "/api/v1/namespaces/default/services";
+const SLICES: &str = "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices";
+
+#[test]
+fn daemon_against_a_real_api_server_programs_the_kernel_and_traffic_flows() {
+    // The daemon as a node runs it: `--kubeconfig` (TLS, a bearer token) against
+    // k8s.io/apiserver on etcd, with its defaults (protobuf, streaming lists).
+    require_kernel!();
+    let topo = Topology::new();
+    let Some(api) = RealApiServer::start_in_netns(topo.node.name(), &[]) else {
+        return;
+    };
+    note(&format!(
+        "real API server at {} in the node netns",
+        api.url()
+    ));
+    api.create(NODES, &node_object("node-a", NODE_IP));
+    api.create(SERVICES, &service("web", "10.96.0.50", 80, 8080));
+    api.create(SLICES, &slice("web-1", "web", 8080, &[POD_A]));
+
+    let daemon = Daemon::start_flags(
+        &topo.node,
+        &format!("--kubeconfig {}", api.kubeconfig().display()),
+    );
+
+    // 1. The Service created over the API: programmed, and the pod answers.
+    let web_a = ipvs_lines("10.96.0.50", 80, 8080, &[POD_A]);
+    topo.wait_lines(&daemon, "web with pod-a programmed", &web_a);
+    topo.wait_answers(&daemon, "10.96.0.50", 80, &["pod-a"]);
+
+    // 2. An endpoint added (a merge patch of the slice): both pods answer.
+    let slice_path = format!("{SLICES}/web-1");
+    let ready =
+        |ip: &str| json!({"addresses": [ip], "conditions": {"ready": true}, "nodeName": "node-a"});
+    api.merge_patch(
+        &slice_path,
+        &json!({"endpoints": [ready(POD_A), ready(POD_B)]}),
+    );
+    let web_ab = ipvs_lines("10.96.0.50", 80, 8080, &[POD_A, POD_B]);
+    topo.wait_lines(&daemon, "web with pod-a and pod-b programmed", &web_ab);
+    topo.wait_answers(&daemon, "10.96.0.50", 80, &["pod-a", "pod-b"]);
+
+    // 3. An endpoint removed: its real server goes.
+    api.merge_patch(&slice_path, &json!({"endpoints": [ready(POD_B)]}));
+    let web_b = ipvs_lines("10.96.0.50", 80, 8080, &[POD_B]);
+    topo.wait_for(&daemon, "pod-a's real server removed", CONVERGE, |t| {
+        let table = t.ipvs_set();
+        web_b.iter().all(|line| table.contains(line)) && !table.contains(&web_a[1])
+    });
+
+    // 4. The Service deleted: its virtual server goes.
+    api.delete(&format!("{SERVICES}/web"));
+    topo.wait_for(&daemon, "web's virtual server removed", CONVERGE, |t| {
+        !t.ipvsadm_save().contains("10.96.0.50:80")
+    });
+
+    // The server saw the daemon, by its User-Agent, list and watch Services.
+    let requests = api.requests();
+    let daemon_requests: Vec<_> = requests
+        .iter()
+        .filter(|r| r.user_agent.starts_with("ipvs-proxier/") && r.path() == "/api/v1/services")
+        .collect();
+    assert!(
+        daemon_requests.iter().any(|r| r.verb == "watch"),
+        "the daemon's requests for Services: {requests:?}"
+    );
+    assert!(daemon.running(), "daemon still running at the end");
 }

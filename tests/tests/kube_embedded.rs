@@ -5,6 +5,10 @@
 //! `externalTrafficPolicy: Local` (the type that gets a health-check node port); an endpoint change reaches the kernel; the Service's health-check node port
 //! answers 200 while the node has a local endpoint and 503 when it has none.
 //!
+//! Then the same example with `--kubeconfig` against a real API server (`mini-apiserver`:
+//! k8s.io/apiserver on etcd) in the node namespace: the Service created over the API carries
+//! traffic, an endpoint change and the Service's delete reach the kernel.
+//!
 //! Oracles: `ipvsadm -Ln` in the node, the pods' own answers, and the health check's HTTP
 //! status as the client sees it (kube-proxy's contract with load balancers).
 
@@ -20,6 +24,7 @@ use std::time::{Duration, Instant};
 use e2e::{CONVERGE, NODE_IP, NODE_NAME, OTHER_NODE, Topology, pod_ip, pod_name};
 use ipvs_proxier_tests::apiserver::Kind;
 use ipvs_proxier_tests::bench::api::ApiInNetns;
+use ipvs_proxier_tests::realapi::RealApiServer;
 use ipvs_proxier_tests::{PROXIER_BIN_ENV, require_kernel};
 use serde_json::{Value, json};
 
@@ -74,13 +79,15 @@ struct Embedded {
 }
 
 impl Embedded {
-    fn start(topo: &Topology, master: &str) -> Embedded {
+    /// The example with `source` (`--master URL` or `--kubeconfig FILE`).
+    fn start(topo: &Topology, source: [&str; 2]) -> Embedded {
         let log = std::env::temp_dir().join("kube-embedded.log");
         let file = std::fs::File::create(&log).expect("log file");
         let child = Command::new("ip")
             .args(["netns", "exec", topo.node.name()])
             .arg(example_bin())
-            .args(["--node", NODE_NAME, "--master", master])
+            .args(["--node", NODE_NAME])
+            .args(source)
             .args([
                 "--healthz",
                 "127.0.0.1:10256",
@@ -153,7 +160,7 @@ fn embedded_engine_follows_the_api_and_answers_health_checks() {
     api.apply(Kind::Node, node_object());
     api.apply(Kind::Service, service());
     api.apply(Kind::EndpointSlice, slice(&[(0, NODE_NAME)]));
-    let mut embedded = Embedded::start(&topo, &api.url());
+    let mut embedded = Embedded::start(&topo, ["--master", &api.url()]);
 
     // A local endpoint: the NodePort answers through IPVS, the health check says 200.
     let vs = format!("TCP  {NODE_IP}:{NODE_PORT}");
@@ -200,4 +207,47 @@ fn embedded_engine_follows_the_api_and_answers_health_checks() {
         metrics.contains("kubeproxy_sync_proxy_rules_last_timestamp_seconds"),
         "metrics:\n{metrics}"
     );
+}
+
+#[test]
+fn embedded_engine_follows_a_real_api_server() {
+    require_kernel!();
+    let mut topo = Topology::new(2);
+    topo.serve_tcp(0, 8080);
+    topo.serve_tcp(1, 8080);
+    let Some(api) = RealApiServer::start_in_netns(topo.node.name(), &[]) else {
+        return;
+    };
+    let slices = "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices";
+    api.create("/api/v1/nodes", &node_object());
+    api.create("/api/v1/namespaces/default/services", &service());
+    api.create(slices, &slice(&[(0, NODE_NAME)]));
+    let kubeconfig = api.kubeconfig();
+    let kubeconfig = kubeconfig.to_str().expect("a UTF-8 path");
+    let mut embedded = Embedded::start(&topo, ["--kubeconfig", kubeconfig]);
+
+    // Created over the API: the NodePort answers from the local pod.
+    let node_port = format!("{NODE_IP}:{NODE_PORT}");
+    embedded.wait("pod-0 answers on the NodePort", || {
+        answered_by(topo.client_tcp(&node_port, None), 0)
+    });
+
+    // The endpoint moves to pod-1 (a merge patch of the slice): the kernel follows.
+    let endpoints = slice(&[(1, OTHER_NODE)])["endpoints"].clone();
+    api.merge_patch(
+        &format!("{slices}/web-1"),
+        &json!({ "endpoints": endpoints }),
+    );
+    let cluster_vs = format!("TCP  {CLUSTER_IP}:80");
+    embedded.wait("the ClusterIP's real server replaced", || {
+        let servers = topo.ipvs().active_servers(&cluster_vs);
+        servers.len() == 1 && servers.contains(&format!("{}:8080", pod_ip(1)))
+    });
+
+    // The Service deleted: its virtual servers go.
+    api.delete("/api/v1/namespaces/default/services/web");
+    embedded.wait("the Service's virtual servers removed", || {
+        let table = topo.ipvs();
+        table.service(&cluster_vs).is_none() && !table.text.contains(&format!(":{NODE_PORT}"))
+    });
 }

@@ -26,6 +26,8 @@ pub const DEBIAN_PACKAGES: &[&str] = &[
     // xz for their compressed modules.
     "kmod",
     "xz-utils",
+    // The real API server's scripts and the test kit.
+    "curl",
 ];
 
 /// A host command the runner uses, and the package that provides it.
@@ -78,6 +80,11 @@ const TOOLS: &[Tool] = &[
     Tool {
         command: "ipset",
         package: "ipset",
+    },
+    // The real API server's scripts and the test kit's requests, in the guest too.
+    Tool {
+        command: "curl",
+        package: "curl",
     },
     Tool {
         command: "mkfs.ext4",
@@ -140,6 +147,10 @@ pub const GUEST_TOOLS: &[&str] = &[
     "ip6tables-nft-save",
     "ip6tables-nft-restore",
     "ipset",
+    // The real API server's `start.sh` (which also detaches it with `nohup`, not a busybox
+    // applet) and the test kit speak HTTPS with it.
+    "curl",
+    "nohup",
 ];
 
 /// Directories of plugins the guest tools load at run time (`dlopen`, so `ldd` does not

@@ -13,6 +13,7 @@ use crate::guest_kernel::{self, GuestKernel, GuestNft, KernelChoice, NftChoice};
 use crate::guest_scripts::{self, GuestTest, RunLayout};
 use crate::initramfs;
 use crate::qemu::{self, BootSpec, GuestOutcome};
+use crate::realapi;
 use crate::workspace::Workspace;
 
 /// Where the disk's copy of the target directory is mounted in the guest.
@@ -167,11 +168,14 @@ fn guest_path(workspace: &Workspace, host: &Path) -> PathBuf {
     }
 }
 
-/// Packs the initramfs and disk, boots, and returns the console outcome.
+/// Packs the initramfs and disk, boots, and returns the console outcome. `files` are our
+/// binaries (their libraries go into the initramfs, their debug info is stripped unless
+/// kept); `as_is` are other files for the disk, copied unchanged.
 fn boot_with(
     prepared: &Prepared,
     config: &VmConfig,
     files: &[PathBuf],
+    as_is: &[PathBuf],
     run_script: &str,
     timings: &mut Timings,
 ) -> Result<GuestOutcome> {
@@ -204,6 +208,9 @@ fn boot_with(
     let mut staging = DiskStaging::new(run_dir.join("disk-root"))?;
     for file in files {
         staging.add_file(file, &disk_relative(workspace, file), !config.keep_debug)?;
+    }
+    for file in as_is {
+        staging.add_file(file, &disk_relative(workspace, file), false)?;
     }
     staging.add_content("run.sh", run_script, true)?;
     let disk = run_dir.join("disk.img");
@@ -291,6 +298,7 @@ fn layout<'a>(
         disk_target_dir: DISK_TARGET_DIR,
         bin_dirs,
         proxier_bin: proxier,
+        exports: Vec::new(),
     }
 }
 
@@ -304,17 +312,8 @@ fn parent_dirs(executables: &[&Executable]) -> Vec<PathBuf> {
     dirs
 }
 
-/// `cargo xtask vm-test [FILTER]`.
-pub fn vm_test(
-    filter: Option<&str>,
-    selection: &TestSelection,
-    extra_args: &[String],
-    config: &VmConfig,
-) -> Result<ExitCode> {
-    vm_test_binaries(filter, selection, &[], extra_args, config)
-}
-
-/// [`vm_test`], running only the test binaries of these targets (empty: every one built).
+/// `cargo xtask vm-test [FILTER]`, running only the test binaries of these targets (empty:
+/// every one built).
 /// The build is the selection's: a run that keeps some binaries of a whole-workspace
 /// build reuses it as it is (`-p`/`--test` would build with other features).
 pub fn vm_test_binaries(
@@ -375,11 +374,17 @@ pub fn vm_test_binaries(
     let mut program_refs: Vec<&Executable> = programs.iter().collect();
     program_refs.extend(proxier.as_ref());
     let bin_dirs = parent_dirs(&program_refs);
-    let layout = layout(
+    let mut layout = layout(
         workspace,
         bin_dirs.iter().map(PathBuf::as_path).collect(),
         &proxier_path,
     );
+    let realapi = realapi::stage(workspace)?;
+    if let Some(realapi) = &realapi {
+        layout
+            .exports
+            .push((realapi::REALAPI_ENV, realapi.dir.clone()));
+    }
     let plan = guest_scripts::TestPlan {
         tests: &guest_tests,
         filter,
@@ -388,7 +393,8 @@ pub fn vm_test_binaries(
     };
     let script = guest_scripts::test_run_script(&layout, &plan);
 
-    let outcome = boot_with(&prepared, config, &files, &script, &mut timings)?;
+    let as_is = realapi.map(|r| r.files).unwrap_or_default();
+    let outcome = boot_with(&prepared, config, &files, &as_is, &script, &mut timings)?;
     timings.print(total.elapsed());
     match test_verdict(&outcome, config.timeout) {
         Ok(result) => {
@@ -452,7 +458,7 @@ fn run_program(
         }
     }
     let script = guest_scripts::program_run_script(&layout, &program, &guest_args);
-    let outcome = boot_with(prepared, config, &files, &script, &mut timings)?;
+    let outcome = boot_with(prepared, config, &files, &[], &script, &mut timings)?;
     timings.print(total.elapsed());
     match run_verdict(&outcome, config.timeout) {
         Ok(0) => Ok(ExitCode::SUCCESS),
