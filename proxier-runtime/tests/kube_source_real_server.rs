@@ -396,6 +396,62 @@ async fn the_relist_after_a_410_comes_at_once_whatever_backoff_an_outage_left() 
 }
 
 #[tokio::test]
+async fn a_watch_cut_mid_stream_resumes_from_its_last_version_without_a_relist() {
+    let Some(api) = RealApiServer::start(&[]) else {
+        return;
+    };
+    populate(&api);
+    for mode in [ListMode::ProtobufStreaming, ListMode::Paginated] {
+        let mut source = start(&api, mode).await;
+        next_batch(&mut source).await;
+        let before_cut = api.requests().len();
+
+        // The server ends every watch cleanly (as a load balancer or its timeout would); a
+        // change made after it must still arrive, through a watch that resumes from the
+        // source's last resourceVersion rather than a list of everything.
+        assert!(
+            api.close_watches() >= 3,
+            "{mode:?}: the source's watches were open"
+        );
+        let name = format!(
+            "after-{}",
+            if mode == ListMode::Paginated {
+                "pages"
+            } else {
+                "stream"
+            }
+        );
+        api.create(SERVICES, &service(&name, "10.96.0.11"));
+        batch_with(
+            &mut source,
+            &format!("default/{name}"),
+            Duration::from_secs(20),
+        )
+        .await;
+
+        let after: Vec<LoggedRequest> = requests_for(&api, "/api/v1/services", before_cut);
+        let resumed = after
+            .iter()
+            .find(|r| r.verb == "watch" && !r.is_streaming_list())
+            .unwrap_or_else(|| panic!("{mode:?}: no re-watch after the cut: {after:#?}"));
+        let version = resumed.query("resourceVersion").unwrap_or_default();
+        assert!(
+            !version.is_empty() && version != "0",
+            "{mode:?}: the re-watch resumes from a version it saw: {}",
+            resumed.uri
+        );
+        assert!(
+            !after
+                .iter()
+                .any(|r| r.verb == "list" || r.is_streaming_list()),
+            "{mode:?}: a clean end of a watch needs no relist: {after:#?}"
+        );
+        drop(source);
+        api.delete(&format!("{SERVICES}/{name}"));
+    }
+}
+
+#[tokio::test]
 async fn every_list_mode_reaches_the_same_picture_and_follows_the_same_changes() {
     let Some(api) = RealApiServer::start(&[]) else {
         return;
