@@ -264,9 +264,21 @@ fn reading_the_table(rows: &[Row], scale: f64) -> Option<String> {
     ))
 }
 
+/// Whether a kernel release (`6.12.117+deb13-cloud-amd64`) estimates IPVS rates in kernel
+/// threads, a slice of the estimators at a time (from 6.2), rather than in one timer walk.
+fn estimates_in_kthreads(release: &str) -> bool {
+    let mut numbers = release
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|n| n.parse::<u32>().unwrap_or(0));
+    let major = numbers.next().unwrap_or(0);
+    let minor = numbers.next().unwrap_or(0);
+    (major, minor) >= (6, 2)
+}
+
 /// The slowest endpoint changes of the large run, with when each was made (absent from
-/// reports of runs before they were kept), and what spaces them.
-fn slowest_changes(run: &Value, services: f64) -> Option<String> {
+/// reports of runs before they were kept), and what spaces them on `kernel` (the guest's
+/// release).
+fn slowest_changes(run: &Value, services: f64, kernel: &str) -> Option<String> {
     let slowest = run["slowest_changes"].as_array()?;
     let listed: Vec<String> = slowest
         .iter()
@@ -282,14 +294,26 @@ fn slowest_changes(run: &Value, services: f64) -> Option<String> {
     if listed.is_empty() {
         return None;
     }
+    let estimation = if estimates_in_kthreads(kernel) {
+        format!(
+            "this guest's kernel ({kernel}) estimates rates in kernel threads, a slice of the \
+             estimators at a time (from 6.2), so a change does not wait for a walk of every \
+             estimator as on kernels before 6.2, whose timer walks every service's and \
+             destination's estimator in one go every 2 seconds under the lock those need"
+        )
+    } else {
+        format!(
+            "the kernel of this guest ({kernel}) takes the lock those need for the whole of its \
+             rate estimation, which walks every service's and destination's estimator in one go \
+             every 2 seconds (`estimation_timer`); kernels from 6.2 estimate in kernel threads, \
+             a slice of the estimators at a time"
+        )
+    };
     Some(format!(
         "The slowest endpoint changes at {}: {}. \
-         A change that replaces an endpoint adds and deletes an IPVS destination, and the kernel \
-         of this guest (6.1) takes the lock those need for the whole of its rate estimation, \
-         which walks every service's and destination's estimator in one go every 2 seconds \
-         (`estimation_timer` in `net/netfilter/ipvs/ip_vs_est.c`; 300,000 estimators at 50,000 \
-         Services × 5); kernels from 6.2 estimate in kernel threads, a slice of the estimators \
-         at a time. `vm-bench proxier --no-rate-estimation` runs the same benchmark with \
+         A change that replaces an endpoint adds and deletes an IPVS destination, and \
+         {estimation} (`net/netfilter/ipvs/ip_vs_est.c`; 300,000 estimators at 50,000 \
+         Services × 5). `vm-bench proxier --no-rate-estimation` runs the same benchmark with \
          `net.ipv4.vs.run_estimation=0` in the daemon's namespace, to tell the two apart.\n",
         thousands(services),
         listed.join("; ")
@@ -422,7 +446,7 @@ pub fn section(
     if let Some(text) = reading_the_table(&rows, scale) {
         let _ = writeln!(out, "{text}");
     }
-    if let Some(text) = slowest_changes(kube(large)?, services) {
+    if let Some(text) = slowest_changes(kube(large)?, services, &facts.guest_kernel) {
         let _ = writeln!(out, "{text}");
     }
     if let Some(quiet) = quiet {
@@ -533,6 +557,28 @@ mod tests {
         )
         .unwrap();
         assert!(!plain.contains("ipvsadm -Sn") && !plain.contains("Reading the table"));
+    }
+
+    #[test]
+    fn what_spaces_the_slowest_changes_is_told_from_the_guests_kernel() {
+        assert!(!estimates_in_kthreads("5.10.0-32-cloud-amd64"));
+        assert!(!estimates_in_kthreads("6.1.0-57-cloud-amd64"));
+        assert!(estimates_in_kthreads("6.2.0"));
+        assert!(estimates_in_kthreads("6.12.117+deb13-cloud-amd64"));
+        let run = json!({"slowest_changes": [{"index": 3, "at_s": 0.5, "ms": 20.0}]});
+        let old = slowest_changes(&run, 50_000.0, "6.1.0-57-cloud-amd64").unwrap();
+        assert!(
+            old.contains("the kernel of this guest (6.1.0-57-cloud-amd64) takes the lock"),
+            "{old}"
+        );
+        let new = slowest_changes(&run, 50_000.0, "6.12.117+deb13-cloud-amd64").unwrap();
+        assert!(
+            new.contains(
+                "this guest's kernel (6.12.117+deb13-cloud-amd64) estimates rates in kernel threads"
+            ),
+            "{new}"
+        );
+        assert!(!new.contains("the kernel of this guest"), "{new}");
     }
 
     #[test]
