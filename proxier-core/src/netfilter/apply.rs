@@ -289,17 +289,7 @@ impl NetfilterBackend for NftBackend {
     /// kernel's release.
     fn check(&self, script: String) -> Option<PendingApply> {
         let nft = self.nft.clone();
-        let child = tokio::process::Command::new(&nft)
-            .args(["--check", "-f", "-"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|source| NetfilterError::Spawn {
-                nft: nft.clone(),
-                source,
-            });
+        let child = self.spawn_nft(&["--check", "-f", "-"]);
         Some(Box::pin(async move {
             match finish_apply(nft.clone(), child?, script).await {
                 Err(NetfilterError::Rejected { stderr, .. }) => {
@@ -330,8 +320,13 @@ impl NetfilterBackend for NftBackend {
 impl NftBackend {
     /// Starts `nft -f -`, reading the script from its standard input.
     fn spawn_apply(&self) -> Result<tokio::process::Child, NetfilterError> {
+        self.spawn_nft(&["-f", "-"])
+    }
+
+    /// Starts nft with `args`, its standard input piped for a script, its errors captured.
+    fn spawn_nft(&self, args: &[&str]) -> Result<tokio::process::Child, NetfilterError> {
         tokio::process::Command::new(&self.nft)
-            .args(["-f", "-"])
+            .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
